@@ -1,0 +1,1 @@
+"""Built-in hardware backends. Each module imports its library only when probed."""

@@ -1,0 +1,194 @@
+"""The ONNX Runtime backend: every execution provider the installed ORT reports.
+
+Providers map to hybrid devices: CPU -> 'cpu'; CUDA and TensorRT -> 'cuda:N'; CANN -> 'npu:N';
+DirectML and the OpenVINO EP's GPU -> 'gpu:N'; CoreML -> 'mps'. Only the CPU provider is verified on
+this project's machines; the others are written against ORT's documented provider options and are
+listed as unverified in the README.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from hybrid.errors import BackendError
+from hybrid.hal.backend import Backend, Executable, Option, ProbedDevice
+
+__all__ = ["OnnxRuntimeBackend", "OnnxRuntimeExecutable", "provider_chain", "session_options"]
+
+logger = logging.getLogger("hybrid")
+
+_OPT_LEVELS = ("disable", "basic", "extended", "layout", "all")
+
+# provider name -> hybrid device kind
+_PROVIDER_KINDS = {
+    "CPUExecutionProvider": "cpu",
+    "CUDAExecutionProvider": "cuda",
+    "TensorrtExecutionProvider": "cuda",
+    "CANNExecutionProvider": "npu",
+    "DmlExecutionProvider": "gpu",
+    "OpenVINOExecutionProvider": "gpu",
+    "CoreMLExecutionProvider": "mps",
+}
+
+
+class OnnxRuntimeExecutable(Executable):
+    """An ``onnxruntime.InferenceSession`` behind the Executable contract."""
+
+    def __init__(self, session: Any, run_options: Any = None) -> None:
+        self.session = session
+        self.input_names = [i.name for i in session.get_inputs()]
+        self.output_names = [o.name for o in session.get_outputs()]
+        self._run = session.run
+        self._run_options = run_options
+
+    def run(self, feeds: Mapping[str, Any]) -> list[Any]:
+        return self._run(self.output_names, feeds, self._run_options)
+
+    def close(self) -> None:
+        self.session = None
+
+
+def session_options(ort: Any, options: Mapping[str, Any], threads: int | None = None) -> Any:
+    """Build ``onnxruntime.SessionOptions`` from validated hybrid options."""
+    so = ort.SessionOptions()
+    intra = options.get("intra_op_num_threads", threads)
+    if intra:
+        so.intra_op_num_threads = intra
+    if options.get("inter_op_num_threads"):
+        so.inter_op_num_threads = options["inter_op_num_threads"]
+    level = options.get("graph_optimization_level")
+    if level is not None:
+        so.graph_optimization_level = {
+            "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+            "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+            "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+            "layout": getattr(ort.GraphOptimizationLevel, "ORT_ENABLE_LAYOUT",
+                              ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED),
+            "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+        }[level]
+    if options.get("execution_mode") == "parallel":
+        so.execution_mode = ort.ExecutionMode.ORT_PARALLEL
+    if "enable_mem_pattern" in options:
+        so.enable_mem_pattern = options["enable_mem_pattern"]
+    if "enable_cpu_mem_arena" in options:
+        so.enable_cpu_mem_arena = options["enable_cpu_mem_arena"]
+    if options.get("optimized_model_path"):
+        so.optimized_model_filepath = options["optimized_model_path"]
+    if options.get("allow_spinning") is not None:
+        flag = "1" if options["allow_spinning"] else "0"
+        so.add_session_config_entry("session.intra_op.allow_spinning", flag)
+        so.add_session_config_entry("session.inter_op.allow_spinning", flag)
+    if options.get("profile"):
+        so.enable_profiling = True
+        if isinstance(options["profile"], str):
+            so.profile_file_prefix = options["profile"]
+    so.log_severity_level = 3
+    return so
+
+
+def provider_chain(device: str, options: Mapping[str, Any], available: list[str]) -> list[tuple[str, dict]]:
+    """The ORT providers (with their documented options) to use for a hybrid device, CPU last."""
+    kind, _, idx = device.partition(":")
+    index = int(idx or 0)
+    chain: list[tuple[str, dict]] = []
+    extra = dict(options.get("provider_options") or {})
+    if kind == "cuda":
+        if options.get("tensorrt") and "TensorrtExecutionProvider" in available:
+            trt: dict[str, Any] = {"device_id": index, "trt_fp16_enable": bool(options.get("fp16"))}
+            if options.get("max_workspace_size"):
+                trt["trt_max_workspace_size"] = int(options["max_workspace_size"])
+            if options.get("engine_cache_path"):
+                trt["trt_engine_cache_enable"] = True
+                trt["trt_engine_cache_path"] = options["engine_cache_path"]
+                trt["trt_timing_cache_enable"] = True
+            chain.append(("TensorrtExecutionProvider", {**trt, **extra.get("TensorrtExecutionProvider", {})}))
+        cuda: dict[str, Any] = {"device_id": index}
+        if options.get("gpu_mem_limit"):
+            cuda["gpu_mem_limit"] = int(options["gpu_mem_limit"])
+        if options.get("cudnn_conv_algo_search"):
+            cuda["cudnn_conv_algo_search"] = options["cudnn_conv_algo_search"]
+        chain.append(("CUDAExecutionProvider", {**cuda, **extra.get("CUDAExecutionProvider", {})}))
+    elif kind == "npu":
+        cann: dict[str, Any] = {"device_id": index}
+        for key in ("precision_mode", "op_select_impl_mode", "npu_mem_limit"):
+            if options.get(key) is not None:
+                cann[key] = options[key]
+        chain.append(("CANNExecutionProvider", {**cann, **extra.get("CANNExecutionProvider", {})}))
+    elif kind == "gpu":
+        name = "DmlExecutionProvider" if "DmlExecutionProvider" in available else "OpenVINOExecutionProvider"
+        opts = {"device_id": index} if name == "DmlExecutionProvider" else {"device_type": f"GPU.{index}"}
+        chain.append((name, {**opts, **extra.get(name, {})}))
+    elif kind == "mps":
+        chain.append(("CoreMLExecutionProvider", dict(extra.get("CoreMLExecutionProvider", {}))))
+    chain.append(("CPUExecutionProvider", dict(extra.get("CPUExecutionProvider", {}))))
+    return [(n, o) for n, o in chain if n in available]
+
+
+class OnnxRuntimeBackend(Backend):
+    """Runs models with ONNX Runtime ``InferenceSession``s."""
+
+    name = "onnxruntime"
+    priority = 10
+    install_hint = "pip install onnxruntime (or onnxruntime-gpu for CUDA/TensorRT)"
+    options = {
+        "intra_op_num_threads": Option((int,), doc="threads inside one operator (0: all cores)"),
+        "inter_op_num_threads": Option((int,), doc="threads across operators (parallel mode)"),
+        "graph_optimization_level": Option((str,), choices=_OPT_LEVELS, doc="ORT graph optimizations"),
+        "execution_mode": Option((str,), choices=("sequential", "parallel")),
+        "allow_spinning": Option((bool,), doc="let idle intra-op threads spin (fast alone, starves "
+                                              "other runtimes on few cores)"),
+        "enable_mem_pattern": Option((bool,)),
+        "enable_cpu_mem_arena": Option((bool,)),
+        "optimized_model_path": Option((str,), doc="write ORT's optimized model here (bundle cache)"),
+        "profile": Option((bool, str), doc="enable ORT's profiler (str: file prefix)"),
+        "tensorrt": Option((bool,), doc="on cuda devices, put the TensorRT EP before CUDA"),
+        "fp16": Option((bool,), doc="TensorRT EP fp16 mode"),
+        "max_workspace_size": Option((int,), doc="TensorRT EP workspace bytes"),
+        "engine_cache_path": Option((str,), doc="TensorRT EP engine and timing cache folder"),
+        "gpu_mem_limit": Option((int,), doc="CUDA EP arena limit in bytes"),
+        "cudnn_conv_algo_search": Option((str,), choices=("EXHAUSTIVE", "HEURISTIC", "DEFAULT")),
+        "precision_mode": Option((str,), doc="CANN EP precision mode, e.g. 'force_fp16'"),
+        "op_select_impl_mode": Option((str,), choices=("high_performance", "high_precision")),
+        "npu_mem_limit": Option((int,), doc="CANN EP memory limit in bytes"),
+        "provider_options": Option((dict,), doc="raw options per provider name, passed through"),
+    }
+
+    def _probe(self) -> list[ProbedDevice]:
+        import onnxruntime as ort
+
+        self._ort = ort
+        available = ort.get_available_providers()
+        self.available_providers = available
+        found: dict[str, ProbedDevice] = {}
+        for prov in available:
+            kind = _PROVIDER_KINDS.get(prov)
+            if kind is None:
+                continue
+            name = "cpu" if kind == "cpu" else ("mps" if kind == "mps" else f"{kind}:0")
+            prev = found.get(name)
+            provs = (dict(prev.properties)["providers"] + "," + prov) if prev else prov
+            found[name] = ProbedDevice(name, kind, 0, prov, (("providers", provs),))
+        return list(found.values())
+
+    def version(self) -> str:
+        import onnxruntime as ort
+
+        return ort.__version__
+
+    def _compile(self, model: Any, device: str, options: dict[str, Any]) -> Executable:
+        ort = self._ort
+        from hybrid.config import get_config
+
+        so = session_options(ort, options, get_config().num_threads)
+        providers = provider_chain(device, options, self.available_providers)
+        try:
+            session = ort.InferenceSession(model.to_bytes(), sess_options=so,
+                                           providers=[p for p, _ in providers],
+                                           provider_options=[o for _, o in providers])
+        except Exception as e:
+            first = str(e).strip().splitlines()[0][:500] if str(e).strip() else type(e).__name__
+            raise BackendError("HYB-304", f"onnxruntime could not compile model {model.name!r} for "
+                               f"{device}: {first}", "try target='auto' or another backend") from e
+        return OnnxRuntimeExecutable(session)

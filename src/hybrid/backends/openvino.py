@@ -1,0 +1,142 @@
+"""The OpenVINO backend: ``Core().available_devices`` mapped to hybrid devices.
+
+'CPU' -> 'cpu'; 'GPU' / 'GPU.N' (Intel GPUs) -> 'gpu:N'; 'NPU' -> 'npu:0'. Only the CPU is verified on
+this project's machines. Inference precision defaults to f32 so that results match the other
+backends; bf16/f16 are an explicit choice (``inference_precision``) or found by precision='auto'.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from hybrid.errors import BackendError
+from hybrid.hal.backend import Backend, Executable, Option, ProbedDevice
+
+__all__ = ["OpenVINOBackend", "OpenVINOExecutable", "ov_config"]
+
+_HINTS = ("LATENCY", "THROUGHPUT", "CUMULATIVE_THROUGHPUT")
+_PRECISIONS = ("f32", "bf16", "f16")
+
+
+def _native_device(device: str) -> str:
+    kind, _, idx = device.partition(":")
+    if kind == "cpu":
+        return "CPU"
+    if kind == "gpu":
+        return f"GPU.{idx or 0}"
+    if kind == "npu":
+        return "NPU"
+    raise BackendError("HYB-303", f"openvino cannot use device {device!r}", "use cpu, gpu:N or npu")
+
+
+def ov_config(options: Mapping[str, Any], threads: int | None = None) -> dict[str, str]:
+    """OpenVINO compile properties from validated hybrid options."""
+    cfg = {
+        "PERFORMANCE_HINT": options.get("performance_hint", "LATENCY"),
+        "INFERENCE_PRECISION_HINT": options.get("inference_precision", "f32"),
+    }
+    n = options.get("num_threads", threads)
+    if n:
+        cfg["INFERENCE_NUM_THREADS"] = str(n)
+    if options.get("num_streams"):
+        cfg["NUM_STREAMS"] = str(options["num_streams"])
+    if options.get("num_requests"):
+        cfg["PERFORMANCE_HINT_NUM_REQUESTS"] = str(options["num_requests"])
+    if options.get("cache_dir"):
+        cfg["CACHE_DIR"] = options["cache_dir"]
+    if options.get("profile"):
+        cfg["PERF_COUNT"] = "YES"
+    return cfg
+
+
+class OpenVINOExecutable(Executable):
+    """An OpenVINO ``CompiledModel`` with one infer request per calling thread."""
+
+    def __init__(self, compiled: Any, input_names: list[str], output_names: list[str]) -> None:
+        self.compiled = compiled
+        self.input_names = input_names
+        self.output_names = output_names
+        by_name = {n: port for port in compiled.outputs for n in port.get_names()}
+        outs = list(compiled.outputs)
+        self._ports = [by_name.get(n, outs[i] if i < len(outs) else None) for i, n in enumerate(output_names)]
+        ov_inputs = {n for port in compiled.inputs for n in port.get_names()}
+        # OpenVINO drops inputs the graph does not use; feeding them would fail
+        self._unused = [n for n in input_names if n not in ov_inputs]
+        self._local = threading.local()
+
+    def _request(self) -> Any:
+        req = getattr(self._local, "req", None)
+        if req is None:
+            req = self._local.req = self.compiled.create_infer_request()
+        return req
+
+    def run(self, feeds: Mapping[str, Any]) -> list[Any]:
+        req = self._request()
+        if self._unused:
+            feeds = {k: v for k, v in feeds.items() if k not in self._unused}
+        # share_outputs=False: results are copied out, so the next run cannot overwrite them
+        results = req.infer(dict(feeds), share_inputs=True, share_outputs=False)
+        return [results[p] for p in self._ports]
+
+    def profiling_info(self) -> list[Any]:
+        """Per-layer counters of the last run on this thread (needs option profile=True)."""
+        return list(self._request().profiling_info)
+
+    def close(self) -> None:
+        self.compiled = None
+
+
+class OpenVINOBackend(Backend):
+    """Runs models with OpenVINO ``Core.compile_model``."""
+
+    name = "openvino"
+    priority = 20
+    install_hint = "pip install 'pyasc[openvino]'"
+    options = {
+        "performance_hint": Option((str,), "LATENCY", _HINTS, "OpenVINO PERFORMANCE_HINT"),
+        "inference_precision": Option((str,), "f32", _PRECISIONS, "INFERENCE_PRECISION_HINT"),
+        "num_threads": Option((int,), doc="INFERENCE_NUM_THREADS"),
+        "num_streams": Option((int,), doc="NUM_STREAMS"),
+        "num_requests": Option((int,), doc="PERFORMANCE_HINT_NUM_REQUESTS"),
+        "cache_dir": Option((str,), doc="OpenVINO model cache folder (bundle platform cache)"),
+        "profile": Option((bool,), doc="collect per-layer performance counters"),
+    }
+
+    def _probe(self) -> list[ProbedDevice]:
+        import openvino as ov
+
+        self._core = ov.Core()
+        found = []
+        for native in self._core.available_devices:
+            kind, _, idx = native.partition(".")
+            full = self._core.get_property(native, "FULL_DEVICE_NAME")
+            props = (("full_name", str(full)),)
+            if kind == "CPU":
+                found.append(ProbedDevice("cpu", "cpu", 0, native, props))
+            elif kind == "GPU":
+                i = int(idx or 0)
+                found.append(ProbedDevice(f"gpu:{i}", "gpu", i, native, props))
+            elif kind == "NPU":
+                found.append(ProbedDevice("npu:0", "npu", 0, native, props))
+        return found
+
+    def version(self) -> str:
+        import openvino as ov
+
+        return ov.get_version()
+
+    def _compile(self, model: Any, device: str, options: dict[str, Any]) -> Executable:
+        from hybrid.config import get_config
+
+        native = _native_device(device)
+        try:
+            ov_model = self._core.read_model(model.to_bytes())
+            compiled = self._core.compile_model(ov_model, native, ov_config(options, get_config().num_threads))
+        except Exception as e:
+            first = str(e).strip().splitlines()[0][:500] if str(e).strip() else type(e).__name__
+            raise BackendError("HYB-304", f"openvino could not compile model {model.name!r} for {device}: "
+                               f"{first}", "try target='auto' or another backend") from e
+        sig = model.signature
+        return OpenVINOExecutable(compiled, sig.input_names, sig.output_names)

@@ -1,0 +1,262 @@
+"""The HybridError hierarchy and the catalog of stable error codes.
+
+Every failure a user can cause raises a :class:`HybridError` with a stable code (``HYB-4xx``), a
+one-line message that says what was expected and what was found, and a hint that says what to do.
+The code's hundreds digit names the area (DESIGN 2.8); :func:`explain` returns the long text that
+``pyasc explain CODE`` prints.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = [
+    "CATALOG",
+    "BackendError",
+    "BundleError",
+    "ConfigError",
+    "ErrorInfo",
+    "HybridError",
+    "ModelError",
+    "QuantizationError",
+    "RunError",
+    "ServingError",
+    "explain",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorInfo:
+    """One row of the catalog: a short title and the long explanation."""
+
+    title: str
+    explanation: str
+
+
+CATALOG: dict[str, ErrorInfo] = {
+    # 1xx configuration
+    "HYB-101": ErrorInfo("unknown configuration key",
+                         "A key given to hybrid.init, set_backend or compile(config=...) is not one hybrid "
+                         "knows. The message lists the valid keys at that level; check the spelling."),
+    "HYB-102": ErrorInfo("invalid configuration value",
+                         "A configuration value has the wrong type or lies outside its allowed range or "
+                         "choices. The message names the key, the expected values and what was given."),
+    "HYB-103": ErrorInfo("invalid size",
+                         "A size such as a memory-pool limit must be a non-negative integer number of bytes "
+                         "or a string like '512MB', '4GB', '1.5GiB'."),
+    "HYB-104": ErrorInfo("invalid log level",
+                         "set_log_level takes DEBUG, INFO, WARNING, ERROR or CRITICAL (any case) or an int."),
+    # 2xx model / IR / export
+    "HYB-201": ErrorInfo("model file not found",
+                         "The path given as a model does not exist or is not a file."),
+    "HYB-202": ErrorInfo("model cannot be parsed",
+                         "The bytes are not a valid serialized ONNX ModelProto (or the file is truncated)."),
+    "HYB-203": ErrorInfo("unsupported model source",
+                         "Models load from a path, bytes, an onnx.ModelProto, an onnx_ir.Model or a "
+                         "hybrid.Model. Export torch modules first with hybrid.export."),
+    "HYB-204": ErrorInfo("unsafe external data reference",
+                         "A tensor stored as external data points outside the model's folder (an absolute "
+                         "path, '..' or a symbolic link that escapes). hybrid refuses to read it; move the "
+                         "data file next to the model and fix the 'location' entry."),
+    "HYB-205": ErrorInfo("invalid model graph",
+                         "The graph breaks an ONNX rule hybrid relies on (a value used before it is "
+                         "defined, duplicate names, a missing external data file)."),
+    "HYB-206": ErrorInfo("export failed",
+                         "torch could not export the module to ONNX. The message carries torch's own error "
+                         "and the module path where it failed."),
+    "HYB-207": ErrorInfo("frontend library missing",
+                         "This operation needs a library that is not installed (for example torch for "
+                         "hybrid.export). Install the matching extra: pip install 'pyasc[torch]'."),
+    "HYB-208": ErrorInfo("optimization pass failed",
+                         "A graph pass raised or produced an invalid graph. The message names the pass; "
+                         "run with a lower optimize level or disable that pass in the config."),
+    "HYB-209": ErrorInfo("cannot make batch dynamic",
+                         "The model's batch dimension is baked into the graph in a way hybrid cannot "
+                         "rewrite. The message names the node that pins the batch size."),
+    "HYB-210": ErrorInfo("invalid export arguments",
+                         "hybrid.export was given arguments it cannot use (shapes, names, dynamic axes)."),
+    # 3xx device / backend / compile
+    "HYB-301": ErrorInfo("unknown target",
+                         "A target is 'auto', a device ('cpu', 'gpu', 'cuda:1', 'npu'), a backend "
+                         "('reference', 'onnxruntime', 'openvino', 'torch', 'tensorrt') or "
+                         "'backend:device'. The message lists the targets available on this machine."),
+    "HYB-302": ErrorInfo("backend not available",
+                         "The requested backend's library is not installed or failed to load. `pyasc devices` "
+                         "shows why; install it (for example pip install 'pyasc[openvino]')."),
+    "HYB-303": ErrorInfo("device not present",
+                         "The requested device does not exist on this machine, or no available backend can "
+                         "use it. The message lists the devices that are present."),
+    "HYB-304": ErrorInfo("compilation failed",
+                         "The backend could not compile the model (an unsupported operator, opset or dtype). "
+                         "The message carries the backend's own error; try another target or 'auto'."),
+    "HYB-305": ErrorInfo("operator not supported by any backend",
+                         "No available backend supports one of the model's nodes. Register a custom op "
+                         "with @hybrid.custom_op or install a backend that has it."),
+    "HYB-306": ErrorInfo("invalid backend options",
+                         "An option given to a backend (set_backend or compile config) is unknown or has a "
+                         "bad value. The message lists the options that backend accepts."),
+    "HYB-307": ErrorInfo("device fallback refused",
+                         "The requested device is absent and the device_fallback policy is 'error'. Set "
+                         "hybrid.init({'device_fallback': 'warn'}) to fall back to what is present."),
+    # 4xx run inputs and runtime
+    "HYB-401": ErrorInfo("missing input",
+                         "A required model input was not given. The message names it and lists the inputs "
+                         "the model takes."),
+    "HYB-402": ErrorInfo("unknown input name",
+                         "An input was given under a name the model does not have. The message lists the "
+                         "model's inputs."),
+    "HYB-403": ErrorInfo("wrong input dtype",
+                         "An input array has a different dtype than the model declares. Cast it, e.g. "
+                         "x.astype(np.float32)."),
+    "HYB-404": ErrorInfo("wrong input rank",
+                         "An input array has a different number of dimensions than the model declares."),
+    "HYB-405": ErrorInfo("input dimension mismatch",
+                         "A static dimension of an input differs from the model's, or two inputs disagree "
+                         "on the size of one symbolic dimension."),
+    "HYB-406": ErrorInfo("input is not an array",
+                         "Inputs must be numpy arrays (or objects convertible with numpy.asarray, such as "
+                         "torch tensors on the CPU)."),
+    "HYB-407": ErrorInfo("wrong number of inputs",
+                         "More positional inputs were given than the model has inputs."),
+    "HYB-408": ErrorInfo("backend run failed",
+                         "The backend raised while running the model. The message carries its error."),
+    "HYB-409": ErrorInfo("kernel failed on a node",
+                         "A reference kernel rejected its inputs (a shape the operator forbids, for "
+                         "example). The message names the node and the operator."),
+    "HYB-410": ErrorInfo("memory pool exhausted",
+                         "The memory pool arena has no free block large enough. Raise the pool size in "
+                         "hybrid.init({'memory_pool': {...}}) or free tensors; the message gives the "
+                         "request size and the largest free block."),
+    "HYB-411": ErrorInfo("timed out",
+                         "A request waited longer than its timeout (in a batching queue, a pipeline or a "
+                         "stream)."),
+    "HYB-412": ErrorInfo("queue full",
+                         "The request queue reached max_queue; the request was rejected instead of letting "
+                         "the queue grow. Retry later or raise max_queue."),
+    "HYB-413": ErrorInfo("batched function broke its contract",
+                         "A @dynamic_batch function must return a list with one result per request; it "
+                         "returned something else. Every caller of that batch gets this error."),
+    "HYB-414": ErrorInfo("cancelled",
+                         "The request was cancelled before it ran."),
+    "HYB-415": ErrorInfo("closed",
+                         "The pipeline, stream or batcher was closed; it takes no more work."),
+    "HYB-416": ErrorInfo("invalid memory operation",
+                         "A memory-pool operation was given a bad handle (double free, foreign block) or "
+                         "a bad size."),
+    # 5xx bundle
+    "HYB-501": ErrorInfo("not a hybrid bundle",
+                         "The file is not a readable .hybrid bundle (not a zip, or truncated)."),
+    "HYB-502": ErrorInfo("invalid bundle manifest",
+                         "manifest.json is missing, not JSON, or fails its schema."),
+    "HYB-503": ErrorInfo("bundle member hash mismatch",
+                         "A member's sha256 differs from the manifest: the bundle was modified or corrupted."),
+    "HYB-504": ErrorInfo("unsafe bundle member",
+                         "A member has an absolute path, '..', a link entry or a duplicate name."),
+    "HYB-505": ErrorInfo("bundle limits exceeded",
+                         "The bundle exceeds the size, member-count or compression-ratio caps (zip bomb "
+                         "protection)."),
+    "HYB-506": ErrorInfo("unsupported bundle format version",
+                         "The bundle was written by a newer hybrid; upgrade pyasc."),
+    "HYB-507": ErrorInfo("bundle member missing",
+                         "A member the manifest lists is not in the bundle, or an unlisted member is."),
+    "HYB-508": ErrorInfo("unknown platform profile",
+                         "The platform name is not a built-in profile nor defined in the given TOML file. "
+                         "`pyasc platforms` lists them."),
+    "HYB-509": ErrorInfo("vendored libraries failed",
+                         "Fetching or installing the wheels for --include-libs failed; the message carries "
+                         "pip's error."),
+    # 6xx quantization / calibration
+    "HYB-601": ErrorInfo("invalid quantization config",
+                         "A quantization key or value is invalid; the message lists the valid ones."),
+    "HYB-602": ErrorInfo("empty calibration data",
+                         "Static quantization needs at least one calibration sample."),
+    "HYB-603": ErrorInfo("calibration sample does not match the model",
+                         "A calibration sample has the wrong input names, shapes or dtypes; the message "
+                         "names the sample index."),
+    "HYB-604": ErrorInfo("calibration sample has NaN or Inf",
+                         "Calibration ranges would be meaningless; the message names the sample index."),
+    "HYB-605": ErrorInfo("accuracy budget not met",
+                         "Even with every sensitive layer kept in float, the quantized model misses the "
+                         "accuracy budget."),
+    "HYB-606": ErrorInfo("quantization failed",
+                         "The quantizer raised; the message carries its error."),
+    # 7xx serving
+    "HYB-701": ErrorInfo("model not found on the server", "No served model has that name or version."),
+    "HYB-702": ErrorInfo("bad inference request",
+                         "The request body is malformed: bad JSON, shapes, dtypes or byte sizes."),
+    "HYB-703": ErrorInfo("unauthorized", "The request lacks the bearer token the server requires."),
+    "HYB-704": ErrorInfo("request too large", "The body exceeds the server's limit after decompression."),
+    "HYB-705": ErrorInfo("server overloaded", "The model's queue is full; retry later."),
+    "HYB-706": ErrorInfo("server shutting down", "The server is draining and takes no new requests."),
+}
+
+
+class HybridError(Exception):
+    """Base class of every error hybrid raises for a failure a user can cause.
+
+    Args:
+        code: Stable code such as ``'HYB-401'``; see :data:`CATALOG`.
+        message: One line: what was expected and what was found, naming the offending thing.
+        hint: What to do about it.
+    """
+
+    area = "hybrid"
+
+    def __init__(self, code: str, message: str, hint: str | None = None) -> None:
+        if code not in CATALOG:
+            raise ValueError(f"unknown hybrid error code {code!r}")
+        self.code = code
+        self.message = message
+        self.hint = hint
+        text = f"[{code}] {message}"
+        if hint:
+            text += f"\n  hint: {hint}"
+        super().__init__(text)
+
+    def __reduce__(self):  # keep codes across pickling by multiprocessing / concurrent.futures
+        return (_rebuild, (type(self), self.code, self.message, self.hint))
+
+
+def _rebuild(cls: type[HybridError], code: str, message: str, hint: str | None) -> HybridError:
+    return cls(code, message, hint)
+
+
+class ConfigError(HybridError):
+    """1xx: configuration keys and values."""
+
+
+class ModelError(HybridError):
+    """2xx: loading, validating, exporting or transforming a model."""
+
+
+class BackendError(HybridError):
+    """3xx: devices, backends, compilation."""
+
+
+class RunError(HybridError):
+    """4xx: run inputs and runtime (queues, pool, timeouts)."""
+
+
+class BundleError(HybridError):
+    """5xx: the .hybrid bundle."""
+
+
+class QuantizationError(HybridError):
+    """6xx: quantization and calibration."""
+
+
+class ServingError(HybridError):
+    """7xx: the inference server."""
+
+
+def explain(code: str) -> str:
+    """Return the long explanation of an error code.
+
+    Raises:
+        KeyError: if the code is not in the catalog.
+    """
+    key = code.strip().upper()
+    if not key.startswith("HYB-"):
+        key = f"HYB-{key}"
+    info = CATALOG[key]
+    return f"{key}: {info.title}\n\n{info.explanation}"

@@ -1,0 +1,36 @@
+"""The hardware abstraction layer: devices, the backend contract, the registry, target resolution.
+
+Importing this package imports no backend library; backends are probed on first use.
+"""
+
+from hybrid.hal.backend import Backend, Executable, Option, ProbedDevice
+from hybrid.hal.device import Device
+from hybrid.hal.registry import (
+    BackendStatus,
+    backend_class,
+    backend_names,
+    backend_status,
+    get_backend,
+    register_backend,
+    reset_discovery,
+)
+from hybrid.hal.target import Candidate, devices, resolve_target, statuses
+
+__all__ = [
+    "Backend",
+    "BackendStatus",
+    "Candidate",
+    "Device",
+    "Executable",
+    "Option",
+    "ProbedDevice",
+    "backend_class",
+    "backend_names",
+    "backend_status",
+    "devices",
+    "get_backend",
+    "register_backend",
+    "reset_discovery",
+    "resolve_target",
+    "statuses",
+]

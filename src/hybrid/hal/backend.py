@@ -1,0 +1,140 @@
+"""The backend contract: what every hardware backend implements.
+
+A backend is a small object (DESIGN 2.2): it probes its library lazily and lists the devices it can
+use, answers ``supports(node)``, and compiles a model (or a partition of one) into an
+:class:`Executable`. Public methods validate and wrap; the ``_probe``/``_compile`` hooks do the work.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from hybrid.errors import BackendError
+
+if TYPE_CHECKING:
+    import onnx_ir as ir
+
+    from hybrid.ir import Model
+
+__all__ = ["Backend", "Executable", "Option", "ProbedDevice"]
+
+
+@dataclass(frozen=True, slots=True)
+class Option:
+    """One option a backend accepts (in ``set_backend`` or ``compile(config=...)``).
+
+    Attributes:
+        types: Accepted Python types.
+        default: Value used when the option is not given (None: the library's own default).
+        choices: Allowed values, if the option is an enumeration.
+        doc: One line for error messages and ``pyasc devices``.
+    """
+
+    types: tuple[type, ...]
+    default: Any = None
+    choices: tuple[Any, ...] | None = None
+    doc: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ProbedDevice:
+    """A device as one backend sees it: hybrid device name plus the backend's own name for it."""
+
+    name: str
+    kind: str
+    index: int = 0
+    native: str = ""
+    properties: tuple[tuple[str, Any], ...] = ()
+
+
+class Executable(abc.ABC):
+    """A compiled model or subgraph, ready to run on one device."""
+
+    input_names: list[str]
+    output_names: list[str]
+
+    @abc.abstractmethod
+    def run(self, feeds: Mapping[str, Any]) -> list[Any]:
+        """Run on already validated feeds; return outputs in ``output_names`` order."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release native resources (sessions, engines)."""
+
+
+class Backend(abc.ABC):
+    """Base class of hardware backends.
+
+    Subclasses set ``name``, ``priority`` (lower runs first when several can), ``options``, and
+    implement ``_probe``, ``version`` and ``_compile``. ``probe`` never raises: a missing library
+    becomes an unavailable backend with the reason recorded by the registry.
+    """
+
+    name: ClassVar[str]
+    priority: ClassVar[int] = 100
+    options: ClassVar[dict[str, Option]] = {}
+    install_hint: ClassVar[str] = ""
+
+    # ---------------------------------------------------------------- options
+    @classmethod
+    def validate_options(cls, options: Mapping[str, Any]) -> dict[str, Any]:
+        """Check options against ``cls.options``; return them as a dict.
+
+        Raises:
+            BackendError: HYB-306 naming the option and what the backend accepts.
+        """
+        out: dict[str, Any] = {}
+        for key, value in options.items():
+            spec = cls.options.get(key)
+            if spec is None:
+                valid = ", ".join(sorted(cls.options)) or "none"
+                raise BackendError("HYB-306", f"backend {cls.name!r} has no option {key!r}; it accepts: "
+                                   f"{valid}", "check the option name")
+            if not isinstance(value, spec.types) or (isinstance(value, bool) and bool not in spec.types):
+                names = " or ".join(t.__name__ for t in spec.types)
+                raise BackendError("HYB-306", f"backend {cls.name!r} option {key!r}: expected {names}, "
+                                   f"got {value!r}", spec.doc or None)
+            if spec.choices is not None and value not in spec.choices:
+                raise BackendError("HYB-306", f"backend {cls.name!r} option {key!r}: expected one of "
+                                   f"{list(spec.choices)}, got {value!r}", spec.doc or None)
+            out[key] = value
+        return out
+
+    # ---------------------------------------------------------------- discovery
+    def probe(self) -> list[ProbedDevice]:
+        """Import the backend's library and list the devices it can use (may raise; the registry
+        turns any exception into 'unavailable' with the reason)."""
+        return self._probe()
+
+    @abc.abstractmethod
+    def _probe(self) -> list[ProbedDevice]:
+        """Hook: import the library, return devices."""
+
+    @abc.abstractmethod
+    def version(self) -> str:
+        """The backend library's version string."""
+
+    # ---------------------------------------------------------------- capability
+    def supports(self, node: ir.Node, device: str = "cpu") -> bool:
+        """Whether this backend can run ``node`` on ``device``. Default: yes."""
+        return True
+
+    def supports_model(self, model: Model, device: str = "cpu") -> list[ir.Node]:
+        """Return the nodes of ``model`` this backend cannot run on ``device`` (empty: all of them)."""
+        return [n for n in model.graph if not self.supports(n, device)]
+
+    # ---------------------------------------------------------------- compile
+    def compile(self, model: Model, device: str, options: Mapping[str, Any] | None = None) -> Executable:
+        """Compile ``model`` for ``device`` with validated options merged over the defaults.
+
+        Raises:
+            BackendError: HYB-306 for bad options, HYB-304 when the library rejects the model.
+        """
+        opts = self.validate_options(options or {})
+        return self._compile(model, device, opts)
+
+    @abc.abstractmethod
+    def _compile(self, model: Model, device: str, options: dict[str, Any]) -> Executable:
+        """Hook: build the executable."""

@@ -1,0 +1,122 @@
+"""Device discovery across backends, and target strings resolved to (backend, device) candidates.
+
+A target is 'auto', a device ('cpu', 'gpu', 'cuda', 'cuda:1', 'npu:0'), a backend ('onnxruntime'),
+or 'backend:device' ('onnxruntime:cuda'). Resolution returns candidates in priority order: GPUs and
+NPUs before the CPU for 'auto', and backends by their priority on each device.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from hybrid.config import get_config
+from hybrid.errors import BackendError
+from hybrid.hal.device import Device, parse_device
+from hybrid.hal.registry import BackendStatus, backend_names, backend_status
+
+__all__ = ["Candidate", "devices", "resolve_target", "statuses"]
+
+logger = logging.getLogger("hybrid")
+
+_KIND_ORDER = {"cuda": 0, "gpu": 1, "npu": 2, "mps": 3, "cpu": 9}
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One (backend, device) pair a model can be compiled for."""
+
+    backend: str
+    device: str
+
+    def __str__(self) -> str:
+        return f"{self.backend}:{self.device}"
+
+
+def statuses() -> list[BackendStatus]:
+    """Probe every registered backend (cached) and return their statuses."""
+    return [backend_status(n) for n in backend_names()]
+
+
+def devices() -> list[Device]:
+    """Every device present on this machine, with the available backends that use it."""
+    found: dict[str, dict] = {}
+    for st in sorted((s for s in statuses() if s.available), key=lambda s: s.priority):
+        for d in st.devices:
+            entry = found.setdefault(d.name, {"kind": d.kind, "index": d.index, "backends": [], "props": {}})
+            entry["backends"].append(st.name)
+            entry["props"].update({f"{st.name}.{k}": v for k, v in d.properties})
+            if d.native:
+                entry["props"][f"{st.name}.device"] = d.native
+    out = [Device(name, e["kind"], e["index"], tuple(e["backends"]), e["props"]) for name, e in found.items()]
+    return sorted(out, key=lambda d: (_KIND_ORDER.get(d.kind, 5), d.index))
+
+
+def _available_targets(devs: list[Device]) -> str:
+    names = ["auto"] + [d.name for d in devs] + sorted({b for d in devs for b in d.backends})
+    return ", ".join(names)
+
+
+def _match(dev: Device, kind: str, index: int | None) -> bool:
+    kinds = ("cuda", "gpu") if kind == "gpu" else (kind,)
+    return dev.kind in kinds and (index is None or dev.index == index)
+
+
+def _fallback(requested: str, devs: list[Device]) -> list[Device]:
+    policy = get_config().device_fallback
+    present = ", ".join(d.name for d in devs) or "none"
+    if policy == "error":
+        raise BackendError("HYB-307", f"device {requested!r} is not present (present: {present}) and "
+                           "device_fallback is 'error'", "use a present device or device_fallback='warn'")
+    logger.warning("device %r is not present (present: %s); falling back to cpu", requested, present)
+    return [d for d in devs if d.kind == "cpu"]
+
+
+def resolve_target(target: str) -> list[Candidate]:
+    """Resolve a target string to (backend, device) candidates in priority order.
+
+    Raises:
+        BackendError: HYB-301 (unknown target), HYB-302 (backend unavailable), HYB-303 (device not
+            usable by that backend), HYB-307 (device absent under device_fallback='error').
+    """
+    if not isinstance(target, str) or not target.strip():
+        raise BackendError("HYB-301", f"expected a target string such as 'auto' or 'cpu', got {target!r}")
+    text = target.strip().lower()
+    devs = devices()
+    backend_part, _, device_part = text.partition(":")
+    known_backends = backend_names()
+    if backend_part in known_backends:
+        st = backend_status(backend_part)
+        if not st.available:
+            from hybrid.hal.registry import get_backend
+
+            get_backend(backend_part)  # raises HYB-302 with the reason and install hint
+        own = [d for d in devs if backend_part in d.backends]
+        if device_part:
+            parsed = parse_device(device_part)
+            if parsed is None:
+                raise BackendError("HYB-301", f"target {target!r}: {device_part!r} is not a device name; "
+                                   f"{backend_part} has: {', '.join(d.name for d in own)}")
+            chosen = [d for d in own if _match(d, *parsed)]
+            if not chosen:
+                if not any(_match(d, *parsed) for d in devs):  # absent from the machine: fallback policy
+                    chosen = [d for d in _fallback(device_part, devs) if backend_part in d.backends]
+                if not chosen:
+                    raise BackendError("HYB-303", f"backend {backend_part!r} cannot use device "
+                                       f"{device_part!r}; it has: {', '.join(d.name for d in own)}",
+                                       "pick one of those devices or another backend")
+            own = chosen
+        return [Candidate(backend_part, d.name) for d in own]
+    if text == "auto":
+        return [Candidate(b, d.name) for d in devs for b in d.backends]
+    parsed = parse_device(text)
+    if parsed is None:
+        raise BackendError("HYB-301", f"unknown target {target!r}; available targets: "
+                           f"{_available_targets(devs)}",
+                           "a target is 'auto', a device, a backend, or 'backend:device'")
+    chosen = [d for d in devs if _match(d, *parsed)]
+    if not chosen:
+        chosen = _fallback(text, devs)
+    if parsed[1] is None and chosen:
+        chosen = [d for d in chosen if d.index == chosen[0].index and d.kind == chosen[0].kind]
+    return [Candidate(b, d.name) for d in chosen for b in d.backends]

@@ -1,0 +1,1 @@
+"""The runtime core: compile, compiled models, plans, and the execution machinery."""

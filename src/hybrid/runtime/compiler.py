@@ -1,0 +1,101 @@
+"""``hybrid.compile``: resolve a target, pick a backend and device, build a CompiledModel."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from hybrid.config import expect_mapping, get_config
+from hybrid.errors import BackendError, ConfigError, HybridError
+from hybrid.hal import Candidate, backend_names, get_backend, resolve_target
+from hybrid.ir import Model
+from hybrid.runtime.compiled import CompiledModel
+from hybrid.runtime.plan import Plan, Segment
+
+__all__ = ["PRECISIONS", "compile_model", "split_config"]
+
+logger = logging.getLogger("hybrid")
+
+PRECISIONS = ("fp32", "fp16", "bf16")
+
+
+def split_config(config: Mapping[str, Any] | None, candidates: list[Candidate]) -> dict[str, dict[str, Any]]:
+    """Split ``compile(config=...)`` into options per backend.
+
+    Keys named after a backend hold that backend's options. When the target resolves to one backend,
+    other keys are that backend's options too (``compile(m, 'onnxruntime', {'intra_op_num_threads': 2})``).
+
+    Raises:
+        ConfigError: HYB-101 for a key that is neither a backend nor an option of the single backend.
+    """
+    cfg = dict(expect_mapping("config", config or {}))
+    names = set(backend_names())
+    per_backend: dict[str, dict[str, Any]] = {}
+    loose = {k: v for k, v in cfg.items() if k not in names}
+    for k, v in cfg.items():
+        if k in names:
+            per_backend[k] = dict(expect_mapping(f"config.{k}", v))
+    single = {c.backend for c in candidates}
+    if loose:
+        if len(single) != 1:
+            raise ConfigError("HYB-101", f"config keys {sorted(loose)} are not backend names; with target "
+                              f"resolving to several backends ({', '.join(sorted(single))}) give options "
+                              "per backend", "e.g. config={'onnxruntime': {'intra_op_num_threads': 2}}")
+        (only,) = single
+        per_backend[only] = {**loose, **per_backend.get(only, {})}
+    return per_backend
+
+
+def _precision_options(backend: str, precision: str) -> dict[str, Any]:
+    if precision == "fp32":
+        return {}
+    if backend == "openvino":
+        return {"inference_precision": {"fp16": "f16", "bf16": "bf16"}[precision]}
+    raise BackendError("HYB-304", f"backend {backend!r} has no {precision} mode for this model; "
+                       "precisions it runs: fp32", "use precision='fp32' or target='openvino'")
+
+
+def compile_model(model_or_path: Any, target: str = "auto", precision: str = "fp32",
+                  config: Mapping[str, Any] | None = None) -> CompiledModel:
+    """Compile a model for a target (DESIGN 2.9).
+
+    Args:
+        model_or_path: A path, bytes, onnx.ModelProto, onnx_ir.Model or hybrid.Model.
+        target: 'auto', a device, a backend or 'backend:device'.
+        precision: 'fp32', 'fp16' or 'bf16'.
+        config: Backend options, per backend name or flat for a single-backend target.
+
+    Raises:
+        ModelError: 2xx when the model cannot be loaded.
+        BackendError: 3xx for an unknown target, a missing backend or a failed compilation.
+    """
+    model = Model.load(model_or_path)
+    if precision not in PRECISIONS:
+        raise ConfigError("HYB-102", f"precision: expected one of {PRECISIONS}, got {precision!r}")
+    candidates = resolve_target(target)
+    if not candidates:
+        raise BackendError("HYB-303", f"target {target!r} matches no available backend on this machine",
+                           "run `pyasc devices` to see what is available")
+    per_backend = split_config(config, candidates)
+    defaults = get_config().backends
+    errors: list[HybridError] = []
+    for cand in candidates:
+        backend = get_backend(cand.backend)
+        options = {**defaults.get(cand.backend, {}), **per_backend.get(cand.backend, {}),
+                   **_precision_options(cand.backend, precision)}
+        try:
+            executable = backend.compile(model, cand.device, options)
+        except HybridError as e:
+            if e.code == "HYB-306" or len(candidates) == 1:
+                raise
+            logger.info("%s could not compile %r: %s; trying the next candidate", cand, model.name, e.message)
+            errors.append(e)
+            continue
+        nodes = tuple(n.name or f"{n.op_type}#{i}" for i, n in enumerate(model.graph))
+        reason = "only candidate" if len(candidates) == 1 else "first candidate by priority that compiled"
+        plan = Plan((Segment(cand.backend, cand.device, nodes, tuple(model.signature.input_names),
+                             tuple(model.signature.output_names), reason),))
+        return CompiledModel(model, executable, plan, cand.backend, cand.device, options, target)
+    raise BackendError("HYB-304", f"no candidate of target {target!r} could compile {model.name!r}: "
+                       + "; ".join(e.message for e in errors), "see the backends' messages above")
