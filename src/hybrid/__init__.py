@@ -12,11 +12,11 @@ from hybrid._version import __version__
 from hybrid.errors import HybridError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from hybrid.api import devices, init, set_backend
-    from hybrid.config import set_log_level
-    from hybrid.hal import Device
-    from hybrid.ir import Model, Signature, TensorSpec
-    from hybrid.runtime.compiled import CompiledModel
+    from hybrid.api import devices, init, set_backend  # noqa: F401
+    from hybrid.config import set_log_level  # noqa: F401
+    from hybrid.hal import Device  # noqa: F401
+    from hybrid.ir import Model, Signature, TensorSpec  # noqa: F401
+    from hybrid.runtime.compiled import CompiledModel  # noqa: F401
 
 # public name -> "module:attribute"; resolved on first access (PEP 562)
 _LAZY = {

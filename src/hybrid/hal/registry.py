@@ -7,6 +7,7 @@ whose library is missing or broken is recorded as unavailable with the reason, w
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import threading
@@ -133,10 +134,8 @@ def get_backend(name: str) -> Backend:
     status = backend_status(name)
     if not status.available:
         cls_hint = ""
-        try:
+        with contextlib.suppress(BackendError):
             cls_hint = backend_class(name).install_hint
-        except BackendError:
-            pass
         raise BackendError("HYB-302", f"backend {name!r} is not available: {status.reason}",
                            cls_hint or "run `pyasc devices` to see what is available")
     return _instances[name]
