@@ -1,0 +1,143 @@
+"""``ReferenceBackend``: the numpy backend that is always there (priority 90, device 'cpu')."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+
+from hybrid.backends.reference import registry
+from hybrid.backends.reference.conv_algorithms import ALGORITHMS
+from hybrid.backends.reference.fallback import onnx_reference_has
+from hybrid.backends.reference.interpreter import Program, compile_graph, node_runner
+from hybrid.errors import BackendError, HybridError
+from hybrid.hal.backend import Backend, Executable, Option, ProbedDevice
+
+__all__ = ["ReferenceBackend", "ReferenceExecutable", "evaluate_node"]
+
+
+class ReferenceExecutable(Executable):
+    """A compiled :class:`Program` behind the Executable contract."""
+
+    def __init__(self, program: Program) -> None:
+        self.program = program
+        self.input_names = list(program.input_names)
+        self.output_names = list(program.output_names)
+        self._run = program.run
+
+    def run(self, feeds: Mapping[str, Any]) -> list[Any]:
+        return self._run([feeds.get(n) for n in self.input_names])
+
+
+def _model_ir(model: Any) -> ir.Model:
+    """The model's onnx-ir graph with model-local functions inlined (kernels see primitive ops)."""
+    proto = model.to_onnx()
+    if len(proto.functions):
+        import onnx.inliner
+
+        return ir.serde.deserialize_model(onnx.inliner.inline_local_functions(proto))
+    return model.ir
+
+
+class ReferenceBackend(Backend):
+    """Pure numpy kernels with an ``onnx.reference`` fallback per node: runs anything, anywhere."""
+
+    name = "reference"
+    priority = 90
+    install_hint = "the reference backend needs only numpy and onnx"
+    options = {
+        "conv_algorithm": Option((str,), "auto", ("auto", *ALGORITHMS),
+                                 doc="Conv algorithm: 'auto' picks per shape (docs/reference-backend.md)"),
+        "fuse": Option((bool,), True, doc="fuse Conv with a following BatchNormalization, Relu and Add"),
+        "fold_constants": Option((bool,), True, doc="evaluate constant nodes once at compile time"),
+    }
+
+    def _probe(self) -> list[ProbedDevice]:
+        return [ProbedDevice("cpu", "cpu", 0, "numpy", (("numpy", np.__version__),))]
+
+    def version(self) -> str:
+        return f"numpy {np.__version__}, onnx {onnx.__version__}"
+
+    def supports(self, node: ir.Node, device: str = "cpu") -> bool:
+        """Answer from the kernel table (hand kernels, custom ops, onnx.reference); runs nothing."""
+        if device.partition(":")[0] != "cpu":
+            return False
+        version = node.version
+        if version is None:
+            graph = node.graph
+            opsets = graph.opset_imports if graph is not None else {}
+            version = opsets.get(node.domain, onnx.defs.onnx_opset_version() if node.domain in ("", "ai.onnx")
+                                 else 1)
+        return _supports(node.domain, node.op_type, version)
+
+    def _compile(self, model: Any, device: str, options: dict[str, Any]) -> Executable:
+        if device.partition(":")[0] != "cpu":
+            raise BackendError("HYB-303", f"the reference backend runs on 'cpu', not {device!r}",
+                               "use target='reference' or 'reference:cpu'")
+        opts = {k: spec.default for k, spec in self.options.items()} | options
+        m = _model_ir(model)
+        opsets = dict(m.opset_imports)
+        opsets.setdefault("", onnx.defs.onnx_opset_version())
+        try:
+            program = compile_graph(m.graph, opsets, opts, fold=opts["fold_constants"])
+        except HybridError:
+            raise
+        except Exception as e:
+            raise BackendError("HYB-304", f"reference backend could not compile {model.name!r}: "
+                               f"{type(e).__name__}: {str(e).strip()[:300]}",
+                               "report the model; try another target meanwhile") from e
+        return ReferenceExecutable(program)
+
+
+@functools.lru_cache(maxsize=4096)
+def _supports_cached(domain: str, op_type: str, version: int) -> bool:
+    return onnx_reference_has(domain, op_type, version)
+
+
+def _supports(domain: str, op_type: str, version: int) -> bool:
+    # custom ops can be registered at any time, so only the onnx.reference answer is cached
+    if registry.find_kernel(domain, op_type, version) is not None:
+        return True
+    return _supports_cached(domain, op_type, version)
+
+
+def evaluate_node(node: ir.Node, inputs: list[np.ndarray | None],
+                  opsets: Mapping[str, int] | None = None) -> list[np.ndarray]:
+    """Evaluate one node on given inputs (constant folding in the graph optimizer).
+
+    Args:
+        node: The node; its opset comes from ``opsets``, else ``node.version``, else its graph's
+            imports, else the newest opset onnx knows.
+        inputs: One value per node input (None for a missing optional one).
+        opsets: Opset version per domain.
+
+    Raises:
+        BackendError: HYB-305 when no kernel exists for the node.
+        RunError: HYB-409 when the kernel rejects the inputs.
+    """
+    if opsets is None:
+        graph = node.graph
+        opsets = dict(graph.opset_imports) if graph is not None else {}
+        if node.version is not None:
+            opsets[node.domain] = node.version
+    opsets = dict(opsets)
+    opsets.setdefault("", onnx.defs.onnx_opset_version())
+    from hybrid.backends.reference.interpreter import Step, _describe, _first_line
+
+    run, kind, _ = node_runner(node, opsets, {}, list(inputs), [])
+    try:
+        out = run(*inputs)
+    except HybridError:
+        raise
+    except Exception as e:
+        from hybrid.errors import RunError
+
+        step = Step(run, (), (), (), node.name or node.op_type, node.op_type, kind)
+        raise RunError("HYB-409", f"node {step.label!r} ({node.op_type}) rejected its inputs "
+                       f"{_describe(list(inputs))}: {_first_line(e)}",
+                       "check the input shapes and dtypes against the operator's definition") from e
+    return list(out)
