@@ -1,0 +1,413 @@
+"""``@hybrid.dynamic_batch``: many single requests in, one call of the wrapped function per batch.
+
+Callers in many threads (``f(x)``, ``f.submit(x)``) or asyncio tasks (``await f.acall(x)``) each pass
+one request. A collector thread forms batches: a batch is sent as soon as it holds ``max_batch``
+requests or its oldest request has waited ``timeout`` seconds, whichever is first. Batch formation
+goes on while earlier batches run, so a request that arrives during a slow batch starts at most
+``timeout`` after it arrived or as soon as a batch slot frees, whichever is later. Runner threads
+(``max_concurrent_batches``, default 1) call the function with a list and hand result ``i`` to the
+caller of request ``i``.
+
+Contract of the wrapped function: take a list of requests, return a sequence of the same length
+(a list, a tuple, or an array whose first axis is the batch). An element that is an exception
+instance fails only its own caller. Anything else (a raise, a wrong length) fails that batch's callers
+only, with HYB-408 or HYB-413; the batcher itself goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import inspect
+import itertools
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import CancelledError, Future
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from hybrid.errors import ConfigError, RunError
+
+__all__ = ["BatchStats", "Batcher", "RequestFuture", "dynamic_batch"]
+
+_ids = itertools.count(1)
+
+
+class RequestFuture(Future):
+    """A ``concurrent.futures.Future`` whose cancellation surfaces as HYB-414 from ``result()``."""
+
+    def result(self, timeout: float | None = None) -> Any:
+        try:
+            return super().result(timeout)
+        except CancelledError as e:
+            raise RunError("HYB-414", "the request was cancelled before its batch ran",
+                           "submit it again if the result is still needed") from e
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        try:
+            return super().exception(timeout)
+        except CancelledError as e:
+            raise RunError("HYB-414", "the request was cancelled before its batch ran") from e
+
+
+@dataclass(frozen=True, slots=True)
+class BatchStats:
+    """Counters of one batcher since it was made.
+
+    Attributes:
+        requests: Requests that ran in a batch (succeeded or failed).
+        batches: Batches run.
+        mean_batch_size: ``requests / batches``.
+        max_batch_size: Largest batch run (never above ``max_batch``).
+        mean_queue_wait_s: Mean time from submit to the start of the request's batch.
+        p99_queue_wait_s: 99th percentile of that wait over the last 10,000 requests.
+        max_queue_wait_s: Longest such wait.
+        mean_batch_time_s: Mean time the wrapped function took per batch.
+        failed_batches: Batches whose function raised or broke the contract.
+        rejected: Submits refused because the queue held ``max_queue`` requests (HYB-412).
+        cancelled: Requests cancelled while queued (HYB-414), including timed-out ones.
+        timed_out: Calls that gave up after their per-call timeout (HYB-411).
+        queued: Requests waiting now.
+        running: Batches running now.
+    """
+
+    requests: int
+    batches: int
+    mean_batch_size: float
+    max_batch_size: int
+    mean_queue_wait_s: float
+    p99_queue_wait_s: float
+    max_queue_wait_s: float
+    mean_batch_time_s: float
+    failed_batches: int
+    rejected: int
+    cancelled: int
+    timed_out: int
+    queued: int
+    running: int
+
+
+def _mismatch(out: Any, n: int) -> str:
+    """What is wrong with a batch's return value ('' when it has one result per request)."""
+    if isinstance(out, (str, bytes)) or not isinstance(out, (Sequence, np.ndarray)):
+        return type(out).__name__
+    if isinstance(out, np.ndarray) and out.ndim == 0:
+        return "a 0-d array"
+    return "" if len(out) == n else f"{type(out).__name__} of length {len(out)}"
+
+
+class _Request:
+    __slots__ = ("enqueued", "future", "item")
+
+    def __init__(self, item: Any) -> None:
+        self.item = item
+        self.future = RequestFuture()
+        self.enqueued = time.monotonic()
+
+
+def _positive(name: str, value: Any, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError("HYB-102", f"dynamic_batch: {name} must be a positive int, got {value!r}")
+
+
+class Batcher:
+    """The callable that ``@dynamic_batch`` returns; see the module docstring for the semantics.
+
+    Args:
+        fn: ``fn(list_of_requests) -> sequence_of_results`` (a coroutine function is run to completion
+            in the runner thread).
+        max_batch: Most requests in one call of ``fn``.
+        timeout: Longest time in seconds a request waits for its batch to fill.
+        max_queue: Most requests waiting at once; more are rejected with HYB-412. None: unbounded.
+        max_concurrent_batches: Batches that may run at the same time (runner threads).
+        name: Used in thread names and messages; default: the function's name.
+
+    Raises:
+        ConfigError: HYB-102 for a bad setting.
+    """
+
+    def __init__(self, fn: Callable[[list[Any]], Sequence[Any]], max_batch: int = 16, timeout: float = 0.1,
+                 max_queue: int | None = None, max_concurrent_batches: int = 1, name: str | None = None) -> None:
+        if not callable(fn):
+            raise ConfigError("HYB-102", f"dynamic_batch: expected a function, got {type(fn).__name__}")
+        _positive("max_batch", max_batch)
+        _positive("max_queue", max_queue, allow_none=True)
+        _positive("max_concurrent_batches", max_concurrent_batches)
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0:
+            raise ConfigError("HYB-102", f"dynamic_batch: timeout must be seconds >= 0, got {timeout!r}")
+        functools.update_wrapper(self, fn)
+        self.fn = fn
+        self.max_batch = max_batch
+        self.timeout = float(timeout)
+        self.max_queue = max_queue
+        self.max_concurrent_batches = max_concurrent_batches
+        self.name = name or getattr(fn, "__name__", "batched")
+        self._is_async = inspect.iscoroutinefunction(fn)
+        self._cond = threading.Condition()  # guards the queue, the counters and the lifecycle
+        self._queue: deque[_Request] = deque()
+        self._slots = threading.Semaphore(max_concurrent_batches)
+        self._batches: deque[list[_Request] | None] = deque()
+        self._batch_ready = threading.Condition()
+        self._threads: list[threading.Thread] = []
+        self._closing = False
+        self._counts = dict.fromkeys(("requests", "batches", "max_size", "failed", "rejected", "cancelled",
+                                      "timed_out", "running"), 0)
+        self._wait_sum = 0.0
+        self._wait_max = 0.0
+        self._waits: deque[float] = deque(maxlen=10_000)
+        self._run_sum = 0.0
+
+    # ------------------------------------------------------------------ calling
+    def submit(self, item: Any) -> RequestFuture:
+        """Queue one request; return a future for its own result.
+
+        Raises:
+            RunError: HYB-412 when ``max_queue`` requests are already waiting, HYB-415 after ``close``.
+        """
+        req = _Request(item)
+        with self._cond:
+            if self._closing:
+                raise RunError("HYB-415", f"dynamic_batch {self.name!r} is closed; it takes no more requests")
+            if self.max_queue is not None and len(self._queue) >= self.max_queue:
+                self._counts["rejected"] += 1
+                raise RunError("HYB-412", f"dynamic_batch {self.name!r}: {len(self._queue)} requests already "
+                               f"queued (max_queue={self.max_queue}); request rejected",
+                               "retry later, or raise max_queue")
+            if not self._threads:
+                self._start()
+            self._queue.append(req)
+            self._cond.notify_all()
+        req.future.add_done_callback(functools.partial(self._on_done, req))
+        return req.future
+
+    def __call__(self, item: Any, *, timeout: float | None = None) -> Any:
+        """Run one request through a batch and return its result (blocking; from asyncio use ``acall``).
+
+        Args:
+            item: The request.
+            timeout: Longest time to wait in seconds; None waits as long as it takes.
+
+        Raises:
+            RunError: HYB-411 when ``timeout`` passes first (a queued request is withdrawn), HYB-412,
+                HYB-413, HYB-414, HYB-415 as described on the class; whatever the function failed this
+                request with.
+        """
+        future = self.submit(item)
+        try:
+            return future.result(timeout)
+        except TimeoutError:
+            if future.done():  # the function's own TimeoutError for this request
+                raise
+            raise self._timed_out(future, timeout) from None
+
+    async def acall(self, item: Any, *, timeout: float | None = None) -> Any:
+        """``await f.acall(x)``: the asyncio form of ``f(x)``; cancelling the task withdraws a queued request."""
+        future = self.submit(item)
+        wrapped = asyncio.wrap_future(future)
+        try:
+            done, _ = await asyncio.wait({wrapped}, timeout=timeout)
+        except asyncio.CancelledError:
+            wrapped.cancel()
+            raise
+        if not done:
+            raise self._timed_out(future, timeout)
+        if wrapped.cancelled():
+            return future.result()  # raises HYB-414
+        return wrapped.result()
+
+    def _timed_out(self, future: RequestFuture, timeout: float | None) -> RunError:
+        withdrawn = future.cancel()
+        with self._cond:
+            self._counts["timed_out"] += 1
+        where = "it was still queued and is withdrawn" if withdrawn else "its batch was still running"
+        return RunError("HYB-411", f"dynamic_batch {self.name!r}: no result within {timeout} s ({where})",
+                        "raise the per-call timeout, lower max_batch, or add max_concurrent_batches")
+
+    def _on_done(self, req: _Request, future: Future) -> None:
+        if future.cancelled():
+            with self._cond:
+                self._counts["cancelled"] += 1
+                with contextlib.suppress(ValueError):  # already taken into a batch
+                    self._queue.remove(req)
+                self._cond.notify_all()
+
+    # ------------------------------------------------------------------ threads
+    def _start(self) -> None:
+        uid = next(_ids)
+        collector = threading.Thread(target=self._collect, name=f"hybrid-batch-{self.name}-{uid}", daemon=True)
+        runners = [threading.Thread(target=self._runner, name=f"hybrid-batch-{self.name}-{uid}-run{i}",
+                                    daemon=True) for i in range(self.max_concurrent_batches)]
+        self._threads = [collector, *runners]
+        for t in self._threads:
+            t.start()
+
+    def _collect(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._closing:
+                    self._cond.wait()
+                if not self._queue:
+                    break  # closing and drained
+                while self._queue and len(self._queue) < self.max_batch and not self._closing:
+                    remaining = self._queue[0].enqueued + self.timeout - time.monotonic()
+                    if remaining <= 0:
+                        break
+                    self._cond.wait(remaining)
+                if not self._queue:
+                    continue
+            # a batch is due; wait for a runner slot while requests keep queueing, then take them
+            self._slots.acquire()
+            with self._cond:
+                batch = self._take()
+                if batch:
+                    self._counts["running"] += 1
+            if batch:
+                with self._batch_ready:
+                    self._batches.append(batch)
+                    self._batch_ready.notify()
+            else:
+                self._slots.release()
+        with self._batch_ready:
+            self._batches.extend([None] * self.max_concurrent_batches)
+            self._batch_ready.notify_all()
+
+    def _take(self) -> list[_Request]:
+        batch: list[_Request] = []
+        now = time.monotonic()
+        while self._queue and len(batch) < self.max_batch:
+            req = self._queue.popleft()
+            if req.future.set_running_or_notify_cancel():  # False: cancelled while queued
+                wait = now - req.enqueued
+                self._wait_sum += wait
+                self._wait_max = max(self._wait_max, wait)
+                self._waits.append(wait)
+                batch.append(req)
+        return batch
+
+    def _runner(self) -> None:
+        while True:
+            with self._batch_ready:
+                while not self._batches:
+                    self._batch_ready.wait()
+                batch = self._batches.popleft()
+            if batch is None:
+                return
+            try:
+                self._run(batch)
+            finally:
+                self._slots.release()
+
+    def _run(self, batch: list[_Request]) -> None:
+        t0 = time.monotonic()
+        failed = True
+        try:
+            try:
+                out = self.fn([r.item for r in batch])
+                if self._is_async:
+                    out = asyncio.run(out)
+            except Exception as e:
+                first = str(e).splitlines()[0][:300] if str(e) else ""
+                self._fail(batch, "HYB-408", f"dynamic_batch {self.name!r}: the function raised "
+                           f"{type(e).__name__} on a batch of {len(batch)}: {first}",
+                           "return an exception instance at a request's position to fail only that request", e)
+                return
+            found = _mismatch(out, len(batch))
+            if found:
+                self._fail(batch, "HYB-413", f"dynamic_batch {self.name!r}: expected a list of {len(batch)} "
+                           f"results (one per request), got {found}",
+                           "return one result per request, in request order", None)
+                return
+            for req, value in zip(batch, out):
+                if isinstance(value, BaseException):
+                    req.future.set_exception(value)
+                else:
+                    req.future.set_result(value)
+            failed = False
+        except BaseException as e:  # never leave a caller waiting, whatever happened
+            self._fail(batch, "HYB-408", f"dynamic_batch {self.name!r}: batch failed: {e!r}", None, e)
+            if not isinstance(e, Exception):
+                raise
+        finally:
+            with self._cond:
+                self._counts["requests"] += len(batch)
+                self._counts["batches"] += 1
+                self._counts["max_size"] = max(self._counts["max_size"], len(batch))
+                self._counts["failed"] += failed
+                self._counts["running"] -= 1
+                self._run_sum += time.monotonic() - t0
+
+    @staticmethod
+    def _fail(batch: list[_Request], code: str, message: str, hint: str | None,
+              cause: BaseException | None) -> None:
+        for req in batch:
+            if not req.future.done():
+                err = RunError(code, message, hint)  # one object per caller: tracebacks never mix across threads
+                err.__cause__ = cause
+                req.future.set_exception(err)
+
+    # ------------------------------------------------------------------ lifecycle and stats
+    def stats(self) -> BatchStats:
+        """A snapshot of the counters."""
+        with self._cond:
+            c = self._counts
+            waits = sorted(self._waits)
+            p99 = waits[min(len(waits) - 1, int(0.99 * len(waits)))] if waits else 0.0
+            return BatchStats(
+                requests=c["requests"], batches=c["batches"],
+                mean_batch_size=c["requests"] / c["batches"] if c["batches"] else 0.0,
+                max_batch_size=c["max_size"],
+                mean_queue_wait_s=self._wait_sum / c["requests"] if c["requests"] else 0.0,
+                p99_queue_wait_s=p99, max_queue_wait_s=self._wait_max,
+                mean_batch_time_s=self._run_sum / c["batches"] if c["batches"] else 0.0,
+                failed_batches=c["failed"], rejected=c["rejected"], cancelled=c["cancelled"],
+                timed_out=c["timed_out"], queued=len(self._queue), running=c["running"])
+
+    def close(self, wait: bool = True, timeout: float | None = None) -> None:
+        """Take no more requests; run what is queued (``wait=True``) or cancel it (HYB-414), then stop.
+
+        Args:
+            wait: Drain the queue first; False cancels queued requests.
+            timeout: Longest time to wait for the threads to finish.
+        """
+        with self._cond:
+            self._closing = True
+            dropped = [] if wait else list(self._queue)
+            self._cond.notify_all()
+        for req in dropped:
+            req.future.cancel()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for t in self._threads:
+            t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+
+    def __enter__(self) -> Batcher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"<hybrid dynamic_batch {self.name!r} max_batch={self.max_batch} timeout={self.timeout} "
+                f"max_queue={self.max_queue}>")
+
+
+def dynamic_batch(fn: Callable[[list[Any]], Sequence[Any]] | None = None, *, max_batch: int = 16,
+                  timeout: float = 0.1, max_queue: int | None = None, max_concurrent_batches: int = 1,
+                  name: str | None = None) -> Any:
+    """Turn ``fn(list_of_requests) -> list_of_results`` into a function of one request, batched across callers.
+
+    Use as ``@dynamic_batch`` or ``@dynamic_batch(max_batch=16, timeout=0.1, max_queue=None)``. The
+    result is a :class:`Batcher`: ``f(x)`` blocks for the result, ``f.submit(x)`` returns a future,
+    ``await f.acall(x)`` serves asyncio tasks, ``f.stats()`` reports, ``f.close()`` drains.
+    """
+    def wrap(func: Callable[[list[Any]], Sequence[Any]]) -> Batcher:
+        return Batcher(func, max_batch=max_batch, timeout=timeout, max_queue=max_queue,
+                       max_concurrent_batches=max_concurrent_batches, name=name)
+
+    return wrap if fn is None else wrap(fn)

@@ -1,0 +1,206 @@
+"""``hybrid.StreamContext``: an ordered asynchronous work queue (DESIGN 2.5).
+
+``model(x, stream=s)`` (and ``s.submit(fn, ...)``) returns a :class:`StreamResult` at once; the work
+runs on the stream's own thread in submission order; leaving ``with s:`` waits for everything
+submitted. On a CUDA device with torch, the work is issued inside ``torch.cuda.stream(...)`` and each
+result carries a CUDA event that ``result()`` waits on, so torch kernels of one stream stay ordered on
+the GPU too (written against torch's API; unverified on this project's CPU-only machines). Elsewhere
+the stream is a worker thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Generator
+from concurrent.futures import Future
+from typing import Any
+
+import numpy as np
+
+from hybrid.errors import RunError
+from hybrid.runtime.pipeline import resolve_device
+
+__all__ = ["StreamContext", "StreamResult"]
+
+_ids = itertools.count(1)
+
+
+def _host(value: Any) -> Any:
+    if isinstance(value, (tuple, list)):
+        return tuple(_host(v) for v in value)
+    if type(value).__module__.startswith("torch") and hasattr(value, "detach"):
+        return value.detach().cpu().numpy()
+    return np.asarray(value)
+
+
+class StreamResult:
+    """The handle of one piece of work on a stream: ``result()``, ``numpy()``, ``done()``, ``await``."""
+
+    __slots__ = ("_future", "_stream")
+
+    def __init__(self, future: Future, stream: StreamContext) -> None:
+        self._future = future
+        self._stream = stream
+
+    def result(self, timeout: float | None = None) -> Any:
+        """Wait for the work and return what it returned (or raise what it raised).
+
+        Raises:
+            RunError: HYB-411 when ``timeout`` seconds pass first (the work stays queued).
+        """
+        try:
+            value, event = self._future.result(timeout)
+        except TimeoutError:
+            if self._future.done():
+                raise
+            raise RunError("HYB-411", f"stream {self._stream.name}: the work did not finish within {timeout} s",
+                           "wait longer, or synchronize() the stream") from None
+        if event is not None:
+            event.synchronize()
+        return value
+
+    def numpy(self, timeout: float | None = None) -> Any:
+        """The result as numpy arrays (a tuple for several outputs), copied to the host if needed."""
+        return _host(self.result(timeout))
+
+    def done(self) -> bool:
+        return self._future.done()
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        return self._future.exception(timeout)
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        yield from asyncio.wrap_future(self._future).__await__()
+        return self.result()
+
+    def __repr__(self) -> str:
+        state = "done" if self._future.done() else "pending"
+        return f"<hybrid StreamResult on {self._stream.name} ({state})>"
+
+
+class StreamContext:
+    """An ordered queue of work on one device.
+
+    Args:
+        device: The device the stream's work targets; None: 'cpu'. An absent device follows the
+            ``device_fallback`` policy.
+
+    Raises:
+        BackendError: HYB-301 for a bad device name, HYB-307 for an absent device under 'error'.
+    """
+
+    def __init__(self, device: str | None = None) -> None:
+        self.device = resolve_device(device, "StreamContext")
+        self.name = f"stream{next(_ids)}:{self.device}"
+        self._cond = threading.Condition()
+        self._work: deque[tuple[Callable[..., Any], tuple, dict, Future] | None] = deque()
+        self._thread: threading.Thread | None = None
+        self._retiring: threading.Thread | None = None  # a stopped thread that may still be finishing
+        self._closed = False
+        self._torch_stream = self._make_torch_stream()
+
+    def _make_torch_stream(self) -> Any:
+        if not self.device.startswith("cuda"):
+            return None
+        try:
+            import torch
+        except ImportError:
+            return None
+        if not torch.cuda.is_available():
+            return None
+        return torch.cuda.Stream(device=self.device)
+
+    # ------------------------------------------------------------------ work
+    def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> StreamResult:
+        """Queue ``fn(*args, **kwargs)`` behind everything already on this stream; return its handle.
+
+        Raises:
+            RunError: HYB-415 after ``close``.
+        """
+        future: Future = Future()
+        with self._cond:
+            if self._closed:
+                raise RunError("HYB-415", f"stream {self.name} is closed; it takes no more work")
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._worker, args=(self._retiring,),
+                                                name=f"hybrid-{self.name}", daemon=True)
+                self._thread.start()
+            self._work.append((fn, args, kwargs, future))
+            self._cond.notify()
+        return StreamResult(future, self)
+
+    def _worker(self, previous: threading.Thread | None) -> None:
+        if previous is not None:  # keep submission order across a stop and restart
+            previous.join()
+        torch_stream = self._torch_stream
+        if torch_stream is not None:
+            import torch
+        while True:
+            with self._cond:
+                while not self._work:
+                    self._cond.wait()
+                job = self._work.popleft()
+            if job is None:
+                return
+            fn, args, kwargs, future = job
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                if torch_stream is None:
+                    future.set_result((fn(*args, **kwargs), None))
+                else:
+                    with torch.cuda.stream(torch_stream):
+                        value = fn(*args, **kwargs)
+                        event = torch.cuda.Event()
+                        event.record(torch_stream)
+                    future.set_result((value, event))
+            except BaseException as e:  # the error belongs to this work's handle; the stream goes on
+                future.set_exception(e)
+
+    def synchronize(self, timeout: float | None = None) -> None:
+        """Wait until everything submitted so far has finished (errors stay with their handles).
+
+        Raises:
+            RunError: HYB-411 when ``timeout`` passes first.
+        """
+        with self._cond:
+            idle = self._thread is None or self._closed
+        if idle:
+            return
+        self.submit(lambda: None).result(timeout)
+        if self._torch_stream is not None:
+            self._torch_stream.synchronize()
+
+    def _stop(self, timeout: float | None) -> None:
+        with self._cond:
+            thread, self._thread = self._thread, None
+            if thread is not None:
+                self._retiring = thread
+                self._work.append(None)
+                self._cond.notify()
+        if thread is not None:
+            thread.join(timeout)
+
+    def close(self, timeout: float | None = None) -> None:
+        """Finish the queued work, stop the thread; the stream takes no more work."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        self.synchronize(timeout)
+        with self._cond:
+            self._closed = True
+        self._stop(None if deadline is None else max(0.0, deadline - time.monotonic()))
+
+    def __enter__(self) -> StreamContext:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """Wait for all work; the stream stays usable (its thread restarts on the next submit)."""
+        self._stop(None)
+        if self._torch_stream is not None:
+            self._torch_stream.synchronize()
+
+    def __repr__(self) -> str:
+        return f"<hybrid.StreamContext {self.name}>"
