@@ -84,7 +84,7 @@ def session_options(ort: Any, options: Mapping[str, Any], threads: int | None = 
         so.enable_profiling = True
         if isinstance(options["profile"], str):
             so.profile_file_prefix = options["profile"]
-    so.log_severity_level = 3
+    so.log_severity_level = 4  # failures surface as exceptions (HYB-304/408), not log spam
     return so
 
 
@@ -176,6 +176,43 @@ class OnnxRuntimeBackend(Backend):
         import onnxruntime as ort
 
         return ort.__version__
+
+    def supports(self, node: Any, device: str = "cpu") -> bool:
+        """Whether ORT has a kernel for ``node`` on ``device``.
+
+        A one-node session is created once per op signature (op, opset, input types, attributes)
+        and the answer cached: the session resolves kernels, type constraints and ONNX functions
+        exactly as a full session would, which the raw kernel registry does not.
+        """
+        from hybrid.backends.capability import op_signature
+
+        cache = self.__dict__.setdefault("_supports_cache", {})
+        key = (device, op_signature(node))
+        answer = cache.get(key)
+        if answer is None:
+            answer = cache[key] = self._probe_node(node, device)
+        return answer
+
+    def _probe_node(self, node: Any, device: str) -> bool:
+        from hybrid.backends.capability import one_node_model
+
+        proto = one_node_model(node)
+        if proto is None:
+            return False
+        ort = self._ort
+        so = ort.SessionOptions()
+        so.log_severity_level = 4
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        so.intra_op_num_threads = 1
+        providers = provider_chain(device, {}, self.available_providers)
+        try:
+            ort.InferenceSession(proto.SerializeToString(), sess_options=so,
+                                 providers=[p for p, _ in providers], provider_options=[o for _, o in providers])
+        except Exception as e:
+            logger.debug("onnxruntime lacks %s (%s) on %s: %s", node.name or node.op_type, node.op_type, device,
+                         str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__)
+            return False
+        return True
 
     def _compile(self, model: Any, device: str, options: dict[str, Any]) -> Executable:
         ort = self._ort

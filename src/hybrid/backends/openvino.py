@@ -54,7 +54,8 @@ def ov_config(options: Mapping[str, Any], threads: int | None = None) -> dict[st
 class OpenVINOExecutable(Executable):
     """An OpenVINO ``CompiledModel`` with one infer request per calling thread."""
 
-    def __init__(self, compiled: Any, input_names: list[str], output_names: list[str]) -> None:
+    def __init__(self, compiled: Any, input_names: list[str], output_names: list[str],
+                 share_inputs: bool = True) -> None:
         self.compiled = compiled
         self.input_names = input_names
         self.output_names = output_names
@@ -65,6 +66,7 @@ class OpenVINOExecutable(Executable):
         # OpenVINO drops inputs the graph does not use; feeding them would fail
         self._unused = [n for n in input_names if n not in ov_inputs]
         self._local = threading.local()
+        self._share = share_inputs
 
     def _request(self) -> Any:
         req = getattr(self._local, "req", None)
@@ -77,7 +79,7 @@ class OpenVINOExecutable(Executable):
         if self._unused:
             feeds = {k: v for k, v in feeds.items() if k not in self._unused}
         # share_outputs=False: results are copied out, so the next run cannot overwrite them
-        results = req.infer(dict(feeds), share_inputs=True, share_outputs=False)
+        results = req.infer(dict(feeds), share_inputs=self._share, share_outputs=False)
         return [results[p] for p in self._ports]
 
     def profiling_info(self) -> list[Any]:
@@ -127,6 +129,19 @@ class OpenVINOBackend(Backend):
 
         return ov.get_version()
 
+    def supports(self, node: Any, device: str = "cpu") -> bool:
+        """Whether OpenVINO runs ``node`` on ``device``, from ``Core.query_model`` on its whole graph.
+
+        ``query_model`` answers per model, so the answer for every node of a graph is computed once
+        (``hybrid.backends.openvino_query``) and cached for as long as the graph lives.
+        """
+        from hybrid.backends.openvino_query import graph_support
+
+        graph = node.graph
+        if graph is None:
+            return False
+        return graph_support(self._core, graph, _native_device(device)).get(id(node), False)
+
     def _compile(self, model: Any, device: str, options: dict[str, Any]) -> Executable:
         from hybrid.config import get_config
 
@@ -139,4 +154,6 @@ class OpenVINOBackend(Backend):
             raise BackendError("HYB-304", f"openvino could not compile model {model.name!r} for {device}: "
                                f"{first}", "try target='auto' or another backend") from e
         sig = model.signature
-        return OpenVINOExecutable(compiled, sig.input_names, sig.output_names)
+        # zero-copy input sharing misreads ml_dtypes arrays (bfloat16, float8...) as float16
+        share = not any(s.dtype is not None and s.dtype.kind == "V" for s in sig.inputs)
+        return OpenVINOExecutable(compiled, sig.input_names, sig.output_names, share)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Plan", "Segment"]
+__all__ = ["Placement", "Plan", "Segment"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,6 +18,7 @@ class Segment:
         inputs: Values it reads from the graph inputs or from earlier segments.
         outputs: Values it produces for later segments or the graph outputs.
         reason: Why the partitioner put these nodes here.
+        precision: The inference precision it runs at ('fp32', 'bf16', 'fp16').
     """
 
     backend: str
@@ -26,14 +27,41 @@ class Segment:
     inputs: tuple[str, ...] = ()
     outputs: tuple[str, ...] = ()
     reason: str = ""
+    precision: str = "fp32"
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where one node runs and why (``pyasc compile --explain``).
+
+    Attributes:
+        node: The node's name, or 'op_type#index' when unnamed.
+        op_type: The operator, 'domain.op_type' outside the ONNX domains.
+        backend: Backend name.
+        device: Device name.
+        reason: Why it runs there (which backends lack it, or that it stays with its neighbours).
+    """
+
+    node: str
+    op_type: str
+    backend: str
+    device: str
+    reason: str = ""
 
 
 @dataclass(frozen=True, slots=True)
 class Plan:
-    """The partition of a model into segments, in execution order."""
+    """The partition of a model into segments, in execution order.
+
+    Attributes:
+        segments: The subgraphs in the order they run.
+        notes: How the plan was chosen: timings, rejected candidates, the decision cache.
+        placements: Per node, where it runs and why (filled when the graph was partitioned).
+    """
 
     segments: tuple[Segment, ...]
     notes: tuple[str, ...] = ()
+    placements: tuple[Placement, ...] = ()
 
     @property
     def backends(self) -> list[str]:
@@ -42,7 +70,10 @@ class Plan:
     def __str__(self) -> str:
         lines = []
         for i, s in enumerate(self.segments):
-            head = f"[{i}] {s.backend}:{s.device}  {len(s.nodes)} node(s)"
+            head = f"[{i}] {s.backend}:{s.device}"
+            if s.precision != "fp32":
+                head += f" {s.precision}"
+            head += f"  {len(s.nodes)} node(s)"
             if s.reason:
                 head += f"  ({s.reason})"
             lines.append(head)
@@ -50,4 +81,17 @@ class Plan:
                 lines.append(f"    in:  {', '.join(s.inputs) or '-'}")
                 lines.append(f"    out: {', '.join(s.outputs) or '-'}")
         lines.extend(f"note: {n}" for n in self.notes)
+        return "\n".join(lines)
+
+    def explain(self) -> str:
+        """The plan followed by one line per node: where it runs and why."""
+        lines = [str(self)]
+        if self.placements:
+            width = max(len(p.node) for p in self.placements)
+            lines.append("nodes:")
+            lines.extend(f"  {p.node:<{width}}  {p.op_type:<18} {p.backend}:{p.device}  {p.reason}"
+                         for p in self.placements)
+        else:
+            for s in self.segments:
+                lines.append(f"all {len(s.nodes)} node(s) run on {s.backend}:{s.device}")
         return "\n".join(lines)

@@ -1,0 +1,91 @@
+"""Shared benchmark harness: interleaved timing, medians, ratios, machine facts, Markdown tables.
+
+Contenders run in the same process on the same inputs, in blocks: each block runs every contender
+``per_block`` times in turn (order rotated per block), with a short pause between contenders so that
+ONNX Runtime's spinning intra-op threads settle before the next runtime starts (DESIGN section 4).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+
+__all__ = ["geomean", "interleave", "machine_info", "median_ms", "percentile", "table"]
+
+
+def interleave(contenders: Mapping[str, Callable[[], object]], blocks: int = 5, per_block: int = 10,
+               warmup: int = 3, pause: float = 0.05) -> dict[str, list[float]]:
+    """Time each contender, interleaved in blocks; return seconds per call for every contender."""
+    names = list(contenders)
+    for name in names:
+        for _ in range(warmup):
+            contenders[name]()
+        time.sleep(pause)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for b in range(blocks):
+        order = names[b % len(names):] + names[:b % len(names)]
+        for name in order:
+            fn = contenders[name]
+            for _ in range(per_block):
+                t0 = time.perf_counter()
+                fn()
+                times[name].append(time.perf_counter() - t0)
+            time.sleep(pause)
+    return times
+
+
+def median_ms(samples: Sequence[float]) -> float:
+    return statistics.median(samples) * 1e3
+
+
+def percentile(samples: Sequence[float], q: float) -> float:
+    """The q-th percentile (0..100) of samples, nearest-rank."""
+    ordered = sorted(samples)
+    k = max(0, min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1))))
+    return ordered[k]
+
+
+def geomean(values: Sequence[float]) -> float:
+    vals = [v for v in values if v > 0]
+    if not vals:
+        return float("nan")
+    prod = 1.0
+    for v in vals:
+        prod *= v
+    return prod ** (1 / len(vals))
+
+
+def machine_info() -> str:
+    """One line naming the machine: CPU model, cores, Python and the runtimes' versions."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    versions = []
+    for mod in ("numpy", "onnxruntime", "openvino", "torch"):
+        try:
+            m = __import__(mod)
+            versions.append(f"{mod} {getattr(m, '__version__', '?')}")
+        except ImportError:
+            continue
+    return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}, " + ", ".join(versions)
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """A Markdown table; floats get 3 significant decimals."""
+    def cell(v: object) -> str:
+        if isinstance(v, float):
+            return f"{v:.3f}" if abs(v) < 100 else f"{v:.1f}"
+        return str(v)
+
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)

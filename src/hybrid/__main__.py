@@ -1,0 +1,3 @@
+from hybrid.cli.main import main
+
+main()
