@@ -12,6 +12,7 @@ from hybrid.backends.reference import (  # noqa: F401 - importing registers the 
     ops_conv,
     ops_elementwise,
     ops_nn,
+    ops_optional,
     ops_shape,
 )
 from hybrid.backends.reference.backend import ReferenceBackend, ReferenceExecutable, evaluate_node

@@ -115,3 +115,44 @@ def _scan(ctx: NodeContext):
         return tuple(results)
 
     return run
+
+
+@prepared("Scan", since=8)
+def _scan_v8(ctx: NodeContext):
+    """Scan-8: a leading optional ``sequence_lens`` input and a batch axis on every input."""
+    assert ctx.compile_graph is not None
+    attrs = ctx.attrs
+    if set(attrs) - {"body", "num_scan_inputs", "directions"}:
+        return None
+    body = ctx.compile_graph(attrs["body"])
+    n_scan_in = attrs["num_scan_inputs"]
+    n_own = len(ctx.present)
+    n_state = n_own - 1 - n_scan_in
+    bind = _binder(body, n_state + n_scan_in, ctx.captures)
+    dirs = list(attrs.get("directions") or [0] * n_scan_in)
+
+    def run(seq_lens, *args):
+        extra = [args[n_own - 1:][i] for i in bind]
+        states = args[:n_state]
+        scans = args[n_state:n_own - 1]
+        batch = (states[0] if states else scans[0]).shape[0]
+        finals: list[list[np.ndarray]] = [[] for _ in range(n_state)]
+        outputs: list[list[np.ndarray]] | None = None
+        for b in range(batch):
+            length = scans[0].shape[1] if seq_lens is None else int(seq_lens[b])
+            state = [s[b] for s in states]
+            per_step: list[list[np.ndarray]] = []
+            for t in range(length):
+                slices = [x[b, length - 1 - t] if d else x[b, t] for x, d in zip(scans, dirs)]
+                outs = body.run([*state, *slices, *extra])
+                state = list(outs[:n_state])
+                per_step.append(list(outs[n_state:]))
+            for acc, v in zip(finals, state):
+                acc.append(v)
+            if outputs is None:
+                outputs = [[] for _ in range(len(body.output_names) - n_state)]
+            for j, acc in enumerate(outputs):
+                acc.append(np.stack([step[j] for step in per_step]))
+        return tuple([np.stack(f) for f in finals] + [np.stack(o) for o in (outputs or [])])
+
+    return run

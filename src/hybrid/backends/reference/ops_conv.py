@@ -82,7 +82,10 @@ class ConvKernel:
         if x.ndim != w.ndim:
             raise ValueError(f"expected X and W of the same rank, got X{list(x.shape)} W{list(w.shape)}")
         g, alg = self.plan(x.shape, w.shape)
-        shape = x.shape
+        shape, dtype = x.shape, x.dtype
+        if dtype not in (np.float32, np.float64):
+            # half types accumulate in float32, as onnx.reference does, and round once at the end
+            x, w = x.astype(np.float32), w.astype(np.float32)
         if x.ndim == 3:
             x = x.reshape(shape[0], shape[1], 1, shape[2])
             w4 = w.reshape(w.shape[0], w.shape[1], 1, w.shape[2])
@@ -99,8 +102,8 @@ class ConvKernel:
             y = ca.conv_im2col(x, lay, g)
         if len(shape) == 3:
             y = y.reshape(y.shape[0], y.shape[1], y.shape[3])
-        if y.dtype != x.dtype:
-            y = y.astype(x.dtype)
+        if y.dtype != dtype:
+            y = y.astype(dtype)
         if b is not None:
             y += b.reshape(-1, *([1] * (y.ndim - 2)))
         if residual is not None:

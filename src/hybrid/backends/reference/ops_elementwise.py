@@ -191,7 +191,7 @@ def _prelu(x, slope):
 @kernel("Elu", since=6)
 def _elu(x, *, alpha=1.0):
     with np.errstate(over="ignore"):
-        return (_same(np.where(x >= 0, x, alpha * (np.exp(x) - 1)), x),)
+        return (_same(np.where(x > 0, x, alpha * np.expm1(x)), x),)
 
 
 @kernel("Selu", since=6)

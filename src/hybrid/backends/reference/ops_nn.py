@@ -251,4 +251,5 @@ def _gemm(a, b, c=None, *, alpha=1.0, beta=1.0, transA=0, transB=0):
 
 @kernel("MatMul", since=1)
 def _matmul(a, b):
-    return (np.matmul(a, b),)
+    y = np.matmul(a, b)
+    return (y if y.dtype == a.dtype else y.astype(a.dtype),)  # numpy computes bfloat16 in float32

@@ -180,3 +180,26 @@ def _pad(x, pads, constant_value=None, axes=None, *, mode="constant"):
     if mode == "wrap":
         return (np.pad(x, width, mode="wrap"),)
     raise ValueError(f"Pad mode must be constant, reflect, edge or wrap, got {mode!r}")
+
+
+_REDUCERS = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimum}
+
+
+@kernel("ScatterElements", since=11)
+def _scatter_elements(data, indices, updates, *, axis=0, reduction="none"):
+    axis = axis % data.ndim
+    idx = np.where(indices < 0, indices + data.shape[axis], indices).astype(np.int64)
+    grid = list(np.indices(idx.shape, sparse=True))
+    grid[axis] = idx
+    out = data.copy()
+    if reduction == "none":
+        out[tuple(grid)] = updates
+    else:
+        _REDUCERS[reduction].at(out, tuple(grid), updates)
+    return (out,)
+
+
+@kernel("Scatter", since=9)
+def _scatter(data, indices, updates, *, axis=0):
+    """The deprecated Scatter (opsets 9-10) is ScatterElements without reduction."""
+    return _scatter_elements(data, indices, updates, axis=axis)
