@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
-
-os.environ.setdefault("HYBRID_CACHE_DIR", os.path.join(os.path.dirname(__file__), ".cache-unused"))
 
 
 @pytest.fixture(autouse=True)

@@ -6,11 +6,11 @@ import json
 
 import numpy as np
 import onnx
+from tests._models import matmul_add
 from typer.testing import CliRunner
 
 from hybrid._version import __version__
 from hybrid.cli.main import app
-from tests._models import matmul_add
 
 runner = CliRunner()
 
@@ -24,7 +24,7 @@ def test_devices_json_lists_cpu_and_backend_reasons():
     r = runner.invoke(app, ["devices", "--json"])
     assert r.exit_code == 0, r.output
     doc = json.loads(r.output)
-    cpu = [d for d in doc["devices"] if d["name"] == "cpu"][0]
+    cpu = next(d for d in doc["devices"] if d["name"] == "cpu")
     assert "onnxruntime" in cpu["backends"]
     for b in doc["backends"]:
         assert b["available"] or b["reason"]

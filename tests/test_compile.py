@@ -8,12 +8,13 @@ import sys
 
 import numpy as np
 import pytest
+from tests._backends import BrokenBackend
+from tests._models import matmul_add, two_inputs
 
 import hybrid
 from hybrid.errors import BackendError, RunError
-from hybrid.hal import Backend, ProbedDevice, register_backend, reset_discovery, resolve_target
+from hybrid.hal import register_backend, reset_discovery, resolve_target
 from hybrid.samples import LIGHT_MODELS, LIGHT_RTOL
-from tests._models import matmul_add, two_inputs
 
 CPU_BACKENDS = ["onnxruntime", "openvino"]
 
@@ -53,22 +54,8 @@ def test_unknown_target_lists_what_is_available():
     assert e.value.code == "HYB-301" and "'warp'" in e.value.message
 
 
-class _BrokenBackend(Backend):
-    name = "broken"
-    install_hint = "pip install broken-runtime"
-
-    def _probe(self):
-        raise ImportError("No module named 'broken_runtime'")
-
-    def version(self):
-        return "0"
-
-    def _compile(self, model, device, options):
-        raise AssertionError("never compiled")
-
-
 def test_missing_backend_is_unavailable_with_reason_and_hint():
-    register_backend(_BrokenBackend)
+    register_backend(BrokenBackend)
     try:
         st = {s.name: s for s in hybrid.hal.statuses()}["broken"]
         assert not st.available and "broken_runtime" in st.reason
@@ -202,3 +189,22 @@ def test_import_is_light():
         times.append(float(out[0]))
         assert out[1:] == ["[]"], out
     assert min(times) < 0.3
+
+
+def test_third_party_backend_through_the_entry_point_group(monkeypatch):
+    from importlib import metadata
+
+    from hybrid.hal import registry
+
+    ep = metadata.EntryPoint(name="thirdparty", value="tests._backends:BrokenBackend", group="hybrid.backends")
+    monkeypatch.setattr(registry.metadata, "entry_points", lambda group: [ep] if group == "hybrid.backends" else [])
+    monkeypatch.setattr(registry, "_entry_points_loaded", False)
+    try:
+        assert "thirdparty" in registry.backend_names()
+        assert registry.backend_class("thirdparty") is BrokenBackend
+        st = registry.backend_status("thirdparty")
+        assert not st.available and "broken_runtime" in st.reason
+    finally:
+        registry._paths.pop("thirdparty", None)
+        registry._classes.pop("thirdparty", None)
+        reset_discovery()

@@ -8,7 +8,6 @@ fed by session input order.
 from __future__ import annotations
 
 import pytest
-
 from tests._conformance import conformance
 
 # counts measured through hybrid (README); raw runtimes: onnxruntime 1526, openvino 1396

@@ -9,10 +9,10 @@ import onnx
 import onnx_ir as ir
 import pytest
 from onnx import external_data_helper
+from tests._models import matmul_add, two_inputs
 
 import hybrid
 from hybrid.errors import ModelError
-from tests._models import matmul_add, two_inputs
 
 
 def test_load_from_every_source(tmp_path):
@@ -30,7 +30,7 @@ def test_load_from_every_source(tmp_path):
 
 def test_signature_has_symbolic_dims_and_dtypes():
     sig = hybrid.Model.load(two_inputs()).signature
-    a, b, k = sig.inputs
+    a, _b, k = sig.inputs
     assert a.shape == ("N", 3) and a.dtype == np.float32 and a.kind == "tensor"
     assert k.shape == (2,) and k.dtype == np.int64
     assert sig.output_names == ["z", "kk"]

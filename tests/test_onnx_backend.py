@@ -7,9 +7,9 @@ import onnx
 import onnx.backend.test
 import pytest
 from onnx import helper
+from tests._models import matmul_add
 
 import hybrid.onnx_backend as backend
-from tests._models import matmul_add
 
 
 def test_prepare_run_model_and_supports_device():
