@@ -32,7 +32,7 @@ class Model:
     ``model.signature`` its inputs and outputs, ``model.to_onnx()`` the standard ModelProto.
     """
 
-    __slots__ = ("_bytes", "_ir", "_proto", "_sha256", "_signature", "base_dir", "name")
+    __slots__ = ("_bytes", "_ir", "_proto", "_sha256", "_signature", "base_dir", "metadata", "name")
 
     def __init__(self, ir_model: ir.Model | None = None, *, proto: onnx.ModelProto | None = None,
                  base_dir: str | None = None, name: str | None = None) -> None:
@@ -45,6 +45,8 @@ class Model:
         self._sha256: str | None = None
         self.base_dir = base_dir
         self.name = name or "model"
+        # what passes learned about the model, e.g. metadata['quantization_report'] (not serialized)
+        self.metadata: dict[str, Any] = {}
 
     # ----------------------------------------------------------------- loading
     @classmethod
