@@ -41,9 +41,14 @@ class Arena:
 
     Args:
         capacity: Bytes under management; rounded down to a multiple of :data:`GRANULE`.
+        base: Address of offset 0 (a multiple of :data:`GRANULE`); alignment requests are met for
+            ``base + offset``, the real address.
     """
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, base: int = 0) -> None:
+        if base % GRANULE:
+            raise ValueError(f"arena base address {base:#x} is not a multiple of {GRANULE}")
+        self.base = base
         self.capacity = capacity - capacity % GRANULE
         self._free_by_offset: list[int] = []  # offsets of free extents, sorted
         self._free_size: dict[int, int] = {}  # free offset -> size
@@ -67,7 +72,7 @@ class Arena:
 
     # ------------------------------------------------------------------ public
     def alloc(self, nbytes: int, alignment: int = GRANULE) -> Extent | None:
-        """Reserve ``nbytes`` (rounded up to the granule) at an offset that is a multiple of ``alignment``.
+        """Reserve ``nbytes`` (rounded up to the granule) where ``base + offset`` is a multiple of ``alignment``.
 
         Returns None when no free extent can hold it; the caller reports exhaustion.
         """
@@ -76,7 +81,7 @@ class Arena:
         i = bisect.bisect_left(self._free_by_size, (size, -1))
         while i < len(self._free_by_size):
             free_size, offset = self._free_by_size[i]
-            start = _round_up(offset, align)
+            start = _round_up(self.base + offset, align) - self.base
             if start + size <= offset + free_size:
                 break
             i += 1  # alignment padding made this one too small; the next larger may fit

@@ -239,13 +239,10 @@ class MemoryPool:
         self.kind = kind
         self.device = device
         self.requested = capacity
-        self._arena = Arena(capacity)
         self._host = host
         self._torch = torch_buffer
-        if host is not None:
-            self._base_address = host.ctypes.data
-        else:
-            self._base_address = torch_buffer.data_ptr()
+        self._base_address = host.ctypes.data if host is not None else torch_buffer.data_ptr()
+        self._arena = Arena(capacity, self._base_address)
         self._table: dict[int, Extent] = {}  # logical handle -> physical extent
         self._handles = itertools.count(1)
         self._lock = threading.Lock()
@@ -253,6 +250,13 @@ class MemoryPool:
         self._allocs = 0
         self._frees = 0
         self._failed = 0
+
+    @classmethod
+    def on_host(cls, capacity: int) -> MemoryPool:
+        """A 'cpu' pool over a fresh numpy arena that starts on a cache line."""
+        raw = np.empty(capacity + GRANULE, dtype=np.uint8)
+        skip = -raw.ctypes.data % GRANULE
+        return cls("cpu", "cpu", capacity, host=raw[skip:skip + capacity])
 
     @property
     def is_host(self) -> bool:
@@ -371,9 +375,7 @@ def _reserve(kind: str, capacity: int, found: tuple[Any, str] | None) -> MemoryP
     global _arena_allocations
     try:
         if kind == "cpu":
-            raw = np.empty(capacity + GRANULE, dtype=np.uint8)
-            skip = -raw.ctypes.data % GRANULE  # start the arena on a cache line
-            pool = MemoryPool("cpu", "cpu", capacity, host=raw[skip:skip + capacity])
+            pool = MemoryPool.on_host(capacity)
         else:
             assert found is not None
             torch, device = found

@@ -46,9 +46,11 @@ def resolve_device(device: str | None, what: str) -> str:
     if parsed is None:
         raise BackendError("HYB-301", f"{what}: expected a device such as 'cpu', 'cuda:0', 'gpu' or 'npu', got "
                            f"{device!r}", "use a device name from hybrid.devices()")
+    kind, index = parsed
+    if kind == "cpu":  # always present; spares probing every backend
+        return "cpu"
     from hybrid.hal import devices
 
-    kind, index = parsed
     kinds = ("cuda", "gpu") if kind == "gpu" else (kind,)
     present = devices()
     for dev in present:

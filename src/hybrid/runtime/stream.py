@@ -29,12 +29,17 @@ __all__ = ["StreamContext", "StreamResult"]
 _ids = itertools.count(1)
 
 
-def _host(value: Any) -> Any:
-    if isinstance(value, (tuple, list)):
-        return tuple(_host(v) for v in value)
+def _one_host(value: Any) -> np.ndarray:
     if type(value).__module__.startswith("torch") and hasattr(value, "detach"):
         return value.detach().cpu().numpy()
     return np.asarray(value)
+
+
+def _host(value: Any) -> Any:
+    """A model's result on the host: one array, or a tuple of arrays for several outputs."""
+    if isinstance(value, (tuple, list)):
+        return tuple(_one_host(v) for v in value)
+    return _one_host(value)
 
 
 class StreamResult:

@@ -1,0 +1,196 @@
+"""hybrid.Pipeline: concurrency, order, per-item errors, bounded queues, draining, device fallback."""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+
+import pytest
+
+import hybrid
+from hybrid.errors import BackendError, ConfigError, RunError
+
+
+@pytest.mark.timeout(60)
+def test_order_is_kept_under_random_delays_and_many_workers():
+    rngs = [random.Random(i) for i in range(3)]
+    locks = [threading.Lock() for _ in range(3)]
+
+    def jitter(i: int, fn):
+        def stage(x):
+            with locks[i]:
+                delay = rngs[i].uniform(0, 0.004)
+            time.sleep(delay)
+            return fn(x)
+        return stage
+
+    with hybrid.Pipeline(queue_size=3) as p:
+        p.add_stage(jitter(0, lambda x: x + 1), workers=2, name="add")
+        p.add_stage(jitter(1, lambda x: x * 3), workers=4, name="mul")
+        p.add_stage(jitter(2, lambda x: (x, "done")), workers=3, name="tag")
+        out = list(p.run(range(300)))
+    assert out == [((i + 1) * 3, "done") for i in range(300)]
+    stats = p.stats()
+    assert [s.name for s in stats] == ["add", "mul", "tag"]
+    assert [s.items for s in stats] == [300, 300, 300]
+    assert all(s.errors == 0 and s.max_queue_depth <= 4 for s in stats)
+
+
+@pytest.mark.timeout(60)
+def test_stages_run_at_the_same_time():
+    intervals: list[tuple[int, float, float]] = []
+    lock = threading.Lock()
+
+    def stage(i: int):
+        def run(x):
+            t0 = time.monotonic()
+            time.sleep(0.01)
+            with lock:
+                intervals.append((i, t0, time.monotonic()))
+            return x
+        return run
+
+    with hybrid.Pipeline() as p:
+        for i in range(3):
+            p.add_stage(stage(i))
+        assert list(p.run(range(30))) == list(range(30))
+    first = [(a, b) for i, a, b in intervals if i == 0]
+    last = [(a, b) for i, a, b in intervals if i == 2]
+    overlaps = sum(1 for a0, b0 in first for a2, b2 in last if a0 < b2 and a2 < b0)
+    assert overlaps > 0  # stage 1 and stage 3 worked on different items at the same moment
+
+
+@pytest.mark.timeout(30)
+def test_an_error_reaches_only_its_item_and_the_pipeline_goes_on():
+    def fragile(x):
+        if x == 5:
+            raise ValueError(f"bad item {x}")
+        return x
+
+    with hybrid.Pipeline() as p:
+        p.add_stage(lambda x: x, name="first").add_stage(fragile).add_stage(lambda x: -x, name="last")
+        futures = [p.submit(i) for i in range(10)]
+        with pytest.raises(ValueError, match="bad item 5") as info:
+            futures[5].result(5)
+        assert any("fragile" in note for note in info.value.__notes__)
+        assert [f.result(5) for i, f in enumerate(futures) if i != 5] == [-i for i in range(10) if i != 5]
+        results = list(p.run(range(8), return_exceptions=True))
+        assert isinstance(results[5], ValueError)
+        assert results[:5] == [0, -1, -2, -3, -4] and results[6:] == [-6, -7]
+        gen = p.run(range(8))
+        assert [next(gen) for _ in range(5)] == [0, -1, -2, -3, -4]
+        with pytest.raises(ValueError):
+            next(gen)
+        assert p.submit(1).result(5) == -1  # still running
+    stats = {s.name: s for s in p.stats()}
+    assert stats["fragile"].errors == 3
+    assert stats["last"].items == stats["fragile"].items - 3  # failed items skip the later stages
+
+
+@pytest.mark.timeout(30)
+def test_queues_are_bounded():
+    gate = threading.Event()
+    seen = []
+
+    def first(x):
+        seen.append(x)
+        return x
+
+    def blocked(x):
+        assert gate.wait(10)
+        return x
+
+    p = hybrid.Pipeline(queue_size=2)
+    p.add_stage(first).add_stage(blocked)
+    feeder = threading.Thread(target=lambda: [p.submit(i) for i in range(50)], daemon=True)
+    feeder.start()
+    time.sleep(0.3)
+    # at most: 1 in `blocked`, 2 queued before it, 1 in hand of `first`'s worker
+    assert len(seen) <= 4
+    with pytest.raises(RunError) as info:
+        p.submit("extra", timeout=0.05)
+    assert info.value.code == "HYB-412"
+    gate.set()
+    feeder.join(10)
+    p.close(timeout=10)
+    assert len(seen) == 50
+
+
+@pytest.mark.timeout(30)
+def test_close_drains_then_rejects():
+    p = hybrid.Pipeline()
+    p.add_stage(lambda x: (time.sleep(0.002), x)[1]).add_stage(lambda x: x * 2)
+    futures = [p.submit(i) for i in range(20)]
+    p.close()
+    assert all(f.done() for f in futures)
+    assert [f.result() for f in futures] == [2 * i for i in range(20)]
+    with pytest.raises(RunError) as info:
+        p.submit(1)
+    assert info.value.code == "HYB-415"
+    p.close()  # closing twice is harmless
+
+
+@pytest.mark.timeout(30)
+def test_cancelled_item_is_skipped():
+    gate = threading.Event()
+    ran = []
+    p = hybrid.Pipeline(queue_size=4)
+    p.add_stage(lambda x: (gate.wait(10), ran.append(x), x)[2])
+    first = p.submit("first")
+    doomed = p.submit("doomed")
+    assert doomed.cancel()
+    gate.set()
+    assert first.result(5) == "first"
+    p.close()
+    assert ran == ["first"]
+
+
+@pytest.mark.timeout(30)
+def test_absent_device_follows_the_fallback_policy(caplog):
+    p = hybrid.Pipeline()
+    with caplog.at_level(logging.WARNING, logger="hybrid"):
+        p.add_stage(lambda x: x, device="cuda:3", name="gpu-stage")
+    assert "not present" in caplog.text and "cuda:3" in caplog.text
+    assert p.stats()[0].device == "cpu"
+    p.add_stage(lambda x: x, device=None, name="default")
+    assert p.stats()[1].device == "cpu"
+    p.close()
+
+    hybrid.init({"device_fallback": "error"})
+    with pytest.raises(BackendError) as info:
+        hybrid.Pipeline().add_stage(lambda x: x, device="npu")
+    assert info.value.code == "HYB-307" and "cpu" in info.value.message
+    with pytest.raises(BackendError) as info:
+        hybrid.Pipeline().add_stage(lambda x: x, device="tpu")
+    assert info.value.code == "HYB-301"
+
+
+@pytest.mark.timeout(30)
+def test_misuse_is_reported():
+    with pytest.raises(ConfigError, match="HYB-102"):
+        hybrid.Pipeline().submit(1)
+    with pytest.raises(ConfigError, match="HYB-102"):
+        hybrid.Pipeline().add_stage("not callable")
+    with pytest.raises(ConfigError, match="HYB-102"):
+        hybrid.Pipeline().add_stage(lambda x: x, workers=0)
+    with pytest.raises(ConfigError, match="HYB-102"):
+        hybrid.Pipeline(queue_size=0)
+    p = hybrid.Pipeline().add_stage(lambda x: x)
+    assert p.submit(1).result(5) == 1
+    with pytest.raises(ConfigError, match="already started"):
+        p.add_stage(lambda x: x)
+    p.close()
+
+
+@pytest.mark.timeout(60)
+def test_compiled_model_as_a_stage(light):
+    import numpy as np
+
+    cm = hybrid.compile(str(light.light_model_path("squeezenet")), "onnxruntime")
+    x = light.light_input()
+    with hybrid.Pipeline() as p:
+        p.add_stage(lambda a: a * 1.0, name="pre").add_stage(cm, name="model").add_stage(np.argmax, name="post")
+        out = list(p.run([x] * 3))
+    assert out == [int(np.argmax(light.light_expected("squeezenet")))] * 3
