@@ -13,6 +13,7 @@ from hybrid.backends.reference import (  # noqa: F401 - importing registers the 
     ops_elementwise,
     ops_nn,
     ops_optional,
+    ops_reduce,
     ops_shape,
 )
 from hybrid.backends.reference.backend import ReferenceBackend, ReferenceExecutable, evaluate_node

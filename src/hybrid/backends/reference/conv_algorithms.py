@@ -12,8 +12,8 @@ groups); the property tests check each against im2col:
 
 Selection rule (:func:`select_algorithm`, 'auto'):
 1. group == C_in > 1 (depthwise, any multiplier)               -> ``depthwise``
-2. 3x3, stride 1, dilation 1, group 1, C_in >= 32, M >= 32 and
-   at least 64 output tiles (2x2 each)                         -> ``winograd``
+2. 3x3, stride 1, dilation 1, group 1, C_in >= 64, M >= 64 and
+   at least 36 output tiles (2x2 each, batch included)         -> ``winograd``
 3. everything else                                             -> ``im2col``
 An explicit ``conv_algorithm`` in the config is used where it applies; where it does not (Winograd
 on a 5x5 filter, depthwise on a dense conv, direct on a 3-D conv) that conv uses ``im2col``.
@@ -106,8 +106,8 @@ def select_algorithm(x_shape: Sequence[int], w_shape: Sequence[int], g: ConvGeom
     if g.group > 1 and g.group == cin:
         return "depthwise"
     if (len(g.kernel) == 2 and g.kernel == (3, 3) and g.strides == (1, 1) and g.dilations == (1, 1)
-            and g.group == 1 and cin >= 32 and m >= 32
-            and x_shape[0] * ((g.out[0] + 1) // 2) * ((g.out[1] + 1) // 2) >= 64):
+            and g.group == 1 and cin >= 64 and m >= 64
+            and x_shape[0] * ((g.out[0] + 1) // 2) * ((g.out[1] + 1) // 2) >= 36):
         return "winograd"
     return "im2col"
 

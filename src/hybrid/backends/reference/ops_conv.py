@@ -107,7 +107,10 @@ class ConvKernel:
         if b is not None:
             y += b.reshape(-1, *([1] * (y.ndim - 2)))
         if residual is not None:
-            y += residual
+            if residual.shape == y.shape:
+                y += residual
+            else:
+                y = y + residual  # Add broadcasts: the result may be larger than the Conv output
         if self.relu:
             np.maximum(y, 0, out=y)
         return (y,)
