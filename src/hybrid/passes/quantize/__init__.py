@@ -1,0 +1,143 @@
+"""``hybrid.quantize``: int8, fp16 and bf16 models that report (and keep) the accuracy they have.
+
+The quantizers are ONNX Runtime's (``onnxruntime.quantization``, ``onnxruntime.transformers.float16``);
+what hybrid adds is checked calibration data, an accuracy report against fp32 on samples held back
+from calibration, and accuracy-aware quantization that keeps the most sensitive layers in float.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from hybrid.errors import QuantizationError
+from hybrid.ir import Model
+from hybrid.passes.quantize.config import Budget, QuantConfig, parse_config
+from hybrid.passes.quantize.data import Samples, collect, synthetic
+from hybrid.passes.quantize.engine import Engine, workdir
+from hybrid.passes.quantize.report import Evaluator, OutputAccuracy, QuantizationReport, budget_failures
+from hybrid.passes.quantize.sensitivity import rank_layers, smallest_exclusion
+
+__all__ = ["Budget", "OutputAccuracy", "QuantConfig", "QuantizationReport", "quantize"]
+
+logger = logging.getLogger("hybrid")
+
+_SYNTHETIC_SAMPLES = 4
+
+
+def quantize(model_or_path: Any, quant_config: Mapping[str, Any] | None = None, **overrides: Any) -> Model:
+    """Quantize a model and measure what it kept (DESIGN 2.6).
+
+    ``hybrid.quantize(model, {'quant_mode': 'static', 'calibration_dataset': loader,
+    'accuracy': {'min_cosine': 0.99}})``
+
+    Keys of ``quant_config`` (keyword arguments override them):
+        quant_mode: 'dynamic' (int8 weights, activations quantized at run time), 'static' (int8 with
+            calibrated activation ranges), 'fp16' or 'bf16'. Default: 'static' with a
+            calibration_dataset, else 'dynamic'.
+        activation_dtype / weight_dtype: 'int8' (default) or 'uint8'. Dynamic mode's run-time
+            activations are uint8 whatever this says (ONNX's DynamicQuantizeLinear).
+        per_channel: Per-output-channel weight scales (default True: more accurate, slightly slower).
+        calibration_dataset: Any iterable of samples (dicts ``{input: array}``, arrays, torch tensors,
+            tuples with one array per input; a torch DataLoader works, trailing labels are dropped).
+        calibration_method: 'minmax' (default), 'entropy' or 'percentile'.
+        num_calibration_samples: Samples to calibrate on (default 64); the next ``num_eval_samples``
+            (default 16) are held back for the accuracy report.
+        accuracy: A budget such as ``{'min_cosine': 0.99}`` (also ``min_snr_db``,
+            ``min_top1_agreement``, ``max_abs_error``, ``outputs``): the most sensitive layers are
+            kept in float until it is met.
+        quant_format: 'qdq' (default; standard ONNX, fastest on ORT's CPU kernels, runs on OpenVINO)
+            or 'qoperator'.
+        op_types, nodes_to_exclude, reduce_range, extra_options: passed to onnxruntime.quantization.
+        preprocess: Run ORT's quantization pre-processing first (default True).
+        progress: Progress bars (default: only on a terminal).
+
+    Returns:
+        A new model; its report is ``model.metadata['quantization_report']`` (a
+        :class:`QuantizationReport`) and, as JSON, the ONNX metadata entry ``hybrid.quantization``.
+
+    Raises:
+        QuantizationError: HYB-601 (config), 602 (no samples), 603 (a sample does not fit the model),
+            604 (NaN/Inf in a sample), 605 (budget not met), 606 (the quantizer failed).
+    """
+    cfg = parse_config({**(quant_config or {}), **overrides})
+    model = Model.load(model_or_path)
+    samples = _samples(cfg, model)
+    with workdir() as scratch:
+        engine = Engine(model.to_onnx(), cfg, samples.calibration, scratch)
+        evaluator = _evaluator(model, samples)
+        data = engine.run()
+        outputs = evaluator.evaluate(data) if evaluator else ()
+        kept: tuple[str, ...] = ()
+        sensitivity: tuple[tuple[str, float], ...] = ()
+        budget = cfg.accuracy
+        if budget is not None:
+            if evaluator is None:
+                raise QuantizationError("HYB-601", "quant_config['accuracy'] needs samples to measure against, and "
+                                        "none could be made for this model", "pass a calibration_dataset")
+            if budget_failures(outputs, budget):
+                ranked = rank_layers(engine, evaluator, engine.candidates(), budget, cfg.progress)
+                sensitivity = tuple(ranked)
+                best = smallest_exclusion(engine, evaluator, [n for n, _ in ranked], budget, cfg.progress)
+                data, outputs, kept = best.model, best.outputs, best.excluded
+    report = QuantizationReport(
+        mode=cfg.quant_mode, scheme=_scheme(cfg, samples), eval_samples=len(samples.evaluation) if evaluator else 0,
+        eval_source=samples.source if evaluator else "none", outputs=outputs, kept_float=kept,
+        sensitivity=sensitivity, budget=budget,
+        budget_met=None if budget is None else not budget_failures(outputs, budget),
+        fp32_bytes=len(model.to_bytes()), quantized_bytes=len(data))
+    result = Model.load(data)
+    result.name = f"{model.name}-{cfg.quant_mode}"
+    _annotate(result, report)
+    logger.info("%s", report)
+    return result
+
+
+def _samples(cfg: QuantConfig, model: Model) -> Samples:
+    need = cfg.quant_mode == "static"
+    if cfg.calibration_dataset is None:
+        if need:
+            raise QuantizationError("HYB-602", "static quantization needs calibration samples; calibration_dataset "
+                                    "is missing", "pass quant_config['calibration_dataset'], or use quant_mode "
+                                    "'dynamic'")
+        return Samples((), synthetic(model.signature, _SYNTHETIC_SAMPLES), "synthetic")
+    return collect(cfg.calibration_dataset, model.signature, n_calibration=cfg.num_calibration_samples,
+                   n_eval=cfg.num_eval_samples, need_calibration=need)
+
+
+def _evaluator(model: Model, samples: Samples) -> Evaluator | None:
+    if not samples.evaluation:
+        return None
+    try:
+        return Evaluator(model.to_bytes(), samples.evaluation)
+    except QuantizationError:
+        if samples.source != "synthetic":
+            raise
+        # made-up inputs can be out of range for the model (token ids, indices): no report then
+        logger.info("the accuracy report needs a calibration_dataset for %s", model.name)
+        return None
+
+
+def _scheme(cfg: QuantConfig, samples: Samples) -> str:
+    if cfg.quant_mode in ("fp16", "bf16"):
+        return ("float16 weights and compute, float32 inputs/outputs" if cfg.quant_mode == "fp16"
+                else "bfloat16 weights (Cast to float32 before use)")
+    per = "per-channel" if cfg.per_channel else "per-tensor"
+    if cfg.quant_mode == "dynamic":
+        return f"{cfg.weight_dtype} {per} weights, uint8 activations quantized at run time"
+    return (f"{cfg.quant_format.upper()}, {cfg.weight_dtype} {per} weights, {cfg.activation_dtype} activations, "
+            f"{cfg.calibration_method} calibration on {len(samples.calibration)} samples")
+
+
+def _annotate(model: Model, report: QuantizationReport) -> None:
+    model.metadata["quantization_report"] = report
+    summary = {"mode": report.mode, "scheme": report.scheme, "eval_samples": report.eval_samples,
+               "eval_source": report.eval_source, "kept_float": list(report.kept_float),
+               "outputs": [{"name": o.name, "cosine_min": o.cosine_min, "snr_db": o.snr_db,
+                            "max_abs_error": o.max_abs_error, "top1_agreement": o.top1_agreement}
+                           for o in report.outputs]}
+    proto = model.to_onnx()
+    prop = proto.metadata_props.add()
+    prop.key, prop.value = "hybrid.quantization", json.dumps(summary, allow_nan=True)

@@ -1,0 +1,167 @@
+"""The quantization config: the seed's keys, validated once into a frozen record (HYB-601)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from hybrid.errors import QuantizationError
+
+__all__ = ["MODES", "Budget", "QuantConfig", "parse_config"]
+
+MODES = ("dynamic", "static", "fp16", "bf16")
+INT_DTYPES = ("int8", "uint8")
+CALIBRATION_METHODS = ("minmax", "entropy", "percentile")
+FORMATS = ("qdq", "qoperator")
+BUDGET_KEYS = ("min_cosine", "min_snr_db", "min_top1_agreement", "max_abs_error", "outputs")
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    """The accuracy a quantized model must keep against fp32 (``quant_config['accuracy']``).
+
+    Attributes:
+        min_cosine: Lowest per-sample cosine similarity allowed, over every checked output.
+        min_snr_db: Lowest signal-to-noise ratio (dB) allowed.
+        min_top1_agreement: Lowest share of samples whose top-1 class matches fp32 (classifiers).
+        max_abs_error: Largest absolute difference allowed.
+        outputs: Outputs the budget applies to (None: all).
+    """
+
+    min_cosine: float | None = None
+    min_snr_db: float | None = None
+    min_top1_agreement: float | None = None
+    max_abs_error: float | None = None
+    outputs: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class QuantConfig:
+    """A validated quantization config. See :func:`hybrid.quantize` for what each key does."""
+
+    quant_mode: str
+    activation_dtype: str = "int8"
+    weight_dtype: str = "int8"
+    per_channel: bool = True
+    calibration_dataset: Any = None
+    calibration_method: str = "minmax"
+    num_calibration_samples: int = 64
+    num_eval_samples: int = 16
+    quant_format: str = "qdq"
+    reduce_range: bool = False
+    op_types: tuple[str, ...] | None = None
+    nodes_to_exclude: tuple[str, ...] = ()
+    accuracy: Budget | None = None
+    preprocess: bool = True
+    progress: bool | None = None
+    extra_options: dict[str, Any] = field(default_factory=dict)
+
+
+def _err(key: str, expected: str, got: Any) -> QuantizationError:
+    return QuantizationError("HYB-601", f"quant_config[{key!r}]: expected {expected}, got {got!r}"[:400],
+                             "see hybrid.quantize's docstring or docs/torch-and-quantization.md for the keys")
+
+
+def _choice(cfg: Mapping[str, Any], key: str, choices: tuple[str, ...], default: str) -> str:
+    value = cfg.get(key, default)
+    if not isinstance(value, str) or value.lower() not in choices:
+        raise _err(key, f"one of {list(choices)}", value)
+    return value.lower()
+
+
+def _flag(cfg: Mapping[str, Any], key: str, default: bool | None) -> bool | None:
+    value = cfg.get(key, default)
+    if value is not None and not isinstance(value, bool):
+        raise _err(key, "True or False", value)
+    return value
+
+
+def _count(cfg: Mapping[str, Any], key: str, default: int) -> int:
+    value = cfg.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise _err(key, "an int >= 1", value)
+    return value
+
+
+def _names(cfg: Mapping[str, Any], key: str) -> tuple[str, ...] | None:
+    value = cfg.get(key)
+    if value is None:
+        return None
+    if isinstance(value, str) or not all(isinstance(v, str) for v in value):
+        raise _err(key, "a list of names", value)
+    return tuple(value)
+
+
+def _budget(value: Any) -> Budget | None:
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise _err("accuracy", "a mapping such as {'min_cosine': 0.99}", value)
+    unknown = sorted(set(value) - set(BUDGET_KEYS))
+    if unknown:
+        raise QuantizationError("HYB-601", f"quant_config['accuracy']: unknown keys {unknown}; valid keys: "
+                                f"{list(BUDGET_KEYS)}", "e.g. {'accuracy': {'min_cosine': 0.99}}")
+    nums: dict[str, float] = {}
+    for key in BUDGET_KEYS[:-1]:
+        if key in value:
+            v = value[key]
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise _err(f"accuracy.{key}", "a number", v)
+            nums[key] = float(v)
+    if not nums:
+        raise QuantizationError("HYB-601", "quant_config['accuracy'] sets no limit", "give min_cosine, min_snr_db, "
+                                "min_top1_agreement or max_abs_error")
+    outputs = value.get("outputs")
+    if outputs is not None and (isinstance(outputs, str) or not all(isinstance(o, str) for o in outputs)):
+        raise _err("accuracy.outputs", "a list of output names", outputs)
+    return Budget(**nums, outputs=tuple(outputs) if outputs is not None else None)
+
+
+_KEYS = ("quant_mode", "activation_dtype", "weight_dtype", "per_channel", "calibration_dataset",
+         "calibration_method", "num_calibration_samples", "num_eval_samples", "quant_format", "reduce_range",
+         "op_types", "nodes_to_exclude", "accuracy", "preprocess", "progress", "extra_options")
+
+
+def parse_config(config: Mapping[str, Any] | None) -> QuantConfig:
+    """Validate a ``quant_config`` mapping.
+
+    ``quant_mode`` defaults to 'static' when a calibration dataset is given, else 'dynamic'.
+
+    Raises:
+        QuantizationError: HYB-601 naming the key, what it accepts and what was given.
+    """
+    if not isinstance(config, (Mapping, type(None))):
+        raise QuantizationError("HYB-601", f"quant_config: expected a mapping, got {type(config).__name__}",
+                                "e.g. hybrid.quantize(model, {'quant_mode': 'dynamic'})")
+    cfg = dict(config or {})
+    unknown = sorted(set(cfg) - set(_KEYS))
+    if unknown:
+        raise QuantizationError("HYB-601", f"quant_config: unknown keys {unknown}; valid keys: {list(_KEYS)}",
+                                "check the spelling")
+    data = cfg.get("calibration_dataset")
+    mode = _choice(cfg, "quant_mode", MODES, "static" if data is not None else "dynamic")
+    if data is not None and (isinstance(data, (str, bytes)) or not hasattr(data, "__iter__")):
+        raise _err("calibration_dataset", "an iterable of arrays, dicts or tensors (a DataLoader works)",
+                   type(data).__name__)
+    extra = cfg.get("extra_options") or {}
+    if not isinstance(extra, Mapping):
+        raise _err("extra_options", "a mapping passed to onnxruntime.quantization", extra)
+    return QuantConfig(
+        quant_mode=mode,
+        activation_dtype=_choice(cfg, "activation_dtype", INT_DTYPES, "int8"),
+        weight_dtype=_choice(cfg, "weight_dtype", INT_DTYPES, "int8"),
+        per_channel=bool(_flag(cfg, "per_channel", True)),
+        calibration_dataset=data,
+        calibration_method=_choice(cfg, "calibration_method", CALIBRATION_METHODS, "minmax"),
+        num_calibration_samples=_count(cfg, "num_calibration_samples", 64),
+        num_eval_samples=_count(cfg, "num_eval_samples", 16),
+        quant_format=_choice(cfg, "quant_format", FORMATS, "qdq"),
+        reduce_range=bool(_flag(cfg, "reduce_range", False)),
+        op_types=_names(cfg, "op_types"),
+        nodes_to_exclude=_names(cfg, "nodes_to_exclude") or (),
+        accuracy=_budget(cfg.get("accuracy")),
+        preprocess=bool(_flag(cfg, "preprocess", True)),
+        progress=_flag(cfg, "progress", None),
+        extra_options=dict(extra),
+    )
