@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from hybrid.config import expect_mapping, get_config
@@ -47,43 +47,83 @@ def split_config(config: Mapping[str, Any] | None, candidates: list[Candidate]) 
     return per_backend
 
 
-def _precision_options(backend: str, precision: str) -> dict[str, Any]:
+def _precision_options(cand: Candidate, precision: str) -> dict[str, Any]:
+    """The backend options that select a reduced inference precision.
+
+    Raises:
+        BackendError: HYB-304 when the candidate has no such mode.
+    """
     if precision == "fp32":
         return {}
-    if backend == "openvino":
+    if cand.backend == "openvino":
         return {"inference_precision": {"fp16": "f16", "bf16": "bf16"}[precision]}
-    raise BackendError("HYB-304", f"backend {backend!r} has no {precision} mode for this model; "
-                       "precisions it runs: fp32", "use precision='fp32' or target='openvino'")
+    if cand.backend == "onnxruntime" and cand.device.startswith("cuda") and precision == "fp16":
+        return {"tensorrt": True, "fp16": True}  # TensorRT EP fp16: unverified here (no GPU)
+    raise BackendError("HYB-304", f"backend {cand.backend!r} has no {precision} mode on {cand.device}; "
+                       "precisions it runs: fp32", "use precision='fp32', 'auto', or target='openvino'")
 
 
 def compile_model(model_or_path: Any, target: str = "auto", precision: str = "fp32",
-                  config: Mapping[str, Any] | None = None) -> CompiledModel:
-    """Compile a model for a target (DESIGN 2.9).
+                  config: Mapping[str, Any] | None = None, *, autotune: bool | None = None,
+                  accuracy: Mapping[str, Any] | None = None, sample_inputs: Any = None) -> CompiledModel:
+    """Compile a model for a target (DESIGN 2.3, 2.9).
+
+    With ``target='auto'`` (or ``autotune=True``, or ``precision='auto'``) every candidate that runs
+    the whole graph is compiled, checked against the reference backend on a sample input, and timed;
+    the fastest correct one wins and the decision is cached on disk. When no accelerated backend runs
+    the whole graph, the graph is partitioned across backends. Other targets take the first
+    candidate by priority that compiles, and partition only when none does.
 
     Args:
         model_or_path: A path, bytes, onnx.ModelProto, onnx_ir.Model or hybrid.Model.
         target: 'auto', a device, a backend or 'backend:device'.
-        precision: 'fp32', 'fp16' or 'bf16'.
+        precision: 'fp32', 'fp16', 'bf16', or 'auto' (the fastest precision within ``accuracy``).
         config: Backend options, per backend name or flat for a single-backend target.
+        autotune: Time the candidates (default: for 'auto'); False takes the first that passes the check.
+        accuracy: Budget for reduced precisions: ``{'min_cosine': 0.995}`` and/or ``{'max_rel_error': x}``
+            (default ``{'min_cosine': 0.999}``).
+        sample_inputs: Inputs for the checks and timings (a dict, a tuple, or one array); generated
+            from the signature when not given.
 
     Raises:
+        ConfigError: HYB-101/102 for a bad precision or accuracy budget.
         ModelError: 2xx when the model cannot be loaded.
         BackendError: 3xx for an unknown target, a missing backend or a failed compilation.
     """
+    from hybrid.runtime import autoselect
+
     model = Model.load(model_or_path)
-    if precision not in PRECISIONS:
-        raise ConfigError("HYB-102", f"precision: expected one of {PRECISIONS}, got {precision!r}")
+    if precision not in (*PRECISIONS, "auto"):
+        raise ConfigError("HYB-102", f"precision: expected one of {(*PRECISIONS, 'auto')}, got {precision!r}")
+    if accuracy is not None and precision != "auto":
+        raise ConfigError("HYB-102", f"accuracy={dict(accuracy)!r} applies to precision='auto', got precision="
+                          f"{precision!r}", "pass precision='auto' to search reduced precisions within it")
+    if autotune is not None and not isinstance(autotune, bool):
+        raise ConfigError("HYB-102", f"autotune: expected True, False or None, got {autotune!r}")
     candidates = resolve_target(target)
     if not candidates:
         raise BackendError("HYB-303", f"target {target!r} matches no available backend on this machine",
                            "run `pyasc devices` to see what is available")
     per_backend = split_config(config, candidates)
     defaults = get_config().backends
+
+    def options_of(cand: Candidate, prec: str) -> dict[str, Any]:
+        return {**defaults.get(cand.backend, {}), **per_backend.get(cand.backend, {}),
+                **_precision_options(cand, prec)}
+
+    if target.strip().lower() == "auto" or autotune or precision == "auto":
+        return autoselect.select(model, target, candidates, options_of, precision, accuracy, autotune,
+                                 sample_inputs)
+    return _first_that_compiles(model, target, candidates, options_of, precision, sample_inputs)
+
+
+def _first_that_compiles(model: Model, target: str, candidates: list[Candidate],
+                         options_of: Callable[[Candidate, str], dict[str, Any]], precision: str,
+                         sample_inputs: Any) -> CompiledModel:
     errors: list[HybridError] = []
     for cand in candidates:
         backend = get_backend(cand.backend)
-        options = {**defaults.get(cand.backend, {}), **per_backend.get(cand.backend, {}),
-                   **_precision_options(cand.backend, precision)}
+        options = options_of(cand, precision)
         try:
             executable = backend.compile(model, cand.device, options)
         except HybridError as e:
@@ -95,7 +135,14 @@ def compile_model(model_or_path: Any, target: str = "auto", precision: str = "fp
         nodes = tuple(n.name or f"{n.op_type}#{i}" for i, n in enumerate(model.graph))
         reason = "only candidate" if len(candidates) == 1 else "first candidate by priority that compiled"
         plan = Plan((Segment(cand.backend, cand.device, nodes, tuple(model.signature.input_names),
-                             tuple(model.signature.output_names), reason),))
+                             tuple(model.signature.output_names), reason, precision),))
         return CompiledModel(model, executable, plan, cand.backend, cand.device, options, target)
+    if precision == "fp32":  # no single backend runs it all: split the graph across them
+        from hybrid.runtime.autoselect import partition_compiled
+
+        try:
+            return partition_compiled(model, target, candidates, options_of, sample_inputs)
+        except HybridError as e:
+            errors.append(e)
     raise BackendError("HYB-304", f"no candidate of target {target!r} could compile {model.name!r}: "
                        + "; ".join(e.message for e in errors), "see the backends' messages above")

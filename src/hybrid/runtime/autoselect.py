@@ -1,0 +1,419 @@
+"""Choosing by measurement: the search behind ``compile(target='auto')`` (DESIGN 2.3).
+
+Trials, in priority order: every accelerated candidate that compiles the whole graph (fp32); a
+partitioned plan when none does; the reference backend; with ``precision='auto'`` the reduced
+precisions each accelerated backend offers. Each trial runs the sample input and is checked: fp32
+against the reference backend with per-dtype tolerances, reduced precisions against fp32 with the
+accuracy budget. A trial that fails the check is rejected and the log says which output differed and
+by how much. The survivors are timed (``autotune``) and the fastest wins; without timing the first
+survivor in priority order wins. The decision is cached on disk, so the next compile is instant.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from hybrid._version import __version__
+from hybrid.errors import BackendError, HybridError
+from hybrid.hal import Candidate, backend_status, get_backend
+from hybrid.hal.backend import Executable
+from hybrid.ir import Model
+from hybrid.runtime import autotune as at
+from hybrid.runtime.compiled import CompiledModel
+from hybrid.runtime.executor import PartitionedExecutable
+from hybrid.runtime.partition import (
+    FALLBACK_BACKEND,
+    compile_parts,
+    node_label,
+    partition_graph,
+    supporters,
+    typed_model,
+)
+from hybrid.runtime.plan import Plan, Segment
+
+__all__ = ["offered_precisions", "select"]
+
+logger = logging.getLogger("hybrid")
+
+OptionsOf = Callable[[Candidate, str], dict[str, Any]]
+
+
+@dataclass(slots=True)
+class _Trial:
+    label: str
+    backend: str
+    device: str
+    precision: str
+    options: dict[str, Any]
+    executable: Executable
+    plan: Plan | None = None
+    decision: dict[str, Any] = field(default_factory=dict)
+    outputs: list[Any] | None = None
+    first_run_s: float | None = None
+
+
+def offered_precisions(cand: Candidate) -> list[str]:
+    """The reduced precisions a candidate offers on its device (written against each library's API;
+    only OpenVINO on the CPU is verified on this project's machines)."""
+    try:
+        backend = get_backend(cand.backend)
+    except HybridError:
+        return []
+    kind, _, idx = cand.device.partition(":")
+    if cand.backend == "openvino":
+        native = {"cpu": "CPU", "gpu": f"GPU.{idx or 0}", "npu": "NPU"}.get(kind)
+        core = getattr(backend, "_core", None)
+        try:
+            caps = set(core.get_property(native, "OPTIMIZATION_CAPABILITIES")) if core and native else set()
+        except Exception:
+            caps = set()
+        return [p for p, cap in (("bf16", "BF16"), ("fp16", "FP16")) if cap in caps]
+    if cand.backend == "onnxruntime" and kind == "cuda":
+        return ["fp16"] if "TensorrtExecutionProvider" in getattr(backend, "available_providers", ()) else []
+    return []
+
+
+def _node_names(model: Model) -> tuple[str, ...]:
+    return tuple(node_label(n, i) for i, n in enumerate(model.graph))
+
+
+def _shapes(samples: Mapping[str, Any] | None) -> list[Any]:
+    if samples is None:
+        return []
+    return [[k, str(getattr(v, "dtype", type(v).__name__)), list(getattr(v, "shape", ()))] for k, v in samples.items()]
+
+
+class _Search:
+    """State of one search: the model, its samples, the reference answer, the notes for the plan."""
+
+    def __init__(self, model: Model, order: list[Candidate], options_of: OptionsOf, precision: str,
+                 budget: dict[str, float] | None, samples: dict[str, Any] | None) -> None:
+        self.model = model
+        self.order = order
+        self.options_of = options_of
+        self.precision = precision
+        self.budget = budget
+        self.samples = samples
+        self.names = model.signature.output_names
+        self.notes: list[str] = []
+        self._ref_exe: Executable | None = None
+        self._expected: list[Any] | None = None
+        self._moved: list[Any] | None = None
+        self._expected_done = False
+        self.samples_ok = samples is not None
+        self.fp32_outputs: dict[Candidate, list[Any]] = {}
+
+    # ----------------------------------------------------------------------------- reference answer
+    def reference_executable(self) -> Executable | None:
+        if self._ref_exe is None and backend_status(FALLBACK_BACKEND).available:
+            try:
+                self._ref_exe = get_backend(FALLBACK_BACKEND).compile(self.model, "cpu")
+            except HybridError as e:
+                self.notes.append(f"reference backend cannot check this model: {e.message}")
+        return self._ref_exe
+
+    def expected(self) -> list[Any] | None:
+        if not self._expected_done:
+            self._expected_done = True
+            exe = self.reference_executable() if self.samples is not None else None
+            if exe is not None:
+                try:
+                    self._expected = list(exe.run(self.samples))
+                except Exception as e:
+                    first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+                    self.notes.append(f"the reference backend failed on the sample input ({first}): results "
+                                      "not checked, candidates not timed")
+                    self.samples_ok = False
+        return self._expected
+
+    def moved(self) -> list[Any] | None:
+        """The reference answer for the sample nudged by rounding-level noise (computed on first need:
+        only when a candidate disagrees, to tell a wrong answer from an ill-conditioned output)."""
+        if self._moved is None and self._expected is not None and self._ref_exe is not None:
+            near = at.nudged(self.samples)
+            if near is not None:
+                try:
+                    self._moved = list(self._ref_exe.run(near))
+                except Exception:
+                    self._moved = None
+        return self._moved
+
+    # ----------------------------------------------------------------------------- trials
+    def single(self, cand: Candidate, precision: str) -> _Trial | None:
+        label = str(cand) if precision == "fp32" else f"{cand} {precision}"
+        try:
+            options = self.options_of(cand, precision)
+            if cand.backend == FALLBACK_BACKEND and not options and self.reference_executable() is not None:
+                exe = self._ref_exe
+            else:
+                exe = get_backend(cand.backend).compile(self.model, cand.device, options)
+        except HybridError as e:
+            if e.code == "HYB-306":
+                raise
+            self.notes.append(f"{label} could not compile the model: {e.message}")
+            return None
+        return _Trial(label, cand.backend, cand.device, precision, options, exe,
+                      decision={"kind": "single", "backend": cand.backend, "device": cand.device,
+                                "precision": precision})
+
+    def partitioned(self) -> _Trial | None:
+        try:
+            typed = typed_model(self.model, self.samples)
+            able = supporters(list(typed.graph), self.order)
+            return build_partition(self.model, typed, able, self.order, lambda c: self.options_of(c, "fp32"),
+                                   self.notes)
+        except HybridError as e:
+            self.notes.append(f"partitioning failed: {e.message}")
+            return None
+
+    def check(self, trial: _Trial) -> str | None:
+        """Why ``trial`` must not win (None: it may)."""
+        if self.samples is None:
+            return None
+        expected = self.expected()
+        try:
+            t0 = time.perf_counter()
+            outs = list(trial.executable.run(self.samples))
+            trial.first_run_s = time.perf_counter() - t0
+        except Exception as e:
+            if not self.samples_ok:
+                return None
+            first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+            return f"failed on the sample input: {first}"
+        trial.outputs = outs
+        if trial.precision == "fp32":
+            if expected is None:
+                return None
+            bad = at.compare(expected, outs, self.names)
+            if bad is not None and self.moved() is not None:
+                bad = at.compare(expected, outs, self.names, self._moved)
+            return None if bad is None else f"{bad} (vs the reference backend)"
+        truth = expected
+        if truth is None:
+            truth = self.fp32_outputs.get(Candidate(trial.backend, trial.device))
+        if truth is None:
+            return "no fp32 result to check the reduced precision against"
+        assert self.budget is not None
+        fail = at.accuracy_failure(self.budget, truth, outs, self.names)
+        if fail is None:
+            self.notes.append(f"{trial.label}: min cosine vs fp32 {at.cosine(truth, outs, self.names):.6f}")
+        return fail
+
+
+def build_partition(model: Model, typed: Any, able: list[tuple[Candidate, ...]], order: list[Candidate],
+                    options_of: Callable[[Candidate], dict[str, Any]], notes: list[str]) -> _Trial:
+    """Partition, compile every part (moving nodes off a backend that fails to compile its part) and
+    assemble the executor.
+
+    Raises:
+        BackendError: HYB-305 when a node has no backend left, HYB-304 when compiling keeps failing.
+    """
+    able = list(able)
+    for _ in range(8):
+        partition = partition_graph(typed.graph, able, order)
+        parts = partition.parts
+        mixed = len(parts) > 1 and any(p.label.backend == "onnxruntime" for p in parts)
+
+        def opts(c: Candidate, mixed: bool = mixed) -> dict[str, Any]:
+            o = dict(options_of(c))
+            if mixed and c.backend == "onnxruntime":
+                # spinning ORT threads would starve the runtimes that run between its sessions (DESIGN 4)
+                o.setdefault("allow_spinning", False)
+            return o
+
+        try:
+            compiled = compile_parts(model, typed, partition, opts)
+        except BackendError as e:
+            part = getattr(e, "part", None)
+            if part is None:
+                raise
+            notes.append(e.message)
+            for i in part.nodes:
+                able[i] = tuple(c for c in able[i] if c != part.label)
+            continue
+        graph = typed.graph
+        constants = {v.name: v.const_value.numpy() for v in graph.outputs
+                     if v.name in graph.initializers and v.const_value is not None}
+        exe = PartitionedExecutable([(e, p.inputs, e.output_names) for e, p in compiled],
+                                    model.signature.input_names, model.signature.output_names, constants)
+        names = [node_label(n, i) for i, n in enumerate(graph)]
+        plan = Plan(partition.segments(names), placements=partition.placements)
+        backends = list(dict.fromkeys(p.label.backend for p in parts))
+        devices = list(dict.fromkeys(p.label.device for p in parts))
+        label = "partition(" + " + ".join(str(c) for c in dict.fromkeys(p.label for p in parts)) + ")"
+        return _Trial(label, "+".join(backends), "+".join(devices), "fp32", {}, exe, plan,
+                      {"kind": "partition", "assignment": partition.assignment})
+    raise BackendError("HYB-304", f"could not compile the partitions of {model.name!r} after 8 attempts",
+                       "see the notes of the log; try a single backend target")
+
+
+def _trials(search: _Search, autotune: bool) -> Iterator[_Trial]:
+    order = search.order
+    accelerated = [c for c in order if c.backend != FALLBACK_BACKEND]
+    fallback = [c for c in order if c.backend == FALLBACK_BACKEND]
+    precision = search.precision
+    reduced = {c: offered_precisions(c) for c in accelerated} if precision == "auto" else {}
+    if precision in ("fp16", "bf16"):  # an explicit reduced precision: only who offers it
+        for c in accelerated:
+            if precision in offered_precisions(c) and (t := search.single(c, precision)):
+                yield t
+        return
+    if precision == "auto" and not autotune:  # nothing is timed: a reduced precision within budget first
+        for c in accelerated:
+            for p in reduced[c]:
+                if t := search.single(c, p):
+                    yield t
+    compiled_any = False
+    for c in accelerated:
+        if t := search.single(c, "fp32"):
+            compiled_any = True
+            yield t
+    if not compiled_any and len(order) > 1 and (t := search.partitioned()):
+        yield t
+    for c in fallback:
+        if t := search.single(c, "fp32"):
+            yield t
+    if precision == "auto" and autotune:
+        for c in accelerated:
+            if c in search.fp32_outputs or search.samples is None:
+                for p in reduced[c]:
+                    if t := search.single(c, p):
+                        yield t
+
+
+def _close_all(trials: list[_Trial], keep: _Trial | None, search: _Search) -> None:
+    keep_exe = keep.executable if keep else None
+    for t in trials:
+        if t.executable is not keep_exe:
+            t.executable.close()
+    if search._ref_exe is not None and search._ref_exe is not keep_exe and all(
+            t.executable is not search._ref_exe for t in trials):
+        search._ref_exe.close()
+
+
+def _compiled(model: Model, trial: _Trial, target: str, notes: list[str], reason: str) -> CompiledModel:
+    if trial.plan is not None:
+        plan = Plan(trial.plan.segments, tuple(notes), trial.plan.placements)
+    else:
+        sig = model.signature
+        plan = Plan((Segment(trial.backend, trial.device, _node_names(model), tuple(sig.input_names),
+                             tuple(sig.output_names), reason, trial.precision),), tuple(notes))
+    return CompiledModel(model, trial.executable, plan, trial.backend, trial.device, trial.options, target)
+
+
+def _from_record(model: Model, record: dict[str, Any], order: list[Candidate], options_of: OptionsOf,
+                 samples: dict[str, Any] | None, target: str) -> CompiledModel | None:
+    decision = record["decision"]
+    notes = [f"decision read from the autotune cache {record['path']}", *record.get("notes", [])]
+    try:
+        if decision["kind"] == "single":
+            cand = Candidate(decision["backend"], decision["device"])
+            if cand not in order:
+                return None
+            trial = _Search(model, order, options_of, "fp32", None, None).single(cand, decision["precision"])
+            if trial is None:
+                return None
+            return _compiled(model, trial, target, notes, "chosen by autotune (cached)")
+        typed = typed_model(model, samples)
+        assignment = decision["assignment"]
+        if len(assignment) != len(typed.graph):
+            return None
+        able = [(Candidate(*label.split(":", 1)),) for label in assignment]
+        if any(a[0] not in order for a in able):
+            return None
+        scratch: list[str] = []
+        trial = build_partition(model, typed, able, order, lambda c: options_of(c, "fp32"), scratch)
+        return _compiled(model, trial, target, notes, "")
+    except (HybridError, KeyError, TypeError, ValueError) as e:
+        logger.info("cached autotune decision unusable (%s); searching again", e)
+        return None
+
+
+def select(model: Model, target: str, order: list[Candidate], options_of: OptionsOf, precision: str,
+           accuracy: Mapping[str, Any] | None, autotune: bool | None, sample_inputs: Any) -> CompiledModel:
+    """Compile ``model`` for the best of ``order`` by check and measurement (see the module doc).
+
+    Raises:
+        BackendError: HYB-304 when no candidate (nor a partition) can run the model.
+    """
+    budget = at.validate_accuracy(accuracy) if precision != "fp32" else None
+    samples = at.make_samples(model, sample_inputs)
+    if autotune is None:
+        autotune = True  # how many full-graph candidates there are is known only after compiling
+    versions = {c.backend: backend_status(c.backend).version for c in order}
+    if backend_status(FALLBACK_BACKEND).available:
+        versions[FALLBACK_BACKEND] = backend_status(FALLBACK_BACKEND).version
+    key, material = at.decision_key({
+        "hybrid": __version__, "model": model.sha256, "inputs": _shapes(samples) or str(model.signature),
+        "target": target, "candidates": [str(c) for c in order], "precision": precision, "accuracy": budget,
+        "autotune": autotune, "options": {str(c): options_of(c, "fp32") for c in order}, "backends": versions,
+        "device": at.device_fingerprint(),
+    })
+    record = at.load_decision(key, material)
+    if record is not None:
+        cm = _from_record(model, record, order, options_of, samples, target)
+        if cm is not None:
+            return cm
+    search = _Search(model, order, options_of, precision, budget, samples)
+    if samples is not None:
+        shapes = ", ".join(f"{k}: {v.dtype}[{'x'.join(map(str, v.shape))}]" for k, v in samples.items()
+                           if hasattr(v, "shape"))
+        search.notes.append(f"sample input ({'given' if sample_inputs is not None else 'generated'}): {shapes}")
+    trials: list[_Trial] = []
+    winner: _Trial | None = None
+    for trial in _trials(search, autotune):
+        trials.append(trial)
+        why = search.check(trial)
+        if why is not None:
+            logger.warning("auto: rejected %s for %r: %s", trial.label, model.name, why)
+            search.notes.append(f"rejected {trial.label}: {why}")
+            trial.decision = {}
+            continue
+        if trial.precision == "fp32" and trial.outputs is not None and "+" not in trial.backend:
+            search.fp32_outputs[Candidate(trial.backend, trial.device)] = trial.outputs
+        if not autotune:
+            winner = trial
+            break
+    survivors = [t for t in trials if t.decision]
+    if winner is None and survivors:
+        winner = survivors[0]
+        reason = "first candidate by priority that passed the check"
+        if autotune and len(survivors) > 1 and search.samples_ok:
+            times = at.time_candidates({t.label: (lambda e=t.executable: e.run(search.samples)) for t in survivors},
+                                       first_runs={t.label: t.first_run_s for t in survivors if t.first_run_s})
+            winner = min(survivors, key=lambda t: times[t.label])
+            search.notes.append("timed: " + ", ".join(f"{n} {s * 1e3:.3g} ms" for n, s in
+                                                      sorted(times.items(), key=lambda kv: kv[1])))
+            reason = f"fastest of {len(survivors)} checked candidates"
+    else:
+        reason = "first candidate by priority that passed the check (autotune=False)"
+    if winner is None:
+        _close_all(trials, None, search)
+        raise BackendError("HYB-304", f"no candidate of target {target!r} can run {model.name!r}: "
+                           + "; ".join(search.notes[-6:]), "see the log for each candidate's error")
+    _close_all(trials, winner, search)
+    search.notes.append(f"picked {winner.label} ({reason})")
+    path = at.save_decision(key, material, winner.decision, search.notes)
+    if path is not None:
+        search.notes.append(f"decision cached in {path}")
+    logger.info("auto: %s runs on %s (%s)", model.name, winner.label, reason)
+    return _compiled(model, winner, target, search.notes, reason)
+
+
+def partition_compiled(model: Model, target: str, order: list[Candidate], options_of: OptionsOf,
+                       sample_inputs: Any) -> CompiledModel:
+    """Partition without checks or timing (targets other than 'auto' whose candidates each fail).
+
+    Raises:
+        BackendError: HYB-305 for a node no candidate supports, HYB-304 when compiling keeps failing.
+    """
+    samples = at.make_samples(model, sample_inputs)  # types the outputs of custom ops, if any
+    typed = typed_model(model, samples)
+    notes = ["no single candidate compiles the whole graph: partitioned across backends"]
+    trial = build_partition(model, typed, supporters(list(typed.graph), order), order,
+                            lambda c: options_of(c, "fp32"), notes)
+    return _compiled(model, trial, target, notes, "")
