@@ -188,6 +188,11 @@ CATALOG: dict[str, ErrorInfo] = {
     "HYB-704": ErrorInfo("request too large", "The body exceeds the server's limit after decompression."),
     "HYB-705": ErrorInfo("server overloaded", "The model's queue is full; retry later."),
     "HYB-706": ErrorInfo("server shutting down", "The server is draining and takes no new requests."),
+    "HYB-707": ErrorInfo("invalid model repository",
+                         "A served path breaks the repository layout: repo/<model>/<version>/model.hybrid (or "
+                         "model.onnx), model names of letters, digits, '_', '-' and '.' not starting with '.', "
+                         "versions positive integers, no link leading outside the repository, no model served "
+                         "twice, a valid config.json. The message names the offending path."),
 }
 
 
