@@ -13,7 +13,9 @@ from hybrid.backends.reference import (  # noqa: F401 - importing registers the 
     ops_elementwise,
     ops_nn,
     ops_optional,
+    ops_quant,
     ops_reduce,
+    ops_resize,
     ops_shape,
 )
 from hybrid.backends.reference.backend import ReferenceBackend, ReferenceExecutable, evaluate_node
