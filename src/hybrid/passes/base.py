@@ -23,7 +23,7 @@ from onnx_ir.passes import PassResult
 from hybrid.errors import HybridError, ModelError
 from hybrid.passes.verify import GraphInvalid, verify_model
 
-__all__ = ["HybridPass", "OnnxIrPass", "Pass", "PassManager", "PassResult", "verify_enabled"]
+__all__ = ["HybridPass", "OnnxIrPass", "Pass", "PassManager", "PassResult", "verify_enabled", "working_copy"]
 
 logger = logging.getLogger("hybrid.passes")
 
@@ -79,6 +79,21 @@ class OnnxIrPass:
 
     def __repr__(self) -> str:
         return f"<pass {self.name} ({type(self.inner).__name__})>"
+
+
+def working_copy(model: ir.Model) -> ir.Model:
+    """A copy of ``model`` for passes to edit (tensors are shared, never written).
+
+    Raises:
+        ModelError: HYB-205 when the graph cannot be copied because it is invalid (a value used but
+            defined nowhere, for example).
+    """
+    try:
+        return model.clone()
+    except Exception as e:
+        cause = e.__cause__ or e
+        raise ModelError("HYB-205", f"the model to optimize is not a valid graph: {type(cause).__name__}: "
+                         f"{cause}", "fix the model (onnx.checker.check_model says more)") from e
 
 
 def verify_enabled(flag: bool | None = None) -> bool:

@@ -22,7 +22,7 @@ from onnx_ir.passes.common import ShapeInferencePass
 
 from hybrid.errors import ModelError
 from hybrid.ir import Model
-from hybrid.passes.base import HybridPass, PassManager, PassResult
+from hybrid.passes.base import HybridPass, PassManager, PassResult, working_copy
 from hybrid.passes.fold import NormalizeInitializers
 from hybrid.passes.rewrite import Context, const_array
 
@@ -197,6 +197,6 @@ def make_batch_dynamic(model: Any, name: str = "N") -> Model:
         ModelError: HYB-209 naming the node that pins the batch when it cannot be rewritten.
     """
     source = Model.load(model)
-    copy = source.ir.clone()
+    copy = working_copy(source.ir)
     PassManager([MakeBatchDynamic(name)], max_iterations=1)(copy)
     return Model(copy, base_dir=source.base_dir, name=source.name)

@@ -23,7 +23,7 @@ from typing import Any
 from hybrid.config import parse_size
 from hybrid.errors import ConfigError
 from hybrid.ir import Model
-from hybrid.passes.base import Pass, PassManager
+from hybrid.passes.base import Pass, PassManager, working_copy
 from hybrid.passes.batch import MakeBatchDynamic
 from hybrid.passes.cse import deduplicate_initializers, eliminate_common_subexpressions
 from hybrid.passes.dce import eliminate_identity, remove_dead_code, remove_noops
@@ -227,7 +227,7 @@ def optimize(model_or_path: Any, level: str | int = "O2", config: Mapping[str, A
     """
     options = parse_options(level, config)
     source = Model.load(model_or_path)
-    work = source.ir.clone()
+    work = working_copy(source.ir)
     if options.dynamic_batch is not None:
         PassManager([MakeBatchDynamic(options.dynamic_batch)], 1, options.verify)(work)
     passes = build_passes(options)

@@ -76,7 +76,7 @@ class Context:
     def initializer(self, array: np.ndarray, base: str) -> ir.Value:
         """Register ``array`` as a new initializer and return its value."""
         name = self.fresh(base)
-        tensor = ir.tensor(np.ascontiguousarray(array), name=name)
+        tensor = ir.tensor(np.asarray(array, order="C"), name=name)
         value = ir.Value(name=name, shape=ir.Shape(array.shape), type=ir.TensorType(tensor.dtype),
                          const_value=tensor)
         self.graph.register_initializer(value)
@@ -241,7 +241,7 @@ def _apply(ctx: Context, match: list[ir.Node], rewrite: Rewrite) -> bool:
 def _constant_named(ctx: Context, old: ir.Value, array: np.ndarray) -> ir.Value:
     """A new initializer that takes over ``old``'s name (``old`` leaves the graph with its node)."""
     name = old.name or ctx.fresh("folded")
-    tensor = ir.tensor(np.ascontiguousarray(array), name=name)
+    tensor = ir.tensor(np.asarray(array, order="C"), name=name)
     value = ir.Value(name=name, shape=ir.Shape(array.shape), type=ir.TensorType(tensor.dtype), const_value=tensor)
     old.name = None  # free the name before the initializer registry takes it
     ctx.graph.register_initializer(value)
