@@ -102,7 +102,7 @@ class MakeBatchDynamic(HybridPass):
             where = f"node {culprit.name!r} ({culprit.op_type})"
             raise _fail(f"cannot make the batch of output {value.name!r} dynamic: {where} turns the "
                         f"symbolic batch {self.dim_name!r} into {_first_dim(value)!r}, expected "
-                        f"{self.dim_name!r} to reach the output (a constant shape pins it there)")
+                        f"{self.dim_name!r} to reach the output (a constant operand or shape pins it there)")
         return PassResult(model, True)
 
     @staticmethod
