@@ -283,3 +283,50 @@ def test_tensor_migrates_once_and_drops_stale_copies_on_gpu():
     assert t.resident == ("cpu",)
     assert float(t.data("cuda:0")[0].item()) == 42.0
     assert memory.transfer_stats("gpu").transfers_in == moved + 2
+
+
+# ------------------------------------------------------------------------------------------ Workspace
+def _interpret(ws: memory.Workspace, x: np.ndarray) -> np.ndarray:
+    """A tiny interpreter with the hook wired: adopt each result, release after last use, detach the output."""
+    a = ws.adopt(x * 2.0)
+    b = ws.adopt(np.tanh(a))
+    ws.release(a)  # last use of a
+    c = ws.adopt(b + 1.0)
+    ws.release(b)
+    out = ws.detach(c)
+    ws.release_all()
+    return out
+
+
+def test_workspace_runs_intermediates_through_the_pool():
+    pool = cpu_pool(1 << 20)
+    x = np.linspace(-1, 1, 4096, dtype=np.float32)
+    expected = np.tanh(x * 2.0) + 1.0
+    np.testing.assert_allclose(_interpret(memory.Workspace("cpu"), x), expected)
+    before, allocs = memory.arena_allocations(), pool.stats().allocs
+    for _ in range(50):
+        out = _interpret(memory.Workspace("cpu"), x)
+    np.testing.assert_allclose(out, expected)
+    assert memory.arena_allocations() == before
+    assert pool.stats().allocs == allocs + 150 and pool.stats().allocated == 0
+    assert pool.stats().peak == 2 * 4096 * 4  # two intermediates alive at once, never more
+    assert not (pool._host.ctypes.data <= out.ctypes.data < pool._host.ctypes.data + pool.capacity)
+
+
+def test_workspace_without_a_pool_passes_arrays_through():
+    ws = memory.Workspace("cpu")
+    value = np.ones(3)
+    assert ws.pool is None and ws.adopt(value) is value and ws.detach(value) is value
+    ws.release(value)
+    assert ws.empty((2,), np.int8).shape == (2,)
+
+
+def test_workspace_exhaustion_and_release_all():
+    pool = cpu_pool(16 * KIB)
+    ws = memory.Workspace("cpu")
+    ws.empty((2048,), np.float32)
+    with pytest.raises(RunError) as info:
+        ws.empty((4096,), np.float32)
+    assert info.value.code == "HYB-410"
+    ws.release_all()
+    assert pool.stats().allocated == 0
