@@ -1,0 +1,73 @@
+"""Loss lowerings (NegativeLogLikelihoodLoss, SoftmaxCrossEntropyLoss) and window functions."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from onnx_ir import DataType
+
+from hybrid.backends.torch.lowering import FLOATS, INTS, ints, lowering, torch_dtype
+
+_LOSS_TYPES = FLOATS | {DataType.INT32, DataType.INT64}
+
+
+def _nll(log_prob, target, weight, reduction, ignore_index):
+    n, c = log_prob.shape[:2]
+    x = log_prob.reshape(n, c, -1)
+    t = target.reshape(n, -1).to(torch.int64)
+    valid = torch.ones_like(t, dtype=torch.bool) if ignore_index is None else t != ignore_index
+    safe = torch.where(valid, t, torch.zeros_like(t)).clamp(0, c - 1)
+    picked = -torch.gather(x, 1, safe.unsqueeze(1)).squeeze(1)
+    w = weight[safe] if weight is not None else torch.ones_like(picked)
+    w = torch.where(valid, w, torch.zeros_like(w))
+    loss = picked * w
+    if reduction == "none":
+        return loss.reshape(target.shape)
+    if reduction == "sum":
+        return loss.sum()
+    if weight is None and ignore_index is None:
+        return loss.mean()
+    return loss.sum() / w.sum()
+
+
+@lowering("NegativeLogLikelihoodLoss", since=12, dtypes=_LOSS_TYPES)
+def nll_loss(x, target, weight=None, *, ignore_index=None, reduction="mean"):
+    return _nll(x, target, weight, reduction, ignore_index).to(x.dtype)
+
+
+@lowering("SoftmaxCrossEntropyLoss", since=12, dtypes=_LOSS_TYPES, n_outputs=True)
+def softmax_cross_entropy_loss(x, target, weight=None, *, ignore_index=None, reduction="mean", n_outputs=1):
+    log_prob = torch.log_softmax(x, dim=1)
+    loss = _nll(log_prob, target, weight, reduction, ignore_index).to(x.dtype)
+    return loss if n_outputs == 1 else (loss, log_prob)
+
+
+# ------------------------------------------------------------------ windows
+def _window(size, periodic, output_datatype, terms):
+    n = ints(size)[0]
+    denom = n if periodic else n - 1
+    k = torch.arange(n, dtype=torch.float64)
+    y = torch.zeros(n, dtype=torch.float64)
+    for scale, freq in terms:
+        y = y + scale * torch.cos(k * (2 * math.pi * freq) / denom)
+    return y.to(torch_dtype(output_datatype))
+
+
+_WINDOW_TYPES = FLOATS | INTS
+
+
+@lowering("HannWindow", since=17, host_inputs=(0,), dtypes=_WINDOW_TYPES)
+def hann_window(size, *, output_datatype=1, periodic=1):
+    return _window(size, periodic, output_datatype, [(0.5, 0), (-0.5, 1)])
+
+
+@lowering("HammingWindow", since=17, host_inputs=(0,), dtypes=_WINDOW_TYPES)
+def hamming_window(size, *, output_datatype=1, periodic=1):
+    alpha = 25.0 / 46.0
+    return _window(size, periodic, output_datatype, [(alpha, 0), (-(1 - alpha), 1)])
+
+
+@lowering("BlackmanWindow", since=17, host_inputs=(0,), dtypes=_WINDOW_TYPES)
+def blackman_window(size, *, output_datatype=1, periodic=1):
+    return _window(size, periodic, output_datatype, [(0.42, 0), (-0.5, 1), (0.08, 2)])
