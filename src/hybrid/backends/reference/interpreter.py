@@ -154,7 +154,7 @@ class Program:
             values[slot] = value
         index = 0
         try:
-            for index, (run, ins, outs, free) in enumerate(self._steps):
+            for index, (run, ins, outs, free) in enumerate(self._steps):  # noqa: B007 - read by except
                 results = run(*[values[i] for i in ins])
                 # the one place intermediates enter the store (a memory pool would allocate here)
                 for slot, value in zip(outs, results):
