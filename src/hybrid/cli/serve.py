@@ -1,0 +1,149 @@
+"""``pyasc serve``: the KServe v2 inference server over model files and repositories (or on Ray Serve)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import threading
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from hybrid.cli._console import console, report_errors
+from hybrid.errors import ConfigError, ModelError
+
+__all__ = ["register", "serve"]
+
+_EXTRA_HINT = "install the server: pip install 'pyasc[serve]' (and 'pyasc[serve-ray]' for --ray)"
+
+
+def _overrides(max_batch: int | None, batch_timeout: float | None, max_queue: int | None,
+               request_timeout: float | None, concurrency: int | None) -> dict[str, Any]:
+    """The settings given on the command line; 0 means 'off' for the queue and the timeout."""
+    given: dict[str, Any] = {}
+    if max_batch is not None:
+        given["max_batch"] = max_batch
+    if batch_timeout is not None:
+        given["batch_timeout"] = batch_timeout
+    if max_queue is not None:
+        given["max_queue"] = max_queue or None
+    if request_timeout is not None:
+        given["request_timeout"] = request_timeout or None
+    if concurrency is not None:
+        given["concurrency"] = concurrency
+    return given
+
+
+def _autoscaling(text: str | None) -> dict[str, Any] | None:
+    if text is None:
+        return None
+    try:
+        doc = json.loads(text)
+    except ValueError as e:
+        raise ConfigError("HYB-102", f"--autoscaling: expected a JSON object, got {text!r} ({e})",
+                          "e.g. --autoscaling '{\"min_replicas\": 1, \"max_replicas\": 4}'") from e
+    if not isinstance(doc, dict):
+        raise ConfigError("HYB-102", f"--autoscaling: expected a JSON object, got {type(doc).__name__}")
+    return doc
+
+
+def _print_models(registry: Any, url: str) -> None:
+    table = Table(title=f"serving at {url}")
+    for col in ("model", "version", "runs on", "signature", "max_batch", "batches"):
+        table.add_column(col)
+    for m in registry:
+        batches = "rows joined" if m.batch_symbol else "one by one" if m.settings.max_batch else "off"
+        table.add_row(m.name, m.version, f"{m.compiled.backend}:{m.compiled.device}", str(m.signature),
+                      str(m.settings.max_batch), batches)
+    console.print(table)
+
+
+def serve(
+    models: Annotated[list[str], typer.Argument(help="Model files (.hybrid, .onnx; NAME=PATH to rename) or "
+                                                     "repository folders (repo/<model>/<version>/model.*).")],
+    host: Annotated[str, typer.Option(help="Address to bind. Loopback by default; anything else should "
+                                           "come with --auth-token.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to bind.")] = 8000,
+    target: Annotated[str | None, typer.Option(help="Target for every model (default: each folder's "
+                                                    "config.json, else 'auto').")] = None,
+    max_batch: Annotated[int | None, typer.Option(help="Requests per batch; 0 turns batching off "
+                                                       "[default: 8].")] = None,
+    batch_timeout: Annotated[float | None, typer.Option(help="Seconds a request waits for its batch to "
+                                                             "fill [default: 0.005].")] = None,
+    max_queue: Annotated[int | None, typer.Option(help="Queued requests per model before 503; 0: "
+                                                       "unbounded [default: 256].")] = None,
+    request_timeout: Annotated[float | None, typer.Option(help="Seconds a request may take in the "
+                                                               "server; 0: no limit [default: 60].")] = None,
+    concurrency: Annotated[int | None, typer.Option(help="Batches run at once per model "
+                                                         "[default: 1].")] = None,
+    max_body: Annotated[str, typer.Option(help="Largest request body after decompression.")] = "64MB",
+    max_json_depth: Annotated[int, typer.Option(help="Deepest JSON nesting accepted.")] = 64,
+    auth_token: Annotated[str | None, typer.Option(envvar="PYASC_AUTH_TOKEN", show_envvar=True,
+                                                   help="Require 'Authorization: Bearer TOKEN' on every "
+                                                        "endpoint but liveness.")] = None,
+    drain_timeout: Annotated[float, typer.Option(help="Seconds to finish in-flight requests on "
+                                                      "SIGTERM/SIGINT.")] = 30.0,
+    log_level: Annotated[str, typer.Option(help="Server log level.")] = "info",
+    use_ray: Annotated[bool, typer.Option("--ray", help="Deploy on Ray Serve instead of this process.")] = False,
+    replicas: Annotated[int, typer.Option(help="--ray: number of replicas.")] = 1,
+    autoscaling: Annotated[str | None, typer.Option(help="--ray: Serve autoscaling_config as JSON "
+                                                         "(replaces --replicas).")] = None,
+    replica_cpus: Annotated[float, typer.Option(help="--ray: CPUs reserved per replica.")] = 1.0,
+    ray_address: Annotated[str | None, typer.Option(help="--ray: cluster to join (default: a local "
+                                                         "instance).")] = None,
+) -> None:
+    """Serve models over the KServe v2 / Open Inference Protocol REST API (tritonclient.http works)."""
+    with report_errors():
+        from hybrid.config import parse_size
+
+        try:
+            from hybrid.serve.app import ServeOptions, create_app
+            from hybrid.serve.protocol import Limits
+            from hybrid.serve.repository import build_registry
+            from hybrid.serve.server import run
+        except ImportError as e:
+            raise ModelError("HYB-207", f"pyasc serve needs {e.name or e}, which is not installed",
+                             _EXTRA_HINT) from e
+        if max_json_depth < 1:
+            raise ConfigError("HYB-102", f"--max-json-depth must be >= 1, got {max_json_depth}")
+        limits = Limits(max_body=parse_size(max_body, "--max-body"), max_json_depth=max_json_depth)
+        options = ServeOptions(auth_token=auth_token or None, limits=limits, drain_timeout=drain_timeout)
+        overrides = _overrides(max_batch, batch_timeout, max_queue, request_timeout, concurrency)
+        logging.getLogger("hybrid").setLevel(log_level.upper())
+        if use_ray:
+            _serve_on_ray(models, target, overrides, options, replicas, _autoscaling(autoscaling), replica_cpus,
+                          host, port, ray_address)
+            return
+        registry = build_registry(models, target, overrides)
+        _print_models(registry, f"http://{host}:{port}")
+        run(create_app(registry, options), host=host, port=port, drain_timeout=drain_timeout, log_level=log_level)
+
+
+def _serve_on_ray(models: list[str], target: str | None, overrides: dict[str, Any], options: Any, replicas: int,
+                  autoscaling: dict[str, Any] | None, replica_cpus: float, host: str, port: int,
+                  ray_address: str | None) -> None:
+    try:
+        from hybrid.serve import ray as ray_serve
+    except ImportError as e:
+        raise ModelError("HYB-207", f"pyasc serve --ray needs {e.name or e}, which is not installed",
+                         "pip install 'pyasc[serve-ray]'") from e
+    stop = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        ray_serve.deploy(models, target=target, overrides=overrides, options=options, replicas=replicas,
+                         autoscaling=autoscaling, replica_cpus=replica_cpus, host=host, port=port,
+                         ray_address=ray_address)
+        console.print(f"serving on Ray Serve at http://{host}:{port} "
+                      f"({'autoscaling' if autoscaling else f'{replicas} replica(s)'}); Ctrl+C stops")
+        stop.wait()
+        ray_serve.shutdown(None)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``serve`` command to the ``pyasc`` app."""
+    app.command("serve")(serve)

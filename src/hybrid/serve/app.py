@@ -1,0 +1,307 @@
+"""The FastAPI application: the KServe v2 REST API, metrics, auth and request limits.
+
+``create_app(registry, options)`` is the one factory for both the single-machine server (uvicorn) and
+the Ray Serve replicas. Routes: ``GET /v2``, ``/v2/health/live``, ``/v2/health/ready``,
+``/v2/models/{m}[/versions/{v}]``, ``.../ready``, ``POST .../infer`` and ``GET /metrics``. Every error
+is ``{"error": "[HYB-7xx] ...", "code": ..., "hint": ...}`` with a 4xx/5xx status.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import threading
+import time
+import zlib
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from hybrid._version import __version__
+from hybrid.errors import HybridError, ServingError
+from hybrid.serve.metrics import CONTENT_TYPE, ServerMetrics
+from hybrid.serve.protocol import Limits, encode_response, parse_request
+from hybrid.serve.repository import ModelRegistry
+
+__all__ = ["ServeOptions", "ServerState", "create_app", "http_status"]
+
+logger = logging.getLogger("hybrid.serve")
+
+LIVE_PATH = "/v2/health/live"
+_PARSE_INLINE = 64 << 10  # bodies above this are decoded in a worker thread, not on the event loop
+_STATUS = {"HYB-701": 404, "HYB-702": 400, "HYB-703": 401, "HYB-704": 413, "HYB-705": 503, "HYB-706": 503,
+           "HYB-411": 504, "HYB-412": 503, "HYB-414": 503, "HYB-415": 503}
+_INPUT_CODES = {f"HYB-40{i}" for i in range(1, 8)}
+
+
+@dataclass(frozen=True, slots=True)
+class ServeOptions:
+    """Server-wide settings.
+
+    Attributes:
+        auth_token: When set, every endpoint but liveness needs ``Authorization: Bearer <token>``.
+        limits: Body size (after decompression) and JSON nesting limits.
+        drain_timeout: Longest time in seconds the models take to run their queues at shutdown.
+    """
+
+    auth_token: str | None = None
+    limits: Limits = field(default_factory=Limits)
+    drain_timeout: float = 30.0
+
+
+def http_status(code: str) -> int:
+    """The HTTP status of a HybridError code: 400 for bad inputs, 404 unknown model, 503 overload..."""
+    if code in _STATUS:
+        return _STATUS[code]
+    return 400 if code in _INPUT_CODES else 500
+
+
+def _error_body(code: str, message: str, hint: str | None) -> dict[str, Any]:
+    body: dict[str, Any] = {"error": f"[{code}] {message}", "code": code}
+    if hint:
+        body["hint"] = hint
+    return body
+
+
+class ServerState:
+    """What the routes share: the models, the metrics, the options and the draining flag."""
+
+    def __init__(self, registry: ModelRegistry, options: ServeOptions) -> None:
+        self.registry = registry
+        self.options = options
+        self.metrics = ServerMetrics(registry)
+        for model in registry:
+            model.observer = self.metrics.observe_batch
+        self.draining = False
+        self._drained = threading.Event()
+
+    def begin_drain(self) -> None:
+        """Refuse new requests and run every queued one now (in a thread: callable from a signal handler)."""
+        if self.draining:
+            return
+        self.draining = True
+        logger.info("draining: no new requests; running the queued ones")
+
+        def drain() -> None:
+            try:
+                self.registry.drain(self.options.drain_timeout)
+            finally:
+                self._drained.set()
+
+        threading.Thread(target=drain, name="hybrid-serve-drain", daemon=True).start()
+
+    def close(self) -> None:
+        self.begin_drain()
+        self._drained.wait(self.options.drain_timeout)
+        self.registry.close()
+
+
+class _AuthMiddleware:
+    """Bearer-token check before any route runs (liveness excepted: orchestrators probe it bare)."""
+
+    def __init__(self, app: ASGIApp, token: str, metrics: ServerMetrics) -> None:
+        self.app = app
+        self.expected = f"Bearer {token}".encode()
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] != LIVE_PATH:
+            given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
+            if not hmac.compare_digest(given, self.expected):
+                self.metrics.http_errors.labels("HYB-703").inc()
+                what = "no Authorization header" if not given else "a wrong bearer token"
+                body = _error_body("HYB-703", f"this server requires a bearer token; the request has {what}",
+                                   "send 'Authorization: Bearer <token>' (the server's --auth-token)")
+                await JSONResponse(body, 401, headers={"WWW-Authenticate": "Bearer"})(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def _too_large(limit: int) -> ServingError:
+    return ServingError("HYB-704", f"the request body exceeds {limit} bytes (after decompression)",
+                        "send a smaller batch, or start the server with a larger --max-body")
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, decompressed (gzip/deflate Content-Encoding), refused past ``limit`` bytes.
+
+    The limit applies to the bytes received and to the decompressed bytes as they are produced, so
+    neither a long upload nor a compression bomb is ever held in memory beyond it.
+
+    Raises:
+        ServingError: HYB-704 past the limit, HYB-702 for a bad or unsupported encoding.
+    """
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise _too_large(limit)
+    encoding = request.headers.get("content-encoding", "identity").strip().lower()
+    if encoding in ("", "identity"):
+        decoder = None
+    elif encoding in ("gzip", "x-gzip"):
+        decoder = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    elif encoding == "deflate":
+        decoder = zlib.decompressobj(zlib.MAX_WBITS)
+    else:
+        raise ServingError("HYB-702", f"unsupported Content-Encoding {encoding!r}",
+                           "send the body uncompressed, gzip or deflate")
+    parts: list[bytes] = []
+    received = produced = 0
+    try:
+        async for chunk in request.stream():
+            received += len(chunk)
+            if received > limit:
+                raise _too_large(limit)
+            if decoder is None:
+                parts.append(chunk)
+                continue
+            data = chunk
+            while data:
+                out = decoder.decompress(data, limit - produced + 1)
+                produced += len(out)
+                if produced > limit:
+                    raise _too_large(limit)
+                parts.append(out)
+                data = decoder.unconsumed_tail
+        if decoder is not None:
+            tail = decoder.flush()
+            produced += len(tail)
+            if produced > limit:
+                raise _too_large(limit)
+            parts.append(tail)
+            if not decoder.eof or decoder.unused_data:
+                raise ServingError("HYB-702", f"the {encoding} body is truncated or has trailing bytes",
+                                   "compress the whole body once")
+    except zlib.error as e:
+        raise ServingError("HYB-702", f"the body is not valid {encoding} data: {e}") from e
+    return b"".join(parts)
+
+
+def _header_length(request: Request) -> int | None:
+    value = request.headers.get("inference-header-content-length")
+    if value is None:
+        return None
+    if not value.strip().isdigit():
+        raise ServingError("HYB-702", f"Inference-Header-Content-Length must be a byte count, got {value!r}")
+    return int(value)
+
+
+def _add_routes(app: FastAPI, state: ServerState) -> None:
+    registry, metrics, limits = state.registry, state.metrics, state.options.limits
+
+    @app.get("/v2")
+    async def server_metadata() -> dict[str, Any]:
+        return {"name": "pyasc", "version": __version__, "extensions": ["binary_tensor_data"]}
+
+    @app.get(LIVE_PATH)
+    async def live() -> dict[str, Any]:
+        return {"live": True}
+
+    @app.get("/v2/health/ready")
+    async def ready() -> dict[str, Any]:
+        if state.draining:
+            raise ServingError("HYB-706", "the server is shutting down", "send requests to another replica")
+        if not all(m.ready for m in registry):
+            raise ServingError("HYB-706", "a model is not ready")
+        return {"ready": True}
+
+    @app.get("/v2/models/{model_name}")
+    @app.get("/v2/models/{model_name}/versions/{model_version}")
+    async def model_metadata(model_name: str, model_version: str | None = None) -> dict[str, Any]:
+        model = registry.get(model_name, model_version)
+        versions = [model.version] if model_version else registry.versions(model.name)
+        return model.metadata(versions)
+
+    @app.get("/v2/models/{model_name}/ready")
+    @app.get("/v2/models/{model_name}/versions/{model_version}/ready")
+    async def model_ready(model_name: str, model_version: str | None = None) -> dict[str, Any]:
+        model = registry.get(model_name, model_version)
+        if state.draining or not model.ready:
+            raise ServingError("HYB-706", f"model {model.name!r} version {model.version} is not ready")
+        return {"name": model.name, "version": model.version, "ready": True}
+
+    @app.post("/v2/models/{model_name}/infer")
+    @app.post("/v2/models/{model_name}/versions/{model_version}/infer")
+    async def infer(request: Request, model_name: str, model_version: str | None = None) -> Response:
+        if state.draining:
+            raise ServingError("HYB-706", "the server is shutting down; request refused",
+                               "retry on another replica")
+        model = registry.get(model_name, model_version)
+        key = (model.name, model.version)
+        metrics.requests.labels(*key).inc()
+        t0 = time.perf_counter()
+        try:
+            body = await read_body(request, limits.max_body)
+            header_length = _header_length(request)
+            if len(body) > _PARSE_INLINE:
+                parsed = await run_in_threadpool(parse_request, body, header_length, limits)
+            else:
+                parsed = parse_request(body, header_length, limits)
+            del body
+            outputs = await model.infer(parsed.inputs, parsed.timeout_s)
+            content, json_length = encode_response(model.name, model.version, parsed, outputs)
+        except HybridError as e:
+            metrics.failures.labels(*key, e.code).inc()
+            raise
+        finally:
+            metrics.latency.labels(*key).observe(time.perf_counter() - t0)
+        if json_length is None:
+            return Response(content, media_type="application/json")
+        return Response(content, media_type="application/octet-stream",
+                        headers={"Inference-Header-Content-Length": str(json_length)})
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(metrics.render(), media_type=CONTENT_TYPE)
+
+
+def _add_error_handlers(app: FastAPI, metrics: ServerMetrics) -> None:
+    def respond(code: str, message: str, hint: str | None, status: int) -> JSONResponse:
+        metrics.http_errors.labels(code).inc()
+        headers = {"Retry-After": "1"} if status == 503 else None
+        return JSONResponse(_error_body(code, message, hint), status, headers=headers)
+
+    @app.exception_handler(HybridError)
+    async def hybrid_error(request: Request, e: HybridError) -> JSONResponse:
+        return respond(e.code, e.message, e.hint, http_status(e.code))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, e: StarletteHTTPException) -> JSONResponse:
+        code = "HYB-701" if e.status_code == 404 else "HYB-702"
+        return respond(code, f"{request.method} {request.url.path}: {e.detail}", None, e.status_code)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, e: RequestValidationError) -> JSONResponse:
+        return respond("HYB-702", f"invalid request: {e.errors()}", None, 400)
+
+
+def create_app(registry: ModelRegistry, options: ServeOptions | None = None) -> FastAPI:
+    """The v2 inference API over ``registry``; the app owns the registry and closes it at shutdown.
+
+    Args:
+        registry: The loaded models.
+        options: Auth token, limits, drain timeout.
+    """
+    options = options or ServeOptions()
+    state = ServerState(registry, options)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        await run_in_threadpool(state.close)
+
+    app = FastAPI(title="pyasc inference server", version=__version__, lifespan=lifespan,
+                  docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.hybrid = state
+    _add_routes(app, state)
+    _add_error_handlers(app, state.metrics)
+    if options.auth_token:
+        app.add_middleware(_AuthMiddleware, token=options.auth_token, metrics=state.metrics)
+    return app

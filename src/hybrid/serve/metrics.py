@@ -1,0 +1,87 @@
+"""Prometheus metrics of the inference server (``GET /metrics``).
+
+Each server has its own registry, so several servers (tests, one per Ray replica) never share counters.
+Queue depth and memory-pool occupancy are read at scrape time from the batchers and from
+``hybrid.hal.memory``, so they cost nothing between scrapes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from hybrid.serve.model import ServedModel
+
+__all__ = ["CONTENT_TYPE", "ServerMetrics"]
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+_POOL_FIELDS = ("reserved", "allocated", "peak", "free", "largest_free")
+
+
+class _LiveCollector(Collector):
+    """Gauges read when scraped: queued requests per model and memory-pool bytes per device."""
+
+    def __init__(self, models: Iterable[ServedModel]) -> None:
+        self._models = models
+
+    def collect(self) -> Iterator[Metric]:
+        queued = GaugeMetricFamily("pyasc_queue_depth", "Requests waiting in the model's queue now",
+                                   labels=["model", "version"])
+        for m in self._models:
+            queued.add_metric([m.name, m.version], m.queued)
+        yield queued
+        from hybrid.hal import memory
+
+        pool = GaugeMetricFamily("pyasc_pool_bytes", "Memory-pool bytes by device and kind (hybrid.hal.memory)",
+                                 labels=["device", "kind"])
+        for device, stats in memory.snapshot().items():
+            for kind in _POOL_FIELDS:
+                pool.add_metric([device, kind], getattr(stats, kind))
+        yield pool
+
+
+class ServerMetrics:
+    """The server's counters and histograms.
+
+    Args:
+        models: The served models (read at scrape time for queue depths).
+    """
+
+    def __init__(self, models: Iterable[ServedModel]) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        labels = ["model", "version"]
+        self.requests = Counter("pyasc_inference_requests", "Inference requests received",
+                                labels, registry=self.registry)
+        self.failures = Counter("pyasc_inference_failures", "Inference requests that failed, by error code",
+                                [*labels, "code"], registry=self.registry)
+        self.http_errors = Counter("pyasc_http_errors", "Error responses of any endpoint, by error code",
+                                   ["code"], registry=self.registry)
+        self.latency = Histogram("pyasc_request_duration_seconds", "Inference request time in the server",
+                                 labels, buckets=_LATENCY_BUCKETS, registry=self.registry)
+        self.queue_time = Histogram("pyasc_queue_duration_seconds", "Time a request waited for its batch to run",
+                                    labels, buckets=_LATENCY_BUCKETS, registry=self.registry)
+        self.compute_time = Histogram("pyasc_compute_duration_seconds", "Time the model took per batch",
+                                      labels, buckets=_LATENCY_BUCKETS, registry=self.registry)
+        self.batch_size = Histogram("pyasc_batch_size", "Requests per batch run", labels,
+                                    buckets=_BATCH_BUCKETS, registry=self.registry)
+        self.registry.register(_LiveCollector(models))
+
+    def observe_batch(self, model: ServedModel, size: int, waits: list[float], run_s: float) -> None:
+        """The ServedModel observer: one batch of ``size`` requests ran in ``run_s`` after ``waits``."""
+        key = (model.name, model.version)
+        self.batch_size.labels(*key).observe(size)
+        self.compute_time.labels(*key).observe(run_s)
+        queue = self.queue_time.labels(*key)
+        for w in waits:
+            queue.observe(w)
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of every metric."""
+        return generate_latest(self.registry)

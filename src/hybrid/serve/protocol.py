@@ -1,0 +1,416 @@
+"""The KServe v2 / Open Inference Protocol codec: JSON tensors and the binary tensor data extension.
+
+A request body is JSON, or (binary extension) a JSON header of ``Inference-Header-Content-Length`` bytes
+followed by the raw bytes of every input that declares ``parameters.binary_data_size``, in input order.
+Everything a client sends is checked before anything is allocated for it: the JSON nesting depth before
+parsing, each shape (integers, no negative dims, an element count bounded by what the body can carry)
+before its data is read, the byte size of binary data against the shape, and the value count of JSON data
+against the shape. A failure is a :class:`~hybrid.errors.ServingError` HYB-702 naming the tensor.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from hybrid.errors import ServingError
+
+__all__ = [
+    "DATATYPES",
+    "InferRequest",
+    "Limits",
+    "RequestedOutput",
+    "check_json_depth",
+    "datatype_of",
+    "encode_response",
+    "parse_request",
+    "tensor_metadata",
+]
+
+# v2 datatype name -> numpy dtype (little-endian on the wire); BYTES elements are length-prefixed
+DATATYPES: dict[str, np.dtype] = {
+    "BOOL": np.dtype(bool),
+    "UINT8": np.dtype("<u1"), "UINT16": np.dtype("<u2"), "UINT32": np.dtype("<u4"), "UINT64": np.dtype("<u8"),
+    "INT8": np.dtype("<i1"), "INT16": np.dtype("<i2"), "INT32": np.dtype("<i4"), "INT64": np.dtype("<i8"),
+    "FP16": np.dtype("<f2"), "FP32": np.dtype("<f4"), "FP64": np.dtype("<f8"),
+    "BF16": np.dtype(ml_dtypes.bfloat16),
+    "BYTES": np.dtype(object),
+}
+_BY_DTYPE = {dt: name for name, dt in DATATYPES.items() if name != "BYTES"}
+_HINT = "see the KServe v2 inference request format; tritonclient.http builds valid requests"
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """What one request may carry.
+
+    Attributes:
+        max_body: Most bytes of a request body, after decompression.
+        max_json_depth: Deepest nesting of JSON arrays and objects.
+    """
+
+    max_body: int = 64 << 20
+    max_json_depth: int = 64
+
+
+@dataclass(frozen=True, slots=True)
+class RequestedOutput:
+    """One entry of a request's ``outputs``: the name, and whether it comes back as binary data."""
+
+    name: str
+    binary: bool
+
+
+@dataclass(frozen=True, slots=True)
+class InferRequest:
+    """A decoded inference request.
+
+    Attributes:
+        id: The client's request id, echoed in the response.
+        inputs: Input name -> array, in request order.
+        outputs: The outputs asked for, or None for all of them.
+        binary_output: Default for outputs not listed: binary when the client set ``binary_data_output``.
+        timeout_s: The client's own timeout (``parameters.timeout``, microseconds on the wire), if any.
+    """
+
+    id: str | None
+    inputs: dict[str, np.ndarray]
+    outputs: tuple[RequestedOutput, ...] | None
+    binary_output: bool
+    timeout_s: float | None
+
+
+def _bad(message: str, hint: str | None = _HINT) -> ServingError:
+    return ServingError("HYB-702", message, hint)
+
+
+def datatype_of(dtype: np.dtype | None) -> str:
+    """The v2 datatype of a numpy dtype ('FP32', ...; strings and objects are 'BYTES')."""
+    if dtype is None:
+        return "BYTES"
+    dtype = np.dtype(dtype)
+    if dtype.kind in "OSU":
+        return "BYTES"
+    name = _BY_DTYPE.get(dtype.newbyteorder("<") if dtype.byteorder == ">" else dtype)
+    if name is None:
+        raise _bad(f"dtype {dtype} has no KServe v2 datatype", "serve a model with standard numeric types")
+    return name
+
+
+def tensor_metadata(name: str, dtype: np.dtype | None, shape: Sequence[int | str] | None) -> dict[str, Any]:
+    """``{"name", "datatype", "shape"}`` for model metadata; symbolic or unknown dims are -1."""
+    dims = [] if shape is None else [d if isinstance(d, int) else -1 for d in shape]
+    return {"name": name, "datatype": datatype_of(dtype), "shape": dims}
+
+
+# ------------------------------------------------------------------------------------------------ checks
+_QUOTE, _BACKSLASH = ord('"'), ord("\\")
+_OPEN = (ord("["), ord("{"))
+_CLOSE = (ord("]"), ord("}"))
+
+
+def check_json_depth(data: bytes, limit: int) -> None:
+    """Raise HYB-702 when JSON text nests arrays/objects deeper than ``limit``, without parsing it.
+
+    Only quotes and brackets are looked at (vectorized), so a 64 MiB body of numbers costs a few passes.
+    """
+    raw = np.frombuffer(data, dtype=np.uint8)
+    interesting = np.flatnonzero((raw == _QUOTE) | (raw == _OPEN[0]) | (raw == _OPEN[1])
+                                 | (raw == _CLOSE[0]) | (raw == _CLOSE[1]))
+    if interesting.size == 0:
+        return
+    chars = raw[interesting]
+    quote = chars == _QUOTE
+    escaped = quote & (interesting > 0) & (raw[np.maximum(interesting - 1, 0)] == _BACKSLASH)
+    for k in np.flatnonzero(escaped):  # a quote after an odd run of backslashes is inside a string
+        pos = int(interesting[k])
+        run = 0
+        while pos - run - 1 >= 0 and raw[pos - run - 1] == _BACKSLASH:
+            run += 1
+        if run % 2:
+            quote[k] = False
+    in_string = (np.cumsum(quote) - quote) % 2 == 1
+    step = np.where((chars == _OPEN[0]) | (chars == _OPEN[1]), 1, np.where(quote, 0, -1))
+    step[in_string | quote] = 0
+    depth = int(np.cumsum(step).max())
+    if depth > limit:
+        raise _bad(f"JSON nests {depth} levels deep; at most {limit} are allowed",
+                   "send tensor data as a flat list in row-major order")
+
+
+def _element_count(name: str, shape: Any, itemsize: int, limits: Limits) -> tuple[tuple[int, ...], int]:
+    """Validate a shape and return it with its element count, refusing counts the body cannot carry."""
+    if not isinstance(shape, list):
+        raise _bad(f"input {name!r}: 'shape' must be a list of integers, got {type(shape).__name__}")
+    cap = limits.max_body // max(1, itemsize)
+    count = 1
+    for d in shape:
+        if type(d) is not int:
+            raise _bad(f"input {name!r}: shape {shape} has a non-integer dimension {d!r}")
+        if d < 0:
+            raise _bad(f"input {name!r}: shape {shape} has a negative dimension {d}")
+        if d > cap:
+            raise _bad(f"input {name!r}: dimension {d} of shape {shape} exceeds the {cap} elements a "
+                       f"{limits.max_body}-byte request can carry", "check the shape")
+        count *= d
+        if count > cap:
+            raise _bad(f"input {name!r}: shape {shape} has more elements than the {cap} a "
+                       f"{limits.max_body}-byte request can carry", "check the shape")
+    return tuple(shape), count
+
+
+def _flatten(name: str, data: Any) -> list[Any]:
+    if not isinstance(data, list):
+        raise _bad(f"input {name!r}: 'data' must be a list, got {type(data).__name__}")
+    if not any(isinstance(v, list) for v in data):
+        return data
+    flat: list[Any] = []
+    stack = [iter(data)]
+    while stack:
+        for v in stack[-1]:
+            if isinstance(v, list):
+                stack.append(iter(v))
+                break
+            flat.append(v)
+        else:
+            stack.pop()
+    return flat
+
+
+def _from_json(name: str, datatype: str, dtype: np.dtype, shape: tuple[int, ...], count: int,
+               data: Any) -> np.ndarray:
+    flat = _flatten(name, data)
+    if len(flat) != count:
+        raise _bad(f"input {name!r}: shape {list(shape)} needs {count} values, 'data' has {len(flat)}")
+    if datatype == "BYTES":
+        if not all(isinstance(v, str) for v in flat):
+            raise _bad(f"input {name!r}: BYTES data in JSON must be strings")
+        arr = np.empty(count, dtype=object)
+        arr[:] = [v.encode("utf-8") for v in flat]
+        return arr.reshape(shape)
+    try:
+        found = np.array(flat) if flat else np.zeros(0, dtype)
+    except (ValueError, OverflowError) as e:
+        raise _bad(f"input {name!r}: 'data' is not a list of numbers: {e}") from e
+    kind = found.dtype.kind
+    if datatype == "BOOL":
+        ok = kind == "b"
+    elif dtype.kind in "iu":
+        ok = kind in "iu" or found.size == 0
+        if ok and found.size:
+            info = np.iinfo(dtype)
+            ok = bool(found.min() >= info.min and found.max() <= info.max)
+    else:
+        ok = kind in "iuf"
+    if not ok:
+        raise _bad(f"input {name!r}: 'data' holds {found.dtype} values that do not fit datatype {datatype}")
+    return found.astype(dtype, copy=False).reshape(shape)
+
+
+def _bytes_elements(name: str, raw: memoryview, count: int) -> np.ndarray:
+    """Decode ``count`` length-prefixed (uint32 little-endian) byte strings filling ``raw`` exactly."""
+    out = np.empty(count, dtype=object)
+    pos = 0
+    for i in range(count):
+        if pos + 4 > len(raw):
+            raise _bad(f"input {name!r}: binary BYTES data ends inside element {i} of {count}")
+        n = int.from_bytes(raw[pos:pos + 4], "little")
+        pos += 4
+        if pos + n > len(raw):
+            raise _bad(f"input {name!r}: BYTES element {i} declares {n} bytes past the end of its data")
+        out[i] = bytes(raw[pos:pos + n])
+        pos += n
+    if pos != len(raw):
+        raise _bad(f"input {name!r}: binary_data_size is {len(raw)} but its {count} BYTES elements use {pos}")
+    return out
+
+
+def _from_binary(name: str, datatype: str, dtype: np.dtype, shape: tuple[int, ...], count: int,
+                 raw: memoryview) -> np.ndarray:
+    if datatype == "BYTES":
+        return _bytes_elements(name, raw, count).reshape(shape)
+    if len(raw) != count * dtype.itemsize:
+        raise _bad(f"input {name!r}: binary_data_size is {len(raw)} bytes, but {datatype} shape "
+                   f"{list(shape)} needs {count * dtype.itemsize}")
+    if datatype == "BOOL" and count and np.frombuffer(raw, np.uint8).max() > 1:
+        raise _bad(f"input {name!r}: BOOL data must be bytes 0 or 1")
+    arr = np.frombuffer(raw, dtype=dtype, count=count)
+    if arr.ctypes.data % dtype.alignment:  # a view at an odd offset in the body: give kernels aligned memory
+        arr = arr.copy()
+    return arr.reshape(shape)
+
+
+# ------------------------------------------------------------------------------------------------ parsing
+def _header(body: bytes, header_length: int | None, limits: Limits) -> tuple[dict[str, Any], memoryview]:
+    if header_length is None:
+        header, binary = body, memoryview(b"")
+    else:
+        if not 0 < header_length <= len(body):
+            raise _bad(f"Inference-Header-Content-Length is {header_length}, the body has {len(body)} bytes")
+        view = memoryview(body)
+        header, binary = bytes(view[:header_length]), view[header_length:]
+    check_json_depth(header, limits.max_json_depth)
+    try:
+        doc = json.loads(header)
+    except (ValueError, RecursionError) as e:
+        raise _bad(f"the request is not valid JSON: {e}") from e
+    if not isinstance(doc, dict):
+        raise _bad(f"the request must be a JSON object, got {type(doc).__name__}")
+    return doc, binary
+
+
+def _parameters(where: str, value: Any) -> Mapping[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise _bad(f"{where}: 'parameters' must be an object, got {type(value).__name__}")
+    return value
+
+
+def _outputs(doc: dict[str, Any], binary_default: bool) -> tuple[RequestedOutput, ...] | None:
+    outputs = doc.get("outputs")
+    if outputs is None:
+        return None
+    if not isinstance(outputs, list):
+        raise _bad(f"'outputs' must be a list, got {type(outputs).__name__}")
+    found: list[RequestedOutput] = []
+    for out in outputs:
+        if not isinstance(out, dict) or not isinstance(out.get("name"), str):
+            raise _bad("each entry of 'outputs' must be an object with a string 'name'")
+        params = _parameters(f"output {out['name']!r}", out.get("parameters"))
+        if params.get("classification"):
+            raise _bad(f"output {out['name']!r}: the classification extension is not supported",
+                       "request the raw output and take the top classes on the client")
+        binary = params.get("binary_data", binary_default)
+        if not isinstance(binary, bool):
+            raise _bad(f"output {out['name']!r}: 'binary_data' must be true or false")
+        if any(o.name == out["name"] for o in found):
+            raise _bad(f"output {out['name']!r} is requested twice")
+        found.append(RequestedOutput(out["name"], binary))
+    return tuple(found)
+
+
+def parse_request(body: bytes, header_length: int | None, limits: Limits) -> InferRequest:
+    """Decode and check an inference request body (already decompressed and within ``limits.max_body``).
+
+    Args:
+        body: The request body.
+        header_length: ``Inference-Header-Content-Length`` when the binary extension is used, else None.
+        limits: Size and nesting limits.
+
+    Raises:
+        ServingError: HYB-702 naming what is malformed.
+    """
+    doc, binary = _header(body, header_length, limits)
+    request_id = doc.get("id")
+    if request_id is not None and not isinstance(request_id, str):
+        raise _bad(f"'id' must be a string, got {type(request_id).__name__}")
+    params = _parameters("request", doc.get("parameters"))
+    binary_output = params.get("binary_data_output", False)
+    if not isinstance(binary_output, bool):
+        raise _bad("'parameters.binary_data_output' must be true or false")
+    timeout = params.get("timeout")
+    if timeout is not None and (type(timeout) is not int or timeout <= 0):
+        raise _bad(f"'parameters.timeout' must be a positive integer of microseconds, got {timeout!r}")
+    inputs = doc.get("inputs")
+    if not isinstance(inputs, list):
+        raise _bad("the request needs an 'inputs' list")
+    arrays: dict[str, np.ndarray] = {}
+    offset = 0
+    for spec in inputs:
+        if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+            raise _bad("each entry of 'inputs' must be an object with a string 'name'")
+        name = spec["name"]
+        if name in arrays:
+            raise _bad(f"input {name!r} appears twice")
+        datatype = spec.get("datatype")
+        if datatype not in DATATYPES:
+            raise _bad(f"input {name!r}: unknown datatype {datatype!r}; expected one of {', '.join(DATATYPES)}")
+        dtype = DATATYPES[datatype]
+        itemsize = 4 if datatype == "BYTES" else dtype.itemsize  # a BYTES element is at least its length
+        shape, count = _element_count(name, spec.get("shape"), itemsize, limits)
+        size = _parameters(f"input {name!r}", spec.get("parameters")).get("binary_data_size")
+        if size is None:
+            if "data" not in spec:
+                raise _bad(f"input {name!r} has neither 'data' nor 'parameters.binary_data_size'")
+            arrays[name] = _from_json(name, datatype, dtype, shape, count, spec["data"])
+            continue
+        if "data" in spec:
+            raise _bad(f"input {name!r} has both 'data' and 'parameters.binary_data_size'")
+        if type(size) is not int or size < 0:
+            raise _bad(f"input {name!r}: binary_data_size must be a non-negative integer, got {size!r}")
+        if offset + size > len(binary):
+            raise _bad(f"input {name!r}: binary_data_size {size} runs past the {len(binary)} bytes of binary "
+                       "data after the JSON header", "set Inference-Header-Content-Length to the JSON size")
+        arrays[name] = _from_binary(name, datatype, dtype, shape, count, binary[offset:offset + size])
+        offset += size
+    if offset != len(binary):
+        raise _bad(f"the body carries {len(binary)} bytes of binary data, the inputs declare {offset}")
+    return InferRequest(request_id, arrays, _outputs(doc, binary_output), binary_output,
+                        None if timeout is None else timeout / 1e6)
+
+
+# ------------------------------------------------------------------------------------------------ encoding
+def _binary_of(name: str, arr: np.ndarray, datatype: str) -> bytes:
+    if datatype != "BYTES":
+        return np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<")).tobytes()
+    parts = []
+    for v in arr.reshape(-1):
+        b = v if isinstance(v, bytes) else str(v).encode("utf-8")
+        parts += [len(b).to_bytes(4, "little"), b]
+    return b"".join(parts)
+
+
+def _json_of(name: str, arr: np.ndarray, datatype: str) -> list[Any]:
+    if datatype != "BYTES":
+        flat = arr.reshape(-1)
+        return (flat.astype(np.float32) if datatype == "BF16" else flat).tolist()
+    try:
+        return [v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in arr.reshape(-1)]
+    except UnicodeDecodeError as e:
+        raise _bad(f"output {name!r} holds bytes that are not UTF-8 and cannot travel as JSON",
+                   "request it with parameters.binary_data = true") from e
+
+
+def encode_response(model_name: str, model_version: str, request: InferRequest,
+                    outputs: Mapping[str, np.ndarray]) -> tuple[bytes, int | None]:
+    """Encode the outputs a request asked for.
+
+    Returns:
+        The body and, when some outputs travel as binary data, the JSON header's length (the value of
+        ``Inference-Header-Content-Length``); None for a plain JSON body.
+
+    Raises:
+        ServingError: HYB-702 when the request names an output the model does not have.
+    """
+    wanted = request.outputs
+    if wanted is None:
+        wanted = tuple(RequestedOutput(name, request.binary_output) for name in outputs)
+    entries: list[dict[str, Any]] = []
+    chunks: list[bytes] = []
+    for out in wanted:
+        if out.name not in outputs:
+            raise _bad(f"output {out.name!r} is not an output of {model_name!r}; it has: {', '.join(outputs)}",
+                       "request one of the model's outputs, or omit 'outputs' for all of them")
+        arr = np.asarray(outputs[out.name])
+        datatype = datatype_of(arr.dtype)
+        entry: dict[str, Any] = {"name": out.name, "datatype": datatype, "shape": list(arr.shape)}
+        if out.binary:
+            raw = _binary_of(out.name, arr, datatype)
+            entry["parameters"] = {"binary_data_size": len(raw)}
+            chunks.append(raw)
+        else:
+            entry["data"] = _json_of(out.name, arr, datatype)
+        entries.append(entry)
+    doc: dict[str, Any] = {"model_name": model_name, "model_version": model_version, "outputs": entries}
+    if request.id is not None:
+        doc["id"] = request.id
+    header = json.dumps(doc, separators=(",", ":")).encode()
+    if not chunks:
+        return header, None
+    return b"".join([header, *chunks]), len(header)

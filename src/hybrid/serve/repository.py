@@ -1,0 +1,294 @@
+"""What the server serves: model files and model-repository folders, found, checked and loaded.
+
+A served path is a model file (``.hybrid`` bundle or ``.onnx``; served as version 1 under its file stem,
+or under ``NAME`` when given as ``NAME=PATH``) or a repository folder laid out as Triton users expect::
+
+    repo/<model>/config.json            optional: serving settings and "target" for every version
+    repo/<model>/<version>/model.hybrid (or model.onnx)
+
+Versions are positive integers; a request without a version gets the highest. Names are checked against
+one pattern everywhere (files, folders, URLs), and every path is resolved and must stay inside its
+repository, so neither a request nor a link in the folder can reach a file outside it.
+
+Serving settings come from, lowest first: the defaults, the bundle manifest's ``"serving"`` object,
+the model folder's ``config.json``, and the command line.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import zipfile
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hybrid.errors import HybridError, ModelError, ServingError
+from hybrid.serve.model import BatchObserver, BatchSettings, ServedModel
+
+__all__ = ["ModelRegistry", "ModelSource", "build_registry", "check_name", "discover", "load_model"]
+
+logger = logging.getLogger("hybrid.serve")
+
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}")
+VERSION_RE = re.compile(r"[1-9][0-9]{0,17}")
+MODEL_FILES = ("model.hybrid", "model.onnx")
+SUFFIXES = (".hybrid", ".onnx")
+CONFIG_FILE = "config.json"
+_CONFIG_MAX = 64 << 10
+_MANIFEST_MAX = 4 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSource:
+    """One model version to load.
+
+    Attributes:
+        name: Name on the server.
+        version: Version string.
+        path: Resolved path of the model file.
+        settings: Serving settings from the bundle's folder (``config.json``), by BatchSettings field.
+        target: The target the folder's config.json asks for, if any.
+    """
+
+    name: str
+    version: str
+    path: str
+    settings: dict[str, Any] = field(default_factory=dict)
+    target: str | None = None
+
+
+def _repo_error(message: str, hint: str | None = None) -> ServingError:
+    return ServingError("HYB-707", message, hint or "see docs/serving.md for the repository layout")
+
+
+def check_name(name: str, what: str = "model name") -> str:
+    """Return ``name`` if it is a valid model name (or version, with ``what='version'``); raise HYB-702.
+
+    Names are 1-128 letters, digits, '_', '-', '.', starting with a letter or digit: no separators, no
+    '..', nothing a path could be built from that leaves the repository.
+    """
+    pattern = VERSION_RE if what == "version" else NAME_RE
+    if not isinstance(name, str) or not pattern.fullmatch(name):
+        expected = "a positive integer" if what == "version" else \
+            "1-128 letters, digits, '_', '-' or '.', starting with a letter or digit"
+        raise ServingError("HYB-702", f"invalid {what} {name!r}: expected {expected}",
+                           "use a name the server lists at startup")
+    return name
+
+
+def _inside(root: Path, path: Path) -> Path:
+    resolved = path.resolve()
+    if not resolved.is_relative_to(root):
+        raise _repo_error(f"{path} leads outside the repository {root} (to {resolved})",
+                          "copy the model into the repository instead of linking to it")
+    return resolved
+
+
+def _read_config(path: Path) -> tuple[dict[str, Any], str | None]:
+    if path.stat().st_size > _CONFIG_MAX:
+        raise _repo_error(f"{path} is larger than {_CONFIG_MAX} bytes")
+    try:
+        doc = json.loads(path.read_bytes())
+    except (ValueError, RecursionError) as e:
+        raise _repo_error(f"{path} is not valid JSON: {e}") from e
+    if not isinstance(doc, dict):
+        raise _repo_error(f"{path} must hold a JSON object, got {type(doc).__name__}")
+    target = doc.pop("target", None)
+    if target is not None and not isinstance(target, str):
+        raise _repo_error(f"{path}: 'target' must be a string, got {target!r}")
+    BatchSettings().merged(doc, str(path))  # fail at discovery, not at load
+    return doc, target
+
+
+def _single_file(arg: str) -> ModelSource:
+    name, sep, rest = arg.partition("=")
+    if sep and NAME_RE.fullmatch(name) and not Path(arg).exists():
+        path = Path(rest)
+    else:
+        name, path = Path(arg).stem, Path(arg)
+    if not NAME_RE.fullmatch(name):
+        raise _repo_error(f"cannot serve {arg!r} under the name {name!r}: names are letters, digits, '_', '-' "
+                          "and '.'", "give a name: NAME=PATH")
+    if not path.is_file():
+        raise ModelError("HYB-201", f"model file {str(path)!r} not found", "check the path")
+    if path.suffix not in SUFFIXES:
+        raise _repo_error(f"{path}: expected a .hybrid bundle, an .onnx model or a repository folder")
+    return ModelSource(name, "1", str(path.resolve()))
+
+
+def _repository(root_arg: Path) -> list[ModelSource]:
+    root = root_arg.resolve()
+    found: list[ModelSource] = []
+    for model_dir in sorted(root.iterdir()):
+        if model_dir.name.startswith(".") or not model_dir.is_dir():
+            continue
+        if not NAME_RE.fullmatch(model_dir.name):
+            raise _repo_error(f"{model_dir}: invalid model name {model_dir.name!r}")
+        model_path = _inside(root, model_dir)
+        config = model_path / CONFIG_FILE
+        settings, target = _read_config(_inside(root, config)) if config.exists() else ({}, None)
+        versions = [d for d in model_path.iterdir() if d.is_dir() and VERSION_RE.fullmatch(d.name)]
+        if not versions:
+            raise _repo_error(f"{model_dir} has no version folder (a positive integer such as 1/)")
+        for version_dir in sorted(versions, key=lambda d: int(d.name)):
+            files = [version_dir / f for f in MODEL_FILES if (version_dir / f).exists()]
+            if len(files) != 1:
+                raise _repo_error(f"{version_dir} must hold exactly one of {', '.join(MODEL_FILES)}, found "
+                                  f"{len(files)}")
+            path = _inside(root, files[0])
+            if not path.is_file():
+                raise _repo_error(f"{files[0]} is not a file")
+            found.append(ModelSource(model_dir.name, version_dir.name, str(path), settings, target))
+    if not found:
+        raise _repo_error(f"the repository {root} holds no model")
+    return found
+
+
+def discover(paths: Sequence[str | Path]) -> list[ModelSource]:
+    """Find every model version under the given files and repository folders.
+
+    Raises:
+        ModelError: HYB-201 for a path that does not exist.
+        ServingError: HYB-707 for a layout error or a model name served twice.
+    """
+    sources: list[ModelSource] = []
+    for arg in paths:
+        path = Path(arg)
+        sources += _repository(path) if path.is_dir() else [_single_file(str(arg))]
+    seen: set[tuple[str, str]] = set()
+    for s in sources:
+        if (s.name, s.version) in seen:
+            raise _repo_error(f"model {s.name!r} version {s.version} is served twice (last from {s.path})",
+                              "name one of them: NAME=PATH")
+        seen.add((s.name, s.version))
+    return sources
+
+
+def _manifest_serving(compiled: Any, path: str) -> dict[str, Any]:
+    """The ``"serving"`` object of a bundle's manifest (after the bundle loader verified the bundle)."""
+    manifest = getattr(compiled, "manifest", None)
+    if manifest is None:
+        with zipfile.ZipFile(path) as zf:
+            info = zf.getinfo("manifest.json")
+            if info.file_size > _MANIFEST_MAX:
+                return {}
+            manifest = json.loads(zf.read(info))
+    serving = manifest.get("serving") if isinstance(manifest, Mapping) else getattr(manifest, "serving", None)
+    return dict(serving) if isinstance(serving, Mapping) else {}
+
+
+def load_model(source: ModelSource, target: str | None = None, overrides: Mapping[str, Any] | None = None,
+               defaults: BatchSettings | None = None, observer: BatchObserver | None = None) -> ServedModel:
+    """Compile (``.onnx``) or load (``.hybrid``) one model version and wrap it for serving.
+
+    Args:
+        source: What to load.
+        target: Target for every model; None: the folder's config.json, else 'auto'.
+        overrides: Serving settings from the command line; they win over the bundle and the folder.
+        defaults: Settings before any override.
+        observer: Called after each batch.
+    """
+    chosen = target or source.target or "auto"
+    manifest: dict[str, Any] = {}
+    if source.path.endswith(".hybrid"):
+        try:
+            from hybrid.bundle import load as load_bundle
+        except ImportError as e:
+            raise _repo_error(f"{source.path}: this installation cannot read .hybrid bundles ({e})",
+                              "serve the model's .onnx file instead") from e
+        compiled = load_bundle(source.path, target=chosen)
+        try:
+            manifest = _manifest_serving(compiled, source.path)
+        except (OSError, KeyError, ValueError, zipfile.BadZipFile) as e:
+            logger.warning("%s: cannot read serving settings from the manifest: %s", source.path, e)
+        platform = "hybrid"
+    else:
+        from hybrid.runtime.compiler import compile_model
+
+        compiled = compile_model(source.path, target=chosen)
+        platform = "onnx"
+    where = f"model {source.name!r} version {source.version}"
+    settings = (defaults or BatchSettings()).merged(manifest, f"{where} (manifest 'serving')")
+    settings = settings.merged(source.settings, f"{where} ({CONFIG_FILE})")
+    settings = settings.merged(dict(overrides or {}), f"{where} (command line)")
+    served = ServedModel(source.name, source.version, compiled, settings, platform, observer)
+    logger.info("serving %r version %s from %s on %s:%s (%s)", source.name, source.version, source.path,
+                compiled.backend, compiled.device, settings)
+    return served
+
+
+class ModelRegistry:
+    """The loaded model versions, looked up by name and optional version."""
+
+    def __init__(self, models: Sequence[ServedModel]) -> None:
+        self._models: dict[str, dict[str, ServedModel]] = {}
+        for m in models:
+            self._models.setdefault(m.name, {})[m.version] = m
+        for versions in self._models.values():  # highest version first: the default
+            ordered = sorted(versions.items(), key=lambda kv: -int(kv[0]))
+            versions.clear()
+            versions.update(ordered)
+
+    def get(self, name: str, version: str | None = None) -> ServedModel:
+        """The model ``name`` at ``version`` (None: the highest).
+
+        Raises:
+            ServingError: HYB-702 for a malformed name or version, HYB-701 when none is served.
+        """
+        check_name(name)
+        if version is not None:
+            check_name(version, "version")
+        versions = self._models.get(name)
+        if not versions:
+            raise ServingError("HYB-701", f"no model named {name!r} is served; served: "
+                               f"{', '.join(self._models) or 'none'}", "GET /v2/models/<name> with one of them")
+        if version is None:
+            return next(iter(versions.values()))
+        if version not in versions:
+            raise ServingError("HYB-701", f"model {name!r} has no version {version}; versions: "
+                               f"{', '.join(versions)}", "omit the version for the newest")
+        return versions[version]
+
+    def versions(self, name: str) -> list[str]:
+        return list(self._models.get(name, {}))
+
+    def __iter__(self) -> Iterator[ServedModel]:
+        for versions in self._models.values():
+            yield from versions.values()
+
+    def __len__(self) -> int:
+        return sum(len(v) for v in self._models.values())
+
+    def drain(self, timeout: float | None = None) -> None:
+        """Every model refuses new requests and runs what it has queued."""
+        for m in self:
+            m.drain(timeout)
+
+    def close(self) -> None:
+        for m in self:
+            try:
+                m.close()
+            except HybridError as e:  # closing must reach every model
+                logger.warning("closing %s: %s", m, e)
+
+
+def build_registry(paths: Sequence[str | Path], target: str | None = None,
+                   overrides: Mapping[str, Any] | None = None, defaults: BatchSettings | None = None,
+                   sources: Sequence[ModelSource] | None = None) -> ModelRegistry:
+    """Discover and load every model under ``paths`` (or the given ``sources``) into a registry.
+
+    Raises:
+        HybridError: what discovery or loading raised; models loaded so far are closed first.
+    """
+    found = list(sources) if sources is not None else discover(paths)
+    loaded: list[ServedModel] = []
+    try:
+        for source in found:
+            loaded.append(load_model(source, target, overrides, defaults))
+    except BaseException:
+        ModelRegistry(loaded).close()
+        raise
+    return ModelRegistry(loaded)
