@@ -1,0 +1,227 @@
+"""Compiled caches: capture a backend's compiled artifact, and rebuild a CompiledModel from it.
+
+Two kinds, chosen by the options a backend declares:
+
+- ``optimized-model``: ONNX Runtime writes its optimized graph (``optimized_model_path``); loading it
+  with graph optimizations disabled skips ORT's optimizer. The graph is an ONNX model and is checked
+  like one (no external data, inputs the original model has).
+- ``directory``: the backend writes its own cache folder (OpenVINO ``cache_dir`` blobs, TensorRT engine
+  caches through ``engine_cache_path``); restoring writes the files back and points the option at them.
+  The backend validates its blob and recompiles when it rejects it.
+
+A cache that fails to restore is never trusted: the caller rebuilds from the IR.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import platform
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from hybrid.bundle.modelio import _external_tensors, parse_model_bytes
+from hybrid.bundle.safety import check_member_name
+from hybrid.errors import BundleError, HybridError
+from hybrid.ir import Model
+from hybrid.runtime.compiled import CompiledModel
+from hybrid.runtime.plan import Plan
+
+__all__ = [
+    "MACHINE_OPTIONS",
+    "CacheStrategy",
+    "cache_root",
+    "capture",
+    "compile_for",
+    "portable_options",
+    "precision_of",
+    "restore",
+    "strategy_for",
+]
+
+logger = logging.getLogger("hybrid")
+
+OPTIMIZED_NAME = "model.opt.onnx"
+# options that name files on the machine that compiled: never carried into a bundle
+MACHINE_OPTIONS = ("optimized_model_path", "profile", "cache_dir", "engine_cache_path")
+
+
+@dataclass(frozen=True, slots=True)
+class CacheStrategy:
+    """How one backend's compiled artifact is captured: its kind and the option that writes it."""
+
+    kind: str
+    option: str
+
+
+def cache_root() -> Path:
+    """hybrid's cache folder: $HYBRID_CACHE_DIR, else ``hybrid.init(cache_dir=...)``, else the user's."""
+    from hybrid.config import get_config
+
+    env = os.environ.get("HYBRID_CACHE_DIR") or get_config().cache_dir
+    if env:
+        return Path(env)
+    if platform.system() == "Windows":
+        return Path(os.environ.get("LOCALAPPDATA", Path.home() / "AppData" / "Local")) / "hybrid" / "Cache"
+    if platform.system() == "Darwin":
+        return Path.home() / "Library" / "Caches" / "hybrid"
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hybrid"
+
+
+def portable_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """Backend options without those that name local files (kept out of bundles and cache keys)."""
+    return {k: v for k, v in options.items() if k not in MACHINE_OPTIONS}
+
+
+def precision_of(cm: CompiledModel) -> str:
+    """The precision a CompiledModel runs at (the plan records it; OpenVINO's option says it too)."""
+    segments = getattr(cm.plan, "segments", ())
+    if segments and getattr(segments[0], "precision", None) in ("fp32", "fp16", "bf16"):
+        return segments[0].precision
+    return {"f16": "fp16", "bf16": "bf16"}.get(cm.options.get("inference_precision", ""), "fp32")
+
+
+def strategy_for(backend: str, device: str, options: Mapping[str, Any]) -> CacheStrategy | None:
+    """The cache strategy for a (backend, device, options), or None when the backend has none."""
+    from hybrid.hal import backend_class
+
+    try:
+        declared = backend_class(backend).options
+    except HybridError:
+        return None
+    if backend == "onnxruntime" and device.startswith("cuda") and options.get("tensorrt"):
+        # ORT cannot serialize a graph with TensorRT-compiled nodes; the engines are the cache
+        return CacheStrategy("directory", "engine_cache_path") if "engine_cache_path" in declared else None
+    if "optimized_model_path" in declared:
+        return CacheStrategy("optimized-model", "optimized_model_path")
+    for option in ("cache_dir", "engine_cache_path"):
+        if option in declared:
+            return CacheStrategy("directory", option)
+    return None
+
+
+def compile_for(model: Model, backend: str, device: str, precision: str, options: Mapping[str, Any]) -> CompiledModel:
+    """``hybrid.compile`` for one backend and device (options given per backend: flat keys such as
+    'tensorrt' would read as backend names)."""
+    from hybrid.runtime.compiler import compile_model
+
+    return compile_model(model, target=f"{backend}:{device}", precision=precision, config={backend: dict(options)})
+
+
+def _clean_optimized(data: bytes, model: Model, where: str) -> bytes:
+    """Make ORT's optimized graph take exactly the original inputs.
+
+    ORT keeps graph inputs whose initializers it folded away (old-IR models list initializers as
+    inputs); left in, they would become required inputs. Inputs no node reads are dropped.
+    """
+    proto = parse_model_bytes(data, where)
+    check_optimized(proto, model, where, strict=False)
+    used = {name for node in proto.graph.node for name in node.input}
+    wanted = set(model.signature.input_names)
+    keep = [v for v in proto.graph.input if v.name in wanted or v.name in used]
+    if len(keep) != len(proto.graph.input):
+        del proto.graph.input[:]
+        proto.graph.input.extend(keep)
+    check_optimized(proto, model, where, strict=True)
+    return proto.SerializeToString()
+
+
+def check_optimized(proto: onnx.ModelProto, model: Model, where: str, strict: bool = True) -> None:
+    """An optimized graph may not read external data, and (strict) must take only the model's inputs
+    and produce its outputs.
+
+    Raises:
+        BundleError: HYB-504 for external data, HYB-502 when the inputs or outputs differ.
+    """
+    if _external_tensors(proto):
+        raise BundleError("HYB-504", f"{where}: the compiled cache references external data",
+                          "a cache must be self-contained; rebuild the bundle")
+    if not strict:
+        return
+    inits = {t.name for t in proto.graph.initializer}
+    required = {v.name for v in proto.graph.input if v.name not in inits}
+    sig = model.signature
+    if not required <= set(sig.input_names) or [o.name for o in proto.graph.output] != sig.output_names:
+        raise BundleError("HYB-502", f"{where}: the compiled cache takes {sorted(required)} and gives "
+                          f"{[o.name for o in proto.graph.output]}, the model {sig.input_names} -> "
+                          f"{sig.output_names}", "the cache belongs to another model; rebuild the bundle")
+
+
+def capture(model: Model, backend: str, device: str, precision: str, options: Mapping[str, Any],
+            workdir: Path) -> tuple[CompiledModel, dict[str, bytes]]:
+    """Compile ``model`` with the backend writing its artifact into ``workdir``; return the compiled
+    model and the artifact's files (empty when the backend has no cache or wrote nothing)."""
+    opts = portable_options(options)
+    strategy = strategy_for(backend, device, opts)
+    if strategy is None:
+        return compile_for(model, backend, device, precision, opts), {}
+    workdir.mkdir(parents=True, exist_ok=True)
+    target = workdir / OPTIMIZED_NAME if strategy.kind == "optimized-model" else workdir
+    cm = compile_for(model, backend, device, precision, {**opts, strategy.option: str(target)})
+    files: dict[str, bytes] = {}
+    if strategy.kind == "optimized-model":
+        if target.is_file():
+            try:
+                files[OPTIMIZED_NAME] = _clean_optimized(target.read_bytes(), model, "compiled cache")
+            except BundleError as e:
+                logger.info("not caching %s's optimized model: %s", backend, e.message)
+    else:
+        for path in sorted(workdir.iterdir()):
+            if path.is_file() and not path.is_symlink():
+                check_member_name(path.name, "compiled cache")
+                files[path.name] = path.read_bytes()
+    return _with_options(cm, opts), files
+
+
+def _with_options(cm: CompiledModel, options: Mapping[str, Any], model: Model | None = None,
+                  note: str | None = None) -> CompiledModel:
+    notes = (*cm.plan.notes, note) if note else cm.plan.notes
+    return CompiledModel(model or cm.model, cm.executable, Plan(cm.plan.segments, notes), cm.backend, cm.device,
+                         dict(options), cm.target)
+
+
+def loaded_from_cache(cm: CompiledModel) -> bool | None:
+    """Whether the backend says it imported its cache (OpenVINO's LOADED_FROM_CACHE); None: unknown."""
+    compiled = getattr(cm.executable, "compiled", None)
+    if compiled is None:
+        return None
+    try:
+        return bool(compiled.get_property("LOADED_FROM_CACHE"))
+    except Exception:  # a backend without the property
+        return None
+
+
+def restore(model: Model, backend: str, device: str, precision: str, options: Mapping[str, Any], kind: str,
+            files: Mapping[str, bytes], workdir: Path, where: str) -> CompiledModel:
+    """Build a CompiledModel of ``model`` from a cached artifact.
+
+    Raises:
+        HybridError: when the artifact is unusable (the caller then rebuilds from the IR).
+    """
+    opts = portable_options(options)
+    note = f"compiled artifact restored from {where}"
+    if kind == "optimized-model":
+        proto = parse_model_bytes(files[OPTIMIZED_NAME], where)
+        check_optimized(proto, model, where)
+        optimized = Model.load(proto)
+        cm = compile_for(optimized, backend, device, precision, {**opts, "graph_optimization_level": "disable"})
+        return _with_options(cm, opts, model=model, note=note)
+    strategy = strategy_for(backend, device, opts)
+    if strategy is None or strategy.kind != "directory":
+        raise BundleError("HYB-502", f"{where}: backend {backend!r} has no directory cache here",
+                          "the cache was made by another hybrid version; it is rebuilt")
+    workdir.mkdir(parents=True, exist_ok=True)
+    for name, data in files.items():
+        path = workdir / check_member_name(name, where)
+        if not path.is_file() or path.read_bytes() != data:
+            from hybrid.ir import atomic_write_bytes
+
+            atomic_write_bytes(path, data)
+    cm = compile_for(model, backend, device, precision, {**opts, strategy.option: str(workdir)})
+    if loaded_from_cache(cm) is False:
+        note = f"{where} was rejected by {backend}; recompiled from the IR"
+    return _with_options(cm, opts, note=note)

@@ -1,0 +1,256 @@
+"""Writing bundles: ``cm.save(path)`` and ``pyasc bundle create``.
+
+``save_bundle`` packs a CompiledModel with this machine's compiled cache. ``create_bundle`` starts
+from a model and a platform profile: it optimizes the model at the requested level, compiles it here
+when this machine can run the platform (same OS and architecture) so the bundle carries a cache for
+it, and otherwise ships the IR alone, which the target compiles on first load.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import platform as _platform
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from hybrid._version import __version__
+from hybrid.bundle import cache as _cache
+from hybrid.bundle import libs as _libs
+from hybrid.bundle.arrays import read_npz, write_npz
+from hybrid.bundle.fingerprint import device_fingerprint
+from hybrid.bundle.format import BundleWriter
+from hybrid.bundle.manifest import (
+    FORMAT_VERSION,
+    CacheEntry,
+    CalibrationEntry,
+    CompileEntry,
+    LibsEntry,
+    Manifest,
+    ModelEntry,
+    TensorEntry,
+)
+from hybrid.bundle.modelio import DATA_NAME, MODEL_DIR, MODEL_PATH, split_external_data
+from hybrid.bundle.platforms import PlatformProfile, get_platform, machine_arch
+from hybrid.bundle.select import available_pairs, merged_options, profile_layer, split_user_config
+from hybrid.errors import BackendError, BundleError, ConfigError, HybridError
+from hybrid.ir import Model, TensorSpec
+from hybrid.runtime.compiled import CompiledModel
+
+__all__ = ["create_bundle", "save_bundle"]
+
+logger = logging.getLogger("hybrid")
+
+CALIBRATION_PATH = "calibration/calibration.npz"
+EXTERNAL_DATA_MODEL_BYTES = 512 << 20  # above this much weight data, large tensors go to model.onnx.data
+EXTERNAL_DATA_TENSOR_BYTES = 1 << 20
+_LEVELS = ("O0", "O1", "O2", "O3")
+
+
+def _tensor_entry(spec: TensorSpec) -> TensorEntry:
+    return TensorEntry(name=spec.name, dtype=None if spec.dtype is None else str(spec.dtype),
+                       shape=None if spec.shape is None else list(spec.shape), kind=spec.kind)
+
+
+def _calibration(data: Any) -> Mapping[str, Any]:
+    if isinstance(data, (str, os.PathLike)):
+        path = Path(data)
+        if not path.is_file():
+            raise BundleError("HYB-501", f"calibration file {str(path)!r} not found", "pass an .npz file")
+        return read_npz(path.read_bytes(), str(path))
+    if not isinstance(data, Mapping):
+        raise BundleError("HYB-502", f"calibration: expected an .npz path or a mapping name -> array, got "
+                          f"{type(data).__name__}", "e.g. calibration={'input': batch_of_samples}")
+    return data
+
+
+def _capture_caches(cm: CompiledModel, precision: str, workdir: Path,
+                    writer: BundleWriter) -> list[CacheEntry]:
+    """Capture ``cm``'s compiled artifact for this machine's fingerprint as bundle members."""
+    if len(cm.plan.segments) != 1:
+        logger.info("not caching %r: its plan has %d segments; the target compiles it from the IR",
+                    cm.model.name, len(cm.plan.segments))
+        return []
+    _, files = _cache.capture(cm.model, cm.backend, cm.device, precision, cm.options, workdir)
+    if not files:
+        return []
+    fp = device_fingerprint(cm.backend, cm.device)
+    folder = f"platforms/{fp.digest}/{cm.backend}"
+    for name, data in files.items():
+        writer.add_bytes(f"{folder}/{name}", data)
+    kind = "optimized-model" if _cache.OPTIMIZED_NAME in files else "directory"
+    return [CacheEntry(backend=cm.backend, device=cm.device, precision=precision,
+                       options=_cache.portable_options(cm.options), fingerprint=fp.digest,
+                       fingerprint_info=fp.info, kind=kind, files=[f"{folder}/{n}" for n in files])]
+
+
+def _write(path: str | os.PathLike, model: Model, profile: PlatformProfile, cm: CompiledModel | None, *,
+           caches: bool, calibration: Any, libs: tuple[LibsEntry, list[Path]] | None, name: str | None,
+           task: str | None, optimize_level: str | None, optimized: bool, external_data_bytes: int) -> Manifest:
+    writer = BundleWriter()
+    data, blob = split_external_data(model, external_data_bytes, EXTERNAL_DATA_TENSOR_BYTES)
+    writer.add_bytes(MODEL_PATH, data)
+    external = []
+    if blob is not None:
+        writer.add_bytes(f"{MODEL_DIR}/{DATA_NAME}", blob)
+        external.append(f"{MODEL_DIR}/{DATA_NAME}")
+    compile_entry = None
+    cache_entries: list[CacheEntry] = []
+    if cm is not None:
+        precision = _cache.precision_of(cm)
+        if len(cm.plan.segments) == 1:
+            compile_entry = CompileEntry(backend=cm.backend, device=cm.device, precision=precision,
+                                         options=_cache.portable_options(cm.options))
+        if caches:
+            with tempfile.TemporaryDirectory(prefix="hybrid-capture-") as tmp:
+                cache_entries = _capture_caches(cm, precision, Path(tmp) / "artifact", writer)
+    calibration_entry = None
+    if calibration is not None:
+        npz, keys = write_npz(_calibration(calibration))
+        writer.add_bytes(CALIBRATION_PATH, npz)
+        calibration_entry = CalibrationEntry(path=CALIBRATION_PATH, arrays=keys)
+    libs_entry = None
+    if libs is not None:
+        libs_entry, wheel_paths = libs
+        for wheel in wheel_paths:
+            writer.add_file(f"libs/{wheel.name}", wheel)
+    sig = model.signature
+    inputs, outputs = [_tensor_entry(s) for s in sig.inputs], [_tensor_entry(s) for s in sig.outputs]
+    manifest = Manifest(
+        format_version=FORMAT_VERSION, created_by=f"pyasc {__version__} (Python {_platform.python_version()}, "
+        f"{_platform.system()} {machine_arch()})", created_at=datetime.datetime.now(datetime.UTC).isoformat(
+            timespec="seconds"), name=name or model.name, task=task,
+        model=ModelEntry(path=MODEL_PATH, sha256=model.sha256, opset=model.opset, external_data=external,
+                         inputs=inputs, outputs=outputs),
+        platform=profile, optimize_level=optimize_level, optimized=optimized, compile=compile_entry,
+        caches=cache_entries, calibration=calibration_entry, libs=libs_entry, members=writer.members())
+    writer.write(path, manifest)
+    logger.info("wrote bundle %s (%d members)", path, len(manifest.members) + 1)
+    return manifest
+
+
+def _libs_for(profile: PlatformProfile, include_libs: bool, python_version: str | None,
+              requirements: Sequence[str] | None, wheels: Sequence[str | os.PathLike], include_hybrid: bool,
+              workdir: Path) -> tuple[LibsEntry, list[Path]] | None:
+    if not include_libs:
+        return None
+    version = python_version or profile.python or f"{sys.version_info.major}.{sys.version_info.minor}"
+    return _libs.vendor(profile, version, requirements, wheels, include_hybrid, workdir)
+
+
+def save_bundle(cm: CompiledModel, path: str | os.PathLike, *, platform: str | PlatformProfile = "auto",
+                caches: bool = True, calibration: Any = None, name: str | None = None, task: str | None = None,
+                include_libs: bool = False, python_version: str | None = None,
+                requirements: Sequence[str] | None = None, wheels: Sequence[str | os.PathLike] = (),
+                include_hybrid: bool = True, external_data_bytes: int = EXTERNAL_DATA_MODEL_BYTES) -> Manifest:
+    """Write ``cm`` as a ``.hybrid`` bundle with this machine's compiled cache (``cm.save(path)``).
+
+    Args:
+        cm: The compiled model.
+        path: Output file (written atomically).
+        platform: Profile recorded in the manifest ('auto': this machine's).
+        caches: Include the compiled artifact for this machine's fingerprint.
+        calibration: Calibration samples: an .npz path or a mapping name -> array.
+        name, task: Recorded in the manifest.
+        include_libs, python_version, requirements, wheels, include_hybrid: Vendored wheels (see
+            :func:`create_bundle`).
+        external_data_bytes: Weight bytes above which large tensors are stored as external data.
+
+    Returns:
+        The manifest written.
+    """
+    profile = get_platform(platform)
+    with tempfile.TemporaryDirectory(prefix="hybrid-libs-") as tmp:
+        libs = _libs_for(profile, include_libs, python_version, requirements, wheels, include_hybrid, Path(tmp))
+        return _write(path, cm.model, profile, cm, caches=caches, calibration=calibration, libs=libs, name=name,
+                      task=task, optimize_level=None, optimized=False, external_data_bytes=external_data_bytes)
+
+
+def _optimize(model: Model, level: str | None, layout: str) -> tuple[Model, bool]:
+    """``hybrid.optimize`` at ``level``; the profile's layout (NHWC on Ascend) applies at O3."""
+    if level is None or level == "O0":
+        return model, False
+    if level not in _LEVELS:
+        raise ConfigError("HYB-102", f"optimize level: expected one of {_LEVELS}, got {level!r}")
+    from hybrid.passes import optimize
+
+    return optimize(model, level=level, config={"layout": layout} if layout != "NCHW" else None), True
+
+
+def _compile_here(model: Model, profile: PlatformProfile, target: str | None, precision: str | None,
+                  config: Mapping[str, Any] | None) -> CompiledModel | None:
+    """Compile for the first of the profile's targets present here (None if this machine cannot)."""
+    from hybrid.runtime.compiler import compile_model
+
+    if profile.arch != machine_arch() or profile.os != _platform.system().lower():
+        logger.info("platform %r is %s/%s, this machine %s/%s: bundling the IR only", profile.name, profile.os,
+                    profile.arch, _platform.system().lower(), machine_arch())
+        return None
+    errors = []
+    for backend, device in available_pairs([target] if target else profile.targets):
+        wanted = precision or profile.precision
+        for prec in dict.fromkeys([wanted] if precision else [wanted, "fp32"]):
+            options, notes = merged_options(backend, [profile_layer(profile, backend),
+                                                      ("config", split_user_config(config, backend, device))])
+            for note in notes:
+                logger.warning(note)
+            try:
+                return compile_model(model, target=f"{backend}:{device}", precision=prec, config={backend: options})
+            except HybridError as e:
+                errors.append(f"{backend}:{device} {prec}: {e.message}")
+    if target:
+        raise BackendError("HYB-304", f"could not compile {model.name!r} for target {target!r}: "
+                           + ("; ".join(errors) or "that target is not present here"),
+                           "`pyasc devices` lists the targets present")
+    logger.warning("none of platform %r's targets compiled %r here (%s); bundling the IR only", profile.name,
+                   model.name, "; ".join(errors) or "none present")
+    return None
+
+
+def create_bundle(model: Any, output: str | os.PathLike, *, platform: str | PlatformProfile = "auto",
+                  target: str | None = None, precision: str | None = None, config: Mapping[str, Any] | None = None,
+                  optimize_level: str | None = None, caches: bool = True, calibration: Any = None,
+                  include_libs: bool = False, python_version: str | None = None,
+                  requirements: Sequence[str] | None = None, wheels: Sequence[str | os.PathLike] = (),
+                  include_hybrid: bool = True, name: str | None = None, task: str | None = None,
+                  platforms_file: str | os.PathLike | None = None,
+                  external_data_bytes: int = EXTERNAL_DATA_MODEL_BYTES) -> Manifest:
+    """Build a bundle for a platform (``pyasc bundle create``).
+
+    Args:
+        model: A path, bytes, ModelProto, onnx_ir.Model or hybrid.Model.
+        output: The .hybrid file to write (atomically).
+        platform: Profile name ('auto': this machine) or a PlatformProfile.
+        target: Compile for this target instead of the profile's first present one.
+        precision: Override the profile's precision.
+        config: Backend options for compiling here, as for ``hybrid.compile``.
+        optimize_level: 'O0'..'O3', applied with ``hybrid.optimize`` before bundling.
+        caches: Compile here and include the artifact when this machine can run the platform.
+        calibration: Calibration samples: an .npz path or a mapping name -> array.
+        include_libs: Vendor the wheels the target needs (fetched with pip for its platform and Python).
+        python_version: Target Python 'X.Y' for the wheels (default: the profile's, else this one).
+        requirements: Packages to fetch (default: the profile's runtimes, pinned to the versions here).
+        wheels: Local wheel files to add (their dependencies are fetched too).
+        include_hybrid: Add a wheel of hybrid itself.
+        name, task: Recorded in the manifest.
+        platforms_file: TOML file with user-defined profiles.
+        external_data_bytes: Weight bytes above which large tensors are stored as external data.
+
+    Raises:
+        BundleError: HYB-508 for an unknown platform, HYB-509 when fetching wheels fails.
+        ModelError, BackendError: when the model does not load or (with ``target``) does not compile.
+    """
+    profile = get_platform(platform, platforms_file)
+    hmodel, optimized = _optimize(Model.load(model), optimize_level, profile.layout)
+    if name is None and isinstance(model, (str, os.PathLike)):
+        name = Path(model).stem
+    cm = _compile_here(hmodel, profile, target, precision, config) if caches or target else None
+    with tempfile.TemporaryDirectory(prefix="hybrid-libs-") as tmp:
+        libs = _libs_for(profile, include_libs, python_version, requirements, wheels, include_hybrid, Path(tmp))
+        return _write(output, hmodel, profile, cm, caches=caches, calibration=calibration, libs=libs, name=name,
+                      task=task, optimize_level=optimize_level, optimized=optimized,
+                      external_data_bytes=external_data_bytes)

@@ -1,0 +1,87 @@
+"""Which (backend, device) a bundle runs on here: the platform's priority, filtered by what is present.
+
+Checks only the backends it asks about (a platform whose first choice is present never probes the
+others), and never uses the HAL's device fallback: 'onnxruntime:cuda' on a machine without CUDA is
+"not present", so the next target of the profile is tried and the caller can say so in a warning.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from hybrid.bundle.platforms import PlatformProfile
+from hybrid.errors import HybridError
+
+__all__ = ["available_pairs", "merged_options", "split_user_config"]
+
+logger = logging.getLogger("hybrid")
+
+
+def _pairs_for(target: str) -> list[tuple[str, str]]:
+    """The present (backend, device) pairs a 'backend' or 'backend:device' target names; [] if none."""
+    from hybrid.hal import backend_names, backend_status
+    from hybrid.hal.device import parse_device
+
+    backend, _, device = target.strip().lower().partition(":")
+    if backend not in backend_names():
+        return []
+    try:
+        status = backend_status(backend)
+    except HybridError:
+        return []
+    if not status.available:
+        return []
+    if not device:
+        return [(backend, d.name) for d in status.devices]
+    parsed = parse_device(device)
+    if parsed is None:
+        return []
+    kind, index = parsed
+    kinds = ("cuda", "gpu") if kind == "gpu" else (kind,)
+    return [(backend, d.name) for d in status.devices if d.kind in kinds and (index is None or d.index == index)]
+
+
+def available_pairs(targets: Iterable[str]) -> list[tuple[str, str]]:
+    """Present (backend, device) pairs for ``targets``, in order, without duplicates."""
+    out: list[tuple[str, str]] = []
+    for target in targets:
+        for pair in _pairs_for(target):
+            if pair not in out:
+                out.append(pair)
+    return out
+
+
+def split_user_config(config: Mapping[str, Any] | None, backend: str, device: str) -> dict[str, Any]:
+    """The user's ``config`` for one backend: per-backend keys, or flat options (compile's rules)."""
+    if not config:
+        return {}
+    from hybrid.hal import Candidate
+    from hybrid.runtime.compiler import split_config
+
+    return split_config(config, [Candidate(backend, device)]).get(backend, {})
+
+
+def merged_options(backend: str, layers: Iterable[tuple[str, Mapping[str, Any]]]) -> tuple[dict[str, Any], list[str]]:
+    """Merge option layers (later wins) after checking each against the backend's declared options.
+
+    A layer the installed backend rejects (a bundle from another hybrid version, a profile written for
+    a newer backend) is dropped with a note instead of failing the load.
+    """
+    from hybrid.hal import backend_class
+
+    merged: dict[str, Any] = {}
+    notes: list[str] = []
+    for label, options in layers:
+        if not options:
+            continue
+        try:
+            merged.update(backend_class(backend).validate_options(options))
+        except HybridError as e:
+            notes.append(f"ignoring {label} options for {backend}: {e.message}")
+    return merged, notes
+
+
+def profile_layer(profile: PlatformProfile, backend: str) -> tuple[str, dict[str, Any]]:
+    return f"platform {profile.name!r}", profile.options_for(backend)

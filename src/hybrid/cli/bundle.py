@@ -1,0 +1,225 @@
+"""``pyasc bundle create|inspect|verify|install-libs`` and ``pyasc platforms``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from hybrid.cli._console import console, report_errors
+from hybrid.errors import HybridError
+
+__all__ = ["register"]
+
+bundle_app = typer.Typer(name="bundle", help="Create, inspect, verify .hybrid bundles and install their wheels.",
+                         no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+
+_PlatformsFile = Annotated[Path | None, typer.Option("--platforms-file", help="TOML file with user-defined "
+                                                     "platform profiles (also $HYBRID_PLATFORMS).")]
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+@bundle_app.command("create")
+def create(
+    model: Annotated[Path, typer.Argument(help="The model: an .onnx file.")],
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Bundle to write (default: "
+                                                "MODEL's name with .hybrid, in the current folder).")] = None,
+    platform: Annotated[str, typer.Option("--platform", "-p", help="Platform profile (`pyasc platforms`); "
+                                          "auto: this machine.")] = "auto",
+    platforms_file: _PlatformsFile = None,
+    target: Annotated[str | None, typer.Option("--target", "-t", help="Compile for this target instead of the "
+                                               "profile's first present one.")] = None,
+    precision: Annotated[str | None, typer.Option("--precision", help="fp32, fp16 or bf16 (default: the "
+                                                  "profile's).")] = None,
+    optimize_level: Annotated[str | None, typer.Option("--optimize-level", "-O", help="O0..O3 graph "
+                                                       "optimization before bundling.")] = None,
+    include_libs: Annotated[bool, typer.Option("--include-libs", help="Vendor the wheels the target needs "
+                                               "(fetched with pip for its platform and Python).")] = False,
+    python_version: Annotated[str | None, typer.Option("--python-version", help="Target Python X.Y for "
+                                                       "--include-libs.")] = None,
+    requirement: Annotated[list[str] | None, typer.Option("--requirement", "-r", help="Package to vendor "
+                                                          "instead of the profile's (repeatable).")] = None,
+    wheel: Annotated[list[Path] | None, typer.Option("--wheel", help="Local wheel to vendor (repeatable).")] = None,
+    no_hybrid_wheel: Annotated[bool, typer.Option("--no-hybrid-wheel", help="Do not vendor hybrid itself.")] = False,
+    calibration: Annotated[Path | None, typer.Option("--calibration", help="Calibration samples (.npz).")] = None,
+    no_cache: Annotated[bool, typer.Option("--no-cache", help="Ship the IR only, no compiled cache.")] = False,
+    name: Annotated[str | None, typer.Option("--name", help="Bundle name (default: the model's).")] = None,
+    task: Annotated[str | None, typer.Option("--task", help="Task label, e.g. classification.")] = None,
+) -> None:
+    """Package MODEL for a platform: the IR, a compiled cache when this machine can run the platform,
+    optional calibration data and vendored wheels."""
+    from hybrid.bundle import create_bundle
+
+    out = output or Path(model.stem + ".hybrid")
+    with report_errors():
+        manifest = create_bundle(
+            model, out, platform=platform, target=target, precision=precision, optimize_level=optimize_level,
+            caches=not no_cache, calibration=calibration, include_libs=include_libs, python_version=python_version,
+            requirements=requirement or None, wheels=wheel or (), include_hybrid=not no_hybrid_wheel, name=name,
+            task=task, platforms_file=platforms_file)
+    console.print(f"wrote {out} ({_size(out.stat().st_size)}) for platform [bold]{manifest.platform.name}[/]",
+                  highlight=False)
+    if manifest.caches:
+        for c in manifest.caches:
+            console.print(f"  compiled cache: {c.backend}:{c.device} {c.precision}, fingerprint {c.fingerprint}",
+                          highlight=False)
+    else:
+        console.print("  no compiled cache: the target compiles the IR on first load", highlight=False)
+    if manifest.libs:
+        console.print(f"  {len(manifest.libs.wheels)} wheels for {manifest.libs.pip_platforms[0]}, Python "
+                      f"{manifest.libs.python_version}", highlight=False)
+
+
+def _kv_table(title: str, rows: list[tuple[str, Any]]) -> Table:
+    table = Table(title=title, show_header=False)
+    table.add_column("key", style="bold")
+    table.add_column("value", overflow="fold")
+    for k, v in rows:
+        table.add_row(k, v if isinstance(v, str) else json.dumps(v))
+    return table
+
+
+@bundle_app.command("inspect")
+def inspect(
+    bundle: Annotated[Path, typer.Argument(help="The .hybrid bundle.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Show a bundle's manifest: signature, platform, compile choice, caches, wheels, member sizes."""
+    from hybrid.bundle import inspect_bundle
+
+    with report_errors():
+        doc = inspect_bundle(bundle)
+    if as_json:
+        typer.echo(json.dumps(doc, indent=2))
+        return
+    p = doc["platform"]
+    console.print(_kv_table(f"{doc['file']} ({_size(doc['file_size'])})", [
+        ("name", doc["name"]), ("task", doc["task"] or "-"), ("format", str(doc["format_version"])),
+        ("created", f"{doc['created_at']} by {doc['created_by']}"),
+        ("inputs", ", ".join(doc["signature"]["inputs"])), ("outputs", ", ".join(doc["signature"]["outputs"])),
+        ("model", f"{doc['model']['path']} opset {doc['model']['opset']} sha256 {doc['model']['sha256'][:16]}..."
+                  + (f" (+ {', '.join(doc['model']['external_data'])})" if doc["model"]["external_data"] else "")),
+        ("optimize", f"{doc['model']['optimize_level'] or '-'}" + (" applied" if doc["model"]["optimized"] else "")),
+        ("platform", f"{p['name']} ({p['os']}/{p['arch']}): {p['description']}"),
+        ("targets", ", ".join(p["targets"])), ("precision / layout", f"{p['precision']} / {p['layout']}"),
+        ("backend options", p["backend_options"] or "-"), ("compile options", p["compile_options"] or "-"),
+        ("compiled with", "-" if doc["compile"] is None else
+         f"{doc['compile']['backend']}:{doc['compile']['device']} {doc['compile']['precision']} "
+         f"{json.dumps(doc['compile']['options'])}"),
+        ("calibration", "-" if doc["calibration"] is None else ", ".join(doc["calibration"]["arrays"])),
+    ]), highlight=False)
+    if doc["caches"]:
+        table = Table(title="compiled caches")
+        for col in ("fingerprint", "backend", "precision", "kind", "size", "this machine", "built on"):
+            table.add_column(col)
+        for c in doc["caches"]:
+            info = c["built_on"]
+            table.add_row(c["fingerprint"], f"{c['backend']}:{c['device']}", c["precision"], c["kind"],
+                          _size(c["bytes"]), "[green]matches[/]" if c["matches_this_machine"] else "no",
+                          f"{info.get('cpu', '?')}, {c['backend']} {info.get('backend_version', '?')}")
+        console.print(table)
+    if doc["libs"]:
+        table = Table(title=f"vendored wheels for {doc['libs']['platform']} (Python {doc['libs']['python_version']})")
+        for col in ("name", "version", "size", "sha256"):
+            table.add_column(col)
+        for w in doc["libs"]["wheels"]:
+            table.add_row(w["name"], w["version"], _size(w["size"]), w["sha256"][:16] + "...")
+        console.print(table)
+    table = Table(title=f"members ({_size(doc['total_bytes'])} uncompressed)")
+    for col in ("member", "size", "stored"):
+        table.add_column(col)
+    for mem in doc["members"]:
+        table.add_row(mem["name"], _size(mem["size"]), _size(mem["compressed"]))
+    console.print(table)
+
+
+@bundle_app.command("verify")
+def verify(
+    bundle: Annotated[Path, typer.Argument(help="The .hybrid bundle.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Run every safety and integrity check; exit 0 when the bundle passes, 1 when it does not."""
+    from hybrid.bundle import verify_bundle
+
+    try:
+        report = verify_bundle(bundle)
+    except HybridError as e:
+        if as_json:
+            typer.echo(json.dumps({"ok": False, "code": e.code, "message": e.message, "hint": e.hint}))
+            raise typer.Exit(1) from None
+        console.print(f"[bold red]FAILED[/] {bundle}: [{e.code}] {e.message}", highlight=False)
+        if e.hint:
+            console.print(f"  hint: {e.hint}", highlight=False)
+        raise typer.Exit(1) from None
+    if as_json:
+        typer.echo(json.dumps(report))
+        return
+    console.print(f"[bold green]OK[/] {bundle}: {report['members']} members, {_size(report['bytes'])}",
+                  highlight=False)
+    for check in report["checks"]:
+        console.print(f"  passed: {check}", highlight=False)
+
+
+@bundle_app.command("install-libs")
+def install_libs(
+    bundle: Annotated[Path, typer.Argument(help="The .hybrid bundle.")],
+    target: Annotated[Path | None, typer.Option("--target", help="Install into this folder "
+                                                "(pip --target).")] = None,
+    python: Annotated[str | None, typer.Option("--python", help="Interpreter to install into.")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Show what pip would install.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Skip the platform and Python check.")] = False,
+) -> None:
+    """Install the bundle's vendored wheels offline (pip --no-index, every hash checked)."""
+    from hybrid.bundle import install_libs as _install
+
+    with report_errors():
+        report = _install(bundle, target=target, python=python, dry_run=dry_run, force=force)
+    verb = "would install" if dry_run else "installed"
+    console.print(f"{verb} {len(report.wheels)} wheels from {bundle}"
+                  + (f" into {report.target}" if report.target else ""), highlight=False)
+    if dry_run and report.pip_output.strip():
+        console.print(report.pip_output.strip(), highlight=False)
+
+
+def platforms(
+    platforms_file: _PlatformsFile = None,
+    show: Annotated[str | None, typer.Option("--show", help="Print one profile in full.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """List the platform profiles: built-in and user-defined (TOML)."""
+    from hybrid.bundle.platforms import BUILTIN_PLATFORMS, detect_platform, get_platform, list_platforms
+
+    with report_errors():
+        if show:
+            profile = get_platform(show, platforms_file)
+            typer.echo(json.dumps(profile.model_dump(mode="json"), indent=2))
+            return
+        profiles = list_platforms(platforms_file)
+        here = detect_platform().name
+    if as_json:
+        typer.echo(json.dumps({n: p.model_dump(mode="json") for n, p in profiles.items()}, indent=2))
+        return
+    table = Table(title="platform profiles")
+    for col in ("platform", "os/arch", "targets (priority)", "precision", "layout", "description"):
+        table.add_column(col, overflow="fold")
+    for name, p in profiles.items():
+        label = name + (" [green](this machine)[/]" if name == here else "")
+        label += "" if name in BUILTIN_PLATFORMS and BUILTIN_PLATFORMS[name] == p else " [cyan](user)[/]"
+        table.add_row(label, f"{p.os}/{p.arch}", ", ".join(p.targets), p.precision, p.layout, p.description)
+    console.print(table)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``bundle`` (create, inspect, verify, install-libs) and ``platforms`` to the pyasc app."""
+    app.add_typer(bundle_app, name="bundle")
+    app.command("platforms")(platforms)

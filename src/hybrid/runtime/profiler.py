@@ -1,0 +1,344 @@
+"""``hybrid.profile``: run a model for a while and write a Chrome trace (opens in Perfetto).
+
+The trace has three tracks of spans: one per run (``cm.run``, validation included), one per subgraph
+(the backend executable's call) and one per node, from the backend's own profiler: ONNX Runtime's
+(``enable_profiling``, the same Chrome-trace events ORT writes, re-timed onto hybrid's clock run by
+run), OpenVINO's per-layer counters (``PERF_COUNT``; OpenVINO reports durations, not start times, so a
+run's layers are laid end to end from the subgraph's start), or any executable with a
+``profiling_info()`` giving ``node_name``, ``node_type`` and ``real_time``. Node spans come from the first
+``node_runs`` runs (a minute of a small model is millions of node events); run and subgraph spans cover
+every run. Memory-pool counters become counter tracks when pools are configured (``hybrid.init``).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import os
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hybrid.errors import ConfigError, RunError
+from hybrid.hal.backend import Executable
+from hybrid.runtime.compiled import CompiledModel
+
+__all__ = ["OpStat", "ProfileReport", "profile", "sample_inputs"]
+
+logger = logging.getLogger("hybrid")
+
+_RUN, _SUBGRAPH, _NODE = 1, 2, 3  # trace thread ids (tracks)
+_LOCAL_OPTIONS = ("optimized_model_path", "profile", "cache_dir", "engine_cache_path")
+
+
+@dataclass(frozen=True, slots=True)
+class OpStat:
+    """Time spent in one operator type (or one node), over the runs that have node spans."""
+
+    name: str
+    count: int
+    total_ms: float
+    per_run_ms: float
+    share: float
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileReport:
+    """What ``hybrid.profile`` measured.
+
+    Attributes:
+        model, backend, device: What ran.
+        runs: Timed runs (after ``warmup``); node_runs: how many of them have node spans.
+        wall_s: Wall time of the timed loop.
+        latency_ms: 'p50', 'p90', 'p99', 'mean', 'min', 'max' of ``cm.run``.
+        throughput: Inferences per second: runs / time spent in runs (one stream, batch as given).
+        items_per_s: ``throughput`` times the batch size.
+        top_ops: Operator types by total time; top_nodes: single nodes by total time.
+        output: Path of the trace written (None if none); events: how many events it holds.
+        notes: What could not be measured and why.
+    """
+
+    model: str
+    backend: str
+    device: str
+    runs: int
+    node_runs: int
+    wall_s: float
+    latency_ms: dict[str, float]
+    throughput: float
+    items_per_s: float
+    top_ops: tuple[OpStat, ...]
+    top_nodes: tuple[OpStat, ...]
+    output: str | None
+    events: int
+    notes: tuple[str, ...] = ()
+
+    def summary(self, top: int = 10) -> str:
+        lat = self.latency_ms
+        lines = [f"profile of {self.model!r} on {self.backend}:{self.device}: {self.runs} runs in {self.wall_s:.2f} s"
+                 + (f" (node spans from the first {self.node_runs})" if self.node_runs else ""),
+                 f"latency ms: p50 {lat['p50']:.3f}  p90 {lat['p90']:.3f}  p99 {lat['p99']:.3f}  "
+                 f"mean {lat['mean']:.3f}  min {lat['min']:.3f}  max {lat['max']:.3f}",
+                 f"throughput: {self.throughput:.1f} inferences/s ({self.items_per_s:.1f} items/s)"]
+        if self.top_ops:
+            lines.append("top ops by time:   op type               share   ms/run   nodes")
+            lines += [f"  {s.name[:34]:<34} {s.share * 100:5.1f}%  {s.per_run_ms:7.3f}  {s.count:6d}"
+                      for s in self.top_ops[:top]]
+        lines += [f"note: {n}" for n in self.notes]
+        if self.output:
+            lines.append(f"trace: {self.output} ({self.events} events; open it in https://ui.perfetto.dev)")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.summary()
+
+
+class _TimedExecutable(Executable):
+    """Records (start, end) of every executable call: the subgraph spans."""
+
+    def __init__(self, inner: Executable) -> None:
+        self.inner = inner
+        self.input_names = inner.input_names
+        self.output_names = inner.output_names
+        self.spans: list[tuple[int, int]] = []
+
+    def run(self, feeds: Mapping[str, Any]) -> list[Any]:
+        t0 = time.perf_counter_ns()
+        out = self.inner.run(feeds)
+        self.spans.append((t0, time.perf_counter_ns()))
+        return out
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def sample_inputs(signature: Any, batch: int = 1, seed: int = 0) -> dict[str, np.ndarray]:
+    """Inputs from a signature: symbolic dims become ``batch``; floats uniform in [0, 1), ints in [0, 10)."""
+    rng = np.random.default_rng(seed)
+    feeds: dict[str, np.ndarray] = {}
+    for spec in signature.inputs:
+        shape = tuple(d if isinstance(d, int) else batch for d in (spec.shape or ()))
+        dtype = spec.dtype if spec.dtype is not None else np.dtype(np.float32)
+        if dtype.kind == "f":
+            feeds[spec.name] = rng.random(shape).astype(dtype)
+        elif dtype.kind in "iu":
+            feeds[spec.name] = rng.integers(0, 10, shape).astype(dtype)
+        elif dtype.kind == "b":
+            feeds[spec.name] = rng.random(shape) > 0.5
+        else:
+            raise RunError("HYB-406", f"input {spec.name!r}: cannot generate {dtype} data for profiling",
+                           "pass inputs=... to hybrid.profile")
+    return feeds
+
+
+def _resolve(model_or_path: Any, target: str) -> CompiledModel:
+    if isinstance(model_or_path, CompiledModel):
+        return model_or_path
+    if isinstance(model_or_path, (str, os.PathLike)) and Path(model_or_path).is_file():
+        with open(model_or_path, "rb") as f:
+            is_zip = f.read(4) == b"PK\x03\x04"
+        if is_zip:
+            # a .hybrid bundle: loaded by the bundle layer (lazily, as CompiledModel.save writes one)
+            from hybrid.bundle import load
+
+            return load(model_or_path, target=target)
+    from hybrid.runtime.compiler import compile_model
+
+    return compile_model(model_or_path, target=target)
+
+
+def _profiling_model(cm: CompiledModel, tmp: str) -> tuple[CompiledModel, list[str]]:
+    """Recompile ``cm`` with its backend's profiler on (same backend, device, precision, options)."""
+    from hybrid.hal import backend_class
+    from hybrid.runtime.compiler import compile_model
+
+    if len(cm.plan.segments) != 1:
+        return cm, [f"the plan has {len(cm.plan.segments)} segments; node spans need a single-backend plan"]
+    declared = backend_class(cm.backend).options
+    if "profile" not in declared:
+        return cm, [f"backend {cm.backend!r} has no profiler; the trace has run and subgraph spans only"]
+    options = {k: v for k, v in cm.options.items() if k not in _LOCAL_OPTIONS}
+    options["profile"] = os.path.join(tmp, "ort") if cm.backend == "onnxruntime" else True
+    precision = getattr(cm.plan.segments[0], "precision", "fp32")
+    return compile_model(cm.model, target=f"{cm.backend}:{cm.device}", precision=precision,
+                         config={cm.backend: options}), []
+
+
+def _per_layer(info: Any, start_us: float) -> list[dict[str, Any]]:
+    """Node spans from per-layer counters (OpenVINO ProfilingInfo or the same duck type), end to end."""
+    events, cursor = [], start_us
+    for rec in info:
+        status = str(getattr(rec, "status", "EXECUTED"))
+        real = getattr(rec, "real_time", 0)
+        dur = real.total_seconds() * 1e6 if isinstance(real, datetime.timedelta) else float(real) * 1e6
+        if dur <= 0 or "NOT_RUN" in status or "OPTIMIZED_OUT" in status:
+            continue
+        args = {"op_type": str(getattr(rec, "node_type", "?"))}
+        if getattr(rec, "exec_type", None):
+            args["exec_type"] = str(rec.exec_type)
+        events.append({"name": str(getattr(rec, "node_name", "?")), "cat": "node", "ph": "X", "pid": 1,
+                       "tid": _NODE, "ts": round(cursor, 3), "dur": round(dur, 3), "args": args})
+        cursor += dur
+    return events
+
+
+def _ort_nodes(session: Any, runs: list[tuple[int, int]], warmup: int, t_base: int) -> list[dict[str, Any]]:
+    """ORT's node events of the profiled runs, re-timed run by run onto hybrid's clock."""
+    path = session.end_profiling()
+    try:
+        with open(path, encoding="utf-8") as f:
+            events = json.load(f)
+    finally:
+        Path(path).unlink(missing_ok=True)
+    model_runs = sorted((e for e in events if e.get("cat") == "Session" and e.get("name") == "model_run"),
+                        key=lambda e: e["ts"])[warmup:]
+    nodes = sorted((e for e in events if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time")),
+                   key=lambda e: e["ts"])
+    out, k = [], 0
+    for (start, end), mr in zip(runs, model_runs):
+        # centre ORT's model_run inside hybrid's run span (the difference is Python-side overhead)
+        shift = (start - t_base) / 1e3 + max(0.0, ((end - start) / 1e3 - mr["dur"]) / 2) - mr["ts"]
+        while k < len(nodes) and nodes[k]["ts"] < mr["ts"]:
+            k += 1
+        while k < len(nodes) and nodes[k]["ts"] <= mr["ts"] + mr["dur"]:
+            ev, args = nodes[k], nodes[k].get("args", {})
+            keep = {"op_type": args.get("op_name", "?"), "provider": args.get("provider", "")}
+            for key in ("input_type_shape", "output_type_shape"):
+                if key in args:
+                    keep[key] = args[key]
+            out.append({"name": ev["name"][:-len("_kernel_time")], "cat": "node", "ph": "X", "pid": 1,
+                        "tid": _NODE, "ts": round(ev["ts"] + shift, 3), "dur": ev.get("dur", 0), "args": keep})
+            k += 1
+    return out
+
+
+def _pool_counters(ts_us: float) -> list[dict[str, Any]]:
+    try:
+        from hybrid.hal import memory
+
+        stats = memory.snapshot()
+    except (ImportError, AttributeError):
+        return []
+    return [{"name": f"memory pool {kind}", "ph": "C", "pid": 1, "ts": round(ts_us, 3),
+             "args": {"allocated": s.allocated, "reserved": s.reserved, "peak": s.peak, "free": s.free}}
+            for kind, s in stats.items()]
+
+
+def _stats(events: list[dict[str, Any]], key: str, node_runs: int) -> tuple[OpStat, ...]:
+    total: dict[str, float] = defaultdict(float)
+    names: dict[str, set[str]] = defaultdict(set)
+    for e in events:
+        k = e["args"].get("op_type", "?") if key == "op" else e["name"]
+        total[k] += e["dur"]
+        names[k].add(e["name"])
+    grand = sum(total.values()) or 1.0
+    runs = max(node_runs, 1)
+    return tuple(OpStat(k, len(names[k]), v / 1e3, v / 1e3 / runs, v / grand)
+                 for k, v in sorted(total.items(), key=lambda kv: -kv[1]))
+
+
+def profile(model_or_path: Any, duration: float = 10.0, output: str | os.PathLike | None = "profile.json", *,
+            target: str = "auto", inputs: Mapping[str, Any] | None = None, batch: int = 1, warmup: int = 3,
+            node_runs: int = 100, quiet: bool = False) -> ProfileReport:
+    """Run a model repeatedly for ``duration`` seconds; write a Chrome trace and return the statistics.
+
+    Args:
+        model_or_path: A CompiledModel, a .hybrid bundle, or a model (path, bytes, proto, hybrid.Model).
+        duration: Seconds of timed runs (at least one run happens).
+        output: Trace file (Chrome trace JSON, written atomically); None writes none.
+        target: Target for models and bundles ('auto' by default).
+        inputs: Feeds; generated from the signature (symbolic dims = ``batch``) when not given.
+        batch: Size of symbolic dimensions in generated inputs, and the items per inference.
+        warmup: Untimed runs first.
+        node_runs: How many timed runs get node spans.
+        quiet: Do not print the summary.
+
+    Raises:
+        ConfigError: HYB-102 for a bad duration, batch, warmup or node_runs.
+        HybridError: whatever loading, compiling or running the model raises.
+    """
+    for key, value, low in (("duration", duration, 0), ("batch", batch, 1), ("warmup", warmup, 0),
+                            ("node_runs", node_runs, 0)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < low:
+            raise ConfigError("HYB-102", f"profile {key}: expected a number >= {low}, got {value!r}")
+    base = _resolve(model_or_path, target)
+    with tempfile.TemporaryDirectory(prefix="hybrid-profile-") as tmp:
+        cm, notes = _profiling_model(base, tmp)
+        timed = _TimedExecutable(cm.executable)
+        run_cm = CompiledModel(cm.model, timed, cm.plan, cm.backend, cm.device, cm.options, cm.target)
+        feeds = dict(inputs) if inputs is not None else sample_inputs(cm.signature, batch)
+        for _ in range(warmup):
+            run_cm.run(feeds)
+        timed.spans.clear()
+        session = getattr(cm.executable, "session", None) if cm.backend == "onnxruntime" and \
+            "profile" in cm.options else None
+        per_layer = None if session is not None or "profile" not in cm.options else \
+            getattr(cm.executable, "profiling_info", None)
+        runs: list[tuple[int, int]] = []
+        nodes: list[dict[str, Any]] = []
+        counters: list[dict[str, Any]] = []
+        t_base = time.perf_counter_ns()
+        deadline, next_sample = t_base + int(duration * 1e9), t_base
+        while True:
+            t0 = time.perf_counter_ns()
+            run_cm.run(feeds)
+            t1 = time.perf_counter_ns()
+            runs.append((t0, t1))
+            if per_layer is not None and len(runs) <= node_runs:
+                nodes += _per_layer(per_layer(), (timed.spans[-1][0] - t_base) / 1e3)
+            if session is not None and len(runs) == node_runs:
+                nodes += _ort_nodes(session, runs, warmup, t_base)  # stops ORT's profiler: later runs are plain
+                session = None
+            if t1 >= next_sample:
+                counters += _pool_counters((t1 - t_base) / 1e3)
+                next_sample = t1 + 10_000_000
+            if t1 >= deadline:
+                break
+        wall = (time.perf_counter_ns() - t_base) / 1e9
+        if session is not None:
+            nodes += _ort_nodes(session, runs, warmup, t_base)
+    return _finish(cm, runs, timed.spans, nodes, counters, t_base, wall, min(node_runs, len(runs)) if nodes else 0,
+                   batch, output, notes, quiet)
+
+
+def _finish(cm: CompiledModel, runs: list[tuple[int, int]], subgraphs: list[tuple[int, int]],
+            nodes: list[dict[str, Any]], counters: list[dict[str, Any]], t_base: int, wall: float, node_runs: int,
+            batch: int, output: str | os.PathLike | None, notes: list[str], quiet: bool) -> ProfileReport:
+    lat = np.array([(e - s) / 1e6 for s, e in runs])
+    latency = {"p50": float(np.percentile(lat, 50)), "p90": float(np.percentile(lat, 90)),
+               "p99": float(np.percentile(lat, 99)), "mean": float(lat.mean()), "min": float(lat.min()),
+               "max": float(lat.max())}
+    throughput = len(runs) / (lat.sum() / 1e3)
+    label = f"{cm.backend}:{cm.device}" if len(cm.plan.segments) == 1 else "partitioned graph"
+    events: list[dict[str, Any]] = [
+        {"name": "process_name", "ph": "M", "pid": 1, "args": {"name": f"hybrid: {cm.model.name}"}},
+        *({"name": "thread_name", "ph": "M", "pid": 1, "tid": t, "args": {"name": n}}
+          for t, n in ((_RUN, "runs"), (_SUBGRAPH, "subgraphs"), (_NODE, f"nodes ({cm.backend})")))]
+    events += [{"name": f"run {i}", "cat": "run", "ph": "X", "pid": 1, "tid": _RUN,
+                "ts": round((s - t_base) / 1e3, 3), "dur": round((e - s) / 1e3, 3)} for i, (s, e) in enumerate(runs)]
+    events += [{"name": label, "cat": "subgraph", "ph": "X", "pid": 1, "tid": _SUBGRAPH,
+                "ts": round((s - t_base) / 1e3, 3), "dur": round((e - s) / 1e3, 3)} for s, e in subgraphs]
+    events += nodes + counters
+    if not nodes and not notes:
+        notes.append(f"{cm.backend} reported no node timings")
+    report = ProfileReport(cm.model.name, cm.backend, cm.device, len(runs), node_runs, wall, latency, throughput,
+                           throughput * batch, _stats(nodes, "op", node_runs), _stats(nodes, "node", node_runs)[:50],
+                           None if output is None else str(output), len(events), tuple(notes))
+    if output is not None:
+        from hybrid.ir import atomic_write_bytes
+
+        doc = {"traceEvents": events, "displayTimeUnit": "ms",
+               "otherData": {"model": cm.model.name, "backend": cm.backend, "device": cm.device, "runs": len(runs),
+                             "node_runs": node_runs, "latency_ms": latency, "throughput": throughput,
+                             "batch": batch, "notes": list(notes)}}
+        atomic_write_bytes(Path(output), json.dumps(doc).encode("utf-8"))
+    if not quiet:
+        print(report.summary())
+    return report
