@@ -23,16 +23,10 @@ from hybrid.hal import Candidate, backend_status, get_backend
 from hybrid.hal.backend import Executable
 from hybrid.ir import Model
 from hybrid.runtime import autotune as at
+from hybrid.runtime import checks
 from hybrid.runtime.compiled import CompiledModel
-from hybrid.runtime.executor import PartitionedExecutable
-from hybrid.runtime.partition import (
-    FALLBACK_BACKEND,
-    compile_parts,
-    node_label,
-    partition_graph,
-    supporters,
-    typed_model,
-)
+from hybrid.runtime.executor import compile_partitioned
+from hybrid.runtime.partition import FALLBACK_BACKEND, node_label, supporters, typed_model
 from hybrid.runtime.plan import Plan, Segment
 
 __all__ = ["offered_precisions", "select"]
@@ -103,6 +97,7 @@ class _Search:
         self._ref_exe: Executable | None = None
         self._expected: list[Any] | None = None
         self._moved: list[Any] | None = None
+        self._expected_s = 0.0
         self._expected_done = False
         self.samples_ok = samples is not None
         self.fp32_outputs: dict[Candidate, list[Any]] = {}
@@ -122,7 +117,9 @@ class _Search:
             exe = self.reference_executable() if self.samples is not None else None
             if exe is not None:
                 try:
+                    t0 = time.perf_counter()
                     self._expected = list(exe.run(self.samples))
+                    self._expected_s = time.perf_counter() - t0
                 except Exception as e:
                     first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
                     self.notes.append(f"the reference backend failed on the sample input ({first}): results "
@@ -134,7 +131,7 @@ class _Search:
         """The reference answer for the sample nudged by rounding-level noise (computed on first need:
         only when a candidate disagrees, to tell a wrong answer from an ill-conditioned output)."""
         if self._moved is None and self._expected is not None and self._ref_exe is not None:
-            near = at.nudged(self.samples)
+            near = checks.nudged(self.samples)
             if near is not None:
                 try:
                     self._moved = list(self._ref_exe.run(near))
@@ -175,6 +172,9 @@ class _Search:
         if self.samples is None:
             return None
         expected = self.expected()
+        if trial.executable is self._ref_exe and expected is not None:
+            trial.outputs, trial.first_run_s = expected, self._expected_s
+            return None
         try:
             t0 = time.perf_counter()
             outs = list(trial.executable.run(self.samples))
@@ -188,9 +188,9 @@ class _Search:
         if trial.precision == "fp32":
             if expected is None:
                 return None
-            bad = at.compare(expected, outs, self.names)
+            bad = checks.compare(expected, outs, self.names)
             if bad is not None and self.moved() is not None:
-                bad = at.compare(expected, outs, self.names, self._moved)
+                bad = checks.compare(expected, outs, self.names, self._moved)
             return None if bad is None else f"{bad} (vs the reference backend)"
         truth = expected
         if truth is None:
@@ -198,57 +198,21 @@ class _Search:
         if truth is None:
             return "no fp32 result to check the reduced precision against"
         assert self.budget is not None
-        fail = at.accuracy_failure(self.budget, truth, outs, self.names)
+        fail = checks.accuracy_failure(self.budget, truth, outs, self.names)
         if fail is None:
-            self.notes.append(f"{trial.label}: min cosine vs fp32 {at.cosine(truth, outs, self.names):.6f}")
+            self.notes.append(f"{trial.label}: min cosine vs fp32 {checks.cosine(truth, outs, self.names):.6f}")
         return fail
 
 
 def build_partition(model: Model, typed: Any, able: list[tuple[Candidate, ...]], order: list[Candidate],
                     options_of: Callable[[Candidate], dict[str, Any]], notes: list[str]) -> _Trial:
-    """Partition, compile every part (moving nodes off a backend that fails to compile its part) and
-    assemble the executor.
-
-    Raises:
-        BackendError: HYB-305 when a node has no backend left, HYB-304 when compiling keeps failing.
-    """
-    able = list(able)
-    for _ in range(8):
-        partition = partition_graph(typed.graph, able, order)
-        parts = partition.parts
-        mixed = len(parts) > 1 and any(p.label.backend == "onnxruntime" for p in parts)
-
-        def opts(c: Candidate, mixed: bool = mixed) -> dict[str, Any]:
-            o = dict(options_of(c))
-            if mixed and c.backend == "onnxruntime":
-                # spinning ORT threads would starve the runtimes that run between its sessions (DESIGN 4)
-                o.setdefault("allow_spinning", False)
-            return o
-
-        try:
-            compiled = compile_parts(model, typed, partition, opts)
-        except BackendError as e:
-            part = getattr(e, "part", None)
-            if part is None:
-                raise
-            notes.append(e.message)
-            for i in part.nodes:
-                able[i] = tuple(c for c in able[i] if c != part.label)
-            continue
-        graph = typed.graph
-        constants = {v.name: v.const_value.numpy() for v in graph.outputs
-                     if v.name in graph.initializers and v.const_value is not None}
-        exe = PartitionedExecutable([(e, p.inputs, e.output_names) for e, p in compiled],
-                                    model.signature.input_names, model.signature.output_names, constants)
-        names = [node_label(n, i) for i, n in enumerate(graph)]
-        plan = Plan(partition.segments(names), placements=partition.placements)
-        backends = list(dict.fromkeys(p.label.backend for p in parts))
-        devices = list(dict.fromkeys(p.label.device for p in parts))
-        label = "partition(" + " + ".join(str(c) for c in dict.fromkeys(p.label for p in parts)) + ")"
-        return _Trial(label, "+".join(backends), "+".join(devices), "fp32", {}, exe, plan,
-                      {"kind": "partition", "assignment": partition.assignment})
-    raise BackendError("HYB-304", f"could not compile the partitions of {model.name!r} after 8 attempts",
-                       "see the notes of the log; try a single backend target")
+    """Partition and compile (see :func:`hybrid.runtime.executor.compile_partitioned`) as a trial."""
+    exe, plan, partition = compile_partitioned(model, typed, able, order, options_of, notes)
+    labels = list(dict.fromkeys(p.label for p in partition.parts))
+    backends = "+".join(dict.fromkeys(c.backend for c in labels))
+    devices = "+".join(dict.fromkeys(c.device for c in labels))
+    return _Trial("partition(" + " + ".join(map(str, labels)) + ")", backends, devices, "fp32", {}, exe, plan,
+                  {"kind": "partition", "assignment": partition.assignment})
 
 
 def _trials(search: _Search, autotune: bool) -> Iterator[_Trial]:
@@ -340,7 +304,7 @@ def select(model: Model, target: str, order: list[Candidate], options_of: Option
     Raises:
         BackendError: HYB-304 when no candidate (nor a partition) can run the model.
     """
-    budget = at.validate_accuracy(accuracy) if precision != "fp32" else None
+    budget = checks.validate_accuracy(accuracy) if precision != "fp32" else None
     samples = at.make_samples(model, sample_inputs)
     if autotune is None:
         autotune = True  # how many full-graph candidates there are is known only after compiling

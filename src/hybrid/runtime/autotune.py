@@ -1,15 +1,11 @@
-"""Measurement for ``compile(target='auto')``: sample inputs, the correctness check, timing, the cache.
+"""Measurement for ``compile(target='auto')``: sample inputs, timing, and the decision cache.
 
 - Sample inputs come from the caller or are generated from the signature (symbolic dims -> 1,
   integer inputs bounded by the tables they index).
-- A candidate's outputs are compared with the reference backend's Polygraphy-style: an element is
-  wrong when it is off by more than ``atol * scale`` *and* by more than ``rtol * |expected|``, with
-  tolerances per dtype (:data:`TOLERANCES`; ``scale`` is the output's largest magnitude).
-- Reduced precisions are held to an accuracy budget instead: ``min_cosine`` and/or
-  ``max_rel_error`` (max |error| over the output's largest magnitude), per float output.
 - Candidates are timed interleaved in blocks with short pauses (DESIGN 4); the median wins.
 - Decisions are cached as JSON files, written atomically, keyed by the sha256 of what the decision
-  depends on (:func:`decision_key`).
+  depends on (:func:`decision_key`): model hash, input signature, target and candidates, precision
+  and accuracy budget, backend options and versions, and the device fingerprint.
 """
 
 from __future__ import annotations
@@ -22,59 +18,26 @@ import platform
 import statistics
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from hybrid.errors import ConfigError
-
 __all__ = [
-    "ACCURACY_KEYS",
-    "DEFAULT_BUDGET",
-    "TOLERANCES",
-    "Mismatch",
-    "Tolerance",
-    "accuracy_failure",
     "cache_dir",
-    "compare",
     "decision_key",
     "device_fingerprint",
     "load_decision",
     "make_samples",
-    "nudged",
     "save_decision",
     "time_candidates",
-    "validate_accuracy",
 ]
 
 logger = logging.getLogger("hybrid")
 
 CACHE_SCHEMA = 1
-ACCURACY_KEYS = ("min_cosine", "max_rel_error")
-DEFAULT_BUDGET = {"min_cosine": 0.999}
 TIME_BUDGET_S = 1.0  # measuring time per candidate, at most
 BLOCKS = 5
-
-
-@dataclass(frozen=True, slots=True)
-class Tolerance:
-    """Relative tolerance, and absolute tolerance as a fraction of the output's largest magnitude."""
-
-    rtol: float
-    atol: float
-
-
-TOLERANCES: dict[str, Tolerance] = {
-    "float64": Tolerance(1e-6, 1e-9),
-    "float32": Tolerance(1e-3, 1e-5),
-    "float16": Tolerance(1e-2, 1e-3),
-    "bfloat16": Tolerance(5e-2, 1e-2),
-    "complex128": Tolerance(1e-6, 1e-9),
-    "complex64": Tolerance(1e-3, 1e-5),
-}
-_LOW_PRECISION = Tolerance(0.25, 0.1)  # float8 / float4 / int4-in-float formats
 
 
 # ---------------------------------------------------------------------------------------- samples
@@ -140,195 +103,8 @@ def make_samples(model: Any, given: Any = None, seed: int = 0, symbolic_size: in
     return feeds
 
 
-# ---------------------------------------------------------------------------------------- checks
-@dataclass(frozen=True, slots=True)
-class Mismatch:
-    """How a candidate's output differs from the expected one."""
-
-    output: str
-    detail: str
-
-    def __str__(self) -> str:
-        return f"output {self.output!r} {self.detail}"
-
-
-def _tolerance(dtype: np.dtype) -> Tolerance | None:
-    if dtype.name in TOLERANCES:
-        return TOLERANCES[dtype.name]
-    if dtype.kind == "V":
-        return _LOW_PRECISION
-    return None
-
-
-def _compare_one(name: str, expected: Any, got: Any, moved: Any = None) -> Mismatch | None:
-    if isinstance(expected, (list, tuple)) or isinstance(got, (list, tuple)):
-        if not isinstance(got, (list, tuple)) or not isinstance(expected, (list, tuple)):
-            return Mismatch(name, f"is a {type(got).__name__}, expected a {type(expected).__name__}")
-        if len(got) != len(expected):
-            return Mismatch(name, f"has {len(got)} elements, expected {len(expected)}")
-        moved_items = moved if isinstance(moved, (list, tuple)) and len(moved) == len(expected) else [None] * len(
-            expected)
-        for k, (e, g, m) in enumerate(zip(expected, got, moved_items)):
-            bad = _compare_one(f"{name}[{k}]", e, g, m)
-            if bad:
-                return bad
-        return None
-    if expected is None or got is None:
-        return None if expected is None and got is None else Mismatch(name, "is missing")
-    e, g = np.asarray(expected), np.asarray(got)
-    m = np.asarray(moved) if moved is not None else None
-    if m is not None and (m.shape != e.shape or m.dtype != e.dtype):
-        m = None
-    if e.shape != g.shape:
-        return Mismatch(name, f"has shape {g.shape}, expected {e.shape}")
-    if e.dtype != g.dtype:
-        return Mismatch(name, f"has dtype {g.dtype}, expected {e.dtype}")
-    tol = _tolerance(e.dtype)
-    if tol is None:
-        if e.dtype.kind in "OSU":
-            equal = np.array_equal(e.astype(object), g.astype(object))
-        else:
-            # an output the reference itself flips under rounding-level input noise is not exact
-            equal = np.array_equal(e, g) or (m is not None and not np.array_equal(e, m))
-        if equal:
-            return None
-        wrong = int(np.sum(e != g)) if e.dtype.kind not in "OSU" else "some"
-        return Mismatch(name, f"differs exactly-compared ({e.dtype}): {wrong} of {e.size} elements")
-    if e.dtype.kind == "V":
-        e, g = e.astype(np.float32), g.astype(np.float32)
-        m = None if m is None else m.astype(np.float32)
-    wide = np.complex128 if e.dtype.kind == "c" else np.float64
-    e64, g64 = e.astype(wide), g.astype(wide)
-    both_nan = np.isnan(e64) & np.isnan(g64)
-    same_inf = np.isinf(e64) & (e64 == g64)
-    err = np.abs(e64 - g64)
-    finite = np.isfinite(e64)
-    scale = float(np.max(np.abs(e64[finite]))) if finite.any() else 0.0
-    atol = tol.atol * max(scale, np.finfo(np.float32).tiny)
-    drift = 0.0
-    if m is not None:
-        moved_err = np.abs(m.astype(wide) - e64)
-        moved_err = moved_err[np.isfinite(moved_err)]
-        drift = float(np.max(moved_err)) if moved_err.size else 0.0
-        atol = max(atol, 2 * drift)  # an ill-conditioned output cannot be checked more tightly
-    bad = ~(both_nan | same_inf) & ~((err <= atol) | (err <= tol.rtol * np.abs(e64)))
-    if not bad.any():
-        return None
-    errs = np.nan_to_num(np.where(bad, err, 0.0), nan=np.inf)
-    worst = int(np.argmax(errs))
-    rel = float(err.flat[worst] / max(abs(e64.flat[worst]), 1e-30))
-    return Mismatch(name, f"differs at {int(bad.sum())} of {e.size} elements: max abs error "
-                    f"{float(errs.flat[worst]):.3g} (got {g64.flat[worst]:.6g}, expected {e64.flat[worst]:.6g}, "
-                    f"rel {rel:.3g}; {e.dtype} tolerance rtol {tol.rtol:g}, atol {atol:.3g})")
-
-
-def compare(expected: list[Any], got: list[Any], names: list[str], moved: list[Any] | None = None) -> Mismatch | None:
-    """The first output of ``got`` that differs from ``expected`` beyond its dtype's tolerance.
-
-    ``moved`` is the expected answer for the sample input nudged by rounding-level noise: where it
-    differs from ``expected`` the output is ill-conditioned at this sample, and the absolute tolerance
-    of that output widens to twice the drift.
-    """
-    if len(got) != len(expected):
-        return Mismatch("*", f"count is {len(got)}, expected {len(expected)}")
-    moved = moved if moved is not None and len(moved) == len(expected) else [None] * len(expected)
-    for name, e, g, m in zip(names, expected, got, moved):
-        bad = _compare_one(name, e, g, m)
-        if bad:
-            return bad
-    return None
-
-
-def nudged(samples: Mapping[str, Any], rel: float = 2.0 ** -20, seed: int = 1) -> dict[str, Any] | None:
-    """``samples`` with every float input multiplied by (1 + u * rel), u uniform in [-1, 1]; None
-    when no input is a float (then nothing can drift)."""
-    rng = np.random.default_rng(seed)
-    out, any_float = {}, False
-    for k, v in samples.items():
-        if isinstance(v, np.ndarray) and v.dtype.kind == "f" and v.size:
-            any_float = True
-            v = (v * (1 + rel * rng.uniform(-1, 1, v.shape))).astype(v.dtype)
-        out[k] = v
-    return out if any_float else None
-
-
-def validate_accuracy(accuracy: Mapping[str, Any] | None) -> dict[str, float]:
-    """Check an accuracy budget; return it with floats.
-
-    Raises:
-        ConfigError: HYB-101 for an unknown key, HYB-102 for a value outside its range.
-    """
-    if accuracy is None:
-        return dict(DEFAULT_BUDGET)
-    if not isinstance(accuracy, Mapping) or not accuracy:
-        raise ConfigError("HYB-102", f"accuracy: expected a mapping such as {{'min_cosine': 0.995}}, got {accuracy!r}")
-    out = {}
-    for key, value in accuracy.items():
-        if key not in ACCURACY_KEYS:
-            raise ConfigError("HYB-101", f"unknown accuracy key {key!r}; valid keys: {', '.join(ACCURACY_KEYS)}",
-                              "e.g. accuracy={'min_cosine': 0.995} or {'max_rel_error': 0.01}")
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError("HYB-102", f"accuracy.{key}: expected a number, got {value!r}")
-        lo, hi = (-1.0, 1.0) if key == "min_cosine" else (0.0, float("inf"))
-        if not lo <= float(value) <= hi:
-            raise ConfigError("HYB-102", f"accuracy.{key}: expected a value in [{lo}, {hi}], got {value!r}")
-        out[key] = float(value)
-    return out
-
-
-def _float_pairs(expected: list[Any], got: list[Any], names: list[str]):
-    for name, e, g in zip(names, expected, got):
-        if isinstance(e, (list, tuple)):
-            yield from _float_pairs(list(e), list(g), [f"{name}[{k}]" for k in range(len(e))])
-            continue
-        e, g = np.asarray(e), np.asarray(g)
-        yield name, e, g
-
-
-def accuracy_failure(budget: Mapping[str, float], expected: list[Any], got: list[Any],
-                     names: list[str]) -> str | None:
-    """Why ``got`` misses the budget against ``expected`` (None: within it). Non-float outputs must
-    match exactly; float outputs are held to ``min_cosine`` and ``max_rel_error``."""
-    if len(got) != len(expected):
-        return f"returned {len(got)} outputs, expected {len(expected)}"
-    for name, e, g in _float_pairs(expected, got, names):
-        if e.shape != g.shape:
-            return f"output {name!r} has shape {g.shape}, expected {e.shape}"
-        if e.dtype.kind not in "fcV":
-            if not np.array_equal(e, g):
-                return f"output {name!r} ({e.dtype}) differs at {int(np.sum(e != g))} of {e.size} elements"
-            continue
-        a, b = e.astype(np.float64).ravel(), g.astype(np.float64).ravel()
-        if not (np.isfinite(b).all() or np.array_equal(np.isfinite(a), np.isfinite(b))):
-            return f"output {name!r} has non-finite values where fp32 has none"
-        fin = np.isfinite(a) & np.isfinite(b)
-        a, b = a[fin], b[fin]
-        if "min_cosine" in budget:
-            na, nb = float(np.linalg.norm(a)), float(np.linalg.norm(b))
-            cos = 1.0 if na == nb == 0 else float(a @ b) / max(na * nb, 1e-300)
-            if cos < budget["min_cosine"]:
-                return f"output {name!r} cosine similarity {cos:.6f} < {budget['min_cosine']}"
-        if "max_rel_error" in budget:
-            scale = float(np.max(np.abs(a))) if a.size else 0.0
-            rel = float(np.max(np.abs(a - b))) / max(scale, 1e-30) if a.size else 0.0
-            if rel > budget["max_rel_error"]:
-                return f"output {name!r} relative error {rel:.3g} > {budget['max_rel_error']}"
-    return None
-
-
-def cosine(expected: list[Any], got: list[Any], names: list[str]) -> float:
-    """The smallest cosine similarity over the float outputs (1.0 when there are none)."""
-    worst = 1.0
-    for _, e, g in _float_pairs(expected, got, names):
-        if e.dtype.kind in "fcV" and e.shape == g.shape:
-            a, b = e.astype(np.float64).ravel(), g.astype(np.float64).ravel()
-            na, nb = float(np.linalg.norm(a)), float(np.linalg.norm(b))
-            worst = min(worst, 1.0 if na == nb == 0 else float(a @ b) / max(na * nb, 1e-300))
-    return worst
-
-
 # ---------------------------------------------------------------------------------------- timing
-def time_candidates(runs: Mapping[str, Callable[[], Any]], budget_s: float = TIME_BUDGET_S,
+def time_candidates(runs: Mapping[str, Callable[[], Any]], budget_s: float | None = None,
                     blocks: int = BLOCKS, first_runs: Mapping[str, float] | None = None) -> dict[str, float]:
     """Median seconds per call of each candidate, measured interleaved in blocks.
 
@@ -338,6 +114,7 @@ def time_candidates(runs: Mapping[str, Callable[[], Any]], budget_s: float = TIM
     rest run ``blocks`` rounds in rotated order, each round for about ``budget_s / blocks`` seconds
     per candidate, with a pause between candidates so that ONNX Runtime's spinning threads settle.
     """
+    budget_s = TIME_BUDGET_S if budget_s is None else budget_s
     est: dict[str, float] = {}
     first = dict(first_runs or {})
     fastest_first = min((first[n] for n in runs if n in first), default=None)

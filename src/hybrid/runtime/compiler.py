@@ -120,11 +120,24 @@ def compile_model(model_or_path: Any, target: str = "auto", precision: str = "fp
 def _first_that_compiles(model: Model, target: str, candidates: list[Candidate],
                          options_of: Callable[[Candidate, str], dict[str, Any]], precision: str,
                          sample_inputs: Any) -> CompiledModel:
+    """The first accelerated candidate that compiles the whole graph; else a partition across the
+    candidates (the reference backend taking only what none of the others runs); else the reference."""
+    from hybrid.runtime.partition import FALLBACK_BACKEND
+
     errors: list[HybridError] = []
-    for cand in candidates:
+    accelerated = [c for c in candidates if c.backend != FALLBACK_BACKEND]
+    fallback = [c for c in candidates if c.backend == FALLBACK_BACKEND]
+    for k, cand in enumerate(accelerated + fallback):
+        if k == len(accelerated) and accelerated and fallback and precision == "fp32":
+            from hybrid.runtime.autoselect import partition_compiled
+
+            try:  # no accelerated backend runs it all: split the graph across them
+                return partition_compiled(model, target, candidates, options_of, sample_inputs)
+            except HybridError as e:
+                errors.append(e)
         backend = get_backend(cand.backend)
-        options = options_of(cand, precision)
         try:
+            options = options_of(cand, precision)
             executable = backend.compile(model, cand.device, options)
         except HybridError as e:
             if e.code == "HYB-306" or len(candidates) == 1:
@@ -137,12 +150,5 @@ def _first_that_compiles(model: Model, target: str, candidates: list[Candidate],
         plan = Plan((Segment(cand.backend, cand.device, nodes, tuple(model.signature.input_names),
                              tuple(model.signature.output_names), reason, precision),))
         return CompiledModel(model, executable, plan, cand.backend, cand.device, options, target)
-    if precision == "fp32":  # no single backend runs it all: split the graph across them
-        from hybrid.runtime.autoselect import partition_compiled
-
-        try:
-            return partition_compiled(model, target, candidates, options_of, sample_inputs)
-        except HybridError as e:
-            errors.append(e)
     raise BackendError("HYB-304", f"no candidate of target {target!r} could compile {model.name!r}: "
                        + "; ".join(e.message for e in errors), "see the backends' messages above")

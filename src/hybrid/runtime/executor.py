@@ -8,13 +8,22 @@ largest partition plus the live boundary values.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from hybrid.hal.backend import Executable
+import onnx_ir as ir
 
-__all__ = ["PartitionedExecutable", "Step"]
+from hybrid.errors import BackendError
+from hybrid.hal import Candidate, get_backend
+from hybrid.hal.backend import Executable
+from hybrid.ir import Model
+from hybrid.runtime.partition import Part, Partition, node_label, partition_graph, submodel
+from hybrid.runtime.plan import Plan
+
+__all__ = ["PartitionedExecutable", "Step", "compile_partitioned", "compile_parts"]
+
+MAX_ATTEMPTS = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,3 +78,75 @@ class PartitionedExecutable(Executable):
     def close(self) -> None:
         for step in self.steps:
             step.executable.close()
+
+
+def compile_parts(model: Model, typed: ir.Model, partition: Partition,
+                  options_of: Callable[[Candidate], dict[str, Any]]) -> list[tuple[Executable, Part]]:
+    """Compile every partition with its backend.
+
+    Raises:
+        BackendError: HYB-304 naming the partition a backend could not compile (with ``.part``).
+    """
+    proto = ir.serde.serialize_model(typed)
+    compiled = []
+    try:
+        for k, part in enumerate(partition.parts):
+            sub = submodel(proto, typed.graph, part, f"{model.name}.part{k}")
+            backend = get_backend(part.label.backend)
+            try:
+                compiled.append((backend.compile(sub, part.label.device, options_of(part.label)), part))
+            except BackendError as e:
+                err = BackendError("HYB-304", f"partition {k} ({len(part.nodes)} nodes) failed to compile on "
+                                   f"{part.label}: {e.message}", e.hint)
+                err.part = part  # type: ignore[attr-defined]
+                raise err from e
+    except BaseException:
+        for exe, _ in compiled:
+            exe.close()
+        raise
+    return compiled
+
+
+def compile_partitioned(model: Model, typed: ir.Model, able: list[tuple[Candidate, ...]], order: list[Candidate],
+                        options_of: Callable[[Candidate], dict[str, Any]], notes: list[str],
+                        ) -> tuple[PartitionedExecutable, Plan, Partition]:
+    """Partition ``typed``, compile every part and assemble the executor.
+
+    A backend that fails to compile its part loses those nodes, which are partitioned again (at most
+    :data:`MAX_ATTEMPTS` times); what happened is appended to ``notes``. When ONNX Runtime shares the
+    process with other partitions, its sessions do not spin (DESIGN 4) unless the user said otherwise.
+
+    Raises:
+        BackendError: HYB-305 when a node has no backend left, HYB-304 when compiling keeps failing.
+    """
+    able = list(able)
+    for _ in range(MAX_ATTEMPTS):
+        partition = partition_graph(typed.graph, able, order)
+        parts = partition.parts
+        mixed = len(parts) > 1 and any(p.label.backend == "onnxruntime" for p in parts)
+
+        def opts(c: Candidate, mixed: bool = mixed) -> dict[str, Any]:
+            o = dict(options_of(c))
+            if mixed and c.backend == "onnxruntime":
+                o.setdefault("allow_spinning", False)
+            return o
+
+        try:
+            compiled = compile_parts(model, typed, partition, opts)
+        except BackendError as e:
+            part = getattr(e, "part", None)
+            if part is None:
+                raise
+            notes.append(e.message)
+            for i in part.nodes:
+                able[i] = tuple(c for c in able[i] if c != part.label)
+            continue
+        graph = typed.graph
+        constants = {v.name: v.const_value.numpy() for v in graph.outputs
+                     if v.name in graph.initializers and v.const_value is not None}
+        exe = PartitionedExecutable([(e, p.inputs, e.output_names) for e, p in compiled],
+                                    model.signature.input_names, model.signature.output_names, constants)
+        names = [node_label(n, i) for i, n in enumerate(graph)]
+        return exe, Plan(partition.segments(names), placements=partition.placements), partition
+    raise BackendError("HYB-304", f"could not compile the partitions of {model.name!r} after {MAX_ATTEMPTS} "
+                       "attempts", "see the notes in the log; try a single-backend target")

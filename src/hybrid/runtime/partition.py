@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import heapq
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +27,8 @@ from hybrid.hal import Candidate, get_backend
 from hybrid.ir import Model
 from hybrid.runtime.plan import Placement, Segment
 
-__all__ = ["Part", "Partition", "node_label", "partition_graph", "submodel", "supporters", "typed_model"]
+__all__ = ["FALLBACK_BACKEND", "Part", "Partition", "node_label", "partition_graph", "submodel", "supporters",
+           "typed_model"]
 
 logger = logging.getLogger("hybrid")
 
@@ -86,9 +87,9 @@ def typed_model(model: Model, samples: Mapping[str, Any] | None = None) -> ir.Mo
     """
     proto = model.to_onnx()
     if len(proto.functions):
-        import onnx.inliner
+        from onnx import inliner
 
-        proto = onnx.inliner.inline_local_functions(proto)
+        proto = inliner.inline_local_functions(proto)
     try:
         proto = onnx.shape_inference.infer_shapes(proto, data_prop=True)
     except Exception as e:  # inference is a help, not a requirement
@@ -330,30 +331,3 @@ def submodel(model_proto: onnx.ModelProto, graph: ir.Graph, part: Part, name: st
     sub = onnx.helper.make_model(g, opset_imports=list(model_proto.opset_import),
                                  ir_version=model_proto.ir_version)
     return Model(proto=sub, name=name)
-
-
-def compile_parts(model: Model, typed: ir.Model, partition: Partition,
-                  options_of: Callable[[Candidate], dict[str, Any]]) -> list[tuple[Any, Part]]:
-    """Compile every partition with its backend.
-
-    Raises:
-        BackendError: HYB-304 naming the partition a backend could not compile (with ``.part``).
-    """
-    proto = ir.serde.serialize_model(typed)
-    compiled = []
-    try:
-        for k, part in enumerate(partition.parts):
-            sub = submodel(proto, typed.graph, part, f"{model.name}.part{k}")
-            backend = get_backend(part.label.backend)
-            try:
-                compiled.append((backend.compile(sub, part.label.device, options_of(part.label)), part))
-            except BackendError as e:
-                err = BackendError("HYB-304", f"partition {k} ({len(part.nodes)} nodes) failed to compile on "
-                                   f"{part.label}: {e.message}", e.hint)
-                err.part = part  # type: ignore[attr-defined]
-                raise err from e
-    except BaseException:
-        for exe, _ in compiled:
-            exe.close()
-        raise
-    return compiled

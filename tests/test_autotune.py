@@ -1,0 +1,227 @@
+"""compile(target='auto'): the reference check, timing, the decision cache, precision='auto'."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from tests._models import matmul_add
+
+import hybrid
+from hybrid.errors import ConfigError, RunError
+from hybrid.hal import Backend, Executable, ProbedDevice, get_backend, register_backend, reset_discovery
+from hybrid.runtime import autoselect, autotune, checks
+
+
+@pytest.fixture(autouse=True)
+def _short_timing(monkeypatch):
+    monkeypatch.setattr(autotune, "TIME_BUDGET_S", 0.05)
+
+
+def _no_timing(*args, **kwargs):
+    raise AssertionError("timed although it should not have")
+
+
+def _wide(n: int = 256) -> helper.ModelProto:
+    """y = x @ W with x [4, n]: big enough that bf16 rounding shows."""
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((n, n)).astype(np.float32), "W")
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["y"], name="mm")], "wide",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, n])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, n])], [w])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _records() -> list:
+    return sorted((autotune.cache_dir() / "autotune").glob("*.json"))
+
+
+# ------------------------------------------------------------------------------------------- cache
+def test_second_compile_is_served_by_the_cache_without_checks_or_timing(monkeypatch):
+    x = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)
+    first = hybrid.compile(matmul_add(), target="auto")
+    assert any(n.startswith("timed:") for n in first.plan.notes)
+    assert len(_records()) == 1
+    record = json.loads(_records()[0].read_text())
+    assert record["key"]["model"] == hybrid.Model.load(matmul_add()).sha256
+    assert record["decision"]["backend"] == first.backend.split("+")[0] or record["decision"]["kind"] == "partition"
+
+    monkeypatch.setattr(autotune, "time_candidates", _no_timing)
+    monkeypatch.setattr(autoselect._Search, "check", _no_timing)
+    second = hybrid.compile(matmul_add(), target="auto")
+    assert second.backend == first.backend
+    assert second.plan.notes[0].startswith("decision read from the autotune cache")
+    np.testing.assert_allclose(second(x), first(x), rtol=1e-5, atol=1e-6)
+
+
+def test_the_cache_key_follows_the_input_signature_and_precision():
+    hybrid.compile(matmul_add(), target="auto", sample_inputs=np.ones((1, 4), np.float32))
+    hybrid.compile(matmul_add(), target="auto", sample_inputs=np.ones((8, 4), np.float32))
+    hybrid.compile(matmul_add(), target="auto", sample_inputs=np.ones((8, 4), np.float32))
+    assert len(_records()) == 2
+    hybrid.compile(matmul_add(), target="auto", precision="auto", sample_inputs=np.ones((8, 4), np.float32))
+    assert len(_records()) == 3
+    keys = [json.loads(p.read_text())["key"] for p in _records()]
+    for key in keys:
+        assert {"model", "inputs", "device", "backends", "options", "precision", "accuracy"} <= set(key)
+        assert key["backends"]["onnxruntime"] == get_backend("onnxruntime").version()
+
+
+def test_a_corrupt_cache_record_is_ignored_and_rewritten():
+    hybrid.compile(matmul_add(), target="auto")
+    (path,) = _records()
+    path.write_text("{not json")
+    cm = hybrid.compile(matmul_add(), target="auto")
+    assert not cm.plan.notes[0].startswith("decision read")
+    assert json.loads(path.read_text())["decision"]
+
+
+def test_cache_dir_env_then_init_then_user_cache(monkeypatch, tmp_path):
+    monkeypatch.setenv("HYBRID_CACHE_DIR", str(tmp_path / "env"))
+    hybrid.init({"cache_dir": str(tmp_path / "cfg")})
+    assert autotune.cache_dir() == tmp_path / "env"
+    monkeypatch.delenv("HYBRID_CACHE_DIR")
+    assert autotune.cache_dir() == tmp_path / "cfg"
+    hybrid.init({"cache_dir": ""})
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert autotune.cache_dir() == tmp_path / "xdg" / "hybrid"
+
+
+def test_autotune_false_takes_the_first_checked_candidate_by_priority(monkeypatch):
+    monkeypatch.setattr(autotune, "time_candidates", _no_timing)
+    cm = hybrid.compile(matmul_add(), target="auto", autotune=False)
+    assert cm.backend == "onnxruntime"
+    assert "autotune=False" in cm.plan.segments[0].reason
+
+
+# ------------------------------------------------------------------------------------------- correctness
+class _Shifted(Executable):
+    def __init__(self, inner: Executable) -> None:
+        self.inner, self.input_names, self.output_names = inner, inner.input_names, inner.output_names
+
+    def run(self, feeds):
+        return [o + 1.0 for o in self.inner.run(feeds)]
+
+
+class _OffByOne(Backend):
+    """A backend that answers fast and wrong: ORT's outputs plus one."""
+
+    name = "offbyone"
+    priority = 1
+
+    def _probe(self):
+        return [ProbedDevice("cpu", "cpu")]
+
+    def version(self):
+        return "1.0"
+
+    def _compile(self, model, device, options):
+        return _Shifted(get_backend("onnxruntime").compile(model, "cpu"))
+
+
+@pytest.fixture
+def offbyone():
+    register_backend(_OffByOne)
+    yield
+    from hybrid.hal import registry
+
+    registry._paths.pop("offbyone", None)
+    registry._classes.pop("offbyone", None)
+    reset_discovery()
+
+
+@pytest.mark.parametrize("autotune_flag", [True, False])
+def test_a_backend_with_wrong_answers_never_wins(offbyone, caplog, autotune_flag):
+    x = np.random.default_rng(0).standard_normal((2, 4)).astype(np.float32)
+    with caplog.at_level(logging.WARNING, logger="hybrid"):
+        cm = hybrid.compile(matmul_add(), target="auto", autotune=autotune_flag)
+    assert cm.backend != "offbyone"
+    assert "rejected offbyone:cpu" in caplog.text and "output 'y' differs" in caplog.text
+    assert "max abs error 1 " in caplog.text
+    assert any(n.startswith("rejected offbyone:cpu") for n in cm.plan.notes)
+    expected = hybrid.compile(matmul_add(), target="reference")(x)
+    np.testing.assert_allclose(cm(x), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_tolerances_follow_the_dtype():
+    y = np.linspace(-1, 1, 100, dtype=np.float32)
+    assert checks.compare([y], [y * (1 + 1e-5)], ["y"]) is None
+    bad = checks.compare([y], [y * 1.01], ["y"])
+    assert bad is not None and bad.output == "y" and "float32" in bad.detail and "of 100 elements" in str(bad)
+    h = y.astype(np.float16)
+    assert checks.compare([h], [(h * np.float16(1.003)).astype(np.float16)], ["h"]) is None
+    i = np.arange(5)
+    assert checks.compare([i], [i], ["i"]) is None
+    assert "exactly" in str(checks.compare([i], [i + (i == 3)], ["i"]))
+    assert checks.compare([np.array([np.nan, 1.0])], [np.array([np.nan, 1.0])], ["n"]) is None
+    assert "shape" in str(checks.compare([y], [y[:5]], ["y"]))
+    assert "dtype" in str(checks.compare([y], [y.astype(np.float64)], ["y"]))
+
+
+def test_an_ill_conditioned_output_is_checked_only_as_tightly_as_it_is_stable():
+    expected = np.array([1.0, 0.0, 0.0], np.float32)
+    got = np.array([0.9, 0.1, 0.0], np.float32)
+    assert checks.compare([expected], [got], ["p"]) is not None
+    moved = np.array([0.8, 0.2, 0.0], np.float32)  # the reference itself moves this much under noise
+    assert checks.compare([expected], [got], ["p"], [moved]) is None
+
+
+def test_accuracy_budgets():
+    a = np.random.default_rng(0).standard_normal(1000)
+    assert checks.accuracy_failure({"min_cosine": 0.995}, [a], [a + 1e-3], ["y"]) is None
+    why = checks.accuracy_failure({"min_cosine": 0.995}, [a], [a + 0.5], ["y"])
+    assert why and "cosine" in why and "'y'" in why
+    assert "relative error" in checks.accuracy_failure({"max_rel_error": 1e-6}, [a], [a + 1e-3], ["y"])
+    for bad, code in [({"min_cos": 0.9}, "HYB-101"), ({"min_cosine": 2}, "HYB-102"), ({"max_rel_error": "x"},
+                                                                                       "HYB-102")]:
+        with pytest.raises(ConfigError) as e:
+            checks.validate_accuracy(bad)
+        assert e.value.code == code
+    with pytest.raises(ConfigError) as e:
+        hybrid.compile(matmul_add(), target="auto", accuracy={"min_cosine": 0.99})
+    assert e.value.code == "HYB-102" and "precision='auto'" in e.value.message
+
+
+# ------------------------------------------------------------------------------------------- precision
+def _has_bf16() -> bool:
+    return "bf16" in autoselect.offered_precisions(hybrid.hal.Candidate("openvino", "cpu"))
+
+
+@pytest.mark.skipif(not _has_bf16(), reason="this CPU offers no bf16 to OpenVINO")
+def test_precision_auto_keeps_a_reduced_precision_within_the_budget(monkeypatch):
+    monkeypatch.setattr(autotune, "time_candidates", _no_timing)
+    cm = hybrid.compile(_wide(), target="auto", precision="auto", accuracy={"min_cosine": 0.995}, autotune=False)
+    seg = cm.plan.segments[0]
+    assert (seg.backend, seg.precision) == ("openvino", "bf16")
+    assert cm.options["inference_precision"] == "bf16"
+    assert any("min cosine vs fp32" in n for n in cm.plan.notes)
+
+
+@pytest.mark.skipif(not _has_bf16(), reason="this CPU offers no bf16 to OpenVINO")
+def test_precision_auto_rejects_a_reduced_precision_beyond_the_budget():
+    cm = hybrid.compile(_wide(), target="auto", precision="auto", accuracy={"max_rel_error": 1e-7}, autotune=False)
+    assert cm.plan.segments[0].precision == "fp32"
+    assert any(n.startswith("rejected openvino:cpu bf16") and "relative error" in n for n in cm.plan.notes)
+
+
+# ------------------------------------------------------------------------------------------- samples
+def test_generated_samples_respect_the_signature_and_index_bounds():
+    table = numpy_helper.from_array(np.zeros((7, 2), np.float32), "table")
+    g = helper.make_graph([helper.make_node("Gather", ["table", "ids"], ["e"]),
+                           helper.make_node("Identity", ["f"], ["g"])], "emb",
+                          [helper.make_tensor_value_info("ids", TensorProto.INT64, ["B", 50]),
+                           helper.make_tensor_value_info("f", TensorProto.FLOAT, ["B", 3])],
+                          [helper.make_tensor_value_info("e", TensorProto.FLOAT, None),
+                           helper.make_tensor_value_info("g", TensorProto.FLOAT, None)], [table])
+    model = hybrid.Model.load(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+    s = autotune.make_samples(model)
+    assert s["ids"].shape == (1, 50) and s["ids"].dtype == np.int64 and s["ids"].min() >= 0 and s["ids"].max() < 7
+    assert s["ids"].max() > 2 and s["f"].shape == (1, 3) and s["f"].dtype == np.float32
+    assert autotune.make_samples(model, symbolic_size=4)["f"].shape == (4, 3)
+    given = autotune.make_samples(model, {"ids": np.zeros((2, 50), np.int64), "f": np.ones((2, 3), np.float32)})
+    assert given["f"].shape == (2, 3)
+    with pytest.raises(RunError) as e:
+        autotune.make_samples(model, {"ids": np.zeros((2, 50), np.int64), "f": np.ones((3, 3), np.float32)})
+    assert e.value.code == "HYB-405"
