@@ -260,7 +260,7 @@ class Pipeline:
                 t0 = time.perf_counter()
                 try:
                     item.value = stage.fn(item.value)
-                except Exception as e:
+                except BaseException as e:  # the item carries it to its caller; the worker never dies
                     e.add_note(f"in hybrid pipeline stage {stage.name!r}")
                     item.error = e
                 spent = time.perf_counter() - t0
