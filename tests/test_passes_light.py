@@ -86,6 +86,7 @@ def test_resnet50_node_count():
     assert len(o2.graph) <= 130  # and the 53 BatchNormalizations folded into their Convs
     assert {n.op_type for n in o2.graph} == {"Conv", "Relu", "Sum", "MaxPool", "AveragePool", "Reshape", "Gemm",
                                              "Softmax"}
+    assert len(hybrid.optimize(o2, "O2").graph) == len(o2.graph)  # a fixpoint: nothing left to do
 
 
 @pytest.mark.parametrize("name", ["resnet50", "densenet121", "inception_v2", "shufflenet"])

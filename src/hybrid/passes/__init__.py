@@ -6,7 +6,7 @@ Each pass is importable on its own and follows the onnx-ir pass contract (``Pass
 modified)``); the rule tables (:data:`FUSION_RULES`, ...) are ``(pattern, fn)`` rows.
 """
 
-from hybrid.passes.base import HybridPass, OnnxIrPass, Pass, PassManager, PassResult, verify_enabled
+from hybrid.passes.base import HybridPass, OnnxIrPass, Pass, PassManager, PassResult, verify_enabled, working_copy
 from hybrid.passes.batch import MakeBatchDynamic, make_batch_dynamic
 from hybrid.passes.cse import deduplicate_initializers, eliminate_common_subexpressions
 from hybrid.passes.dce import NOOP_RULES, eliminate_identity, remove_dead_code, remove_noops
@@ -66,4 +66,5 @@ __all__ = [
     "simplify",
     "verify_enabled",
     "verify_model",
+    "working_copy",
 ]
