@@ -200,3 +200,16 @@ def test_fusion_keeps_the_numbers(rng):
     plain = hybrid.compile(model, target="reference", config={"fuse": False})
     assert len(fused.executable.program.steps) == 1 and len(plain.executable.program.steps) == 4
     np.testing.assert_allclose(fused(x), plain(x), rtol=1e-5, atol=1e-5)
+
+
+def test_num_threads_limits_blas_only_while_running(rng):
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    model = _model([helper.make_node("MatMul", ["x", "x"], ["y"])], [_vi("x", shape=[8, 8])], [_vi("y")])
+    before = [i["num_threads"] for i in threadpoolctl.threadpool_info() if i["user_api"] == "blas"]
+    cm = hybrid.compile(model, target="reference", config={"num_threads": 1})
+    x = rng.standard_normal((8, 8)).astype(np.float32)
+    np.testing.assert_allclose(cm(x), x @ x, rtol=1e-5)
+    assert [i["num_threads"] for i in threadpoolctl.threadpool_info() if i["user_api"] == "blas"] == before
+    with pytest.raises(BackendError) as e:
+        hybrid.compile(model, target="reference", config={"num_threads": 0})
+    assert e.value.code == "HYB-306"

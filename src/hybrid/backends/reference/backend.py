@@ -21,16 +21,53 @@ __all__ = ["ReferenceBackend", "ReferenceExecutable", "evaluate_node"]
 
 
 class ReferenceExecutable(Executable):
-    """A compiled :class:`Program` behind the Executable contract."""
+    """A compiled :class:`Program` behind the Executable contract.
 
-    def __init__(self, program: Program) -> None:
+    With ``blas_threads``, numpy's BLAS runs with that many threads while this model runs (and gets
+    its previous setting back afterwards): OpenBLAS's waiting threads lose whole time slices on a
+    machine whose cores are busy, where one thread is often faster than all of them.
+    """
+
+    def __init__(self, program: Program, blas_threads: int | None = None) -> None:
         self.program = program
         self.input_names = list(program.input_names)
         self.output_names = list(program.output_names)
         self._run = program.run
+        self._blas = _blas_controllers() if blas_threads else []
+        self._threads = blas_threads
 
     def run(self, feeds: Mapping[str, Any]) -> list[Any]:
-        return self._run([feeds.get(n) for n in self.input_names])
+        inputs = [feeds.get(n) for n in self.input_names]
+        if not self._blas:
+            return self._run(inputs)
+        previous = [lib.num_threads for lib in self._blas]
+        for lib in self._blas:
+            lib.set_num_threads(self._threads)
+        try:
+            return self._run(inputs)
+        finally:
+            for lib, n in zip(self._blas, previous):
+                lib.set_num_threads(n)
+
+
+@functools.lru_cache(maxsize=1)
+def _blas_controllers_cached() -> tuple[Any, ...]:
+    from threadpoolctl import ThreadpoolController
+
+    return tuple(ThreadpoolController().select(user_api="blas").lib_controllers)
+
+
+def _blas_controllers() -> list[Any]:
+    """threadpoolctl's handles on the BLAS libraries numpy loaded (found once per process).
+
+    Raises:
+        BackendError: HYB-306 when threadpoolctl is not installed.
+    """
+    try:
+        return list(_blas_controllers_cached())
+    except ImportError as e:
+        raise BackendError("HYB-306", "backend 'reference' option 'num_threads' needs threadpoolctl, which is "
+                           "not installed", "pip install threadpoolctl, or leave num_threads unset") from e
 
 
 def _model_ir(model: Any) -> ir.Model:
@@ -54,6 +91,8 @@ class ReferenceBackend(Backend):
                                  doc="Conv algorithm: 'auto' picks per shape (docs/reference-backend.md)"),
         "fuse": Option((bool,), True, doc="fuse Conv with a following BatchNormalization, Relu and Add"),
         "fold_constants": Option((bool,), True, doc="evaluate constant nodes once at compile time"),
+        "num_threads": Option((int,), None, doc="BLAS threads while the model runs (default: numpy's own; "
+                                               "1 is faster on a machine whose cores are busy)"),
     }
 
     def _probe(self) -> list[ProbedDevice]:
@@ -79,6 +118,10 @@ class ReferenceBackend(Backend):
             raise BackendError("HYB-303", f"the reference backend runs on 'cpu', not {device!r}",
                                "use target='reference' or 'reference:cpu'")
         opts = {k: spec.default for k, spec in self.options.items()} | options
+        threads = opts["num_threads"]
+        if threads is not None and threads < 1:
+            raise BackendError("HYB-306", f"backend 'reference' option 'num_threads': expected an int >= 1, got "
+                               f"{threads}", "leave it unset for numpy's default")
         m = _model_ir(model)
         opsets = dict(m.opset_imports)
         opsets.setdefault("", onnx.defs.onnx_opset_version())
@@ -90,7 +133,7 @@ class ReferenceBackend(Backend):
             raise BackendError("HYB-304", f"reference backend could not compile {model.name!r}: "
                                f"{type(e).__name__}: {str(e).strip()[:300]}",
                                "report the model; try another target meanwhile") from e
-        return ReferenceExecutable(program)
+        return ReferenceExecutable(program, threads)
 
 
 @functools.lru_cache(maxsize=4096)
