@@ -99,7 +99,7 @@ def _kind_of(info: zipfile.ZipInfo) -> str | None:
         kind = stat.S_IFMT(mode)
         names = {stat.S_IFLNK: "symbolic link", stat.S_IFDIR: "directory", stat.S_IFCHR: "character device",
                  stat.S_IFBLK: "block device", stat.S_IFIFO: "fifo", stat.S_IFSOCK: "socket"}
-        if kind != stat.S_IFREG:
+        if kind not in (0, stat.S_IFREG):  # 0: no type bits (Python's zipfile writes 0o600 alone)
             # zip has no hard-link type: anything but a regular file (or an unset mode) is refused
             return names.get(kind, f"special file (mode {oct(mode)})")
     return None
