@@ -89,6 +89,20 @@ def test_a_constant_operand_that_pins_the_batch_is_named():
     assert info.value.code == "HYB-209" and "'glue'" in str(info.value) and "'y'" in str(info.value)
 
 
+def test_a_pin_behind_a_transpose_is_named():
+    # attention-style: the batch moves to axis 1, then a constant Reshape merges it with the heads
+    nodes = [helper.make_node("Transpose", ["x"], ["t"], perm=[1, 0, 2]),
+             helper.make_node("Reshape", ["t", "merged"], ["m"], name="merge_heads"),
+             helper.make_node("Reshape", ["m", "split"], ["s"]),
+             helper.make_node("Transpose", ["s"], ["y"], perm=[1, 0, 2])]
+    inits = {"merged": np.array([6, 8], np.int64), "split": np.array([6, 2, 4], np.int64)}
+    model = _build(nodes, [2, 6, 4], [2, 6, 4], inits)
+    with pytest.raises(ModelError) as info:
+        make_batch_dynamic(model)
+    message = str(info.value)
+    assert info.value.code == "HYB-209" and "'merge_heads'" in message and "[6, 2, 4] at batch 2" in message
+
+
 def test_a_slice_of_the_batch_is_not_a_pin():
     # x[0:1] takes any batch and returns one row: nothing to refuse
     nodes = [helper.make_node("Slice", ["x", "starts", "ends", "axes"], ["y"])]

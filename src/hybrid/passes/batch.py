@@ -5,10 +5,11 @@ shape of a ``Reshape`` (``[1, 2048]`` before the classifier). The pass declares 
 dimension symbolic (``N``), forgets the intermediate shape annotations that carry the old batch, and then
 repeats: infer shapes with the symbolic batch; rewrite each constant-target Reshape whose input carries
 ``N`` and whose target pins the batch (``[1, 2048]`` -> ``[0, 2048]``, "copy dimension 0"). A Reshape
-that mixes the batch with other dimensions (``[B * C, ...]``) cannot be rewritten and raises HYB-209
-naming it. At the end every output that had the batch must carry ``N``; if one does not, HYB-209 names
-the node where the batch was lost (an Expand, Tile or ConstantOfShape with a constant shape, for
-example).
+that folds the batch into other dimensions (``[B * C, ...]``) cannot be rewritten and raises HYB-209
+naming it. At the end every output that had the batch must carry ``N``. If one has a fixed batch
+instead, shapes are inferred statically at two batch sizes and HYB-209 names the first node whose input
+follows the batch while its output does not (a Reshape to a constant that merges batch and heads behind a
+Transpose, a Concat with a ``[1, C]`` constant, ...).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import logging
 from typing import Any
 
 import numpy as np
+import onnx
 import onnx_ir as ir
 from onnx_ir.passes.common import ShapeInferencePass
 
@@ -30,6 +32,7 @@ __all__ = ["MakeBatchDynamic", "make_batch_dynamic"]
 
 logger = logging.getLogger("hybrid.passes")
 
+_REDUCING = ("Reduce", "ArgMax", "ArgMin")
 _HINT = "export the model with a dynamic batch axis (hybrid.export(..., dynamic_axes={'input': {0: 'batch'}}))"
 
 
@@ -96,13 +99,15 @@ class MakeBatchDynamic(HybridPass):
         for value in with_batch:
             if not isinstance(_first_dim(value), int):
                 continue  # N, or a symbol ONNX could not relate to N (a Reshape to -1): not pinned
-            culprit = _where_lost(value, symbol)
-            if culprit is None or culprit.op_type.startswith(("Reduce", "ArgM")):
-                continue  # not computed from the inputs, or a reduction over the batch
-            where = f"node {culprit.name!r} ({culprit.op_type})"
-            raise _fail(f"cannot make the batch of output {value.name!r} dynamic: {where} turns the "
-                        f"symbolic batch {self.dim_name!r} into {_first_dim(value)!r}, expected "
-                        f"{self.dim_name!r} to reach the output (a constant operand or shape pins it there)")
+            found = _where_pinned(model, value, batch)
+            if found is None:
+                continue  # not computed from the inputs, or only reductions over the batch drop it
+            node, carrier, (a, shape_a), (b, shape_b), out = found
+            shapes = (f"has shape {list(shape_a)} at batch {a} and {list(shape_b)} at batch {b}"
+                      if shape_a is not None else "depends on the batch")
+            raise _fail(f"cannot make the batch of output {value.name!r} dynamic: node {node.name!r} "
+                        f"({node.op_type}) gives {list(out)} at batch {a} and cannot follow batch {b}: its input "
+                        f"{carrier!r} {shapes}, but a constant shape or operand of the node stays the same")
         return PassResult(model, True)
 
     @staticmethod
@@ -168,18 +173,58 @@ class MakeBatchDynamic(HybridPass):
         logger.debug("make_batch_dynamic: %s target %s -> %s", node.name, target.tolist(), key)
 
 
-def _where_lost(output: ir.Value, symbol: ir.SymbolicDim) -> ir.Node | None:
-    """Walk up from ``output`` to the node whose input carries the batch but whose output does not."""
-    seen: set[int] = set()
+def _static_shapes(model: ir.Model, batch: int) -> dict[str, tuple[int, ...]]:
+    """Value name -> static shape, inferred with dimension 0 of every input set to ``batch``."""
+    proto = ir.serde.serialize_model(model)
+    for info in proto.graph.input:
+        dims = info.type.tensor_type.shape.dim
+        if len(dims):
+            dims[0].dim_value = batch
+    del proto.graph.value_info[:]
+    for info in proto.graph.output:
+        info.type.tensor_type.ClearField("shape")
+    inferred = onnx.shape_inference.infer_shapes(proto, strict_mode=False, data_prop=True)
+    shapes = {t.name: tuple(t.dims) for t in inferred.graph.initializer}
+    for info in (*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output):
+        tensor = info.type.tensor_type
+        if tensor.HasField("shape") and all(d.HasField("dim_value") for d in tensor.shape.dim):
+            shapes[info.name] = tuple(d.dim_value for d in tensor.shape.dim)
+    return shapes
+
+
+def _where_pinned(model: ir.Model, output: ir.Value, batch: int | None) -> tuple | None:
+    """The first node above ``output`` whose input shape follows the batch but whose output does not.
+
+    Static inference at two batch sizes finds it even where symbolic inference loses track of the batch
+    (a transposed attention layout, for example).
+    """
+    a, b = (batch, batch + 1) if batch else (1, 2)
+    first, second = _static_shapes(model, a), _static_shapes(model, b)
+    ancestors: set[int] = set()
     stack = [output.producer()]
     while stack:
         node = stack.pop()
-        if node is None or id(node) in seen:
+        if node is None or id(node) in ancestors:
             continue
-        seen.add(id(node))
-        if any(_first_dim(v) == symbol for v in node.inputs):
-            return node
-        stack.extend(v.producer() for v in node.inputs if v is not None and const_array(v) is None)
+        ancestors.add(id(node))
+        stack.extend(v.producer() for v in node.inputs if v is not None)
+    data = {v.name for v in model.graph.inputs}  # values computed from the inputs' data, not their shapes
+    for node in model.graph:
+        skipped = node.op_type in ("Shape", "Size") or node.op_type.startswith(_REDUCING)
+        inputs = [v.name for v in node.inputs if v is not None]
+        outputs = [o.name for o in node.outputs if o.name]
+        if not skipped and any(i in data for i in inputs):
+            data.update(outputs)
+        if skipped or id(node) not in ancestors or not outputs or not all(o in first for o in outputs):
+            continue  # a shape read or a reduction over the batch drops it legitimately
+        # the output stays the same, or ONNX finds the inputs incompatible at the other batch size...
+        if not all(second.get(o) in (first[o], None) for o in outputs):
+            continue
+        # ...while an input follows the batch, or is batch data whose shape ONNX cannot infer
+        for name in inputs:
+            if (name in first and name in second and first[name] != second[name]) or (
+                    name in data and name not in first and name not in second):
+                return node, name, (a, first.get(name)), (b, second.get(name)), first[outputs[0]]
     return None
 
 
