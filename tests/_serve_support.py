@@ -1,0 +1,120 @@
+"""Models and helpers for the serving tests (built in the test, never committed).
+
+Run as a script it is the ``pyasc`` CLI with only the ``serve`` command registered, as the lead will
+wire it: ``python tests/_serve_support.py serve MODEL ...`` (used by the SIGTERM test).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+W = (np.arange(12, dtype=np.float32).reshape(4, 3) - 5.0) / 7.0
+
+
+def tiny_model(path: Path, factor: float = 1.0) -> Path:
+    """Two inputs, two outputs, rows independent, batch dim 'N': y = (x @ W) * scale * factor, s = sum(x)."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])
+    scale = helper.make_tensor_value_info("scale", TensorProto.FLOAT, ["N", 1])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3])
+    s = helper.make_tensor_value_info("s", TensorProto.FLOAT, ["N", 1])
+    inits = [numpy_helper.from_array(W * np.float32(factor), "W"),
+             numpy_helper.from_array(np.array([1], np.int64), "ax")]
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["xw"]), helper.make_node("Mul", ["xw", "scale"], ["y"]),
+             helper.make_node("ReduceSum", ["x", "ax"], ["s"], keepdims=1)]
+    graph = helper.make_graph(nodes, "tiny", [x, scale], [y, s], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.checker.check_model(model)
+    onnx.save(model, path)
+    return path
+
+
+def tiny_expected(x: np.ndarray, scale: np.ndarray, factor: float = 1.0) -> dict[str, np.ndarray]:
+    return {"y": (x @ (W * np.float32(factor))) * scale, "s": x.sum(axis=1, keepdims=True)}
+
+
+def int_model(path: Path) -> Path:
+    """INT64 in, BOOL and INT64 out: pos = i > 0, twice = i + i."""
+    i = helper.make_tensor_value_info("i", TensorProto.INT64, ["N", 3])
+    pos = helper.make_tensor_value_info("pos", TensorProto.BOOL, ["N", 3])
+    twice = helper.make_tensor_value_info("twice", TensorProto.INT64, ["N", 3])
+    zero = numpy_helper.from_array(np.array(0, np.int64), "zero")
+    nodes = [helper.make_node("Greater", ["i", "zero"], ["pos"]), helper.make_node("Add", ["i", "i"], ["twice"])]
+    graph = helper.make_graph(nodes, "ints", [i], [pos, twice], [zero])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.save(model, path)
+    return path
+
+
+def dynamic_squeezenet(path: Path) -> Path:
+    """ONNX's light SqueezeNet with the data input's and the output's first dim made symbolic ('N')."""
+    from hybrid.samples import light_model_path
+
+    model = onnx.load(str(light_model_path("squeezenet")))
+    weights = {t.name for t in model.graph.initializer}
+    for value in [*model.graph.input, *model.graph.output]:
+        if value.name not in weights:
+            value.type.tensor_type.shape.dim[0].dim_param = "N"
+    onnx.save(model, path)
+    return path
+
+
+def v2_json(inputs: Mapping[str, np.ndarray], **extra: Any) -> bytes:
+    """A JSON-only v2 request body."""
+    dt = {np.dtype(np.float32): "FP32", np.dtype(np.int64): "INT64"}
+    doc = {"inputs": [{"name": k, "shape": list(v.shape), "datatype": dt[v.dtype], "data": v.reshape(-1).tolist()}
+                      for k, v in inputs.items()], **extra}
+    return json.dumps(doc).encode()
+
+
+@contextlib.contextmanager
+def connection(url: str, timeout: float = 30.0) -> Iterator[http.client.HTTPConnection]:
+    host, _, port = url.rpartition(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=timeout)
+    try:
+        yield conn
+    finally:
+        conn.close()
+
+
+def request(url: str, method: str, path: str, body: bytes | None = None,
+            headers: Mapping[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
+    """One raw HTTP request (no client-side normalization of the path); returns status, headers, body."""
+    with connection(url) as conn:
+        conn.request(method, path, body=body, headers=dict(headers or {}))
+        resp = conn.getresponse()
+        return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
+
+
+def error_of(body: bytes) -> str:
+    """The HybridError code of an error response, checking the {"error": "[HYB-...] ..."} shape."""
+    doc = json.loads(body)
+    assert doc["error"].startswith(f"[{doc['code']}] ")
+    return doc["code"]
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    import typer
+
+    from hybrid.cli.serve import register
+
+    app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+
+    @app.callback()
+    def _root() -> None:
+        """pyasc (serve only)."""
+
+    register(app)
+    app(args=list(argv) if argv is not None else None)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,305 @@
+"""Safety rules of the server, one test each: body limit (also after decompression), shapes, JSON, auth,
+names that try to leave the repository, backpressure, timeouts, and the graceful drain on shutdown."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import gzip
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tests._serve_support import connection, error_of, request, tiny_expected, tiny_model, v2_json
+
+from hybrid.errors import ServingError
+from hybrid.serve import BackgroundServer, Limits, ServeOptions, build_registry, create_app, discover
+
+pytestmark = pytest.mark.timeout(180)
+
+LIMIT = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory):
+    return tiny_model(tmp_path_factory.mktemp("safety") / "tiny.onnx")
+
+
+def start(model_path, overrides=None, **options):
+    registry = build_registry([model_path], target="onnxruntime", overrides=overrides)
+    return BackgroundServer(create_app(registry, ServeOptions(**options))).start()
+
+
+@pytest.fixture(scope="module")
+def server(model_path):
+    srv = start(model_path, limits=Limits(max_body=LIMIT, max_json_depth=16))
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+def feeds(seed: int, rows: int = 1) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {"x": rng.standard_normal((rows, 4)).astype(np.float32),
+            "scale": rng.standard_normal((rows, 1)).astype(np.float32)}
+
+
+def check_answer(status: int, body: bytes, sent: dict[str, np.ndarray]) -> None:
+    assert status == 200, body
+    out = {o["name"]: np.array(o["data"], np.float32).reshape(o["shape"]) for o in json.loads(body)["outputs"]}
+    want = tiny_expected(sent["x"], sent["scale"])
+    np.testing.assert_allclose(out["y"], want["y"], rtol=1e-5, atol=1e-5)
+
+
+def infer(url: str, sent: dict[str, np.ndarray], headers=None, path="/v2/models/tiny/infer"):
+    return request(url, "POST", path, v2_json(sent), headers)
+
+
+# ------------------------------------------------------------------------------------------------ body size
+def test_oversized_body_is_413_by_content_length_and_by_stream(server):
+    big = b'{"inputs": [], "pad": "' + b"a" * LIMIT + b'"}'
+    status, _, body = request(server.url, "POST", "/v2/models/tiny/infer", big)
+    assert status == 413 and error_of(body) == "HYB-704"
+    with connection(server.url) as conn:  # chunked: no Content-Length to refuse up front
+        conn.request("POST", "/v2/models/tiny/infer", body=iter([big[i:i + 65536] for i in range(0, len(big), 65536)]),
+                     encode_chunked=True)
+        resp = conn.getresponse()
+        assert resp.status == 413 and error_of(resp.read()) == "HYB-704"
+    status, _, body = infer(server.url, feeds(0))  # still serving
+    check_answer(status, body, feeds(0))
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate"])
+def test_limit_applies_after_decompression(server, encoding):
+    bomb_plain = b'{"inputs": [], "pad": "' + b"0" * (64 * LIMIT) + b'"}'
+    bomb = gzip.compress(bomb_plain) if encoding == "gzip" else zlib.compress(bomb_plain)
+    assert len(bomb) < LIMIT // 4
+    status, _, body = request(server.url, "POST", "/v2/models/tiny/infer", bomb, {"Content-Encoding": encoding})
+    assert status == 413 and error_of(body) == "HYB-704"
+    ok = v2_json(feeds(1))
+    packed = gzip.compress(ok) if encoding == "gzip" else zlib.compress(ok)
+    status, _, body = request(server.url, "POST", "/v2/models/tiny/infer", packed, {"Content-Encoding": encoding})
+    check_answer(status, body, feeds(1))
+    status, _, body = request(server.url, "POST", "/v2/models/tiny/infer", packed[:-8], {"Content-Encoding": encoding})
+    assert status == 400 and error_of(body) == "HYB-702"
+    status, _, body = request(server.url, "POST", "/v2/models/tiny/infer", ok, {"Content-Encoding": "br"})
+    assert status == 400 and error_of(body) == "HYB-702"
+
+
+# ------------------------------------------------------------------------------------------------ content
+def test_overflowing_and_negative_shapes_are_400_before_allocation(server):
+    header = {"inputs": [{"name": "x", "shape": [1 << 31, 1 << 31, 1 << 31], "datatype": "FP32",
+                          "parameters": {"binary_data_size": 16}}, ]}
+    head = json.dumps(header).encode()
+    status, _, body = request(server.url, "POST", "/v2/models/tiny/infer", head + bytes(16),
+                              {"Inference-Header-Content-Length": str(len(head))})
+    assert status == 400 and error_of(body) == "HYB-702" and b"exceeds" in body
+    for shape in ([1 << 16, 1 << 16], [-1, 4], [1, "4"]):
+        doc = {"inputs": [{"name": "x", "shape": shape, "datatype": "FP32", "data": [0.0]}]}
+        status, _, body = request(server.url, "POST", "/v2/models/tiny/infer", json.dumps(doc).encode())
+        assert status == 400 and error_of(body) == "HYB-702", shape
+    head = json.dumps({"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32",
+                                   "parameters": {"binary_data_size": 12}}]}).encode()
+    status, _, body = request(server.url, "POST", "/v2/models/tiny/infer", head + bytes(12),
+                              {"Inference-Header-Content-Length": str(len(head))})
+    assert status == 400 and error_of(body) == "HYB-702" and b"needs 16" in body
+
+
+def test_bad_json_and_nesting_are_400(server):
+    deep = b'{"inputs": ' + b"[" * 20_000 + b"]" * 20_000 + b"}"
+    for bad in (b"{nope", b"", b"\xff\xfe", b"[" * 50 + b"]" * 50, deep):
+        status, _, body = request(server.url, "POST", "/v2/models/tiny/infer", bad)
+        assert status == 400 and error_of(body) == "HYB-702", bad[:20]
+    status, _, body = request(server.url, "POST", "/v2/models/tiny/infer", b"{}",
+                              {"Inference-Header-Content-Length": "many"})
+    assert status == 400 and error_of(body) == "HYB-702"
+
+
+# ------------------------------------------------------------------------------------------------ auth
+def test_bearer_token_guards_everything_but_liveness(model_path):
+    srv = start(model_path, auth_token="s3cret")
+    try:
+        for path in ("/v2", "/v2/health/ready", "/v2/models/tiny", "/v2/models/tiny/ready", "/metrics"):
+            for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
+                status, resp_headers, body = request(srv.url, "GET", path, headers=headers)
+                assert status == 401 and error_of(body) == "HYB-703", (path, headers)
+                assert resp_headers["www-authenticate"] == "Bearer"
+            assert request(srv.url, "GET", path, headers={"Authorization": "Bearer s3cret"})[0] == 200
+        status, _, body = infer(srv.url, feeds(2), {"Authorization": "Bearer nope"})
+        assert status == 401 and error_of(body) == "HYB-703"
+        status, _, body = infer(srv.url, feeds(2), {"Authorization": "Bearer s3cret"})
+        check_answer(status, body, feeds(2))
+        assert request(srv.url, "GET", "/v2/health/live")[0] == 200
+        import tritonclient.http as th
+
+        c = th.InferenceServerClient(srv.url)
+        try:
+            assert c.is_server_ready(headers={"Authorization": "Bearer s3cret"})
+            assert not c.is_server_ready()
+        finally:
+            c.close()
+    finally:
+        srv.stop()
+
+
+# ------------------------------------------------------------------------------------------------ names
+@pytest.mark.parametrize("path", ["/v2/models/../ready", "/v2/models/..", "/v2/models/.hidden/ready",
+                                  "/v2/models/..%2F..%2Fetc%2Fpasswd/ready", "/v2/models/%2e%2e/infer",
+                                  "/v2/models/tiny/versions/..%2F1/ready", "/v2/models/tiny/versions/01",
+                                  "/v2/models/a%00b"])
+def test_traversal_names_are_refused(server, path):
+    method = "POST" if path.endswith("infer") else "GET"
+    status, _, body = request(server.url, method, path, b"{}" if method == "POST" else None)
+    assert status in (400, 404) and error_of(body) in ("HYB-701", "HYB-702")
+    assert b"root:" not in body
+
+
+def test_repository_links_cannot_leave_the_repository(tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    tiny_model(outside / "model.onnx")
+    repo = tmp_path / "repo"
+    (repo / "ok" / "1").mkdir(parents=True)
+    tiny_model(repo / "ok" / "1" / "model.onnx")
+    assert [s.name for s in discover([repo])] == ["ok"]
+    (repo / "linked" / "1").mkdir(parents=True)
+    (repo / "linked" / "1" / "model.onnx").symlink_to(outside / "model.onnx")
+    with pytest.raises(ServingError, match="outside the repository") as info:
+        discover([repo])
+    assert info.value.code == "HYB-707"
+    (repo / "linked" / "1" / "model.onnx").unlink()
+    (repo / "linked" / "1").rmdir()
+    (repo / "linked" / "1").symlink_to(outside, target_is_directory=True)
+    with pytest.raises(ServingError, match="outside the repository"):
+        discover([repo])
+    (repo / "linked" / "1").unlink()
+    (repo / "linked").rmdir()
+    (repo / "bad name").mkdir()
+    with pytest.raises(ServingError, match="invalid model name"):
+        discover([repo])
+
+
+# ------------------------------------------------------------------------------------------------ load
+def test_backpressure_rejects_with_503_and_stays_live(model_path):
+    # batches wait up to 1.5 s to fill: the first 4 requests fill the queue, the rest must be turned away
+    srv = start(model_path, overrides={"max_batch": 64, "batch_timeout": 1.5, "max_queue": 4})
+    try:
+        with cf.ThreadPoolExecutor(12) as pool:
+            results = list(pool.map(lambda i: (i, infer(srv.url, feeds(100 + i))), range(12)))
+        codes = []
+        for i, (status, headers, body) in results:
+            if status == 200:
+                check_answer(status, body, feeds(100 + i))
+            else:
+                assert status == 503 and headers["retry-after"] == "1"
+                codes.append(error_of(body))
+        assert codes and set(codes) == {"HYB-705"}
+        assert 12 - len(codes) >= 4
+        assert request(srv.url, "GET", "/v2/health/live")[0] == 200
+        assert request(srv.url, "GET", "/v2/health/ready")[0] == 200
+        status, _, body = infer(srv.url, feeds(7))
+        check_answer(status, body, feeds(7))
+        metrics = request(srv.url, "GET", "/metrics")[2].decode()
+        assert re.search(r'pyasc_inference_failures_total\{code="HYB-705",model="tiny",version="1"\} ' +
+                         f"{len(codes)}.0", metrics)
+    finally:
+        srv.stop()
+
+
+def test_request_timeout_is_504(model_path):
+    srv = start(model_path, overrides={"max_batch": 64, "batch_timeout": 20.0, "request_timeout": 0.2})
+    try:
+        status, _, body = infer(srv.url, feeds(3))
+        assert status == 504 and error_of(body) == "HYB-411"
+    finally:
+        srv.stop()
+
+
+# ------------------------------------------------------------------------------------------------ shutdown
+def wait_queued(url: str, n: int, deadline: float) -> None:
+    """Wait until the tiny model's queue holds ``n`` requests (read from /metrics)."""
+    while f'pyasc_queue_depth{{model="tiny",version="1"}} {n}.0' not in request(url, "GET", "/metrics")[2].decode():
+        assert time.monotonic() < deadline, "the requests never queued"
+        time.sleep(0.05)
+
+
+def test_drain_finishes_in_flight_requests_and_refuses_new_ones(model_path):
+    # batch_timeout 60 s: the requests finish quickly only because the drain flushes the queue
+    srv = start(model_path, overrides={"max_batch": 64, "batch_timeout": 60.0})
+    url = srv.url
+    with cf.ThreadPoolExecutor(3) as pool:
+        futures = [pool.submit(infer, url, feeds(200 + i)) for i in range(3)]
+        deadline = time.monotonic() + 30
+        wait_queued(url, 3, deadline)
+        t0 = time.monotonic()
+        stopper = threading.Thread(target=srv.stop)
+        stopper.start()
+        for i, fut in enumerate(futures):
+            status, _, body = fut.result(timeout=30)
+            check_answer(status, body, feeds(200 + i))
+        assert time.monotonic() - t0 < 30
+        stopper.join(30)
+    assert not stopper.is_alive()
+    with pytest.raises(ConnectionError):
+        request(url, "GET", "/v2/health/live")
+
+
+def test_draining_server_is_not_ready_and_refuses_inference(model_path):
+    srv = start(model_path)
+    try:
+        status, _, body = infer(srv.url, feeds(4))
+        check_answer(status, body, feeds(4))
+        app_state = srv.server.state
+        app_state.begin_drain()
+        assert request(srv.url, "GET", "/v2/health/live")[0] == 200
+        status, _, body = request(srv.url, "GET", "/v2/health/ready")
+        assert status == 503 and error_of(body) == "HYB-706"
+        status, _, body = infer(srv.url, feeds(4))
+        assert status == 503 and error_of(body) == "HYB-706"
+    finally:
+        srv.stop()
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+def test_sigterm_drains_the_cli_server_and_exits_0(model_path):
+    support = Path(__file__).with_name("_serve_support.py")
+    env = {**os.environ, "PYTHONPATH": str(support.parent.parent) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.Popen([sys.executable, str(support), "serve", str(model_path), "--port", "0", "--target",
+                             "onnxruntime", "--max-batch", "64", "--batch-timeout", "60"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        url = None
+        lines = []
+        deadline = time.monotonic() + 90
+        while url is None and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            lines.append(line)
+            m = re.search(r"Uvicorn running on http://(127\.0\.0\.1:\d+)", line)
+            url = m.group(1) if m else None
+        assert url, "".join(lines)
+        with cf.ThreadPoolExecutor(3) as pool:
+            futures = [pool.submit(infer, url, feeds(300 + i)) for i in range(3)]
+            wait_queued(url, 3, time.monotonic() + 30)
+            proc.send_signal(signal.SIGTERM)
+            for i, fut in enumerate(futures):
+                status, _, body = fut.result(timeout=30)
+                check_answer(status, body, feeds(300 + i))
+        assert proc.wait(timeout=30) == 0
+        with pytest.raises(ConnectionError):
+            request(url, "GET", "/v2/health/live")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        proc.stdout.close()
