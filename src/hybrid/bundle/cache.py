@@ -41,6 +41,7 @@ __all__ = [
     "precision_of",
     "restore",
     "strategy_for",
+    "untrusted_options",
 ]
 
 logger = logging.getLogger("hybrid")
@@ -75,6 +76,25 @@ def cache_root() -> Path:
 def portable_options(options: Mapping[str, Any]) -> dict[str, Any]:
     """Backend options without those that name local files (kept out of bundles and cache keys)."""
     return {k: v for k, v in options.items() if k not in MACHINE_OPTIONS}
+
+
+def untrusted_options(options: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """Options read from a bundle, minus those a hostile bundle could abuse; returns (kept, dropped).
+
+    Dropped: options that make a backend write files (a bundle could name any path), raw provider
+    options (passed through unchecked), and thread or stream counts beyond 4x this machine's cores.
+    """
+    cap = 4 * (os.cpu_count() or 1)
+    kept: dict[str, Any] = {}
+    dropped: list[str] = []
+    for key, value in options.items():
+        counts = key.endswith(("_threads", "num_streams", "num_requests"))
+        if key in MACHINE_OPTIONS or key == "provider_options" or (
+                counts and isinstance(value, int) and not 0 <= value <= cap):
+            dropped.append(key)
+        else:
+            kept[key] = value
+    return kept, dropped
 
 
 def precision_of(cm: CompiledModel) -> str:

@@ -217,7 +217,7 @@ def load_with_info(source: Source, target: str = "auto", precision: str | None =
                 layers = [profile_layer(profile, backend),
                           ("bundle", m.compile.options if same_as_bundle else {}),
                           ("config", split_user_config(config, backend, device))]
-            options, option_notes = merged_options(backend, layers)
+            options, option_notes = merged_options(backend, layers, untrusted=("platform", "bundle", "cache"))
             try:
                 cm, source_kind, fp = _build(model, m, backend, device, prec, options,
                                              (entry, cache_files[id(entry)]) if entry and prec == entry.precision

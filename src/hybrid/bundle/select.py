@@ -63,17 +63,26 @@ def split_user_config(config: Mapping[str, Any] | None, backend: str, device: st
     return split_config(config, [Candidate(backend, device)]).get(backend, {})
 
 
-def merged_options(backend: str, layers: Iterable[tuple[str, Mapping[str, Any]]]) -> tuple[dict[str, Any], list[str]]:
+def merged_options(backend: str, layers: Iterable[tuple[str, Mapping[str, Any]]],
+                   untrusted: Iterable[str] = ()) -> tuple[dict[str, Any], list[str]]:
     """Merge option layers (later wins) after checking each against the backend's declared options.
 
     A layer the installed backend rejects (a bundle from another hybrid version, a profile written for
-    a newer backend) is dropped with a note instead of failing the load.
+    a newer backend) is dropped with a note instead of failing the load. Layers named in ``untrusted``
+    (read from a bundle) lose the options a hostile bundle could abuse (see ``untrusted_options``).
     """
+    from hybrid.bundle.cache import untrusted_options
     from hybrid.hal import backend_class
 
     merged: dict[str, Any] = {}
     notes: list[str] = []
+    suspicious = set(untrusted)
     for label, options in layers:
+        if label in suspicious:
+            options, dropped = untrusted_options(options)
+            if dropped:
+                notes.append(f"ignoring {label} options for {backend} that a bundle may not set: "
+                             f"{', '.join(sorted(dropped))}")
         if not options:
             continue
         try:
@@ -84,4 +93,5 @@ def merged_options(backend: str, layers: Iterable[tuple[str, Mapping[str, Any]]]
 
 
 def profile_layer(profile: PlatformProfile, backend: str) -> tuple[str, dict[str, Any]]:
-    return f"platform {profile.name!r}", profile.options_for(backend)
+    """The profile's options for ``backend`` as a layer for :func:`merged_options`."""
+    return "platform", profile.options_for(backend)
