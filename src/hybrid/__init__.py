@@ -32,6 +32,7 @@ _LAZY = {
     "set_log_level": "hybrid.config:set_log_level",
     "load": "hybrid.bundle:load",
     "optimize": "hybrid.passes:optimize",
+    "make_batch_dynamic": "hybrid.passes:make_batch_dynamic",
     "quantize": "hybrid.passes.quantize:quantize",
     "export": "hybrid.frontends.torch:export",
     "jit": "hybrid.frontends.jit:jit",
