@@ -25,6 +25,7 @@ __all__ = ["TorchBackend", "TorchExecutable", "torch_device"]
 logger = logging.getLogger("hybrid")
 
 _COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+_COMPILE_BACKENDS = ("inductor", "aot_eager", "eager", "cudagraphs")
 _AUTOCAST = ("fp16", "bf16")
 
 
@@ -83,11 +84,14 @@ class TorchBackend(Backend):
     options = {
         "compile": Option((bool,), False, doc="wrap the module with torch.compile"),
         "compile_mode": Option((str,), "default", _COMPILE_MODES, "torch.compile mode"),
+        "compile_backend": Option((str,), "inductor", _COMPILE_BACKENDS, "torch.compile backend"),
         "dynamic": Option((bool,), doc="torch.compile dynamic shapes (None: torch decides)"),
         "autocast": Option((str,), choices=_AUTOCAST, doc="run under torch.autocast in this precision"),
         "pin_memory": Option((bool,), True, doc="stage CUDA inputs through pinned host buffers"),
         "num_threads": Option((int,), doc="torch intra-op threads on the CPU (process-wide)"),
         "cudnn_benchmark": Option((bool,), doc="set torch.backends.cudnn.benchmark (process-wide)"),
+        "allow_tf32": Option((bool,), doc="let CUDA matmuls and cuDNN convolutions use TF32 (process-wide; "
+                                          "False keeps fp32 results close to the CPU's)"),
     }
 
     def _probe(self) -> list[ProbedDevice]:
@@ -156,6 +160,9 @@ class TorchBackend(Backend):
             torch.set_num_threads(options["num_threads"])
         if options.get("cudnn_benchmark") is not None:
             torch.backends.cudnn.benchmark = options["cudnn_benchmark"]
+        if options.get("allow_tf32") is not None:
+            torch.backends.cuda.matmul.allow_tf32 = options["allow_tf32"]
+            torch.backends.cudnn.allow_tf32 = options["allow_tf32"]
         graph = model.graph
         opsets = dict(model.ir.opset_imports)
         module = build_module(graph, opsets, dev, model.name).eval()
@@ -163,8 +170,9 @@ class TorchBackend(Backend):
         runner: Any = module
         if options.get("compile"):
             try:
-                runner = torch.compile(module, mode=options.get("compile_mode", "default"),
-                                       dynamic=options.get("dynamic"))
+                mode = options.get("compile_mode", "default")
+                runner = torch.compile(module, backend=options.get("compile_backend", "inductor"),
+                                       mode=None if mode == "default" else mode, dynamic=options.get("dynamic"))
             except Exception as e:
                 raise BackendError("HYB-304", f"torch.compile rejected model {model.name!r}: {e}",
                                    "compile=False runs the same module eagerly") from e

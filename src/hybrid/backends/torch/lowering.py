@@ -108,7 +108,9 @@ class Lowering:
 
 _TABLE: dict[tuple[str, str], list[Lowering]] = {}
 _LOADED = False
-_MODULES = ("elementwise", "nn", "linalg", "shape", "reduce", "convert", "image", "loss", "sequence", "control")
+# one module per op family; each registers its rows when imported
+_MODULES = ("elementwise", "nn", "linalg", "shape", "index", "reduce", "convert", "image", "loss", "sequence",
+            "control")
 
 
 def lowering(op_types: str | Iterable[str], *, since: int = 1, domain: str = "",

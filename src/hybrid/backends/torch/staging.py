@@ -1,9 +1,11 @@
 """Moving run inputs and outputs between numpy on the host and torch tensors on the device.
 
-This is the one place the torch backend copies data across the host/device boundary, so that the
-unified memory layer (``hybrid.hal.memory``) can take it over: on CUDA, inputs go through pinned
-host staging buffers (reused per input shape, one set per calling thread) and copy to the device
-asynchronously; on the CPU, ``torch.from_numpy`` shares the caller's memory and nothing is copied.
+This is the one place the torch backend copies data across the host/device boundary. On CUDA,
+inputs go through pinned host staging buffers (one per input and calling thread, kept while the
+shape stays the same) and copy to the device asynchronously; the buffers are blocks of the unified
+memory pool's 'pinned' arena when ``hybrid.init({'memory_pool': {'pinned': ...}})`` made one, and
+plain pinned tensors otherwise. Every copy is counted with ``hybrid.hal.memory.record_transfer``.
+On the CPU, ``torch.from_numpy`` shares the caller's memory and nothing is copied.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 import torch
+
+from hybrid.hal import memory
 
 __all__ = ["Stager", "from_numpy", "to_numpy"]
 
@@ -71,6 +75,7 @@ class Stager:
         self.on_cpu = device.type == "cpu"
         self.pinned = pinned and device.type == "cuda"
         self.protected = frozenset(protected)
+        self._name = str(device)
         self._local = threading.local()
 
     def inputs(self, values: Sequence[Any]) -> list[Any]:
@@ -87,17 +92,34 @@ class Stager:
         host = from_numpy(np.asarray(value))
         if self.on_cpu:
             return host
-        if self.pinned:
-            buffers = getattr(self._local, "buffers", None)
-            if buffers is None:
-                buffers = self._local.buffers = {}
-            key = (index, tuple(host.shape), host.dtype)
-            staged = buffers.get(key)
-            if staged is None:
-                staged = buffers[key] = torch.empty(host.shape, dtype=host.dtype, pin_memory=True)
+        nbytes = host.numel() * host.element_size()
+        memory.record_transfer("cpu", self._name, nbytes)
+        if self.pinned and nbytes:
+            staged = self._staging(index, host)
             staged.copy_(host)
             return staged.to(self.device, non_blocking=True)
         return host.to(self.device)
+
+    def _staging(self, index: int, host: torch.Tensor) -> torch.Tensor:
+        """The pinned buffer for input ``index`` on this thread, (re)made when the shape changes."""
+        buffers = getattr(self._local, "buffers", None)
+        if buffers is None:
+            buffers = self._local.buffers = {}
+        key = (tuple(host.shape), host.dtype)
+        held = buffers.get(index)
+        if held is not None and held[0] == key:
+            return held[1]
+        if held is not None and held[2] is not None:
+            held[2].pool.free(held[2])
+        nbytes = host.numel() * host.element_size()
+        pool = memory.get_pool("pinned")
+        block = pool.alloc(nbytes) if pool is not None else None
+        if block is not None:
+            staged = block.torch(np.uint8, nbytes).view(host.dtype).view(host.shape)
+        else:
+            staged = torch.empty(host.shape, dtype=host.dtype, pin_memory=True)
+        buffers[index] = (key, staged, block)
+        return staged
 
     def outputs(self, values: Sequence[Any], inputs: Sequence[Any]) -> list[Any]:
         """Convert module outputs to numpy, copying any that alias an input or a constant."""
@@ -118,6 +140,8 @@ class Stager:
                 value = value.clone()
             elif not value.is_contiguous():
                 value = value.contiguous()
+        else:
+            memory.record_transfer(self._name, "cpu", value.numel() * value.element_size())
         return to_numpy(value)
 
 
