@@ -1,7 +1,7 @@
 """Measurement for ``compile(target='auto')``: sample inputs, timing, and the decision cache.
 
 - Sample inputs come from the caller or are generated from the signature (symbolic dims -> 1,
-  integer inputs bounded by the tables they index).
+  integer inputs 1 or 2, or bounded by the tables they index).
 - Candidates are timed interleaved in blocks with short pauses (DESIGN 4); the median wins.
 - Decisions are cached as JSON files, written atomically, keyed by the sha256 of what the decision
   depends on (:func:`decision_key`): model hash, input signature, target and candidates, precision
@@ -63,7 +63,7 @@ def make_samples(model: Any, given: Any = None, seed: int = 0, symbolic_size: in
     """Sample inputs for the checks and timings: ``given`` validated, or generated from the signature.
 
     Generated floats are standard normal; symbolic dims are ``symbolic_size``; integer inputs that index a constant
-    table (token ids) stay inside it, others lie in [0, 2); booleans are random. Returns None when an
+    table (token ids) stay inside it, others are 1 or 2; booleans are random. Returns None when an
     input cannot be generated (sequences, maps, unknown rank or dtype).
 
     Raises:
@@ -90,7 +90,9 @@ def make_samples(model: Any, given: Any = None, seed: int = 0, symbolic_size: in
         if dt.kind == "f":
             arr = rng.standard_normal(shape).astype(dt)
         elif dt.kind in "iu":
-            arr = rng.integers(0, bounds.get(spec.name, 2), size=shape).astype(dt)
+            # 1 and 2: valid as sizes, repeats, strides and block shapes, where a 0 divides by zero
+            lo, hi = (0, bounds[spec.name]) if spec.name in bounds else (1, 3)
+            arr = rng.integers(lo, hi, size=shape).astype(dt)
         elif dt.kind == "b":
             arr = rng.random(shape) < 0.5
         elif dt.kind == "c":

@@ -1,0 +1,145 @@
+"""target='auto' against the raw runtimes, same process, same inputs, interleaved in blocks.
+
+For each light model (batch 1) and a BERT-style encoder built from a transformers config (6 layers,
+hidden 384, 12 heads, intermediate 1536; batch 8 x 128 tokens; random weights, nothing downloaded),
+it times raw onnxruntime (default session), raw OpenVINO at f32, and ``hybrid.compile(target='auto')``
+(checked against the reference backend, timed, cached). On the encoder it also times
+``precision='auto', accuracy={'min_cosine': 0.995}`` and reports its cosine against onnxruntime fp32.
+
+Run (alone on the machine; takes a few minutes):
+    flock /tmp/bench.lock python benchmarks/auto.py [--models resnet50,bert] [--blocks 5 --per-block 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _harness import geomean, interleave, machine_info, median_ms, table  # noqa: E402
+
+BERT = "bert-6x384"
+
+
+def export_bert(folder: Path) -> Path:
+    """Export the BERT-style encoder with torch.onnx (static batch 8 x 128); return the .onnx path."""
+    import torch
+    from transformers import BertConfig, BertModel
+
+    path = folder / "bert_6x384.onnx"
+    if path.exists():
+        return path
+    cfg = BertConfig(num_hidden_layers=6, hidden_size=384, num_attention_heads=12, intermediate_size=1536)
+    torch.manual_seed(0)
+    bert = BertModel(cfg).eval()
+
+    class Encoder(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.bert = bert
+
+        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+            return self.bert(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+    ids = torch.randint(0, cfg.vocab_size, (8, 128))
+    mask = torch.ones(8, 128, dtype=torch.int64)
+    torch.onnx.export(Encoder().eval(), (ids, mask), str(path), input_names=["input_ids", "attention_mask"],
+                      output_names=["last_hidden_state"], opset_version=17, dynamo=False)
+    return path
+
+
+def bert_feeds() -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    mask = np.ones((8, 128), np.int64)
+    mask[:, 100:] = 0  # padded tail, as in a real batch
+    return {"input_ids": rng.integers(0, 30522, (8, 128)).astype(np.int64), "attention_mask": mask}
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+def main() -> None:
+    from hybrid import samples
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", default=",".join([*samples.LIGHT_MODELS, BERT]))
+    ap.add_argument("--blocks", type=int, default=5)
+    ap.add_argument("--per-block", type=int, default=5)
+    ap.add_argument("--keep-cache", action="store_true", help="use the user's cache instead of a fresh one")
+    args = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="hybrid-bench-auto-"))
+    if not args.keep_cache:  # measure the search itself, then the cached second compile
+        os.environ["HYBRID_CACHE_DIR"] = str(work / "cache")
+
+    import onnxruntime as ort
+    import openvino as ov
+
+    import hybrid
+
+    core = ov.Core()
+    print(machine_info())
+    rows, speedups, verdicts = [], [], []
+    for name in args.models.split(","):
+        if name == BERT:
+            path, feeds = export_bert(work), bert_feeds()
+        else:
+            path, feeds = samples.light_model_path(name), {"data_0": samples.light_input()}
+        sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        req = core.compile_model(str(path), "CPU", {"INFERENCE_PRECISION_HINT": "f32",
+                                                    "PERFORMANCE_HINT": "LATENCY"}).create_infer_request()
+        t0 = time.perf_counter()
+        cm = hybrid.compile(path, target="auto", sample_inputs=feeds)
+        search_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        hybrid.compile(path, target="auto", sample_inputs=feeds).close()
+        cached_s = time.perf_counter() - t0
+        seg = cm.plan.segments[0]
+        picked = cm.backend if len(cm.plan.segments) > 1 else f"{seg.backend} {seg.precision}"
+        contenders = {
+            "onnxruntime": lambda s=sess: s.run(None, feeds),
+            "openvino f32": lambda r=req: r.infer(feeds, share_inputs=True),
+            "auto": lambda c=cm: c.run(feeds),
+        }
+        cm_p = None
+        if name == BERT:
+            cm_p = hybrid.compile(path, target="auto", precision="auto", accuracy={"min_cosine": 0.995},
+                                  sample_inputs=feeds)
+            contenders["auto precision"] = lambda c=cm_p: c.run(feeds)
+        times = interleave(contenders, blocks=args.blocks, per_block=args.per_block)
+        med = {k: median_ms(v) for k, v in times.items()}
+        best_raw = min(med["onnxruntime"], med["openvino f32"])
+        ratio = med["auto"] / best_raw
+        speedups.append(med["onnxruntime"] / med["auto"])
+        verdicts.append(ratio <= 1.05)
+        rows.append([name, f"{med['onnxruntime']:.2f}", f"{med['openvino f32']:.2f}", f"{med['auto']:.2f}", picked,
+                     f"{ratio:.3f}", f"{med['onnxruntime'] / med['auto']:.2f}x", f"{search_s:.1f} s",
+                     f"{cached_s:.2f} s"])
+        if cm_p is not None:
+            ref = sess.run(None, feeds)[0]
+            cos = cosine(cm_p.run(feeds)["last_hidden_state"], ref)
+            pseg = cm_p.plan.segments[0]
+            rows.append([f"{name} precision=auto", f"{med['onnxruntime']:.2f}", f"{med['openvino f32']:.2f}",
+                         f"{med['auto precision']:.2f}", f"{pseg.backend} {pseg.precision}", f"cos {cos:.5f}",
+                         f"{med['onnxruntime'] / med['auto precision']:.2f}x", "", ""])
+            cm_p.close()
+        cm.close()
+        print(f"{name}: " + ", ".join(f"{k} {v:.2f} ms" for k, v in med.items()) + f" -> auto picked {picked}",
+              flush=True)
+    print()
+    print(table(["model", "onnxruntime ms", "openvino f32 ms", "auto ms", "auto picked",
+                 "auto / min(raw)", "speedup vs ORT", "first compile", "second compile"], rows))
+    print()
+    print(f"geometric-mean speedup of target='auto' over raw onnxruntime: {geomean(speedups):.2f}x "
+          f"({len(speedups)} models); auto within 1.05 x min(raw) on {sum(verdicts)} of {len(verdicts)}")
+
+
+if __name__ == "__main__":
+    main()
