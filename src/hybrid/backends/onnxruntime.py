@@ -88,6 +88,23 @@ def session_options(ort: Any, options: Mapping[str, Any], threads: int | None = 
     return so
 
 
+# hybrid options passed to the CANN EP under the same names (ORT's CANN EP documentation)
+_CANN_OPTIONS = ("precision_mode", "op_select_impl_mode", "optypelist_for_implmode", "npu_mem_limit",
+                 "arena_extend_strategy", "enable_cann_graph", "dump_graphs", "dump_om_model")
+_CANN_PRECISIONS = ("force_fp32", "cube_fp16in_fp32out", "force_fp16", "allow_fp32_to_fp16",
+                    "must_keep_origin_dtype", "allow_mix_precision", "allow_mix_precision_fp16",
+                    "allow_mix_precision_bf16", "allow_fp32_to_bf16")
+_AOE_JOB_TYPES = {"subgraph": 1, "operator": 2}
+
+
+def _note_aoe(mode: str) -> None:
+    """The seed's ``aoe_mode`` has no ONNX Runtime CANN EP option: AOE tunes offline, and the graph
+    builds that follow (the CANN EP's included) read its results from CANN's knowledge base."""
+    logger.warning("aoe_mode=%r: ONNX Runtime's CANN EP has no AOE option; tune once with `aoe --framework=5 "
+                   "--model=model.onnx --job_type=%d` on the Ascend host, later CANN builds use the tuned "
+                   "knowledge base", mode, _AOE_JOB_TYPES[mode])
+
+
 def provider_chain(device: str, options: Mapping[str, Any], available: list[str]) -> list[tuple[str, dict]]:
     """The ORT providers (with their documented options) to use for a hybrid device, CPU last."""
     kind, _, idx = device.partition(":")
@@ -103,6 +120,8 @@ def provider_chain(device: str, options: Mapping[str, Any], available: list[str]
                 trt["trt_engine_cache_enable"] = True
                 trt["trt_engine_cache_path"] = options["engine_cache_path"]
                 trt["trt_timing_cache_enable"] = True
+                # without a path ORT writes the timing cache to the working directory
+                trt["trt_timing_cache_path"] = options["engine_cache_path"]
             chain.append(("TensorrtExecutionProvider", {**trt, **extra.get("TensorrtExecutionProvider", {})}))
         cuda: dict[str, Any] = {"device_id": index}
         if options.get("gpu_mem_limit"):
@@ -112,9 +131,11 @@ def provider_chain(device: str, options: Mapping[str, Any], available: list[str]
         chain.append(("CUDAExecutionProvider", {**cuda, **extra.get("CUDAExecutionProvider", {})}))
     elif kind == "npu":
         cann: dict[str, Any] = {"device_id": index}
-        for key in ("precision_mode", "op_select_impl_mode", "npu_mem_limit"):
+        for key in _CANN_OPTIONS:
             if options.get(key) is not None:
                 cann[key] = options[key]
+        if options.get("aoe_mode"):
+            _note_aoe(options["aoe_mode"])
         chain.append(("CANNExecutionProvider", {**cann, **extra.get("CANNExecutionProvider", {})}))
     elif kind == "gpu":
         name = "DmlExecutionProvider" if "DmlExecutionProvider" in available else "OpenVINOExecutionProvider"
@@ -149,9 +170,19 @@ class OnnxRuntimeBackend(Backend):
         "engine_cache_path": Option((str,), doc="TensorRT EP engine and timing cache folder"),
         "gpu_mem_limit": Option((int,), doc="CUDA EP arena limit in bytes"),
         "cudnn_conv_algo_search": Option((str,), choices=("EXHAUSTIVE", "HEURISTIC", "DEFAULT")),
-        "precision_mode": Option((str,), doc="CANN EP precision mode, e.g. 'force_fp16'"),
+        "precision_mode": Option((str,), choices=_CANN_PRECISIONS, doc="CANN EP precision mode"),
         "op_select_impl_mode": Option((str,), choices=("high_performance", "high_precision")),
+        "optypelist_for_implmode": Option((str,), doc="CANN EP: op types (comma-separated) op_select_impl_mode "
+                                                      "applies to"),
         "npu_mem_limit": Option((int,), doc="CANN EP memory limit in bytes"),
+        "arena_extend_strategy": Option((str,), choices=("kNextPowerOfTwo", "kSameAsRequested"),
+                                        doc="CANN EP arena growth"),
+        "enable_cann_graph": Option((bool,), doc="CANN EP: run whole graphs on CANN's graph engine (ORT default "
+                                                 "True)"),
+        "dump_graphs": Option((bool,), doc="CANN EP: dump the partitioned subgraphs as ONNX"),
+        "dump_om_model": Option((bool,), doc="CANN EP: write the compiled offline model (.om)"),
+        "aoe_mode": Option((str,), choices=tuple(_AOE_JOB_TYPES), doc="Ascend AOE tuning (the CANN EP cannot "
+                                                                       "run it; a warning gives the aoe command)"),
         "provider_options": Option((dict,), doc="raw options per provider name, passed through"),
     }
 
