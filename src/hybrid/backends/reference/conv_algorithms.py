@@ -214,20 +214,47 @@ def conv_winograd(x: np.ndarray, u: np.ndarray, g: ConvGeometry) -> np.ndarray:
 
 
 def conv_depthwise(x: np.ndarray, w: np.ndarray, g: ConvGeometry) -> np.ndarray:
-    """One multiply-add per filter tap; group == C_in, W (C*mult, 1, kH, kW). Returns (N, M, oH, oW)."""
+    """One multiply-add pass per filter tap; group == C_in, W (C*mult, 1, kH, kW). Returns (N, M, oH, oW).
+
+    With stride 1 each tap is a shifted window of the flattened padded image, so every pass runs over
+    long contiguous rows (one per channel) instead of one short row per output line; the columns that
+    wrap around the padded width are computed and dropped.
+    """
     n, c = x.shape[:2]
     mult = w.shape[0] // c
     oh, ow = g.out
-    xp = pad_input(x, g)
-    wt = w.reshape(c, mult, *g.kernel)
-    out = np.zeros((n, c, mult, oh, ow), dtype=np.result_type(x, w))
-    tmp = np.empty_like(out)
     (sh, sw), (dh, dw) = g.strides, g.dilations
-    for i in range(g.kernel[0]):
-        for j in range(g.kernel[1]):
-            xs = xp[:, :, None, i * dh:i * dh + sh * (oh - 1) + 1:sh, j * dw:j * dw + sw * (ow - 1) + 1:sw]
-            np.multiply(xs, wt[None, :, :, i, j, None, None], out=tmp)
-            out += tmp
+    kh, kw = g.kernel
+    xp = pad_input(x, g)
+    if mult > 1:
+        xp = np.repeat(xp, mult, axis=1)
+    rows = n * c * mult
+    taps = np.tile(w.reshape(c * mult, kh * kw), (n, 1)).astype(np.result_type(x, w), copy=False)
+    hp, wp = xp.shape[2:]
+    if (sh, sw) == (1, 1):
+        flat = xp.reshape(rows, hp * wp)
+        length = (oh - 1) * wp + ow
+        acc = np.empty((rows, oh * wp), dtype=taps.dtype)
+        head = acc[:, :length]
+        tmp = np.empty_like(head)
+        for t in range(kh * kw):
+            i, j = divmod(t, kw)
+            off = i * dh * wp + j * dw
+            if t == 0:
+                np.multiply(flat[:, off:off + length], taps[:, :1], out=head)
+            else:
+                np.multiply(flat[:, off:off + length], taps[:, t:t + 1], out=tmp)
+                head += tmp
+        out = acc.reshape(rows, oh, wp)[:, :, :ow]
+        return np.ascontiguousarray(out).reshape(n, c * mult, oh, ow)
+    planes = xp.reshape(rows, hp, wp)
+    out = np.zeros((rows, oh, ow), dtype=taps.dtype)
+    tmp = np.empty_like(out)
+    for t in range(kh * kw):
+        i, j = divmod(t, kw)
+        view = planes[:, i * dh:i * dh + sh * (oh - 1) + 1:sh, j * dw:j * dw + sw * (ow - 1) + 1:sw]
+        np.multiply(view, taps[:, t, None, None], out=tmp)
+        out += tmp
     return out.reshape(n, c * mult, oh, ow)
 
 
