@@ -171,21 +171,29 @@ def _profiling_model(cm: CompiledModel, tmp: str) -> tuple[CompiledModel, list[s
                          config={cm.backend: options}), []
 
 
-def _per_layer(info: Any, start_us: float) -> list[dict[str, Any]]:
-    """Node spans from per-layer counters (OpenVINO ProfilingInfo or the same duck type), end to end."""
-    events, cursor = [], start_us
+def _per_layer(info: Any, start_us: float, span_us: float) -> list[dict[str, Any]]:
+    """Node spans from per-layer counters (OpenVINO ProfilingInfo or the same duck type), end to end.
+
+    The counters' sum can exceed the call (layers that overlap on the worker threads); then the spans
+    are shrunk in proportion to fit in the subgraph span, and ``args.real_us`` keeps the reported time.
+    """
+    layers = []
     for rec in info:
         status = str(getattr(rec, "status", "EXECUTED"))
         real = getattr(rec, "real_time", 0)
         dur = real.total_seconds() * 1e6 if isinstance(real, datetime.timedelta) else float(real) * 1e6
-        if dur <= 0 or "NOT_RUN" in status or "OPTIMIZED_OUT" in status:
-            continue
-        args = {"op_type": str(getattr(rec, "node_type", "?"))}
+        if dur > 0 and "NOT_RUN" not in status and "OPTIMIZED_OUT" not in status:
+            layers.append((rec, dur))
+    total = sum(d for _, d in layers)
+    scale = min(1.0, span_us / total) if total else 1.0
+    events, cursor = [], start_us
+    for rec, dur in layers:
+        args = {"op_type": str(getattr(rec, "node_type", "?")), "real_us": round(dur, 3)}
         if getattr(rec, "exec_type", None):
             args["exec_type"] = str(rec.exec_type)
         events.append({"name": str(getattr(rec, "node_name", "?")), "cat": "node", "ph": "X", "pid": 1,
-                       "tid": _NODE, "ts": round(cursor, 3), "dur": round(dur, 3), "args": args})
-        cursor += dur
+                       "tid": _NODE, "ts": round(cursor, 3), "dur": round(dur * scale, 3), "args": args})
+        cursor += dur * scale
     return events
 
 
@@ -236,7 +244,7 @@ def _stats(events: list[dict[str, Any]], key: str, node_runs: int) -> tuple[OpSt
     names: dict[str, set[str]] = defaultdict(set)
     for e in events:
         k = e["args"].get("op_type", "?") if key == "op" else e["name"]
-        total[k] += e["dur"]
+        total[k] += e["args"].get("real_us", e["dur"])  # the backend's own number, not the drawn span
         names[k].add(e["name"])
     grand = sum(total.values()) or 1.0
     runs = max(node_runs, 1)
@@ -292,7 +300,8 @@ def profile(model_or_path: Any, duration: float = 10.0, output: str | os.PathLik
             t1 = time.perf_counter_ns()
             runs.append((t0, t1))
             if per_layer is not None and len(runs) <= node_runs:
-                nodes += _per_layer(per_layer(), (timed.spans[-1][0] - t_base) / 1e3)
+                start, end = timed.spans[-1]
+                nodes += _per_layer(per_layer(), (start - t_base) / 1e3, (end - start) / 1e3)
             if session is not None and len(runs) == node_runs:
                 nodes += _ort_nodes(session, runs, warmup, t_base)  # stops ORT's profiler: later runs are plain
                 session = None
