@@ -1,10 +1,11 @@
-"""Compile-time fusions of a Conv with the elementwise steps that follow it.
+"""Compile-time fusions of a Conv (or a BatchNormalization) with the elementwise steps that follow it.
 
 A Conv whose only reader is a BatchNormalization with constant statistics takes the normalization
 into its weights (w * a, b * a + shift); a following Add/Sum of another value already computed is
 added into the Conv's own output buffer; a following Relu is applied in place. This is the same
 arithmetic as the separate kernels (BatchNormalization folded in float64 first), without three
-extra passes over the activations. ``fuse=False`` in the backend options turns it off.
+extra passes over the activations. A BatchNormalization that stays on its own (before a Conv, as in
+DenseNet) applies a following Relu in place. ``fuse=False`` in the backend options turns it off.
 """
 
 from __future__ import annotations
@@ -50,6 +51,14 @@ def fuse_steps(steps: list[Step], output_slots: list[int]) -> list[Step]:
         return None
 
     for i, step in enumerate(steps):
+        if i not in removed and step.op_type == "BatchNormalization" and hasattr(step.run, "relu"):
+            j = sole_reader(step.outputs[0], i)
+            if j is not None and steps[j].op_type == "Relu" and not step.run.relu:
+                step.run.relu = True  # each node has its own kernel object
+                step.outputs = steps[j].outputs
+                step.label = f"{step.label}+fused"
+                removed.add(j)
+            continue
         if i in removed or step.op_type != "Conv" or not isinstance(step.run, ConvKernel) or step.run.w is None:
             continue
         conv = step.run

@@ -88,9 +88,12 @@ class _Pool:
     def __call__(self, x):
         size, inner, out, counts = self._plan(x.shape)
         if self.kind == "max":
-            fill = -np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min
-            xp = np.full((*x.shape[:2], *size), fill, dtype=x.dtype)
-            xp[(slice(None), slice(None), *inner)] = x
+            if size == x.shape[2:] and all(sl.start == 0 for sl in inner):
+                xp = x  # no padding and no window past the end: read the input in place
+            else:
+                fill = -np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min
+                xp = np.full((*x.shape[:2], *size), fill, dtype=x.dtype)
+                xp[(slice(None), slice(None), *inner)] = x
             return (_windows_reduce(xp, self.k, self.s, self.d, out, np.maximum),)
         xp = np.zeros((*x.shape[:2], *size), dtype=x.dtype)
         xp[(slice(None), slice(None), *inner)] = x
@@ -129,6 +132,29 @@ def _channel(v, ndim):
     return v.reshape(-1, *([1] * (ndim - 2)))
 
 
+class _FoldedBatchNorm:
+    """Inference BatchNormalization with constant statistics: ``x * a + shift`` per channel.
+
+    ``scale_shift`` is read by the Conv fusion; ``relu`` is set when a following Relu is fused.
+    """
+
+    def __init__(self, a: np.ndarray, shift: np.ndarray) -> None:
+        self.scale_shift = (a, shift)
+        self.relu = False
+        self._cast: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+
+    def __call__(self, x, *_):
+        key = (x.dtype, x.ndim)
+        ab = self._cast.get(key)
+        if ab is None:
+            ab = self._cast[key] = tuple(_channel(v, x.ndim).astype(x.dtype) for v in self.scale_shift)
+        y = x * ab[0]
+        y += ab[1]
+        if self.relu:
+            np.maximum(y, 0, out=y)
+        return (y,)
+
+
 @prepared("BatchNormalization", since=7)
 def _batch_norm(ctx: NodeContext):
     attrs = ctx.attrs
@@ -141,13 +167,7 @@ def _batch_norm(ctx: NodeContext):
         a = scale / np.sqrt(var + np.asarray(eps, dtype=var.dtype))
         shift = bias - mean * a
 
-        def folded(x, *_):
-            y = x * _channel(a, x.ndim).astype(x.dtype, copy=False)
-            y += _channel(shift, x.ndim).astype(x.dtype, copy=False)
-            return (y,)
-
-        folded.scale_shift = (a, shift)  # read by the Conv fusion
-        return folded
+        return _FoldedBatchNorm(a, shift)
 
     def run(x, scale, bias, mean, var):
         n = x.ndim
