@@ -213,3 +213,24 @@ def test_num_threads_limits_blas_only_while_running(rng):
     with pytest.raises(BackendError) as e:
         hybrid.compile(model, target="reference", config={"num_threads": 0})
     assert e.value.code == "HYB-306"
+
+
+def test_standalone_batch_norm_takes_the_relu(rng):
+    c = 4
+    stats = [rng.uniform(0.5, 1.5, c).astype(np.float32) for _ in range(4)]
+    inits = [onnx.numpy_helper.from_array(s, n) for s, n in zip(stats, ["sc", "bi", "mu", "va"])]
+    nodes = [helper.make_node("BatchNormalization", ["x", "sc", "bi", "mu", "va"], ["b"]),
+             helper.make_node("Relu", ["b"], ["y"])]
+    model = _model(nodes, [_vi("x", shape=[2, c, 3, 3])], [_vi("y")], inits)
+    x = rng.standard_normal((2, c, 3, 3)).astype(np.float32)
+    sc, bi, mu, va = (s.reshape(1, c, 1, 1) for s in stats)
+    expected = np.maximum((x - mu) / np.sqrt(va + 1e-5) * sc + bi, 0)
+    cm = hybrid.compile(model, target="reference")
+    assert [s.op_type for s in cm.executable.program.steps] == ["BatchNormalization"]
+    np.testing.assert_allclose(cm(x), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_fused_weights_are_not_kept_twice(light):
+    cm = hybrid.compile(str(light.light_model_path("resnet50")), target="reference")
+    held = sum(v.nbytes for v in cm.executable.program._template if isinstance(v, np.ndarray))
+    assert held < 10e6  # the 8 MB classifier; the conv weights live only in their (fused) kernels

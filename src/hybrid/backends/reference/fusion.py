@@ -65,7 +65,7 @@ def fuse_steps(steps: list[Step], output_slots: list[int]) -> list[Step]:
         if conv.relu or conv.residual:
             continue
         out = step.outputs[0]
-        inputs = list(step.inputs)
+        inputs = [step.inputs[0]]  # the kernel holds its constant weights; W and B need not be passed
         j = sole_reader(out, i)
         if j is not None and steps[j].op_type == "BatchNormalization" and steps[j].inputs[0] == out:
             scale_shift = getattr(steps[j].run, "scale_shift", None)

@@ -258,6 +258,11 @@ def compile_graph(graph: ir.Graph, opsets: Mapping[str, int], options: Mapping[s
     output_slots = [slot(v.name) for v in graph.outputs]
     if options.get("fuse", True):
         steps = fuse_steps(steps, output_slots)
+    # constants no step reads any more (folded into others, fused into Conv weights) are let go
+    read = {s for step in steps for s in step.inputs} | set(output_slots)
+    for s, value in enumerate(template):
+        if value is not None and s not in read:
+            template[s] = None
     _liveness(steps, set(output_slots) | set(input_slots), template)
     return Program(steps, template, list(input_names), input_slots, [v.name for v in graph.outputs],
                    output_slots)
