@@ -11,6 +11,7 @@ from hybrid.backends.reference import (  # noqa: F401 - importing registers the 
     ops_control,
     ops_conv,
     ops_elementwise,
+    ops_index,
     ops_nn,
     ops_optional,
     ops_quant,

@@ -226,3 +226,100 @@ def _clip(x, lo=None, hi=None):
     if hi is not None:
         out = np.minimum(out, hi)
     return (_same(out, x),)
+
+
+def _erf_function():
+    try:
+        from scipy.special import erf  # fast where scipy is installed; hybrid does not require it
+    except ImportError:
+        import math
+
+        return np.vectorize(math.erf, otypes=[np.float64])
+    return erf
+
+
+_ERF = None
+
+
+@kernel("Erf", since=9)
+def _erf(x):
+    global _ERF
+    if _ERF is None:
+        _ERF = _erf_function()
+    return (np.asarray(_ERF(x)).astype(x.dtype),)
+
+
+@kernel("Gelu", since=20)
+def _gelu(x, *, approximate="none"):
+    if approximate == "tanh":
+        inner = np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)
+        return (_same(0.5 * x * (1 + np.tanh(inner)), x),)
+    return (_same(0.5 * x * (1 + _erf(x / np.sqrt(2).astype(x.dtype))[0]), x),)
+
+
+@kernel("Mod", since=10)
+def _mod(a, b, *, fmod=0):
+    with np.errstate(all="ignore"):
+        return (np.fmod(a, b) if fmod else np.mod(a, b),)
+
+
+@kernel("IsInf", since=10)
+def _isinf(x, *, detect_negative=1, detect_positive=1):
+    if detect_negative and detect_positive:
+        return (np.isinf(x),)
+    if detect_negative:
+        return (np.isneginf(x),)
+    if detect_positive:
+        return (np.isposinf(x),)
+    return (np.zeros(x.shape, dtype=bool),)
+
+
+@kernel("Softsign", since=1)
+def _softsign(x):
+    return (_same(x / (1 + np.abs(x)), x),)
+
+
+@kernel("ThresholdedRelu", since=10)
+def _thresholded_relu(x, *, alpha=1.0):
+    return (_same(np.where(x > alpha, x, 0), x),)
+
+
+@kernel("Celu", since=12)
+def _celu(x, *, alpha=1.0):
+    return (_same(np.maximum(0, x) + np.minimum(0, alpha * np.expm1(x / alpha)), x),)
+
+
+@kernel("Shrink", since=9)
+def _shrink(x, *, bias=0.0, lambd=0.5):
+    return (_same(np.where(x < -lambd, x + bias, np.where(x > lambd, x - bias, 0)), x),)
+
+
+@kernel("Mish", since=18)
+def _mish(x):
+    with np.errstate(over="ignore"):
+        return (_same(x * np.tanh(np.log1p(np.exp(x))), x),)
+
+
+@kernel("BitShift", since=11)
+def _bit_shift(x, y, *, direction):
+    return ((np.left_shift(x, y) if direction == "LEFT" else np.right_shift(x, y)).astype(x.dtype),)
+
+
+@kernel("BitwiseAnd", since=18)
+def _bitwise_and(a, b):
+    return (np.bitwise_and(a, b),)
+
+
+@kernel("BitwiseOr", since=18)
+def _bitwise_or(a, b):
+    return (np.bitwise_or(a, b),)
+
+
+@kernel("BitwiseXor", since=18)
+def _bitwise_xor(a, b):
+    return (np.bitwise_xor(a, b),)
+
+
+@kernel("BitwiseNot", since=18)
+def _bitwise_not(x):
+    return (np.bitwise_not(x),)
