@@ -1,0 +1,328 @@
+"""Frames to an image model's input: resize or letterbox, color order, scale, mean/std, layout, dtype.
+
+Sampling is bilinear with half-pixel centers (as OpenCV's INTER_LINEAR and torch's
+``interpolate(align_corners=False)``): output pixel ``j`` of a source interval ``[s0, s1)`` placed at
+``[d0, d1)`` reads the source at ``s0 + (j - d0 + 0.5) * (s1 - s0) / (d1 - d0) - 0.5``. Every frame
+keeps a :class:`Placement` of that mapping, so boxes found in the input map back to the frame exactly.
+
+Work is vectorized over frames: frames of one size go through one separable resize together; crops
+(any rectangles of any frames) go through one gather per frame.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from hybrid.errors import BundleError, RunError
+from hybrid.vision.spec import Preprocess
+
+__all__ = ["ImageInput", "Placement", "as_frames", "image_input", "prepare", "prepare_crops"]
+
+_DEFAULT_MAX_BATCH = 16
+_FRAME_DTYPES = (np.uint8, np.uint16, np.float16, np.float32, np.float64)
+
+
+@dataclass(frozen=True, slots=True)
+class ImageInput:
+    """An image input resolved against the model: what :func:`prepare` produces.
+
+    Attributes:
+        name: The model input's name.
+        height, width, channels: Input image size and channels (1 or 3).
+        layout: 'NCHW' or 'NHWC'.
+        dtype: numpy dtype of the input.
+        resize: 'resize' or 'letterbox'.
+        pad_value: Letterbox padding, in pixel units.
+        color: Channel order the model expects.
+        gain, offset: Per-channel ``x * gain + offset`` (scale, mean and std folded together).
+        static_batch: The input's batch size when it is fixed, else None.
+        max_batch: Most frames per run.
+    """
+
+    name: str
+    height: int
+    width: int
+    channels: int
+    layout: str
+    dtype: np.dtype
+    resize: str
+    pad_value: float
+    color: str
+    gain: np.ndarray
+    offset: np.ndarray
+    static_batch: int | None
+    max_batch: int
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where a rectangle of a frame landed in the model input.
+
+    Attributes:
+        src: (x1, y1, x2, y2) in frame pixels, continuous coordinates (pixel i spans [i, i + 1)).
+        dst: (x1, y1, x2, y2) in input pixels, integers.
+        frame_size: (height, width) of the frame.
+    """
+
+    src: tuple[float, float, float, float]
+    dst: tuple[int, int, int, int]
+    frame_size: tuple[int, int]
+
+    def to_frame(self, boxes: np.ndarray) -> np.ndarray:
+        """Map xyxy boxes from input pixels to frame pixels, clipped to the frame."""
+        sx1, sy1, sx2, sy2 = self.src
+        dx1, dy1, dx2, dy2 = self.dst
+        kx, ky = (sx2 - sx1) / (dx2 - dx1), (sy2 - sy1) / (dy2 - dy1)
+        b = np.asarray(boxes, dtype=np.float64).reshape(-1, 4)
+        out = np.empty_like(b)
+        out[:, 0::2] = sx1 + (b[:, 0::2] - dx1) * kx
+        out[:, 1::2] = sy1 + (b[:, 1::2] - dy1) * ky
+        h, w = self.frame_size
+        np.clip(out[:, 0::2], 0.0, w, out=out[:, 0::2])
+        np.clip(out[:, 1::2], 0.0, h, out=out[:, 1::2])
+        return out.astype(np.float32)
+
+
+def _bad(code: str, message: str, hint: str) -> BundleError:
+    return BundleError(code, message, hint)
+
+
+def image_input(decl: Preprocess, spec: Any) -> ImageInput:
+    """Resolve a ``preprocess`` declaration against the model's image input (a TensorSpec).
+
+    Raises:
+        BundleError: HYB-502 when the declaration and the input disagree or leave something open.
+    """
+    shape = spec.shape
+    where = f"preprocess for input {spec.name!r} ({spec})"
+    if shape is None or len(shape) != 4:
+        raise _bad("HYB-502", f"{where}: an image input must have rank 4 (N, C, H, W or N, H, W, C)",
+                   "declare the task on a model whose only input is a batch of images")
+    layout = decl.layout
+    if layout is None:
+        if shape[1] in (1, 3):
+            layout = "NCHW"
+        elif shape[3] in (1, 3):
+            layout = "NHWC"
+        else:
+            raise _bad("HYB-502", f"{where}: cannot tell the layout (no dimension of 1 or 3 channels)",
+                       "declare layout='NCHW' or 'NHWC'")
+    c, h, w = (shape[1], shape[2], shape[3]) if layout == "NCHW" else (shape[3], shape[1], shape[2])
+    if c not in (1, 3):
+        raise _bad("HYB-502", f"{where}: layout {layout} puts {c} channels, expected 1 or 3",
+                   "declare the right layout")
+    if decl.size is not None:
+        height, width = decl.size
+        for got, want, axis in ((h, height, "height"), (w, width, "width")):
+            if isinstance(got, int) and got != want:
+                raise _bad("HYB-502", f"{where}: declared size {decl.size} but the input's {axis} is {got}",
+                           "leave size out or match the model")
+    elif isinstance(h, int) and isinstance(w, int):
+        height, width = h, w
+    else:
+        raise _bad("HYB-502", f"{where}: the input's height and width are dynamic and no size is declared",
+                   "declare size=[height, width]")
+    dtype = np.dtype(decl.dtype) if decl.dtype else spec.dtype
+    if dtype is None or dtype not in (np.float32, np.float16, np.uint8):
+        raise _bad("HYB-502", f"{where}: input dtype {dtype} is not float32, float16 or uint8",
+                   "declare dtype, or export the model with a float32 input")
+    mean = np.broadcast_to(np.asarray(decl.mean, np.float64), (c,)) if len(decl.mean) in (1, c) else None
+    std = np.broadcast_to(np.asarray(decl.std, np.float64), (c,)) if len(decl.std) in (1, c) else None
+    if mean is None or std is None:
+        raise _bad("HYB-502", f"{where}: mean {decl.mean} and std {decl.std} must have 1 or {c} values",
+                   "one value per channel")
+    gain = (decl.scale / std).astype(np.float32)
+    offset = (-mean / std).astype(np.float32)
+    if dtype == np.uint8 and not (np.allclose(gain, 1) and np.allclose(offset, 0)):
+        raise _bad("HYB-502", f"{where}: a uint8 input takes raw pixels, but scale/mean/std would change them",
+                   "declare scale=1, mean=[0], std=[1] for a uint8 input")
+    static_batch = shape[0] if isinstance(shape[0], int) else None
+    max_batch = static_batch or decl.max_batch or _DEFAULT_MAX_BATCH
+    if static_batch is not None and decl.max_batch is not None and decl.max_batch != static_batch:
+        raise _bad("HYB-502", f"{where}: max_batch {decl.max_batch} but the input's batch is fixed at "
+                   f"{static_batch}", "leave max_batch out or export the model with a dynamic batch")
+    return ImageInput(spec.name, int(height), int(width), int(c), layout, np.dtype(dtype), decl.resize,
+                      float(decl.pad_value), decl.color, gain, offset, static_batch, int(max_batch))
+
+
+# ------------------------------------------------------------------ frames
+def _frame(value: Any, i: int) -> np.ndarray:
+    try:
+        a = np.asarray(value)
+    except Exception as e:
+        raise RunError("HYB-406", f"frame {i}: expected an H x W x C array, got {type(value).__name__}",
+                       "pass numpy arrays (H x W x 3 uint8, as a video decoder gives them)") from e
+    if a.dtype == object or a.dtype.kind not in "uif":
+        raise RunError("HYB-406", f"frame {i}: expected an H x W x C array of numbers, got {type(value).__name__} "
+                       f"of dtype {a.dtype}", "pass numpy arrays (H x W x 3 uint8)")
+    if a.ndim == 2:
+        a = a[:, :, None]
+    if a.ndim != 3 or a.shape[2] not in (1, 3, 4) or a.shape[0] < 1 or a.shape[1] < 1:
+        raise RunError("HYB-404", f"frame {i}: expected H x W x C with 1, 3 or 4 channels, got shape {a.shape}",
+                       "a batch of frames is a list of H x W x C arrays or one N x H x W x C array")
+    if a.dtype not in _FRAME_DTYPES:
+        raise RunError("HYB-403", f"frame {i}: dtype {a.dtype} is not one of uint8, uint16, float16/32/64",
+                       "convert it, e.g. frame.astype(np.uint8)")
+    return a
+
+
+def as_frames(frames: Any) -> tuple[list[np.ndarray], bool]:
+    """Frames as a list of H x W x C arrays, and whether one frame (not a batch) was given.
+
+    Accepts one frame (H x W or H x W x C), an N x H x W x C array, or a sequence of frames.
+
+    Raises:
+        RunError: HYB-406 / HYB-404 / HYB-403 naming the frame that is not an image.
+    """
+    if isinstance(frames, np.ndarray) or hasattr(frames, "__array__"):
+        a = np.asarray(frames)
+        if a.ndim == 4:
+            return [_frame(f, i) for i, f in enumerate(a)], False
+        return [_frame(a, 0)], True
+    if isinstance(frames, Sequence) and not isinstance(frames, (str, bytes)):
+        return [_frame(f, i) for i, f in enumerate(frames)], False
+    raise RunError("HYB-406", f"expected a frame, an N x H x W x C array or a list of frames, got "
+                   f"{type(frames).__name__}", "pass numpy arrays (H x W x 3 uint8)")
+
+
+# ------------------------------------------------------------------ geometry
+def _dst_rect(src_w: float, src_h: float, inp: ImageInput) -> tuple[int, int, int, int]:
+    if inp.resize == "resize":
+        return 0, 0, inp.width, inp.height
+    r = min(inp.width / src_w, inp.height / src_h)
+    nw = min(inp.width, max(1, round(src_w * r)))
+    nh = min(inp.height, max(1, round(src_h * r)))
+    left, top = (inp.width - nw) // 2, (inp.height - nh) // 2
+    return left, top, left + nw, top + nh
+
+
+def _axis(n_out: int, d0: np.ndarray, d1: np.ndarray, s0: np.ndarray, s1: np.ndarray,
+          size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Bilinear taps along one axis for K placements: (i0, i1, weight, inside), each (K, n_out)."""
+    j = np.arange(n_out, dtype=np.float64)[None, :]
+    pos = s0[:, None] + (j - d0[:, None] + 0.5) * ((s1 - s0) / (d1 - d0))[:, None] - 0.5
+    np.clip(pos, 0.0, size - 1, out=pos)
+    i0 = np.floor(pos).astype(np.intp)
+    i1 = np.minimum(i0 + 1, size - 1)
+    return i0, i1, (pos - i0).astype(np.float32), (j >= d0[:, None]) & (j < d1[:, None])
+
+
+def _lerp(a: np.ndarray, b: np.ndarray, w: np.ndarray) -> np.ndarray:
+    a = a.astype(np.float32)
+    return a + (b.astype(np.float32) - a) * w
+
+
+def _resize_group(x: np.ndarray, pl: Placement, out: np.ndarray) -> None:
+    """Resize frames of one size, all placed alike, into ``out`` (N, H, W, C float32), separably."""
+    h, w = pl.frame_size
+    dx1, dy1, dx2, dy2 = pl.dst
+    nh, nw = dy2 - dy1, dx2 - dx1
+    if (nh, nw) == (h, w):  # same size: a copy (the taps would all be integers with weight 0)
+        out[:, dy1:dy2, dx1:dx2] = x
+        return
+    one = np.zeros(1)
+    if nh == h:
+        rows = x
+    else:
+        i0, i1, wy, _ = _axis(nh, one, one + nh, one, one + h, h)
+        rows = _lerp(x[:, i0[0]], x[:, i1[0]], wy[0][None, :, None, None])
+    if nw == w:
+        out[:, dy1:dy2, dx1:dx2] = rows
+    else:
+        i0, i1, wx, _ = _axis(nw, one, one + nw, one, one + w, w)
+        out[:, dy1:dy2, dx1:dx2] = _lerp(rows[:, :, i0[0]], rows[:, :, i1[0]], wx[0][None, None, :, None])
+
+
+def _channels(x: np.ndarray, channels: int) -> np.ndarray:
+    c = x.shape[-1]
+    if c == 4:
+        x, c = x[..., :3], 3
+    if c == channels:
+        return x
+    if channels == 3:  # gray frames for a color model
+        return np.repeat(x, 3, axis=-1)
+    luma = np.asarray([0.299, 0.587, 0.114], np.float32)
+    return (x.astype(np.float32) @ luma)[..., None]
+
+
+def _finish(buf: np.ndarray, inp: ImageInput, color: str) -> np.ndarray:
+    """Color order, scale/mean/std, layout and dtype, on an (N, H, W, C) float32 buffer in place."""
+    gain, offset = inp.gain, inp.offset
+    if inp.channels == 3 and color != inp.color:
+        buf = buf[..., ::-1]
+    if inp.layout == "NCHW":
+        buf = buf.transpose(0, 3, 1, 2)
+        gain, offset = gain[:, None, None], offset[:, None, None]
+    out = np.empty(buf.shape, np.float32)
+    if inp.dtype == np.uint8:
+        np.clip(buf, 0, 255, out=out)
+        return np.rint(out, out=out).astype(np.uint8)
+    np.multiply(buf, gain, out=out)  # one strided pass does the reorder, the layout and the scale
+    out += offset
+    return out if inp.dtype == np.float32 else out.astype(inp.dtype)
+
+
+def prepare(frames: list[np.ndarray], inp: ImageInput, color: str = "rgb") -> tuple[np.ndarray, list[Placement]]:
+    """Whole frames (any sizes) to one input batch, with each frame's placement.
+
+    Args:
+        frames: H x W x C arrays (see :func:`as_frames`).
+        inp: The resolved input.
+        color: Channel order of the frames, 'rgb' or 'bgr'.
+    """
+    buf = np.full((len(frames), inp.height, inp.width, inp.channels), inp.pad_value, np.float32)
+    placements: list[Placement | None] = [None] * len(frames)
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i, f in enumerate(frames):
+        groups.setdefault(f.shape, []).append(i)
+    for (h, w, _), idx in groups.items():
+        pl = Placement((0.0, 0.0, float(w), float(h)), _dst_rect(w, h, inp), (h, w))
+        x = _channels(np.stack([frames[i] for i in idx]) if len(idx) > 1 else frames[idx[0]][None], inp.channels)
+        if len(idx) == len(frames):
+            _resize_group(x, pl, buf)
+        else:
+            part = buf[idx]
+            _resize_group(x, pl, part)
+            buf[idx] = part
+        for i in idx:
+            placements[i] = pl
+    return _finish(buf, inp, color), placements  # type: ignore[return-value]
+
+
+def prepare_crops(frames: list[np.ndarray], frame_ids: np.ndarray, rects: np.ndarray, inp: ImageInput,
+                  color: str = "rgb") -> tuple[np.ndarray, list[Placement]]:
+    """Rectangles of frames to one input batch (crops resized or letterboxed as the input declares).
+
+    Args:
+        frames: The frames the rectangles come from.
+        frame_ids: (K,) index into ``frames`` per rectangle.
+        rects: (K, 4) xyxy rectangles in frame pixels (continuous), inside the frame, non-empty.
+        inp: The resolved input.
+        color: Channel order of the frames.
+    """
+    k = len(rects)
+    buf = np.full((k, inp.height, inp.width, inp.channels), inp.pad_value, np.float32)
+    rects = np.asarray(rects, np.float64).reshape(k, 4)
+    dst = np.asarray([_dst_rect(r[2] - r[0], r[3] - r[1], inp) for r in rects], np.float64).reshape(k, 4)
+    frame_ids = np.asarray(frame_ids, np.intp)
+    for fid in np.unique(frame_ids):
+        sel = np.flatnonzero(frame_ids == fid)
+        frame = _channels(frames[fid], inp.channels)
+        h, w = frame.shape[:2]
+        r, d = rects[sel], dst[sel]
+        y0, y1, wy, iny = _axis(inp.height, d[:, 1], d[:, 3], r[:, 1], r[:, 3], h)
+        x0, x1, wx, inx = _axis(inp.width, d[:, 0], d[:, 2], r[:, 0], r[:, 2], w)
+        ya, yb, xa, xb = y0[:, :, None], y1[:, :, None], x0[:, None, :], x1[:, None, :]
+        wxe = wx[:, None, :, None]
+        top = _lerp(frame[ya, xa], frame[ya, xb], wxe)
+        bottom = _lerp(frame[yb, xa], frame[yb, xb], wxe)
+        value = top + (bottom - top) * wy[:, :, None, None]
+        inside = (iny[:, :, None] & inx[:, None, :])[..., None]
+        buf[sel] = np.where(inside, value, np.float32(inp.pad_value))
+    placements = [Placement(tuple(map(float, r)), tuple(int(v) for v in d), frames[f].shape[:2])
+                  for r, d, f in zip(rects, dst, frame_ids)]
+    return _finish(buf, inp, color), placements

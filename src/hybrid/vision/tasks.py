@@ -1,0 +1,372 @@
+"""``TaskModel``: a compiled model that takes frames and returns answers (detections, labels).
+
+``hybrid.load`` returns one when the bundle declares a vision task (see :mod:`hybrid.vision.spec`);
+``TaskModel.from_options(cm, 'detection', format='yolov8', ...)`` wraps any compiled model. Calls
+queue preprocessing, the run and postprocessing together on a stream when given ``stream=`` (as
+``CompiledModel.__call__`` does), so a detector and a classifier chained on one stream stay in order
+while the caller goes on decoding frames. Raw tensors stay available through :meth:`TaskModel.run`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from hybrid.errors import BundleError, ConfigError, RunError
+from hybrid.vision.preprocess import ImageInput, as_frames, image_input, prepare, prepare_crops
+from hybrid.vision.results import Classification, Detections
+from hybrid.vision.spec import ClassificationPostprocess, Postprocess, Preprocess, declare, flat_options
+from hybrid.vision.yolo import decode, num_classes
+
+if TYPE_CHECKING:
+    from hybrid.ir import Signature
+    from hybrid.runtime.compiled import CompiledModel
+
+__all__ = ["TaskModel", "check_declarations", "declarations", "task_model"]
+
+logger = logging.getLogger("hybrid")
+
+_STAGES = ("preprocess", "run", "postprocess")
+
+
+class _StageTimes:
+    """Seconds and items per stage, summed across calls and threads."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.reset()
+
+    def reset(self) -> None:
+        with self._lock:
+            self._data = {s: [0, 0, 0.0] for s in _STAGES}
+
+    def add(self, items: int, *marks: float) -> None:
+        with self._lock:
+            for stage, t0, t1 in zip(_STAGES, marks, marks[1:]):
+                row = self._data[stage]
+                row[0] += 1
+                row[1] += items
+                row[2] += t1 - t0
+
+    def snapshot(self) -> dict[str, dict[str, float]]:
+        with self._lock:
+            return {s: {"calls": c, "items": n, "seconds": t} for s, (c, n, t) in self._data.items()}
+
+
+def _check_color(color: str) -> None:
+    if color not in ("rgb", "bgr"):
+        raise ConfigError("HYB-102", f"color: expected 'rgb' or 'bgr' (the frames' channel order), got {color!r}")
+
+
+class TaskModel:
+    """A compiled image model with its declared pre- and postprocessing.
+
+    Attributes:
+        compiled: The CompiledModel it runs (``signature``, ``backend``, ``device``, ``plan`` and the
+            other CompiledModel attributes are reachable on the TaskModel too).
+        task: 'detection' or 'classification'.
+        preprocess, postprocess: The declarations (see :mod:`hybrid.vision.spec`).
+        input: The image input they resolve to (size, layout, dtype, max_batch).
+        class_names: Names by class id (empty when none are declared).
+
+    Raises:
+        BundleError: HYB-502 when the declarations do not fit the model.
+    """
+
+    def __init__(self, compiled: CompiledModel, preprocess: Preprocess, postprocess: Postprocess) -> None:
+        self.compiled = compiled
+        self.preprocess = preprocess
+        self.postprocess = postprocess
+        self.task = postprocess.task
+        self.input, self.output = check_declarations(compiled.signature, preprocess, postprocess,
+                                                     compiled.model.name)
+        self.class_names: tuple[str, ...] = tuple(postprocess.class_names or ())
+        self._times = _StageTimes()
+
+    @classmethod
+    def from_options(cls, compiled: CompiledModel, task: str, **options: Any) -> TaskModel:
+        """Wrap a compiled model with flat task options (the keys of ``pyasc bundle create``).
+
+        ``TaskModel.from_options(cm, 'detection', format='yolov8', classes=['cat', 'dog'])``
+        """
+        decl = declare(task, options)
+        if decl is None:
+            raise BundleError("HYB-502", f"task {task!r} is not a vision task", "use 'detection' or 'classification'")
+        return cls(compiled, *decl)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "compiled":  # not set yet: a failed __init__
+            raise AttributeError(name)
+        return getattr(self.compiled, name)
+
+    # ------------------------------------------------------------------ raw
+    def run(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
+        """The raw model: input name -> array in, output name -> array out (no pre/postprocessing)."""
+        return self.compiled.run(feeds)
+
+    @property
+    def max_batch(self) -> int:
+        """Most images in one run of the model."""
+        return self.input.max_batch
+
+    def _infer(self, x: np.ndarray) -> np.ndarray:
+        """Run a prepared batch in chunks of ``max_batch``; return the declared output."""
+        inp = self.input
+        parts = []
+        for start in range(0, len(x), inp.max_batch):
+            chunk = x[start:start + inp.max_batch]
+            n = len(chunk)
+            if inp.static_batch is not None and n < inp.static_batch:  # a fixed batch: pad the last chunk
+                chunk = np.concatenate([chunk, np.zeros((inp.static_batch - n, *chunk.shape[1:]), chunk.dtype)])
+            parts.append(np.asarray(self.compiled.run({inp.name: chunk})[self.output])[:n])
+        return np.concatenate(parts) if len(parts) > 1 else parts[0]
+
+    # ------------------------------------------------------------------ answers
+    def __call__(self, frames: Any, stream: Any = None, *, color: str = "rgb", top_k: int | None = None) -> Any:
+        """Answer for one frame or a batch of frames (any sizes).
+
+        Args:
+            frames: One H x W x C frame, an N x H x W x C array, or a list of frames.
+            stream: A ``hybrid.StreamContext``: queue the whole call on it and return its handle.
+            color: The frames' channel order, 'rgb' (as VideoSource gives them) or 'bgr' (OpenCV).
+            top_k: Classification only: labels per answer (default: the declared top_k).
+
+        Returns:
+            Detection: a :class:`Detections` per frame; classification: a :class:`Classification`
+            per frame. One answer for one frame, else a list.
+        """
+        _check_color(color)
+        if stream is not None:
+            return stream.submit(self._answer, frames, color, top_k)
+        return self._answer(frames, color, top_k)
+
+    def _answer(self, frames: Any, color: str, top_k: int | None) -> Any:
+        batch, single = as_frames(frames)
+        if not batch:
+            return []
+        t0 = time.perf_counter()
+        x, placements = prepare(batch, self.input, color)
+        t1 = time.perf_counter()
+        out = self._infer(x)
+        t2 = time.perf_counter()
+        if self.task == "detection":
+            answers: list[Any] = []
+            for i, raw in enumerate(decode(out, self.postprocess)):
+                answers.append(Detections(placements[i].to_frame(raw.boxes), raw.scores, raw.class_ids,
+                                          self._names(raw.class_ids), frame=batch[i], index=i))
+        else:
+            answers = self._top_k(out, top_k)
+        self._times.add(len(batch), t0, t1, t2, time.perf_counter())
+        return answers[0] if single else answers
+
+    def _names(self, ids: np.ndarray) -> tuple[str, ...]:
+        names = self.class_names
+        return tuple(names[i] if i < len(names) else str(i) for i in ids.tolist())
+
+    def _top_k(self, out: np.ndarray, top_k: int | None) -> list[Classification]:
+        if self.task != "classification":
+            raise ConfigError("HYB-102", f"top_k applies to classification; {self.compiled.model.name!r} is a "
+                              f"{self.task} model")
+        k = self.postprocess.top_k if top_k is None else top_k
+        if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+            raise ConfigError("HYB-102", f"top_k: expected a positive int, got {k!r}")
+        scores = np.asarray(out, np.float32).reshape(len(out), -1)
+        if self.postprocess.softmax:
+            scores = np.exp(scores - scores.max(axis=1, keepdims=True))
+            scores /= scores.sum(axis=1, keepdims=True)
+        order = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+        best = np.take_along_axis(scores, order, axis=1)
+        return [Classification(ids.astype(np.int64), s, self._names(ids)) for ids, s in zip(order, best)]
+
+    def crop_and_classify(self, detections: Any, stream: Any = None, top_k: int = 1, *,
+                          color: str = "rgb") -> Any:
+        """Classify the pixels of every detection and attach the labels.
+
+        Every box is cropped from the frame its Detections remembers, preprocessed as this model
+        declares (resize or letterbox to the input), and the crops of all frames run together in
+        batches of up to ``max_batch``.
+
+        Args:
+            detections: A :class:`Detections`, a list of them, or the stream handle a detector
+                returned for either.
+            stream: Queue the work on this stream and return its handle at once.
+            top_k: Labels per box.
+            color: The frames' channel order.
+
+        Returns:
+            The detections (same structure: one or a list) with ``labels`` set.
+        """
+        if self.task != "classification":
+            raise ConfigError("HYB-102", f"crop_and_classify needs a classification model; "
+                              f"{self.compiled.model.name!r} is a {self.task} model",
+                              "load a bundle declared with task='classification'")
+        _check_color(color)
+        if stream is not None:
+            return stream.submit(self._crop_and_classify, detections, top_k, color)
+        return self._crop_and_classify(detections, top_k, color)
+
+    def _crop_and_classify(self, detections: Any, top_k: int, color: str) -> Any:
+        dets, single = _as_detections(detections)
+        frames: list[np.ndarray] = []
+        slot: dict[int, int] = {}
+        frame_ids, rects = [], []
+        for d in dets:
+            if d.frame is None:
+                raise RunError("HYB-406", "crop_and_classify: these Detections do not hold their frame",
+                               "pass the detections a detector returned (they remember their frames)")
+            fid = slot.setdefault(id(d.frame), len(frames))
+            if fid == len(frames):
+                frames.append(np.asarray(d.frame))
+            frame_ids.append(np.full(len(d), fid, np.intp))
+            rects.append(_crop_rects(d.boxes, d.frame.shape[:2]))
+        total = sum(len(d) for d in dets)
+        if total == 0:
+            out = [d.with_labels(()) for d in dets]
+            return out[0] if single else out
+        t0 = time.perf_counter()
+        x, _ = prepare_crops(frames, np.concatenate(frame_ids), np.concatenate(rects), self.input, color)
+        t1 = time.perf_counter()
+        logits = self._infer(x)
+        t2 = time.perf_counter()
+        labels = self._top_k(logits, top_k)
+        out, start = [], 0
+        for d in dets:
+            out.append(d.with_labels(labels[start:start + len(d)]))
+            start += len(d)
+        self._times.add(total, t0, t1, t2, time.perf_counter())
+        return out[0] if single else out
+
+    # ------------------------------------------------------------------ bookkeeping
+    def stats(self) -> dict[str, dict[str, float]]:
+        """Per stage ('preprocess', 'run', 'postprocess'): calls, items (frames or crops), seconds."""
+        return self._times.snapshot()
+
+    def reset_stats(self) -> None:
+        self._times.reset()
+
+    def options(self) -> dict[str, Any]:
+        """The flat task options that declare this model (as ``pyasc bundle create`` takes them)."""
+        return flat_options(self.preprocess, self.postprocess)
+
+    def save(self, path: str, **kwargs: Any) -> None:
+        """Write a ``.hybrid`` bundle that keeps the task declarations (see ``save_bundle``)."""
+        from hybrid.bundle import save_bundle
+
+        save_bundle(self.compiled, path, task=self.task, task_options=self.options(), **kwargs)
+
+    def close(self) -> None:
+        self.compiled.close()
+
+    def __repr__(self) -> str:
+        inp = self.input
+        return (f"<hybrid.vision.TaskModel {self.task} {self.compiled.model.name!r} on {self.compiled.backend}:"
+                f"{self.compiled.device}, input {inp.height}x{inp.width} {inp.layout} {inp.resize}>")
+
+
+def check_declarations(signature: Signature, preprocess: Preprocess, postprocess: Postprocess,
+                       name: str) -> tuple[ImageInput, str]:
+    """Check task declarations against a model's signature; return its image input and answer output.
+
+    Raises:
+        BundleError: HYB-502 naming what does not fit (inputs, output name, sizes, class count).
+    """
+    task = postprocess.task
+    if len(signature.inputs) != 1:
+        raise BundleError("HYB-502", f"task {task!r} needs a model with one image input; {name!r} has "
+                          f"{len(signature.inputs)} ({signature})", "export the model with the image as its only input")
+    inp = image_input(preprocess, signature.inputs[0])
+    names = signature.output_names
+    output = postprocess.output or names[0]
+    if output not in names:
+        raise BundleError("HYB-502", f"postprocess output {output!r} is not an output of {name!r} (outputs: "
+                          f"{names})", "declare one of the model's outputs")
+    shape = signature.outputs[names.index(output)].shape
+    if isinstance(postprocess, ClassificationPostprocess):
+        dims = [d for d in (shape or ())[1:] if d != 1]
+        found = dims[0] if len(dims) == 1 and isinstance(dims[0], int) else None
+    else:
+        found = num_classes(shape, postprocess.format)
+        if found is not None and found < 1:
+            raise BundleError("HYB-502", f"output {output!r} of shape {shape} is not a {postprocess.format} output "
+                              "(no class scores)", "declare the right format (yolov5 or yolov8)")
+    declared = len(postprocess.class_names or ())
+    if found is not None and declared and found != declared:
+        raise BundleError("HYB-502", f"{declared} class names declared, but output {output!r} of shape {shape} "
+                          f"has {found} classes", "give one name per class, in class-id order")
+    return inp, output
+
+
+def declarations(task: str | None, options: Mapping[str, Any] | None, signature: Signature,
+                 name: str) -> dict[str, Any]:
+    """The manifest's ``preprocess`` / ``postprocess`` fields for a task and its flat options.
+
+    Empty for a task that is not a vision task (a plain label). Without options, a vision task gets
+    the default declarations when they fit the model (an image classifier), and stays a plain label
+    otherwise (a text classifier; a detector, which needs its ``format``), with a warning saying so.
+    Used by ``create_bundle``.
+
+    Raises:
+        BundleError: HYB-502 for invalid options or options that do not fit the model.
+    """
+    try:
+        decl = declare(task, options)
+        if decl is None:
+            return {}
+        check_declarations(signature, *decl, name)
+    except BundleError as e:
+        if options:
+            raise
+        logger.warning("task %r of %r is recorded as a label only: %s (pass task options to declare its "
+                       "processing)", task, name, e.message)
+        return {}
+    return {"preprocess": decl[0], "postprocess": decl[1]}
+
+
+def _crop_rects(boxes: np.ndarray, frame_hw: tuple[int, int]) -> np.ndarray:
+    """Boxes clipped to the frame, each at least one pixel wide and high."""
+    h, w = frame_hw
+    r = np.asarray(boxes, np.float64).reshape(-1, 4).copy()
+    for lo, hi, size in ((0, 2, w), (1, 3, h)):
+        r[:, lo] = np.clip(r[:, lo], 0.0, size)
+        r[:, hi] = np.clip(r[:, hi], 0.0, size)
+        thin = r[:, hi] - r[:, lo] < 1.0
+        if thin.any():
+            start = np.clip((r[thin, lo] + r[thin, hi]) / 2 - 0.5, 0.0, size - 1.0)
+            r[thin, lo], r[thin, hi] = start, start + 1.0
+    return r
+
+
+def _as_detections(value: Any) -> tuple[list[Detections], bool]:
+    if not isinstance(value, (Detections, list, tuple)) and callable(getattr(value, "result", None)):
+        value = value.result()  # a stream handle: on the same stream this work is already done
+    if isinstance(value, Detections):
+        return [value], True
+    if isinstance(value, Sequence) and all(isinstance(d, Detections) for d in value):
+        return list(value), False
+    raise RunError("HYB-406", f"crop_and_classify: expected Detections, a list of them or a stream handle of "
+                   f"those, got {type(value).__name__}", "pass what a detection model returned")
+
+
+def task_model(compiled: CompiledModel, task: str | None, preprocess: Preprocess | None,
+               postprocess: Postprocess | None) -> Any:
+    """What ``hybrid.load`` returns: a TaskModel when the bundle declares processing, else ``compiled``.
+
+    Raises:
+        BundleError: HYB-502 when only one of the two sections is present, or they disagree with
+            the manifest's task or the model.
+    """
+    if preprocess is None and postprocess is None:
+        return compiled
+    if preprocess is None or postprocess is None:
+        missing = "preprocess" if preprocess is None else "postprocess"
+        raise BundleError("HYB-502", f"the manifest declares task processing without {missing!r}",
+                          "rebuild the bundle with pyasc bundle create --task ...")
+    if task != postprocess.task:
+        raise BundleError("HYB-502", f"the manifest's task {task!r} differs from its postprocess task "
+                          f"{postprocess.task!r}", "rebuild the bundle with pyasc bundle create --task ...")
+    return TaskModel(compiled, preprocess, postprocess)
