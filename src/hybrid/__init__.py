@@ -43,6 +43,7 @@ _LAZY = {
     "Tensor": "hybrid.hal.tensor:Tensor",
     "profile": "hybrid.runtime.profiler:profile",
     "utils": "hybrid.utils",
+    "vision": "hybrid.vision",
 }
 
 __all__ = ["HybridError", "__version__", *_LAZY]

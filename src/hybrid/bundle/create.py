@@ -40,6 +40,7 @@ from hybrid.bundle.select import available_pairs, merged_options, profile_layer,
 from hybrid.errors import BackendError, BundleError, ConfigError, HybridError
 from hybrid.ir import Model, TensorSpec
 from hybrid.runtime.compiled import CompiledModel
+from hybrid.vision.tasks import declarations
 
 __all__ = ["create_bundle", "save_bundle"]
 
@@ -90,7 +91,9 @@ def _capture_caches(cm: CompiledModel, precision: str, workdir: Path,
 
 def _write(path: str | os.PathLike, model: Model, profile: PlatformProfile, cm: CompiledModel | None, *,
            caches: bool, calibration: Any, libs: tuple[LibsEntry, list[Path]] | None, name: str | None,
-           task: str | None, optimize_level: str | None, optimized: bool, external_data_bytes: int) -> Manifest:
+           task: str | None, optimize_level: str | None, optimized: bool, external_data_bytes: int,
+           task_options: Mapping[str, Any] | None = None) -> Manifest:
+    vision = declarations(task, task_options, model.signature, name or model.name)  # HYB-502 before writing
     writer = BundleWriter()
     data, blob = split_external_data(model, external_data_bytes, EXTERNAL_DATA_TENSOR_BYTES)
     writer.add_bytes(MODEL_PATH, data)
@@ -123,7 +126,7 @@ def _write(path: str | os.PathLike, model: Model, profile: PlatformProfile, cm: 
     manifest = Manifest(
         format_version=FORMAT_VERSION, created_by=f"pyasc {__version__} (Python {_platform.python_version()}, "
         f"{_platform.system()} {machine_arch()})", created_at=datetime.datetime.now(datetime.UTC).isoformat(
-            timespec="seconds"), name=name or model.name, task=task,
+            timespec="seconds"), name=name or model.name, task=task, **vision,
         model=ModelEntry(path=MODEL_PATH, sha256=model.sha256, opset=model.opset, external_data=external,
                          inputs=inputs, outputs=outputs),
         platform=profile, optimize_level=optimize_level, optimized=optimized, compile=compile_entry,
@@ -146,7 +149,8 @@ def save_bundle(cm: CompiledModel, path: str | os.PathLike, *, platform: str | P
                 caches: bool = True, calibration: Any = None, name: str | None = None, task: str | None = None,
                 include_libs: bool = False, python_version: str | None = None,
                 requirements: Sequence[str] | None = None, wheels: Sequence[str | os.PathLike] = (),
-                include_hybrid: bool = True, external_data_bytes: int = EXTERNAL_DATA_MODEL_BYTES) -> Manifest:
+                include_hybrid: bool = True, external_data_bytes: int = EXTERNAL_DATA_MODEL_BYTES,
+                task_options: Mapping[str, Any] | None = None) -> Manifest:
     """Write ``cm`` as a ``.hybrid`` bundle with this machine's compiled cache (``cm.save(path)``).
 
     Args:
@@ -159,6 +163,7 @@ def save_bundle(cm: CompiledModel, path: str | os.PathLike, *, platform: str | P
         include_libs, python_version, requirements, wheels, include_hybrid: Vendored wheels (see
             :func:`create_bundle`).
         external_data_bytes: Weight bytes above which large tensors are stored as external data.
+        task_options: Pre/postprocessing of a 'detection' or 'classification' task (see :func:`create_bundle`).
 
     Returns:
         The manifest written.
@@ -167,7 +172,8 @@ def save_bundle(cm: CompiledModel, path: str | os.PathLike, *, platform: str | P
     with tempfile.TemporaryDirectory(prefix="hybrid-libs-") as tmp:
         libs = _libs_for(profile, include_libs, python_version, requirements, wheels, include_hybrid, Path(tmp))
         return _write(path, cm.model, profile, cm, caches=caches, calibration=calibration, libs=libs, name=name,
-                      task=task, optimize_level=None, optimized=False, external_data_bytes=external_data_bytes)
+                      task=task, optimize_level=None, optimized=False, external_data_bytes=external_data_bytes,
+                      task_options=task_options)
 
 
 def _optimize(model: Model, level: str | None, layout: str) -> tuple[Model, bool]:
@@ -218,7 +224,8 @@ def create_bundle(model: Any, output: str | os.PathLike, *, platform: str | Plat
                   requirements: Sequence[str] | None = None, wheels: Sequence[str | os.PathLike] = (),
                   include_hybrid: bool = True, name: str | None = None, task: str | None = None,
                   platforms_file: str | os.PathLike | None = None,
-                  external_data_bytes: int = EXTERNAL_DATA_MODEL_BYTES) -> Manifest:
+                  external_data_bytes: int = EXTERNAL_DATA_MODEL_BYTES,
+                  task_options: Mapping[str, Any] | None = None) -> Manifest:
     """Build a bundle for a platform (``pyasc bundle create``).
 
     Args:
@@ -239,9 +246,13 @@ def create_bundle(model: Any, output: str | os.PathLike, *, platform: str | Plat
         name, task: Recorded in the manifest.
         platforms_file: TOML file with user-defined profiles.
         external_data_bytes: Weight bytes above which large tensors are stored as external data.
+        task_options: For task 'detection' or 'classification': the pre/postprocessing keys that make the
+            loaded model take frames and return answers (``{'format': 'yolov8', 'classes': 'classes.txt'}``;
+            see docs/vision.md), written to the manifest's ``preprocess`` / ``postprocess``.
 
     Raises:
-        BundleError: HYB-508 for an unknown platform, HYB-509 when fetching wheels fails.
+        BundleError: HYB-508 for an unknown platform, HYB-509 when fetching wheels fails, HYB-502 for
+            invalid task options.
         ModelError, BackendError: when the model does not load or (with ``target``) does not compile.
     """
     profile = get_platform(platform, platforms_file)
@@ -253,4 +264,4 @@ def create_bundle(model: Any, output: str | os.PathLike, *, platform: str | Plat
         libs = _libs_for(profile, include_libs, python_version, requirements, wheels, include_hybrid, Path(tmp))
         return _write(output, hmodel, profile, cm, caches=caches, calibration=calibration, libs=libs, name=name,
                       task=task, optimize_level=optimize_level, optimized=optimized,
-                      external_data_bytes=external_data_bytes)
+                      external_data_bytes=external_data_bytes, task_options=task_options)

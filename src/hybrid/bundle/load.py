@@ -36,6 +36,7 @@ from hybrid.bundle.select import available_pairs, merged_options, profile_layer,
 from hybrid.errors import BackendError, BundleError, HybridError
 from hybrid.ir import Model, atomic_write_bytes
 from hybrid.runtime.compiled import CompiledModel
+from hybrid.vision.tasks import task_model  # a bundle that declares a vision task loads as a TaskModel
 
 __all__ = ["LoadInfo", "load", "load_with_info", "read_model"]
 
@@ -237,7 +238,7 @@ def load_with_info(source: Source, target: str = "auto", precision: str | None =
                             time.perf_counter() - t0)
             logger.info("loaded bundle %r on %s:%s from %s in %.3f s", m.name, backend, device, source_kind,
                         info.seconds)
-            return cm, info
+            return task_model(cm, m.task, m.preprocess, m.postprocess), info
     if explicit:
         raise BackendError("HYB-304", f"bundle {m.name!r} could not be compiled for target {target!r}: "
                            + "; ".join(errors or ["no backend of that target is present"]),
@@ -250,7 +251,7 @@ def load_with_info(source: Source, target: str = "auto", precision: str | None =
     cm = compile_model(model, target="auto")
     info = LoadInfo("ir", cm.backend, cm.device, _cache.precision_of(cm), "", profile.name, tuple(notes),
                     time.perf_counter() - t0)
-    return cm, info
+    return task_model(cm, m.task, m.preprocess, m.postprocess), info
 
 
 def _warn_fallback(m: Manifest, backend: str, device: str, explicit: bool, errors: list[str],
@@ -274,6 +275,9 @@ def load(source: Source, target: str = "auto", precision: str | None = None,
          config: Mapping[str, Any] | None = None, *, use_cache: bool = True,
          limits: Limits | None = None) -> CompiledModel:
     """Load a ``.hybrid`` bundle and compile it for this machine (DESIGN 2.7, 2.9).
+
+    A bundle that declares a vision task (manifest ``preprocess`` / ``postprocess``) loads as a
+    ``hybrid.vision.TaskModel``: frames in, detections or labels out; ``.run`` stays raw.
 
     Args:
         source: Path of the bundle, or its bytes.

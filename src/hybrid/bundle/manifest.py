@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from hybrid.bundle.platforms import PlatformProfile, _json_safe
 from hybrid.bundle.safety import check_member_name
 from hybrid.errors import BundleError, HybridError
+from hybrid.vision.spec import Postprocess, Preprocess
 
 __all__ = [
     "FORMAT_VERSION",
@@ -136,6 +137,8 @@ class Manifest(_Strict):
     created_at: str
     name: str = Field(max_length=256)
     task: str | None = Field(default=None, max_length=256)
+    preprocess: Preprocess | None = None  # vision tasks: frames -> input (hybrid.vision.spec)
+    postprocess: Postprocess | None = None  # vision tasks: output -> detections / labels
     model: ModelEntry
     platform: PlatformProfile
     optimize_level: str | None = Field(default=None, pattern=r"^O[0-3]$")

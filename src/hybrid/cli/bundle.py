@@ -9,6 +9,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
+from hybrid.cli import _vision_options as vo
 from hybrid.cli._console import console, report_errors
 from hybrid.errors import HybridError
 
@@ -54,7 +55,12 @@ def create(
     calibration: Annotated[Path | None, typer.Option("--calibration", help="Calibration samples (.npz).")] = None,
     no_cache: Annotated[bool, typer.Option("--no-cache", help="Ship the IR only, no compiled cache.")] = False,
     name: Annotated[str | None, typer.Option("--name", help="Bundle name (default: the model's).")] = None,
-    task: Annotated[str | None, typer.Option("--task", help="Task label, e.g. classification.")] = None,
+    task: Annotated[str | None, typer.Option("--task", help="Task label; detection or classification also "
+                                             "declare pre/postprocessing (options below).")] = None,
+    fmt: vo.Format = None, classes: vo.Classes = None, conf_threshold: vo.ConfThreshold = None,
+    iou_threshold: vo.IouThreshold = None, max_det: vo.MaxDet = None, agnostic: vo.Agnostic = False,
+    resize: vo.Resize = None, input_size: vo.InputSize = None, color: vo.Color = None, scale: vo.Scale = None,
+    mean: vo.Mean = None, std: vo.Std = None, task_option: vo.TaskOption = None,
 ) -> None:
     """Package MODEL for a platform: the IR, a compiled cache when this machine can run the platform,
     optional calibration data and vendored wheels."""
@@ -62,11 +68,13 @@ def create(
 
     out = output or Path(model.stem + ".hybrid")
     with report_errors():
+        task_options = vo.task_options(fmt, classes, conf_threshold, iou_threshold, max_det, agnostic, resize,
+                                       input_size, color, scale, mean, std, task_option)
         manifest = create_bundle(
             model, out, platform=platform, target=target, precision=precision, optimize_level=optimize_level,
             caches=not no_cache, calibration=calibration, include_libs=include_libs, python_version=python_version,
             requirements=requirement or None, wheels=wheel or (), include_hybrid=not no_hybrid_wheel, name=name,
-            task=task, platforms_file=platforms_file)
+            task=task, platforms_file=platforms_file, task_options=task_options)
     console.print(f"wrote {out} ({_size(out.stat().st_size)}) for platform [bold]{manifest.platform.name}[/]",
                   highlight=False)
     if manifest.caches:
