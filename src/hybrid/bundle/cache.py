@@ -47,6 +47,7 @@ __all__ = [
 logger = logging.getLogger("hybrid")
 
 OPTIMIZED_NAME = "model.opt.onnx"
+_MAX_GROWTH = 4  # largest optimized-model size, relative to the model, worth caching
 # options that name files on the machine that compiled: never carried into a bundle
 MACHINE_OPTIONS = ("optimized_model_path", "profile", "cache_dir", "engine_cache_path")
 
@@ -184,7 +185,13 @@ def capture(model: Model, backend: str, device: str, precision: str, options: Ma
     cm = compile_for(model, backend, device, precision, {**opts, strategy.option: str(target)})
     files: dict[str, bytes] = {}
     if strategy.kind == "optimized-model":
-        if target.is_file():
+        size = target.stat().st_size if target.is_file() else 0
+        # a model whose weights are generated at run time (ConstantOfShape) optimizes into a graph many
+        # times its size: reading that back costs more than the optimizer it would save
+        if size > _MAX_GROWTH * len(model.to_bytes()) + (1 << 20):
+            logger.info("not caching %s's optimized model: %d bytes for a %d-byte model", backend, size,
+                        len(model.to_bytes()))
+        elif size:
             try:
                 files[OPTIMIZED_NAME] = _clean_optimized(target.read_bytes(), model, "compiled cache")
             except BundleError as e:

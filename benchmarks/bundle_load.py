@@ -1,0 +1,138 @@
+"""Bundle load times (first load from the IR vs second load from the cache) and profiler accuracy.
+
+Part 1, per light model (O1-optimized, so that its weights are stored in the file) and backend, in one
+process, repeated in rounds:
+  raw      the runtime alone: onnxruntime.InferenceSession / openvino compile_model from the model bytes
+  compile  hybrid.compile(model, target) — what a first load does besides reading the bundle
+  first    hybrid.load of a bundle with no cache for this machine, local cache empty (compiles from the IR
+           and saves the artifact)
+  second   the same load again: the artifact from hybrid's local cache
+  bundled  hybrid.load of a bundle saved on this machine (cm.save): the artifact from the bundle itself
+The ratio first/second is what the cache buys on a second load.
+
+Part 2: ``hybrid.profile`` for 5 s against a separate plain timing loop of 5 s on the same model,
+alternated; the summary's throughput must agree within 10%.
+
+Run: flock /tmp/bench.lock python benchmarks/bundle_load.py [--models squeezenet,resnet50] [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from functools import partial
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from _harness import machine_info, table
+
+
+def _raw(backend: str, data: bytes) -> None:
+    if backend == "onnxruntime":
+        import onnxruntime as ort
+
+        ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    else:
+        import openvino as ov
+
+        core = ov.Core()
+        core.compile_model(core.read_model(data), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+
+
+def load_times(models: list[str], rounds: int, work: Path) -> list[list[object]]:
+    import hybrid
+    from hybrid.bundle import create_bundle, load_with_info
+    from hybrid.samples import light_model_path
+
+    rows = []
+    for name in models:
+        # weights stored in the file, as real models have them (the light zoo generates its weights)
+        path = work / f"{name}.onnx"
+        hybrid.optimize(light_model_path(name), level="O1").save(path)
+        data = path.read_bytes()
+        for backend in ("onnxruntime", "openvino"):
+            target = f"{backend}:cpu"
+            ir_only = work / f"{name}-{backend}-ir.hybrid"
+            create_bundle(path, ir_only, platform="arm64", caches=False)  # a bundle made for another machine
+            bundled = work / f"{name}-{backend}.hybrid"
+            hybrid.compile(path, target=target).save(str(bundled))
+            times: dict[str, list[float]] = {k: [] for k in ("raw", "compile", "first", "second", "bundled")}
+            sources = set()
+            for _ in range(rounds):
+                cache = work / "cache"
+                shutil.rmtree(cache, ignore_errors=True)
+                os.environ["HYBRID_CACHE_DIR"] = str(cache)
+                steps = (("raw", partial(_raw, backend, data)), ("compile", partial(hybrid.compile, path, target)),
+                         ("first", partial(load_with_info, ir_only, target)),
+                         ("second", partial(load_with_info, ir_only, target)),
+                         ("bundled", partial(load_with_info, bundled, target)))
+                for key, fn in steps:
+                    t0 = time.perf_counter()
+                    out = fn()
+                    times[key].append(time.perf_counter() - t0)
+                    if key in ("first", "second", "bundled"):
+                        sources.add((key, out[1].source))
+                    time.sleep(0.05)
+            assert sources == {("first", "ir"), ("second", "local-cache"), ("bundled", "bundle-cache")}, sources
+            med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+            rows.append([name, backend, med["raw"], med["compile"], med["first"], med["second"], med["bundled"],
+                         med["first"] / med["second"], bundled.stat().st_size / 2**20])
+    return rows
+
+
+def profile_accuracy(models: list[str], seconds: float, work: Path) -> list[list[object]]:
+    import hybrid
+    from hybrid.runtime.profiler import profile, sample_inputs
+    from hybrid.samples import light_model_path
+
+    rows = []
+    for name in models:
+        for backend in ("onnxruntime", "openvino"):
+            cm = hybrid.compile(light_model_path(name), target=f"{backend}:cpu")
+            feeds = sample_inputs(cm.signature)
+            prof, plain = [], []
+            for _ in range(2):  # alternate profiled and plain periods
+                report = profile(cm, duration=seconds, output=work / "profile.json", quiet=True)
+                prof.append(report.throughput)
+                time.sleep(0.2)
+                n, t0 = 0, time.perf_counter()
+                while time.perf_counter() - t0 < seconds:
+                    cm.run(feeds)
+                    n += 1
+                plain.append(n / (time.perf_counter() - t0))
+                time.sleep(0.2)
+            nodes = sum(1 for _ in report.top_nodes)
+            p, q = statistics.mean(prof), statistics.mean(plain)
+            rows.append([name, backend, report.runs, report.latency_ms["p50"], report.latency_ms["p99"], p, q,
+                         p / q, report.top_ops[0].name if report.top_ops else "-", nodes])
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="squeezenet,inception_v1,resnet50,densenet121")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--profile-seconds", type=float, default=5.0)
+    args = parser.parse_args()
+    models = args.models.split(",")
+    print(f"machine: {machine_info()}\n")
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        rows = load_times(models, args.rounds, work)
+        print(f"### Bundle load time (median of {args.rounds} rounds, ms)\n")
+        print(table(["model", "backend", "raw runtime", "hybrid.compile", "first load (IR)", "second load (cache)",
+                     "load from bundle cache", "first/second", "bundle MiB"], rows))
+        rows = profile_accuracy(models[:2], args.profile_seconds, work)
+        print(f"\n### hybrid.profile ({args.profile_seconds:.0f} s) vs a separate timing loop\n")
+        print(table(["model", "backend", "runs", "p50 ms", "p99 ms", "profile throughput /s", "plain loop /s",
+                     "ratio", "top op", "nodes"], rows))
+
+
+if __name__ == "__main__":
+    main()
