@@ -166,6 +166,37 @@ def test_outputs_never_alias_inputs_or_weights():
     assert cm(x)[1].tolist() == [0, 1, 2, 3]
 
 
+@pytest.mark.skipif(KIND != "cpu", reason="the CPU path shares memory")
+def test_cpu_runs_copy_nothing_across_devices():
+    from hybrid.hal import memory
+
+    cm = _compile(matmul_add())
+    before = memory.transfer_stats("cpu")
+    cm(np.ones((3, 4), np.float32))
+    assert memory.transfer_stats("cpu") == before
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(KIND != "cuda", reason="pinned staging is for CUDA")
+def test_cuda_inputs_stage_through_the_pinned_pool():
+    from hybrid.hal import memory
+
+    hybrid.init({"memory_pool": {"pinned": "16MB"}})
+    pool = memory.get_pool("pinned")
+    assert pool is not None
+    cm = _compile(matmul_add())
+    x = np.ones((3, 4), np.float32)
+    live = pool.stats().live_blocks
+    before = memory.transfer_stats("gpu")
+    y = cm(x)
+    cm(x)  # same shape: the staging block is reused
+    assert pool.stats().live_blocks == live + 1
+    after = memory.transfer_stats("gpu")
+    assert after.bytes_in - before.bytes_in == 2 * x.nbytes
+    assert after.bytes_out - before.bytes_out == 2 * y.nbytes
+    hybrid.init({"memory_pool": {}})
+
+
 def test_dtypes_round_trip_bfloat16_bool_int64():
     import ml_dtypes
 
