@@ -234,3 +234,14 @@ def test_fused_weights_are_not_kept_twice(light):
     cm = hybrid.compile(str(light.light_model_path("resnet50")), target="reference")
     held = sum(v.nbytes for v in cm.executable.program._template if isinstance(v, np.ndarray))
     assert held < 10e6  # the 8 MB classifier; the conv weights live only in their (fused) kernels
+
+
+def test_evaluate_node_runs_a_self_contained_if():
+    then_g = helper.make_graph([helper.make_node("Constant", [], ["t"], value_floats=[1.0, 2.0])], "then", [],
+                               [_vi("t")])
+    else_g = helper.make_graph([helper.make_node("Constant", [], ["e"], value_floats=[3.0])], "else", [], [_vi("e")])
+    model = _model([helper.make_node("If", ["c"], ["y"], then_branch=then_g, else_branch=else_g)],
+                   [_vi("c", TensorProto.BOOL, [])], [_vi("y")])
+    node = ir.serde.deserialize_model(model).graph.node(0)
+    assert evaluate_node(node, [np.array(True)])[0].tolist() == [1.0, 2.0]
+    assert evaluate_node(node, [np.array(False)])[0].tolist() == [3.0]

@@ -169,9 +169,19 @@ def evaluate_node(node: ir.Node, inputs: list[np.ndarray | None],
             opsets[node.domain] = node.version
     opsets = dict(opsets)
     opsets.setdefault("", onnx.defs.onnx_opset_version())
-    from hybrid.backends.reference.interpreter import Step, _describe, _first_line
+    from hybrid.backends.reference.interpreter import Step, _describe, _first_line, compile_graph, free_names
 
-    run, kind, _ = node_runner(node, opsets, {}, list(inputs), [])
+    subgraphs = [a.value for a in node.attributes.values() if a.type is ir.AttributeType.GRAPH]
+    outer = [n for g in subgraphs for n in free_names(g)]
+    if outer:
+        raise BackendError("HYB-305", f"node {node.name or node.op_type!r} ({node.op_type}): its subgraph reads "
+                           f"outer-scope values {outer[:5]}, which a single-node evaluation cannot supply",
+                           "evaluate the node as part of its graph (compile the model)")
+
+    def compile_sub(graph: ir.Graph) -> Program:
+        return compile_graph(graph, opsets, {}, [v.name for v in graph.inputs])
+
+    run, kind, _ = node_runner(node, opsets, {}, list(inputs), [], compile_sub)
     try:
         out = run(*inputs)
     except HybridError:

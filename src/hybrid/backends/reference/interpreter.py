@@ -244,7 +244,8 @@ def compile_graph(graph: ir.Graph, opsets: Mapping[str, int], options: Mapping[s
         run, kind, ctx = node_runner(node, opsets, options, consts[:len(node.inputs)], captures, compile_sub)
         out_slots = tuple(slot(v.name) if v.name else slot(f"\x00dead{index}_{i}")
                           for i, v in enumerate(node.outputs))
-        foldable = (fold and not captures and node.op_type not in registry.NONDETERMINISTIC
+        has_subgraph = any(_subgraphs(a) for a in node.attributes.values())
+        foldable = (fold and not has_subgraph and node.op_type not in registry.NONDETERMINISTIC
                     and all(c is not None or s == 0 for c, s in zip(consts, in_slots)))
         if foldable:
             folded = _fold(run, consts, node)
