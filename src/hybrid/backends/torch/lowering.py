@@ -109,8 +109,8 @@ class Lowering:
 _TABLE: dict[tuple[str, str], list[Lowering]] = {}
 _LOADED = False
 # one module per op family; each registers its rows when imported
-_MODULES = ("elementwise", "nn", "linalg", "shape", "index", "reduce", "convert", "image", "loss", "sequence",
-            "control")
+_MODULES = ("elementwise", "nn", "linalg", "shape", "index", "reduce", "convert", "image", "loss", "rnn",
+            "signal", "sequence", "control")
 
 
 def lowering(op_types: str | Iterable[str], *, since: int = 1, domain: str = "",

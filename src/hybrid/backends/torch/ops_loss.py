@@ -1,13 +1,11 @@
-"""Loss lowerings (NegativeLogLikelihoodLoss, SoftmaxCrossEntropyLoss) and window functions."""
+"""Loss lowerings: NegativeLogLikelihoodLoss and SoftmaxCrossEntropyLoss."""
 
 from __future__ import annotations
-
-import math
 
 import torch
 from onnx_ir import DataType
 
-from hybrid.backends.torch.lowering import FLOATS, INTS, ints, lowering, torch_dtype
+from hybrid.backends.torch.lowering import FLOATS, lowering
 
 _LOSS_TYPES = FLOATS | {DataType.INT32, DataType.INT64}
 
@@ -41,33 +39,3 @@ def softmax_cross_entropy_loss(x, target, weight=None, *, ignore_index=None, red
     log_prob = torch.log_softmax(x, dim=1)
     loss = _nll(log_prob, target, weight, reduction, ignore_index).to(x.dtype)
     return loss if n_outputs == 1 else (loss, log_prob)
-
-
-# ------------------------------------------------------------------ windows
-def _window(size, periodic, output_datatype, terms):
-    n = ints(size)[0]
-    denom = n if periodic else n - 1
-    k = torch.arange(n, dtype=torch.float64)
-    y = torch.zeros(n, dtype=torch.float64)
-    for scale, freq in terms:
-        y = y + scale * torch.cos(k * (2 * math.pi * freq) / denom)
-    return y.to(torch_dtype(output_datatype))
-
-
-_WINDOW_TYPES = FLOATS | INTS
-
-
-@lowering("HannWindow", since=17, host_inputs=(0,), dtypes=_WINDOW_TYPES)
-def hann_window(size, *, output_datatype=1, periodic=1):
-    return _window(size, periodic, output_datatype, [(0.5, 0), (-0.5, 1)])
-
-
-@lowering("HammingWindow", since=17, host_inputs=(0,), dtypes=_WINDOW_TYPES)
-def hamming_window(size, *, output_datatype=1, periodic=1):
-    alpha = 25.0 / 46.0
-    return _window(size, periodic, output_datatype, [(alpha, 0), (-(1 - alpha), 1)])
-
-
-@lowering("BlackmanWindow", since=17, host_inputs=(0,), dtypes=_WINDOW_TYPES)
-def blackman_window(size, *, output_datatype=1, periodic=1):
-    return _window(size, periodic, output_datatype, [(0.42, 0), (-0.5, 1), (0.08, 2)])
