@@ -202,6 +202,23 @@ def test_fusion_keeps_the_numbers(rng):
     np.testing.assert_allclose(fused(x), plain(x), rtol=1e-5, atol=1e-5)
 
 
+def test_per_channel_mul_and_add_fold_into_the_conv(rng):
+    c = 4
+    w = rng.standard_normal((c, c, 1, 1)).astype(np.float32)
+    scale = rng.uniform(0.5, 2, (c, 1, 1)).astype(np.float32)
+    shift = rng.standard_normal((c, 1, 1)).astype(np.float32)
+    full = rng.standard_normal((1, c, 5, 5)).astype(np.float32)  # not per-channel: stays a step
+    inits = [onnx.numpy_helper.from_array(a, n) for a, n in [(w, "w"), (scale, "s"), (shift, "t"), (full, "f")]]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node("Mul", ["s", "c"], ["m"]),
+             helper.make_node("Add", ["m", "t"], ["a"]), helper.make_node("Add", ["a", "f"], ["y"])]
+    model = _model(nodes, [_vi("x", shape=[1, c, 5, 5])], [_vi("y")], inits)
+    x = rng.standard_normal((1, c, 5, 5)).astype(np.float32)
+    fused = hybrid.compile(model, target="reference")
+    plain = hybrid.compile(model, target="reference", config={"fuse": False})
+    assert [s.op_type for s in fused.executable.program.steps] == ["Conv"]  # the last Add became the residual
+    np.testing.assert_allclose(fused(x), plain(x), rtol=1e-5, atol=1e-5)
+
+
 def test_num_threads_limits_blas_only_while_running(rng):
     threadpoolctl = pytest.importorskip("threadpoolctl")
     model = _model([helper.make_node("MatMul", ["x", "x"], ["y"])], [_vi("x", shape=[8, 8])], [_vi("y")])
