@@ -147,6 +147,24 @@ def test_custom_op_and_an_op_onnxruntime_lacks_run_under_auto_with_the_split_in_
         np.testing.assert_allclose(cm(x), fallback_expected(x), rtol=1e-4, atol=1e-4)
 
 
+def test_a_cached_partition_decision_rebuilds_the_same_split_without_checks(monkeypatch):
+    from hybrid.runtime import autoselect, autotune
+
+    register_swish()
+    first = hybrid.compile(fallback_model(), target="auto", autotune=False)
+
+    def boom(*args, **kwargs):
+        raise AssertionError("checked or timed although the decision is cached")
+
+    monkeypatch.setattr(autotune, "time_candidates", boom)
+    monkeypatch.setattr(autoselect._Search, "check", boom)
+    second = hybrid.compile(fallback_model(), target="auto", autotune=False)
+    assert [s.nodes for s in second.plan.segments] == [s.nodes for s in first.plan.segments]
+    assert second.plan.notes[0].startswith("decision read from the autotune cache")
+    x = np.random.default_rng(5).standard_normal((2, 3, 8, 8)).astype(np.float32)
+    np.testing.assert_allclose(second(x), fallback_expected(x), rtol=1e-4, atol=1e-4)
+
+
 def test_onnxruntime_does_not_spin_next_to_other_runtimes():
     register_swish()
     cm = hybrid.compile(fallback_model(), target="auto", autotune=False)

@@ -12,7 +12,6 @@ survivor in priority order wins. The decision is cached on disk, so the next com
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +27,7 @@ from hybrid.runtime.compiled import CompiledModel
 from hybrid.runtime.executor import compile_partitioned
 from hybrid.runtime.partition import FALLBACK_BACKEND, node_label, supporters, typed_model
 from hybrid.runtime.plan import Plan, Segment
+from hybrid.runtime.verify import Verifier
 
 __all__ = ["offered_precisions", "select"]
 
@@ -82,72 +82,24 @@ def _shapes(samples: Mapping[str, Any] | None) -> list[Any]:
 
 
 class _Search:
-    """State of one search: the model, its samples, the reference answer, the notes for the plan."""
+    """State of one search: the model, the candidates, the verifier, the notes for the plan."""
 
     def __init__(self, model: Model, order: list[Candidate], options_of: OptionsOf, precision: str,
-                 budget: dict[str, float] | None, samples: dict[str, Any] | None) -> None:
+                 budget: dict[str, float] | None, sample_inputs: Any) -> None:
         self.model = model
         self.order = order
         self.options_of = options_of
         self.precision = precision
-        self.budget = budget
-        self.samples = samples
-        self.names = model.signature.output_names
         self.notes: list[str] = []
-        self._ref_exe: Executable | None = None
-        self._expected: list[Any] | None = None
-        self._moved: list[Any] | None = None
-        self._expected_s = 0.0
-        self._expected_done = False
-        self.samples_ok = samples is not None
+        self.verifier = Verifier(model, sample_inputs, budget, self.notes)
         self.fp32_outputs: dict[Candidate, list[Any]] = {}
 
-    # ----------------------------------------------------------------------------- reference answer
-    def reference_executable(self) -> Executable | None:
-        if self._ref_exe is None and backend_status(FALLBACK_BACKEND).available:
-            try:
-                self._ref_exe = get_backend(FALLBACK_BACKEND).compile(self.model, "cpu")
-            except HybridError as e:
-                self.notes.append(f"reference backend cannot check this model: {e.message}")
-        return self._ref_exe
-
-    def expected(self) -> list[Any] | None:
-        if not self._expected_done:
-            self._expected_done = True
-            exe = self.reference_executable() if self.samples is not None else None
-            if exe is not None:
-                try:
-                    t0 = time.perf_counter()
-                    self._expected = list(exe.run(self.samples))
-                    self._expected_s = time.perf_counter() - t0
-                except Exception as e:
-                    first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
-                    self.notes.append(f"the reference backend failed on the sample input ({first}): results "
-                                      "not checked, candidates not timed")
-                    self.samples_ok = False
-        return self._expected
-
-    def moved(self) -> list[Any] | None:
-        """The reference answer for the sample nudged by rounding-level noise (computed on first need:
-        only when a candidate disagrees, to tell a wrong answer from an ill-conditioned output)."""
-        if self._moved is None and self._expected is not None and self._ref_exe is not None:
-            near = checks.nudged(self.samples)
-            if near is not None:
-                try:
-                    self._moved = list(self._ref_exe.run(near))
-                except Exception:
-                    self._moved = None
-        return self._moved
-
-    # ----------------------------------------------------------------------------- trials
     def single(self, cand: Candidate, precision: str) -> _Trial | None:
         label = str(cand) if precision == "fp32" else f"{cand} {precision}"
         try:
             options = self.options_of(cand, precision)
-            if cand.backend == FALLBACK_BACKEND and not options and self.reference_executable() is not None:
-                exe = self._ref_exe
-            else:
-                exe = get_backend(cand.backend).compile(self.model, cand.device, options)
+            ref = self.verifier.reference_executable() if cand.backend == FALLBACK_BACKEND and not options else None
+            exe = ref or get_backend(cand.backend).compile(self.model, cand.device, options)
         except HybridError as e:
             if e.code == "HYB-306":
                 raise
@@ -159,7 +111,7 @@ class _Search:
 
     def partitioned(self) -> _Trial | None:
         try:
-            typed = typed_model(self.model, self.samples)
+            typed = typed_model(self.model, self.verifier.samples)
             able = supporters(list(typed.graph), self.order)
             return build_partition(self.model, typed, able, self.order, lambda c: self.options_of(c, "fp32"),
                                    self.notes)
@@ -168,40 +120,17 @@ class _Search:
             return None
 
     def check(self, trial: _Trial) -> str | None:
-        """Why ``trial`` must not win (None: it may)."""
-        if self.samples is None:
-            return None
-        expected = self.expected()
-        if trial.executable is self._ref_exe and expected is not None:
-            trial.outputs, trial.first_run_s = expected, self._expected_s
-            return None
-        try:
-            t0 = time.perf_counter()
-            outs = list(trial.executable.run(self.samples))
-            trial.first_run_s = time.perf_counter() - t0
-        except Exception as e:
-            if not self.samples_ok:
-                return None
-            first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
-            return f"failed on the sample input: {first}"
-        trial.outputs = outs
-        if trial.precision == "fp32":
-            if expected is None:
-                return None
-            bad = checks.compare(expected, outs, self.names)
-            if bad is not None and self.moved() is not None:
-                bad = checks.compare(expected, outs, self.names, self._moved)
-            return None if bad is None else f"{bad} (vs the reference backend)"
-        truth = expected
-        if truth is None:
-            truth = self.fp32_outputs.get(Candidate(trial.backend, trial.device))
-        if truth is None:
-            return "no fp32 result to check the reduced precision against"
-        assert self.budget is not None
-        fail = checks.accuracy_failure(self.budget, truth, outs, self.names)
-        if fail is None:
-            self.notes.append(f"{trial.label}: min cosine vs fp32 {checks.cosine(truth, outs, self.names):.6f}")
-        return fail
+        """Why ``trial`` must not win (None: it may); records its outputs and first-run time."""
+        truth = self.fp32_outputs.get(Candidate(trial.backend, trial.device))
+        verdict = self.verifier.check(trial.executable, trial.precision, truth)
+        trial.outputs, trial.first_run_s = verdict.outputs, verdict.first_run_s
+        if verdict.why is None and trial.precision != "fp32" and trial.outputs is not None:
+            cases = self.verifier.cases
+            base = cases[0].expected if cases else truth
+            if base is not None:
+                cos = checks.cosine(base, trial.outputs, self.verifier.names)
+                self.notes.append(f"{trial.label}: min cosine vs fp32 {cos:.6f}")
+        return verdict.why
 
 
 def build_partition(model: Model, typed: Any, able: list[tuple[Candidate, ...]], order: list[Candidate],
@@ -243,7 +172,7 @@ def _trials(search: _Search, autotune: bool) -> Iterator[_Trial]:
             yield t
     if precision == "auto" and autotune:
         for c in accelerated:
-            if c in search.fp32_outputs or search.samples is None:
+            if c in search.fp32_outputs or search.verifier.samples is None:
                 for p in reduced[c]:
                     if t := search.single(c, p):
                         yield t
@@ -251,12 +180,14 @@ def _trials(search: _Search, autotune: bool) -> Iterator[_Trial]:
 
 def _close_all(trials: list[_Trial], keep: _Trial | None, search: _Search) -> None:
     keep_exe = keep.executable if keep else None
+    closed = set()
     for t in trials:
-        if t.executable is not keep_exe:
+        if t.executable is not keep_exe and id(t.executable) not in closed:
+            closed.add(id(t.executable))
             t.executable.close()
-    if search._ref_exe is not None and search._ref_exe is not keep_exe and all(
-            t.executable is not search._ref_exe for t in trials):
-        search._ref_exe.close()
+    ref = search.verifier.reference_executable() if search.verifier._ref_done else None
+    if ref is not None and id(ref) not in closed:
+        search.verifier.close(keep_exe)
 
 
 def _compiled(model: Model, trial: _Trial, target: str, notes: list[str], reason: str) -> CompiledModel:
@@ -270,7 +201,7 @@ def _compiled(model: Model, trial: _Trial, target: str, notes: list[str], reason
 
 
 def _from_record(model: Model, record: dict[str, Any], order: list[Candidate], options_of: OptionsOf,
-                 samples: dict[str, Any] | None, target: str) -> CompiledModel | None:
+                 sample_inputs: Any, target: str) -> CompiledModel | None:
     decision = record["decision"]
     notes = [f"decision read from the autotune cache {record['path']}", *record.get("notes", [])]
     try:
@@ -278,11 +209,11 @@ def _from_record(model: Model, record: dict[str, Any], order: list[Candidate], o
             cand = Candidate(decision["backend"], decision["device"])
             if cand not in order:
                 return None
-            trial = _Search(model, order, options_of, "fp32", None, None).single(cand, decision["precision"])
+            trial = _Search(model, order, options_of, "fp32", None, sample_inputs).single(cand, decision["precision"])
             if trial is None:
                 return None
             return _compiled(model, trial, target, notes, "chosen by autotune (cached)")
-        typed = typed_model(model, samples)
+        typed = typed_model(model, at.make_samples(model, sample_inputs))
         assignment = decision["assignment"]
         if len(assignment) != len(typed.graph):
             return None
@@ -319,10 +250,10 @@ def select(model: Model, target: str, order: list[Candidate], options_of: Option
     })
     record = at.load_decision(key, material)
     if record is not None:
-        cm = _from_record(model, record, order, options_of, samples, target)
+        cm = _from_record(model, record, order, options_of, sample_inputs, target)
         if cm is not None:
             return cm
-    search = _Search(model, order, options_of, precision, budget, samples)
+    search = _Search(model, order, options_of, precision, budget, sample_inputs)
     if samples is not None:
         shapes = ", ".join(f"{k}: {v.dtype}[{'x'.join(map(str, v.shape))}]" for k, v in samples.items()
                            if hasattr(v, "shape"))
@@ -346,8 +277,9 @@ def select(model: Model, target: str, order: list[Candidate], options_of: Option
     if winner is None and survivors:
         winner = survivors[0]
         reason = "first candidate by priority that passed the check"
-        if autotune and len(survivors) > 1 and search.samples_ok:
-            times = at.time_candidates({t.label: (lambda e=t.executable: e.run(search.samples)) for t in survivors},
+        feeds = search.verifier.samples
+        if autotune and len(survivors) > 1 and search.verifier.ok:
+            times = at.time_candidates({t.label: (lambda e=t.executable: e.run(feeds)) for t in survivors},
                                        first_runs={t.label: t.first_run_s for t in survivors if t.first_run_s})
             winner = min(survivors, key=lambda t: times[t.label])
             search.notes.append("timed: " + ", ".join(f"{n} {s * 1e3:.3g} ms" for n, s in

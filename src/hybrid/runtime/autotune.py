@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 __all__ = [
+    "SAMPLE_STYLES",
     "cache_dir",
     "decision_key",
     "device_fingerprint",
@@ -59,12 +60,28 @@ def _index_bounds(model: Any) -> dict[str, int]:
     return bounds
 
 
-def make_samples(model: Any, given: Any = None, seed: int = 0, symbolic_size: int = 1) -> dict[str, Any] | None:
+SAMPLE_STYLES = 4
+
+
+def make_samples(model: Any, given: Any = None, seed: int = 0, symbolic_size: int = 1,
+                 style: int = 0) -> dict[str, Any] | None:
     """Sample inputs for the checks and timings: ``given`` validated, or generated from the signature.
 
-    Generated floats are standard normal; symbolic dims are ``symbolic_size``; integer inputs that index a constant
-    table (token ids) stay inside it, others are 1 or 2; booleans are random. Returns None when an
-    input cannot be generated (sequences, maps, unknown rank or dtype).
+    Symbolic dims are ``symbolic_size``. Integer inputs that index a constant table (token ids) stay
+    inside it. Otherwise ``style`` picks the values, so that a model that rejects one style (an index
+    out of range, a coordinate outside an image) can be sampled in another:
+
+    ====== ====================== =====================
+    style  floats                 other integers
+    ====== ====================== =====================
+    0      standard normal        1 or 2 (valid sizes)
+    1      uniform in [0, 1)      1 or 2
+    2      uniform in [0, 1)      0
+    3      standard normal        0 or 1
+    ====== ====================== =====================
+
+    Booleans are random. Returns None when an input cannot be generated (sequences, maps, unknown
+    rank or dtype).
 
     Raises:
         RunError: HYB-401..407 when ``given`` does not match the signature.
@@ -79,6 +96,7 @@ def make_samples(model: Any, given: Any = None, seed: int = 0, symbolic_size: in
         return v.positional(tuple(given) if isinstance(given, (list, tuple)) else (given,), {})
     rng = np.random.default_rng(seed)
     bounds = _index_bounds(model)
+    int_range = {0: (1, 3), 1: (1, 3), 2: (0, 1), 3: (0, 2)}[style]
     feeds: dict[str, Any] = {}
     for spec in sig.inputs:
         if spec.kind == "optional":
@@ -87,18 +105,17 @@ def make_samples(model: Any, given: Any = None, seed: int = 0, symbolic_size: in
             return None
         shape = tuple(d if isinstance(d, int) else symbolic_size for d in spec.shape)
         dt = np.dtype(spec.dtype)
-        if dt.kind == "f":
-            arr = rng.standard_normal(shape).astype(dt)
+        if dt.kind in "fcV":
+            real = rng.standard_normal if style in (0, 3) else rng.random
+            arr = real(shape)
+            if dt.kind == "c":
+                arr = arr + 1j * real(shape)
+            arr = arr.astype(np.float32).astype(dt) if dt.kind == "V" else arr.astype(dt)
         elif dt.kind in "iu":
-            # 1 and 2: valid as sizes, repeats, strides and block shapes, where a 0 divides by zero
-            lo, hi = (0, bounds[spec.name]) if spec.name in bounds else (1, 3)
+            lo, hi = (0, 1 if style == 2 else bounds[spec.name]) if spec.name in bounds else int_range
             arr = rng.integers(lo, hi, size=shape).astype(dt)
         elif dt.kind == "b":
             arr = rng.random(shape) < 0.5
-        elif dt.kind == "c":
-            arr = (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(dt)
-        elif dt.kind == "V":  # ml_dtypes (bfloat16, float8...)
-            arr = rng.standard_normal(shape).astype(np.float32).astype(dt)
         else:
             return None
         feeds[spec.name] = arr

@@ -1,0 +1,193 @@
+"""The correctness gate of ``compile(target='auto')``: sample inputs, the reference answers, the check.
+
+The reference backend answers the sample inputs once; every candidate must then give the same
+answers within the tolerances of :mod:`hybrid.runtime.checks` (fp32) or within the accuracy budget
+(reduced precisions). Generated samples that the reference itself rejects (an integer input that
+must be a valid index or size, a coordinate that must lie inside an image) are regenerated in a
+few other styles; when the reference answers quickly, a second sample with other values widens the
+check. When no sample can be checked, nothing is rejected and nothing is timed, and the plan says so.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from hybrid.errors import HybridError
+from hybrid.hal import backend_status, get_backend
+from hybrid.hal.backend import Executable
+from hybrid.ir import Model
+from hybrid.runtime import checks
+from hybrid.runtime.autotune import SAMPLE_STYLES, make_samples
+
+__all__ = ["Verdict", "Verifier"]
+
+REFERENCE = "reference"
+SECOND_SAMPLE_BELOW_S = 0.5  # a second sample is checked when the reference answers faster than this
+
+
+@dataclass(slots=True)
+class _Case:
+    samples: dict[str, Any]
+    expected: list[Any]
+    seconds: float
+    moved: list[Any] | None = None
+    moved_done: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """The outcome of checking one candidate.
+
+    Attributes:
+        why: Why the candidate must not win; None when it may.
+        outputs: Its outputs on the first sample (None when it was not run).
+        first_run_s: Seconds its first run on the first sample took.
+    """
+
+    why: str | None
+    outputs: list[Any] | None = None
+    first_run_s: float | None = None
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0][:200] if text else type(e).__name__
+
+
+class Verifier:
+    """Checks candidates of one model against the reference backend on sample inputs.
+
+    Args:
+        model: The model.
+        given: Sample inputs from the caller (None: generate them).
+        budget: The accuracy budget for reduced precisions.
+        notes: Where to record what happened (the plan's notes).
+    """
+
+    def __init__(self, model: Model, given: Any, budget: dict[str, float] | None, notes: list[str]) -> None:
+        self.model = model
+        self.budget = budget
+        self.notes = notes
+        self.names = model.signature.output_names
+        self.given = given is not None
+        self.samples = make_samples(model, given)
+        self.cases: list[_Case] = []
+        self.ok = False  # the reference answered: failures are rejections, and timing is meaningful
+        self._ref: Executable | None = None
+        self._ref_done = False
+        self._prepared = False
+
+    # ------------------------------------------------------------------------- reference answers
+    def reference_executable(self) -> Executable | None:
+        """The reference backend compiled for the model (None when it cannot be)."""
+        if not self._ref_done:
+            self._ref_done = True
+            if backend_status(REFERENCE).available:
+                try:
+                    self._ref = get_backend(REFERENCE).compile(self.model, "cpu")
+                except HybridError as e:
+                    self.notes.append(f"the reference backend cannot check this model: {e.message}")
+        return self._ref
+
+    def _answer(self, samples: dict[str, Any]) -> _Case | str:
+        assert self._ref is not None
+        try:
+            t0 = time.perf_counter()
+            out = list(self._ref.run(samples))
+            return _Case(samples, out, time.perf_counter() - t0)
+        except Exception as e:
+            return _first_line(e)
+
+    def prepare(self) -> None:
+        """Compute the reference answers (once)."""
+        if self._prepared:
+            return
+        self._prepared = True
+        if self.samples is None or self.reference_executable() is None:
+            return
+        styles = [0] if self.given else list(range(SAMPLE_STYLES))
+        failure = ""
+        for style in styles:
+            samples = self.samples if self.given else make_samples(self.model, style=style)
+            if samples is None:
+                continue
+            case = self._answer(samples)
+            if isinstance(case, str):
+                failure = failure or case
+                continue
+            self.samples, self.ok = samples, True
+            self.cases.append(case)
+            if not self.given and case.seconds < SECOND_SAMPLE_BELOW_S:
+                second = make_samples(self.model, style=style, seed=1)
+                more = self._answer(second) if second is not None else "no sample"
+                if not isinstance(more, str):
+                    self.cases.append(more)
+            if style:
+                self.notes.append(f"sample input style {style} (the reference rejected style 0: {failure})")
+            return
+        self.notes.append(f"the reference backend failed on every sample input ({failure}): results not checked, "
+                          "candidates not timed; pass sample_inputs= to check and time them")
+
+    def _moved(self, case: _Case) -> list[Any] | None:
+        """The reference answer for the sample nudged by rounding-level noise, computed only when a
+        candidate disagrees: it tells a wrong answer from an ill-conditioned output."""
+        if not case.moved_done:
+            case.moved_done = True
+            near = checks.nudged(case.samples)
+            if near is not None and self._ref is not None:
+                answer = self._answer(near)
+                case.moved = None if isinstance(answer, str) else answer.expected
+        return case.moved
+
+    # ------------------------------------------------------------------------- the check
+    def check(self, exe: Executable, precision: str, fp32_truth: list[Any] | None = None) -> Verdict:
+        """Check one candidate: fp32 against the reference's answers with the dtype tolerances,
+        reduced precisions against fp32 (the reference's, else ``fp32_truth``) with the budget."""
+        self.prepare()
+        if self.samples is None:
+            return Verdict(None)
+        if not self.cases:
+            try:
+                t0 = time.perf_counter()
+                outs = list(exe.run(self.samples))
+                seconds = time.perf_counter() - t0
+            except Exception as e:
+                return Verdict(None) if not self.ok else Verdict(f"failed on the sample input: {_first_line(e)}")
+            if precision == "fp32":
+                return Verdict(None, outs, seconds)
+            if fp32_truth is None:
+                return Verdict("no fp32 result to check the reduced precision against", outs, seconds)
+            return Verdict(self._within_budget(fp32_truth, outs), outs, seconds)
+        first: tuple[list[Any], float] | None = None
+        for k, case in enumerate(self.cases):
+            if exe is self._ref:
+                outs, seconds = case.expected, case.seconds
+            else:
+                try:
+                    t0 = time.perf_counter()
+                    outs = list(exe.run(case.samples))
+                    seconds = time.perf_counter() - t0
+                except Exception as e:
+                    return Verdict(f"failed on sample input {k}: {_first_line(e)}")
+            first = first or (outs, seconds)
+            if precision == "fp32":
+                bad = checks.compare(case.expected, outs, self.names)
+                if bad is not None and self._moved(case) is not None:
+                    bad = checks.compare(case.expected, outs, self.names, case.moved)
+                why = None if bad is None else f"{bad} (vs the reference backend, sample input {k})"
+            else:
+                why = self._within_budget(case.expected, outs)
+            if why is not None:
+                return Verdict(why, *first)
+        assert first is not None
+        return Verdict(None, *first)
+
+    def _within_budget(self, truth: list[Any], outs: list[Any]) -> str | None:
+        assert self.budget is not None
+        return checks.accuracy_failure(self.budget, truth, outs, self.names)
+
+    def close(self, keep: Executable | None) -> None:
+        if self._ref is not None and self._ref is not keep:
+            self._ref.close()
