@@ -7,7 +7,7 @@ Platform profiles live in :mod:`hybrid.bundle.platforms`. See docs/bundle.md.
 
 from hybrid.bundle.create import create_bundle, save_bundle
 from hybrid.bundle.fingerprint import Fingerprint, device_fingerprint
-from hybrid.bundle.inspect import inspect_bundle, read_calibration, verify_bundle
+from hybrid.bundle.inspection import inspect_bundle, read_calibration, verify_bundle
 from hybrid.bundle.libs import install_libs
 from hybrid.bundle.load import LoadInfo, load, load_with_info
 from hybrid.bundle.platforms import PlatformProfile, detect_platform, get_platform, list_platforms

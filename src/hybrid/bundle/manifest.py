@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from hybrid.bundle.platforms import PlatformProfile, _json_safe
+from hybrid.bundle.platforms import PlatformProfile, json_safe
 from hybrid.bundle.safety import check_member_name
 from hybrid.errors import BundleError, HybridError
 from hybrid.vision.spec import Postprocess, Preprocess
@@ -82,7 +82,7 @@ class CompileEntry(_Strict):
     @field_validator("options")
     @classmethod
     def _check_options(cls, value: dict[str, Any]) -> dict[str, Any]:
-        return _json_safe(value)
+        return json_safe(value)
 
 
 class CacheEntry(CompileEntry):

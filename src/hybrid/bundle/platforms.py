@@ -32,6 +32,7 @@ __all__ = [
     "PlatformProfile",
     "detect_platform",
     "get_platform",
+    "json_safe",
     "list_platforms",
     "load_platforms_file",
     "machine_arch",
@@ -42,17 +43,18 @@ logger = logging.getLogger("hybrid")
 PLATFORMS_ENV = "HYBRID_PLATFORMS"
 
 
-def _json_safe(value: Any, depth: int = 0) -> Any:
+def json_safe(value: Any, depth: int = 0) -> Any:
+    """Return ``value`` if it is plain JSON (str keys, at most 8 levels deep), else raise ValueError."""
     if depth > 8:
         raise ValueError("options nest deeper than 8 levels")
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     if isinstance(value, list):
-        return [_json_safe(v, depth + 1) for v in value]
+        return [json_safe(v, depth + 1) for v in value]
     if isinstance(value, dict):
         if not all(isinstance(k, str) for k in value):
             raise ValueError("option keys must be strings")
-        return {k: _json_safe(v, depth + 1) for k, v in value.items()}
+        return {k: json_safe(v, depth + 1) for k, v in value.items()}
     raise ValueError(f"option value {value!r} is not a JSON value")
 
 
@@ -91,7 +93,7 @@ class PlatformProfile(BaseModel):
     @field_validator("backend_options", "compile_options")
     @classmethod
     def _check_json(cls, value: dict[str, Any]) -> dict[str, Any]:
-        return _json_safe(value)
+        return json_safe(value)
 
     @field_validator("targets")
     @classmethod
