@@ -3,9 +3,8 @@
 Same process, same input (ONNX's light-model input), interleaved in blocks with pauses (the shared
 harness). Goals (issue 3): ResNet-50 within 2.5x of onnxruntime's latency and at least 10x faster
 than onnx.reference. ONNX Runtime runs with its default CPU session options. The reference backend
-runs twice: with numpy's BLAS at its default threads, and with ``num_threads=1`` (on a machine whose
-cores are busy with other work, OpenBLAS's waiting threads lose whole time slices and one thread
-wins); the speed-up over onnx.reference uses the better of the two. Every contender's output is
+runs twice: with its default threads (the big GEMMs split over all cores, BLAS single-threaded) and
+with ``num_threads=1``; the speed-up over onnx.reference uses the better of the two. Every contender's output is
 checked against the model's shipped expected output before timing.
 
 Run: ``flock /tmp/bench.lock python benchmarks/reference.py [model ...] [--blocks N] [--per-block N]``.

@@ -219,13 +219,20 @@ def test_per_channel_mul_and_add_fold_into_the_conv(rng):
     np.testing.assert_allclose(fused(x), plain(x), rtol=1e-5, atol=1e-5)
 
 
-def test_num_threads_limits_blas_only_while_running(rng):
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_num_threads_split_gemms_and_restore_blas(rng, threads):
     threadpoolctl = pytest.importorskip("threadpoolctl")
-    model = _model([helper.make_node("MatMul", ["x", "x"], ["y"])], [_vi("x", shape=[8, 8])], [_vi("y")])
+    w = rng.standard_normal((96, 64, 3, 3)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", ["c", "w2"], ["y"])]
+    w2 = rng.standard_normal((80, 96, 1, 1)).astype(np.float32)
+    inits = [onnx.numpy_helper.from_array(w, "w"), onnx.numpy_helper.from_array(w2, "w2")]
+    model = _model(nodes, [_vi("x", shape=[1, 64, 20, 20])], [_vi("y")], inits)
     before = [i["num_threads"] for i in threadpoolctl.threadpool_info() if i["user_api"] == "blas"]
-    cm = hybrid.compile(model, target="reference", config={"num_threads": 1})
-    x = rng.standard_normal((8, 8)).astype(np.float32)
-    np.testing.assert_allclose(cm(x), x @ x, rtol=1e-5)
+    split = hybrid.compile(model, target="reference", config={"num_threads": threads})
+    plain = hybrid.compile(model, target="reference", config={"num_threads": 1})
+    x = rng.standard_normal((1, 64, 20, 20)).astype(np.float32)
+    np.testing.assert_allclose(split(x), plain(x), rtol=1e-4, atol=1e-3)
     assert [i["num_threads"] for i in threadpoolctl.threadpool_info() if i["user_api"] == "blas"] == before
     with pytest.raises(BackendError) as e:
         hybrid.compile(model, target="reference", config={"num_threads": 0})

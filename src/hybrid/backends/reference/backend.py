@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -14,6 +15,7 @@ from hybrid.backends.reference import registry
 from hybrid.backends.reference.conv_algorithms import ALGORITHMS
 from hybrid.backends.reference.fallback import onnx_reference_has
 from hybrid.backends.reference.interpreter import Program, compile_graph, node_runner
+from hybrid.backends.reference.parallel import set_threads
 from hybrid.errors import BackendError, HybridError
 from hybrid.hal.backend import Backend, Executable, Option, ProbedDevice
 
@@ -23,18 +25,19 @@ __all__ = ["ReferenceBackend", "ReferenceExecutable", "evaluate_node"]
 class ReferenceExecutable(Executable):
     """A compiled :class:`Program` behind the Executable contract.
 
-    With ``blas_threads``, numpy's BLAS runs with that many threads while this model runs (and gets
-    its previous setting back afterwards): OpenBLAS's waiting threads lose whole time slices on a
-    machine whose cores are busy, where one thread is often faster than all of them.
+    With ``threads`` (and threadpoolctl installed), numpy's BLAS runs single-threaded while this
+    model runs and hybrid splits the big GEMMs over ``threads`` worker threads itself
+    (:mod:`parallel`); BLAS gets its previous setting back after each run. Without, numpy's BLAS
+    threads as it likes.
     """
 
-    def __init__(self, program: Program, blas_threads: int | None = None) -> None:
+    def __init__(self, program: Program, threads: int | None = None) -> None:
         self.program = program
         self.input_names = list(program.input_names)
         self.output_names = list(program.output_names)
         self._run = program.run
-        self._blas = _blas_controllers() if blas_threads else []
-        self._threads = blas_threads
+        self._blas = _blas_controllers() if threads else []
+        self._threads = threads or 1
 
     def run(self, feeds: Mapping[str, Any]) -> list[Any]:
         inputs = [feeds.get(n) for n in self.input_names]
@@ -42,10 +45,12 @@ class ReferenceExecutable(Executable):
             return self._run(inputs)
         previous = [lib.num_threads for lib in self._blas]
         for lib in self._blas:
-            lib.set_num_threads(self._threads)
+            lib.set_num_threads(1)
+        outer = set_threads(self._threads)
         try:
             return self._run(inputs)
         finally:
+            set_threads(outer)
             for lib, n in zip(self._blas, previous):
                 lib.set_num_threads(n)
 
@@ -55,6 +60,12 @@ def _blas_controllers_cached() -> tuple[Any, ...]:
     from threadpoolctl import ThreadpoolController
 
     return tuple(ThreadpoolController().select(user_api="blas").lib_controllers)
+
+
+def _threadpoolctl_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("threadpoolctl") is not None
 
 
 def _blas_controllers() -> list[Any]:
@@ -91,8 +102,8 @@ class ReferenceBackend(Backend):
                                  doc="Conv algorithm: 'auto' picks per shape (docs/reference-backend.md)"),
         "fuse": Option((bool,), True, doc="fuse Conv with a following BatchNormalization, Relu and Add"),
         "fold_constants": Option((bool,), True, doc="evaluate constant nodes once at compile time"),
-        "num_threads": Option((int,), None, doc="BLAS threads while the model runs (default: numpy's own; "
-                                               "1 is faster on a machine whose cores are busy)"),
+        "num_threads": Option((int,), None, doc="threads for the big GEMMs (default: all cores); BLAS itself "
+                                               "runs single-threaded while the model runs"),
     }
 
     def _probe(self) -> list[ProbedDevice]:
@@ -121,7 +132,10 @@ class ReferenceBackend(Backend):
         threads = opts["num_threads"]
         if threads is not None and threads < 1:
             raise BackendError("HYB-306", f"backend 'reference' option 'num_threads': expected an int >= 1, got "
-                               f"{threads}", "leave it unset for numpy's default")
+                               f"{threads}", "leave it unset to use every core")
+        if threads is None:
+            # every core, when BLAS can be held to one thread; else leave numpy's BLAS threading alone
+            threads = (os.cpu_count() or 1) if _threadpoolctl_available() else None
         m = _model_ir(model)
         opsets = dict(m.opset_imports)
         opsets.setdefault("", onnx.defs.onnx_opset_version())

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
+from hybrid.backends.reference.parallel import batched_matmul, matmul
+
 __all__ = [
     "ALGORITHMS",
     "ConvGeometry",
@@ -164,7 +166,7 @@ def conv_im2col(x: np.ndarray, wmat: np.ndarray, g: ConvGeometry) -> np.ndarray:
         windows = as_strided(xp, shape, strides, writeable=False)
         cols = np.ascontiguousarray(windows).reshape(n, groups, -1, length)
     if n == 1 and groups == 1:
-        out = wmat[0] @ cols[0, 0]
+        out = matmul(wmat[0], cols[0, 0])
     else:
         out = np.matmul(wmat, cols)
     return out.reshape(n, groups * mg, *g.out)
@@ -199,7 +201,7 @@ def conv_winograd(x: np.ndarray, u: np.ndarray, g: ConvGeometry) -> np.ndarray:
         np.add(cc[1], cc[2], out=v[a, 1])
         np.subtract(cc[2], cc[1], out=v[a, 2])
         np.subtract(cc[1], cc[3], out=v[a, 3])
-    prod = np.matmul(u, v.reshape(16, c, n * th * tw)).reshape(4, 4, m, n, th, tw)
+    prod = batched_matmul(u, v.reshape(16, c, n * th * tw)).reshape(4, 4, m, n, th, tw)
     # A^T m A: two outputs per tile along each axis
     s0 = prod[0] + prod[1] + prod[2]
     s1 = prod[1] - prod[2] - prod[3]
