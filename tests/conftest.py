@@ -15,6 +15,9 @@ def _clean_config(tmp_path, monkeypatch):
     config.reset()
     yield
     config.reset()
+    from hybrid.hal import memory
+
+    memory.configure_pools({})
 
 
 @pytest.fixture(scope="session")

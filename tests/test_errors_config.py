@@ -115,3 +115,13 @@ def test_set_log_level():
     with pytest.raises(ConfigError) as e:
         hybrid.set_log_level("loud")
     assert e.value.code == "HYB-104" and "'loud'" in e.value.message
+
+
+def test_failed_pool_init_leaves_the_config_unchanged():
+    if any(d.is_gpu for d in hybrid.devices()):
+        pytest.skip("this machine has a GPU")
+    hybrid.init({"device_fallback": "error"})
+    with pytest.raises(HybridError) as e:
+        hybrid.init({"memory_pool": {"cpu": "1MB", "gpu": "1GB"}})
+    assert e.value.code == "HYB-307"
+    assert get_config().memory_pool == {}

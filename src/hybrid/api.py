@@ -30,11 +30,16 @@ def init(config: Mapping[str, Any] | None = None, **kwargs: Any) -> _config.Runt
     """
     merged = dict(_config.expect_mapping("config", config or {}))
     merged.update(kwargs)
+    previous = _config.get_config()
     new = _config.validated_update(merged, _validate_backend)
     if "memory_pool" in merged:
         from hybrid.hal import memory
 
-        memory.configure_pools(new.memory_pool)
+        try:
+            memory.configure_pools(new.memory_pool)
+        except BaseException:
+            _config.reset(previous)  # a pool that could not be made must not stay in the config
+            raise
     return new
 
 

@@ -78,11 +78,11 @@ def get_config() -> RuntimeConfig:
     return _CONFIG
 
 
-def reset() -> None:
-    """Restore the default configuration (used by tests)."""
+def reset(config: RuntimeConfig | None = None) -> None:
+    """Restore ``config`` (default: the default configuration); used by tests and failed inits."""
     global _CONFIG
     with _LOCK:
-        _CONFIG = RuntimeConfig()
+        _CONFIG = config if config is not None else RuntimeConfig()
 
 
 def _reject_unknown(section: str, given: Mapping[str, Any], valid: tuple[str, ...] | list[str]) -> None:
