@@ -136,3 +136,24 @@ def test_bad_shapes_are_refused():
         ca.geometry((1, 3, 8, 8), (4, 2, 3, 3))
     with pytest.raises(ValueError, match="does not fit"):
         ca.geometry((1, 3, 2, 2), (4, 3, 5, 5))
+
+
+@pytest.mark.parametrize("algorithm", ["im2col", "winograd", "depthwise", "direct"])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_intra_op_threads_change_nothing(monkeypatch, algorithm, data):
+    from hybrid.backends.reference import parallel
+
+    x, w, attrs = data.draw(conv_cases(algorithm))
+    m = w.shape[0]
+    bias = np.linspace(-1, 1, m).astype(np.float32)
+    single = ConvKernel(attrs, w, bias, algorithm)
+    single.relu = True
+    expected = single(x)[0]
+    monkeypatch.setattr(parallel, "_MIN_WORK", 0)  # split even these small convs
+    previous = parallel.set_threads(3)
+    try:
+        got = single.with_weights(w, bias)(x)[0]
+    finally:
+        parallel.set_threads(previous)
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5 * max(1.0, float(np.abs(expected).max())))

@@ -21,17 +21,22 @@ on a 5x5 filter, depthwise on a dense conv, direct on a 3-D conv) that conv uses
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from hybrid.backends.reference.parallel import batched_matmul, matmul
+from hybrid.backends.reference.parallel import for_blocks
+
+# ``post(y, image, lo, hi)``: finishes output channels lo:hi of one image in place (bias, residual,
+# Relu); the algorithms call it block by block, on the thread that computed the block
+Post = Callable[[np.ndarray, int, int, int], None]
 
 __all__ = [
     "ALGORITHMS",
     "ConvGeometry",
+    "Post",
     "applicable",
     "conv_depthwise",
     "conv_direct",
@@ -145,10 +150,10 @@ def im2col_matrix(w: np.ndarray, group: int) -> np.ndarray:
     return np.ascontiguousarray(w.reshape(group, m // group, -1))
 
 
-def conv_im2col(x: np.ndarray, wmat: np.ndarray, g: ConvGeometry) -> np.ndarray:
+def conv_im2col(x: np.ndarray, wmat: np.ndarray, g: ConvGeometry, post: Post | None = None) -> np.ndarray:
     """im2col + GEMM. ``wmat`` comes from :func:`im2col_matrix`. Returns (N, M, *out)."""
     n, c = x.shape[:2]
-    groups, mg, _ = wmat.shape
+    groups, mg, kg = wmat.shape
     nd = len(g.out)
     length = int(np.prod(g.out))
     pointwise = all(k == 1 for k in g.kernel) and not any(g.pads_begin) and not any(g.pads_end)
@@ -156,7 +161,13 @@ def conv_im2col(x: np.ndarray, wmat: np.ndarray, g: ConvGeometry) -> np.ndarray:
         cols = x.reshape(n, groups, c // groups, length)
     elif pointwise:
         sub = x[(slice(None), slice(None), *(slice(None, o * s, s) for o, s in zip(g.out, g.strides)))]
-        cols = np.ascontiguousarray(sub).reshape(n, groups, c // groups, length)
+        cols = np.empty((n, c, *g.out), dtype=x.dtype)
+
+        def copy_channels(lo: int, hi: int) -> None:
+            cols[:, lo:hi] = sub[:, lo:hi]
+
+        for_blocks(c, copy_channels, cols.size)
+        cols = cols.reshape(n, groups, c // groups, length)
     else:
         xp = pad_input(x, g)
         st = xp.strides
@@ -164,11 +175,28 @@ def conv_im2col(x: np.ndarray, wmat: np.ndarray, g: ConvGeometry) -> np.ndarray:
         strides = (st[0], st[1], *(st[2 + i] * g.dilations[i] for i in range(nd)),
                    *(st[2 + i] * g.strides[i] for i in range(nd)))
         windows = as_strided(xp, shape, strides, writeable=False)
-        cols = np.ascontiguousarray(windows).reshape(n, groups, -1, length)
+        cols = np.empty(shape, dtype=x.dtype)
+
+        def copy_windows(lo: int, hi: int) -> None:
+            cols[:, lo:hi] = windows[:, lo:hi]
+
+        for_blocks(c, copy_windows, cols.size)
+        cols = cols.reshape(n, groups, -1, length)
     if n == 1 and groups == 1:
-        out = matmul(wmat[0], cols[0, 0])
-    else:
-        out = np.matmul(wmat, cols)
+        w2, c2 = wmat[0], cols[0, 0]
+        out = np.empty((mg, length), dtype=np.result_type(w2, c2))
+
+        def rows(lo: int, hi: int) -> None:
+            np.matmul(w2[lo:hi], c2, out=out[lo:hi])
+            if post is not None:
+                post(out[lo:hi], 0, lo, hi)
+
+        for_blocks(mg, rows, mg * kg * length, align=16)
+        return out.reshape(1, mg, *g.out)
+    out = np.matmul(wmat, cols).reshape(n, groups * mg, length)
+    if post is not None:
+        for i in range(n):
+            post(out[i], i, 0, groups * mg)
     return out.reshape(n, groups * mg, *g.out)
 
 
@@ -178,8 +206,12 @@ def winograd_filter(w: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(u.reshape(16, w.shape[0], w.shape[1]).astype(w.dtype))
 
 
-def conv_winograd(x: np.ndarray, u: np.ndarray, g: ConvGeometry) -> np.ndarray:
-    """F(2x2, 3x3). ``u`` comes from :func:`winograd_filter`. Returns (N, M, oH, oW)."""
+def conv_winograd(x: np.ndarray, u: np.ndarray, g: ConvGeometry, post: Post | None = None) -> np.ndarray:
+    """F(2x2, 3x3). ``u`` comes from :func:`winograd_filter`. Returns (N, M, oH, oW).
+
+    Two parallel phases: the input transform by blocks of input channels, then per block of output
+    channels the 16 GEMMs, the output transform and ``post``.
+    """
     n, c = x.shape[:2]
     m = u.shape[1]
     oh, ow = g.out
@@ -187,35 +219,45 @@ def conv_winograd(x: np.ndarray, u: np.ndarray, g: ConvGeometry) -> np.ndarray:
     # pad so that the tiles (4x4, step 2) cover the output exactly
     xp = pad_input(x, g, (2 * th + 2 - (x.shape[2] + g.pads_begin[0] + g.pads_end[0]),
                           2 * tw + 2 - (x.shape[3] + g.pads_begin[1] + g.pads_end[1])))
-    if n > 1:
-        xp = xp.transpose(1, 0, 2, 3)
-    else:
-        xp = xp.reshape(c, 1, *xp.shape[2:])
-    # B^T d: rows of each tile, for all tiles at once (row k of tile i is row 2i + k)
-    r = [xp[:, :, k:k + 2 * th:2, :] for k in range(4)]
-    rows = (r[0] - r[2], r[1] + r[2], r[2] - r[1], r[1] - r[3])
+    xp = xp.transpose(1, 0, 2, 3) if n > 1 else xp.reshape(c, 1, *xp.shape[2:])
     v = np.empty((4, 4, c, n, th, tw), dtype=x.dtype)
-    for a, t in enumerate(rows):
-        cc = [t[..., k:k + 2 * tw:2] for k in range(4)]
-        np.subtract(cc[0], cc[2], out=v[a, 0])
-        np.add(cc[1], cc[2], out=v[a, 1])
-        np.subtract(cc[2], cc[1], out=v[a, 2])
-        np.subtract(cc[1], cc[3], out=v[a, 3])
-    prod = batched_matmul(u, v.reshape(16, c, n * th * tw)).reshape(4, 4, m, n, th, tw)
-    # A^T m A: two outputs per tile along each axis
-    s0 = prod[0] + prod[1] + prod[2]
-    s1 = prod[1] - prod[2] - prod[3]
-    out = np.empty((n, m, 2 * th, 2 * tw), dtype=x.dtype)
-    view = out.transpose(1, 0, 2, 3)
-    for i, s in enumerate((s0, s1)):
-        np.add(s[0] + s[1], s[2], out=view[:, :, i::2, 0::2])
-        np.subtract(s[1] - s[2], s[3], out=view[:, :, i::2, 1::2])
-    if (2 * th, 2 * tw) != (oh, ow):
-        out = np.ascontiguousarray(out[:, :, :oh, :ow])
+
+    def transform_in(lo: int, hi: int) -> None:
+        # B^T d B for every tile: rows first (row k of tile i is row 2i + k), then columns
+        r = [xp[lo:hi, :, k:k + 2 * th:2, :] for k in range(4)]
+        for a, t in enumerate((r[0] - r[2], r[1] + r[2], r[2] - r[1], r[1] - r[3])):
+            cc = [t[..., k:k + 2 * tw:2] for k in range(4)]
+            np.subtract(cc[0], cc[2], out=v[a, 0, lo:hi])
+            np.add(cc[1], cc[2], out=v[a, 1, lo:hi])
+            np.subtract(cc[2], cc[1], out=v[a, 2, lo:hi])
+            np.subtract(cc[1], cc[3], out=v[a, 3, lo:hi])
+
+    for_blocks(c, transform_in, v.size)
+    v2 = v.reshape(16, c, n * th * tw)
+    full = np.empty((n, m, 2 * th, 2 * tw), dtype=x.dtype)
+    cropped = (2 * th, 2 * tw) != (oh, ow)
+    out = np.empty((n, m, oh, ow), dtype=x.dtype) if cropped else full
+
+    def transform_out(lo: int, hi: int) -> None:
+        prod = np.matmul(u[:, lo:hi], v2).reshape(4, 4, hi - lo, n, th, tw)
+        # A^T m A: two outputs per tile along each axis
+        s0 = prod[0] + prod[1] + prod[2]
+        s1 = prod[1] - prod[2] - prod[3]
+        view = full[:, lo:hi].transpose(1, 0, 2, 3)
+        for i, s in enumerate((s0, s1)):
+            np.add(s[0] + s[1], s[2], out=view[:, :, i::2, 0::2])
+            np.subtract(s[1] - s[2], s[3], out=view[:, :, i::2, 1::2])
+        if cropped:
+            out[:, lo:hi] = full[:, lo:hi, :oh, :ow]
+        if post is not None:
+            for image in range(n):
+                post(out[image, lo:hi], image, lo, hi)
+
+    for_blocks(m, transform_out, 16 * m * c * n * th * tw, align=8)
     return out
 
 
-def conv_depthwise(x: np.ndarray, w: np.ndarray, g: ConvGeometry) -> np.ndarray:
+def conv_depthwise(x: np.ndarray, w: np.ndarray, g: ConvGeometry, post: Post | None = None) -> np.ndarray:
     """One multiply-add pass per filter tap; group == C_in, W (C*mult, 1, kH, kW). Returns (N, M, oH, oW).
 
     With stride 1 each tap is a shifted window of the flattened padded image, so every pass runs over
@@ -248,7 +290,7 @@ def conv_depthwise(x: np.ndarray, w: np.ndarray, g: ConvGeometry) -> np.ndarray:
                 np.multiply(flat[:, off:off + length], taps[:, t:t + 1], out=tmp)
                 head += tmp
         out = acc.reshape(rows, oh, wp)[:, :, :ow]
-        return np.ascontiguousarray(out).reshape(n, c * mult, oh, ow)
+        return _finish(np.ascontiguousarray(out).reshape(n, c * mult, oh, ow), post)
     planes = xp.reshape(rows, hp, wp)
     out = np.zeros((rows, oh, ow), dtype=taps.dtype)
     tmp = np.empty_like(out)
@@ -257,10 +299,10 @@ def conv_depthwise(x: np.ndarray, w: np.ndarray, g: ConvGeometry) -> np.ndarray:
         view = planes[:, i * dh:i * dh + sh * (oh - 1) + 1:sh, j * dw:j * dw + sw * (ow - 1) + 1:sw]
         np.multiply(view, taps[:, t, None, None], out=tmp)
         out += tmp
-    return out.reshape(n, c * mult, oh, ow)
+    return _finish(out.reshape(n, c * mult, oh, ow), post)
 
 
-def conv_direct(x: np.ndarray, w: np.ndarray, g: ConvGeometry) -> np.ndarray:
+def conv_direct(x: np.ndarray, w: np.ndarray, g: ConvGeometry, post: Post | None = None) -> np.ndarray:
     """Accumulate one GEMM per filter tap (no im2col buffer). Returns (N, M, oH, oW)."""
     n, c = x.shape[:2]
     m = w.shape[0]
@@ -276,4 +318,11 @@ def conv_direct(x: np.ndarray, w: np.ndarray, g: ConvGeometry) -> np.ndarray:
             xs = xp[:, :, i * dh:i * dh + sh * (oh - 1) + 1:sh, j * dw:j * dw + sw * (ow - 1) + 1:sw]
             cols = np.ascontiguousarray(xs).reshape(n, groups, cg, oh * ow)
             out += np.matmul(np.ascontiguousarray(wt[:, :, :, i, j]), cols)
-    return out.reshape(n, m, oh, ow)
+    return _finish(out.reshape(n, m, oh, ow), post)
+
+
+def _finish(y: np.ndarray, post: Post | None) -> np.ndarray:
+    if post is not None:
+        for image in range(y.shape[0]):
+            post(y[image], image, 0, y.shape[1])
+    return y

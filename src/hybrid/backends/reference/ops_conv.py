@@ -91,29 +91,42 @@ class ConvKernel:
             w4 = w.reshape(w.shape[0], w.shape[1], 1, w.shape[2])
         else:
             w4 = w
+        out_shape = (shape[0], w.shape[0], *g.out[-(len(shape) - 2):])
+        late = residual is not None and residual.shape != out_shape  # Add broadcasts to a larger result
+        post = _epilogue(b, None if late else residual, self.relu and not late)
         lay = self._layout(alg, w4, g.group, const)
         if alg == "winograd":
-            y = ca.conv_winograd(x, lay, g)
+            y = ca.conv_winograd(x, lay, g, post)
         elif alg == "depthwise":
-            y = ca.conv_depthwise(x, lay, g)
+            y = ca.conv_depthwise(x, lay, g, post)
         elif alg == "direct":
-            y = ca.conv_direct(x, lay, g)
+            y = ca.conv_direct(x, lay, g, post)
         else:
-            y = ca.conv_im2col(x, lay, g)
-        if len(shape) == 3:
-            y = y.reshape(y.shape[0], y.shape[1], y.shape[3])
+            y = ca.conv_im2col(x, lay, g, post)
+        y = y.reshape(out_shape)
         if y.dtype != dtype:
             y = y.astype(dtype)
-        if b is not None:
-            y += b.reshape(-1, *([1] * (y.ndim - 2)))
-        if residual is not None:
-            if residual.shape == y.shape:
-                y += residual
-            else:
-                y = y + residual  # Add broadcasts: the result may be larger than the Conv output
-        if self.relu:
-            np.maximum(y, 0, out=y)
+        if late:
+            y = y + residual
+            if self.relu:
+                np.maximum(y, 0, out=y)
         return (y,)
+
+
+def _epilogue(b: np.ndarray | None, residual: np.ndarray | None, relu: bool) -> ca.Post | None:
+    """Bias, residual and Relu for a block of output channels of one image, in place."""
+    if b is None and residual is None and not relu:
+        return None
+
+    def post(y: np.ndarray, image: int, lo: int, hi: int) -> None:
+        if b is not None:
+            y += b[lo:hi].reshape(-1, *([1] * (y.ndim - 1)))
+        if residual is not None:
+            y += residual[image, lo:hi].reshape(y.shape)
+        if relu:
+            np.maximum(y, 0, out=y)
+
+    return post
 
 
 @prepared("Conv", since=1)

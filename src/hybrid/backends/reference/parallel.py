@@ -1,31 +1,32 @@
-"""Intra-op threads for the big GEMMs: hybrid splits them itself, over single-threaded BLAS calls.
+"""Intra-op threads: hybrid splits the heavy kernels itself, over single-threaded BLAS calls.
 
 OpenBLAS's own threads wait for each other at every GEMM; on a machine whose cores are also busy
-with other work a waiting thread loses whole time slices, and a 1 ms GEMM can take 20 ms. Splitting
-a GEMM into row blocks that worker threads compute with single-threaded BLAS (numpy releases the
-GIL) uses free cores when there are some and degrades to one-thread speed when there are none.
+with other work a waiting thread loses whole time slices, and a 1 ms GEMM can take 20 ms. Here a
+kernel hands :func:`for_blocks` a function over a range (output channels, input channels) and the
+calling thread and the workers take blocks from a shared counter until none is left: a worker that
+lost its core holds up at most one block, and the work degrades to one-thread speed instead of
+stalling. numpy releases the GIL in BLAS calls and in ufunc loops, so blocks run in parallel.
 
-The executable sets the thread count for the duration of a run (per calling thread, so two models
-running at once in different threads do not disturb each other); kernels call :func:`matmul` and
-:func:`batched_matmul`.
+The executable sets the thread count for the duration of a run, per calling thread, so two models
+running at once in different threads do not disturb each other.
 """
 
 from __future__ import annotations
 
 import itertools
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-import numpy as np
-
-__all__ = ["batched_matmul", "matmul", "set_threads"]
+__all__ = ["for_blocks", "set_threads", "threads"]
 
 _local = threading.local()
 _pools: dict[int, ThreadPoolExecutor] = {}
 _pools_lock = threading.Lock()
 
-# below this many multiply-adds a GEMM is not worth a hand-off to another thread (~20 µs)
-_MIN_MACS = 2_000_000
+# below this much work (multiply-adds, or elements moved) a hand-off to another thread (~20 µs) loses
+_MIN_WORK = 1_000_000
+_BLOCKS_PER_THREAD = 4
 
 
 def set_threads(n: int) -> int:
@@ -35,41 +36,44 @@ def set_threads(n: int) -> int:
     return previous
 
 
-def _pool(n: int) -> ThreadPoolExecutor:
+def threads() -> int:
+    """The calling thread's intra-op thread count (1 outside a run)."""
+    return getattr(_local, "threads", 1)
+
+
+def _pool(workers: int) -> ThreadPoolExecutor:
     with _pools_lock:
-        pool = _pools.get(n)
+        pool = _pools.get(workers)
         if pool is None:
-            pool = _pools[n] = ThreadPoolExecutor(n - 1, thread_name_prefix="hybrid-ref")
+            pool = _pools[workers] = ThreadPoolExecutor(workers, thread_name_prefix="hybrid-reference")
         return pool
 
 
-def _run_split(pieces: list[tuple]) -> None:
-    pool = _pool(len(pieces))
-    futures = [pool.submit(np.matmul, *p[:2], out=p[2]) for p in pieces[1:]]
-    np.matmul(*pieces[0][:2], out=pieces[0][2])
-    for f in futures:
-        f.result()
+def for_blocks(total: int, fn: Callable[[int, int], None], work: float, align: int = 1) -> None:
+    """Call ``fn(lo, hi)`` for blocks covering ``range(total)``, spread over the intra-op threads.
 
-
-def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """``a @ b`` for 2-D operands, split into row blocks of ``a`` across the intra-op threads."""
+    Args:
+        total: Size of the range (rows, channels).
+        fn: Computes one block; blocks must be independent.
+        work: Rough cost of the whole range; small jobs run on the calling thread alone.
+        align: Block boundaries fall on multiples of this (GEMM row tiles).
+    """
     n = getattr(_local, "threads", 1)
-    m = a.shape[0]
-    if n <= 1 or m < 32 * n or m * a.shape[1] * b.shape[1] < _MIN_MACS:
-        return a @ b
-    out = np.empty((m, b.shape[1]), dtype=np.result_type(a, b))
-    cuts = [round(m * i / n / 16) * 16 for i in range(n)] + [m]  # blocks of whole 16-row tiles
-    _run_split([(a[lo:hi], b, out[lo:hi]) for lo, hi in itertools.pairwise(cuts) if hi > lo])
-    return out
+    if n <= 1 or work < _MIN_WORK or total < 2 * align:
+        fn(0, total)
+        return
+    count = max(2, min(n * _BLOCKS_PER_THREAD, total // align))
+    cuts = sorted({min(total, round(total * i / count / align) * align) for i in range(count)} | {total})
+    blocks = list(itertools.pairwise(cuts))
+    counter = itertools.count()  # next() on it is atomic under the GIL
 
+    def drain() -> None:
+        while (i := next(counter)) < len(blocks):
+            fn(*blocks[i])
 
-def batched_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """``np.matmul`` for 3-D operands with equal batch sizes, the batch split across the threads."""
-    n = getattr(_local, "threads", 1)
-    batch = a.shape[0]
-    if n <= 1 or batch < n or batch * a.shape[1] * a.shape[2] * b.shape[2] < _MIN_MACS:
-        return np.matmul(a, b)
-    out = np.empty((batch, a.shape[1], b.shape[2]), dtype=np.result_type(a, b))
-    cuts = [batch * i // n for i in range(n)] + [batch]
-    _run_split([(a[lo:hi], b[lo:hi], out[lo:hi]) for lo, hi in itertools.pairwise(cuts) if hi > lo])
-    return out
+    futures = [_pool(n - 1).submit(drain) for _ in range(n - 1)]
+    try:
+        drain()
+    finally:
+        for f in futures:
+            f.result()
