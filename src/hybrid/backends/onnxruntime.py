@@ -9,6 +9,8 @@ listed as unverified in the README.
 from __future__ import annotations
 
 import logging
+import os
+import tempfile
 from collections.abc import Mapping
 from typing import Any
 
@@ -82,8 +84,10 @@ def session_options(ort: Any, options: Mapping[str, Any], threads: int | None = 
         so.add_session_config_entry("session.inter_op.allow_spinning", flag)
     if options.get("profile"):
         so.enable_profiling = True
-        if isinstance(options["profile"], str):
-            so.profile_file_prefix = options["profile"]
+        prefix = options["profile"]
+        if not isinstance(prefix, str):  # never litter the working directory with trace files
+            prefix = os.path.join(tempfile.gettempdir(), "hybrid-ort-profile")
+        so.profile_file_prefix = prefix
     so.log_severity_level = 4  # failures surface as exceptions (HYB-304/408), not log spam
     return so
 
