@@ -4,7 +4,8 @@ OpenBLAS's own threads wait for each other at every GEMM; on a machine whose cor
 with other work a waiting thread loses whole time slices, and a 1 ms GEMM can take 20 ms. Here a
 kernel hands :func:`for_blocks` a function over a range (output channels, input channels) and the
 calling thread and the workers take blocks from a shared counter until none is left: a worker that
-lost its core holds up at most one block, and the work degrades to one-thread speed instead of
+lost its core holds up at most one block, a worker that has not started by the time the calling
+thread ran out of blocks is cancelled, and the work degrades to one-thread speed instead of
 stalling. numpy releases the GIL in BLAS calls and in ufunc loops, so blocks run in parallel.
 
 The executable sets the thread count for the duration of a run, per calling thread, so two models
@@ -75,5 +76,7 @@ def for_blocks(total: int, fn: Callable[[int, int], None], work: float, align: i
     try:
         drain()
     finally:
+        # a worker that has not started yet would find nothing left: do not wait for it to be scheduled
         for f in futures:
-            f.result()
+            if not f.cancel():
+                f.result()
