@@ -116,13 +116,13 @@ def bench_bert(args: argparse.Namespace) -> list[list[object]]:
         contenders[f"{name} ORT"] = session
         contenders[f"{name} hybrid"] = _compiled(q)
     x = held[0]
-    times = interleave(_callables(contenders, x), blocks=3 if args.quick else 5, per_block=2 if args.quick else 3)
+    times = interleave(_callables(contenders, x), blocks=3 if args.quick else 10, per_block=2 if args.quick else 5)
     base = {"ORT": median_ms(times["fp32 ORT"]), "hybrid": median_ms(times["fp32 hybrid"])}
     rows = []
     for k, v in times.items():
         variant, _, via = k.rpartition(" ")
         cos, note = accuracy.get(variant, (1.0, "reference"))
-        rows.append([label, "8x128", variant, via, median_ms(v), base[via] / median_ms(v), cos, note])
+        rows.append([label, "8x128", variant, via, median_ms(v), base[via] / median_ms(v), f"{cos:.5f}", note])
     return rows
 
 
@@ -193,13 +193,14 @@ def bench_cnn(args: argparse.Namespace) -> tuple[list[list[object]], str]:
         contenders[f"{name} ORT"] = session
         contenders[f"{name} hybrid"] = _compiled(q)
     x = {"input": held[:16]}
-    times = interleave(_callables(contenders, x), blocks=3 if args.quick else 5, per_block=5 if args.quick else 10)
+    times = interleave(_callables(contenders, x), blocks=3 if args.quick else 8, per_block=5 if args.quick else 10)
     base = {"ORT": median_ms(times["fp32 ORT"]), "hybrid": median_ms(times["fp32 hybrid"])}
     rows = []
     for k, v in times.items():
         variant, _, via = k.rpartition(" ")
         agree, note = accuracy.get(variant, (1.0, "reference"))
-        rows.append(["CNN (trained)", "16x3x64x64", variant, via, median_ms(v), base[via] / median_ms(v), agree, note])
+        rows.append(["CNN (trained)", "16x3x64x64", variant, via, median_ms(v), base[via] / median_ms(v),
+                     f"{agree:.1%}", note])
     return rows, f"CNN trained {steps} steps, accuracy {acc:.1%} on its own held-out set"
 
 

@@ -120,7 +120,7 @@ class JitFunction:
         self._traces = 0
         self._hits = 0
         self._warned = False
-        functools.update_wrapper(self, fn)
+        functools.update_wrapper(self, fn, updated=())  # name and docstring; not a module's __dict__
 
     # ------------------------------------------------------------------ calling
     def __call__(self, *args: Any, **kwargs: Any) -> Any:

@@ -105,41 +105,51 @@ def export_module(module: Any, input_shape: Any, *, opset_version: int | None = 
         raise ModelError("HYB-210", f"opset_version: expected an int, got {opset_version!r}")
     args = _example_args(module, input_shape, torch)
     in_names = _input_names(module, len(args), input_names)
-    with torch.no_grad():
-        try:
-            eager = module(*args)
-        except Exception as e:
-            raise _export_error("running the module on the example inputs", e, module, torch) from e
-    leaf_names, template = flatten_outputs(eager, torch)
-    out_names = _output_names(leaf_names, output_names)
-    axes = _check_dynamic_axes(dynamic_axes, in_names, out_names)
-    order = _exporter_order(exporter, opset_version)
     was_training = module.training
-    module.eval()
-    failures: list[tuple[str, BaseException]] = []
+    module.eval()  # exported in eval mode (dropout off, BatchNorm statistics); restored below
     try:
-        for which in order:
+        with torch.no_grad():
             try:
-                with quiet_torch():
-                    proto = (_dynamo(module, args, in_names, out_names, opset_version, axes, all_dynamic, torch)
-                             if which == "dynamo" else
-                             _torchscript(module, args, in_names, out_names, opset_version, axes, torch))
+                eager = module(*args)
             except Exception as e:
-                failures.append((which, e))
-                if len(order) > 1 and which == order[0]:
-                    logger.warning("the %s exporter failed on %s (%s); trying the %s exporter", which,
-                                   type(module).__name__, _first_line(e), order[1])
-                continue
-            if failures:
-                logger.warning("exported %s with the %s exporter after the %s exporter failed", type(module).__name__,
-                               which, failures[0][0])
-            model_name = name or type(module).__name__
-            proto.graph.name = proto.graph.name or model_name
-            _set_metadata(proto, {"hybrid.exporter": which, "hybrid.source": f"torch {torch.__version__}"})
-            logger.info("exported %s with the %s exporter (opset %s)", model_name, which, _opset(proto))
-            return ExportResult(Model(proto=proto, name=model_name), which, template)
+                raise _export_error("running the module on the example inputs", e, module, torch) from e
+        leaf_names, template = flatten_outputs(eager, torch)
+        out_names = _output_names(leaf_names, output_names)
+        axes = _check_dynamic_axes(dynamic_axes, in_names, out_names)
+        order = _exporter_order(exporter, opset_version)
+        proto, which = _run_exporters(order, module, args, in_names, out_names, opset_version, axes, all_dynamic,
+                                      torch)
     finally:
         module.train(was_training)
+    model_name = name or type(module).__name__
+    proto.graph.name = proto.graph.name or model_name
+    _set_metadata(proto, {"hybrid.exporter": which, "hybrid.source": f"torch {torch.__version__}"})
+    logger.info("exported %s with the %s exporter (opset %s)", model_name, which, _opset(proto))
+    return ExportResult(Model(proto=proto, name=model_name), which, template)
+
+
+def _run_exporters(order: tuple[str, ...], module: Any, args: tuple[Any, ...], ins: list[str], outs: list[str],
+                   opset: int | None, axes: dict[str, dict[int, str]], all_dynamic: bool,
+                   torch: Any) -> tuple[onnx.ModelProto, str]:
+    """Try the exporters in order; return the first model and which exporter made it, or raise HYB-206."""
+    failures: list[tuple[str, BaseException]] = []
+    for which in order:
+        try:
+            with quiet_torch():
+                if which == "dynamo":
+                    proto = _dynamo(module, args, ins, outs, opset, axes, all_dynamic, torch)
+                else:
+                    proto = _torchscript(module, args, ins, outs, opset, axes, torch)
+        except Exception as e:
+            failures.append((which, e))
+            if which != order[-1]:
+                logger.warning("the %s exporter failed on %s (%s); trying the %s exporter", which,
+                               type(module).__name__, _first_line(e), order[len(failures)])
+            continue
+        if failures:
+            logger.warning("exported %s with the %s exporter after the %s exporter failed", type(module).__name__,
+                           which, failures[0][0])
+        return proto, which
     which, err = failures[0]
     extra = "" if len(failures) == 1 else f"; the {failures[1][0]} exporter failed too: {_first_line(failures[1][1])}"
     raise _export_error(f"torch.onnx.export ({which} exporter)", err, module, torch, extra) from err

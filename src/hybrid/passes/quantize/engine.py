@@ -65,8 +65,8 @@ class Engine:
                 continue
             has_weight = any(i in inits for i in node.input)
             mode = self.cfg.quant_mode
-            if mode == "dynamic":
-                ok = node.op_type in (ops or DYNAMIC_OP_TYPES) and has_weight
+            if mode == "dynamic":  # MatMuls of two activations (attention) are quantized too
+                ok = node.op_type in (ops or DYNAMIC_OP_TYPES)
             elif mode == "static":
                 ok = node.op_type in _LAYER_OPS and (ops is None or node.op_type in ops)
                 ok = ok and (node.op_type != "Gather" or has_weight)
