@@ -87,7 +87,18 @@ def load_times(models: list[str], rounds: int, work: Path) -> list[list[object]]
     return rows
 
 
-def profile_accuracy(models: list[str], seconds: float, work: Path) -> list[list[object]]:
+def _plain_rate(cm, feeds, seconds: float) -> float:
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        cm.run(feeds)
+        n += 1
+    return n / (time.perf_counter() - t0)
+
+
+def profile_accuracy(models: list[str], seconds: float, pairs: int, work: Path) -> list[list[object]]:
+    """Profiled periods sandwiched between plain ones (plain, profile, plain, profile, ..., plain): each
+    profile's throughput is compared with the mean of the plain periods around it, so that a load that
+    drifts during the run cancels; the median of those ratios is reported."""
     import hybrid
     from hybrid.runtime.profiler import profile, sample_inputs
     from hybrid.samples import light_model_path
@@ -97,22 +108,21 @@ def profile_accuracy(models: list[str], seconds: float, work: Path) -> list[list
         for backend in ("onnxruntime", "openvino"):
             cm = hybrid.compile(light_model_path(name), target=f"{backend}:cpu")
             feeds = sample_inputs(cm.signature)
-            prof, plain = [], []
-            for _ in range(2):  # alternate profiled and plain periods
+            plain = [_plain_rate(cm, feeds, seconds)]
+            prof = []
+            for _ in range(pairs):
+                time.sleep(0.2)
                 report = profile(cm, duration=seconds, output=work / "profile.json", quiet=True)
                 prof.append(report.throughput)
                 time.sleep(0.2)
-                n, t0 = 0, time.perf_counter()
-                while time.perf_counter() - t0 < seconds:
-                    cm.run(feeds)
-                    n += 1
-                plain.append(n / (time.perf_counter() - t0))
-                time.sleep(0.2)
+                plain.append(_plain_rate(cm, feeds, seconds))
+            ratios = [p / ((a + b) / 2) for p, a, b in zip(prof, plain, plain[1:])]
             trace = json.loads((work / "profile.json").read_text())  # the last 5-second trace parses...
             spans = sum(1 for e in trace["traceEvents"] if e.get("cat") == "node")  # ...and has node spans
-            p, q = statistics.mean(prof), statistics.mean(plain)
-            rows.append([name, backend, report.runs, report.latency_ms["p50"], report.latency_ms["p99"], p, q,
-                         p / q, report.top_ops[0].name if report.top_ops else "-", spans])
+            rows.append([name, backend, report.runs, report.latency_ms["p50"], report.latency_ms["p99"],
+                         statistics.median(prof), statistics.median(plain), statistics.median(ratios),
+                         f"{min(ratios):.3f}..{max(ratios):.3f}", report.top_ops[0].name if report.top_ops else "-",
+                         spans])
     return rows
 
 
@@ -121,19 +131,23 @@ def main() -> None:
     parser.add_argument("--models", default="squeezenet,inception_v1,resnet50,densenet121")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--profile-seconds", type=float, default=5.0)
+    parser.add_argument("--pairs", type=int, default=3, help="alternations of profiled and plain periods")
+    parser.add_argument("--skip-load", action="store_true", help="only the profiler part")
     args = parser.parse_args()
     models = args.models.split(",")
     print(f"machine: {machine_info()}\n")
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        rows = load_times(models, args.rounds, work)
-        print(f"### Bundle load time (median of {args.rounds} rounds, ms)\n")
-        print(table(["model", "backend", "raw runtime", "hybrid.compile", "first load (IR)", "second load (cache)",
-                     "load from bundle cache", "first/second", "bundle MiB"], rows))
-        rows = profile_accuracy(models[:2], args.profile_seconds, work)
-        print(f"\n### hybrid.profile ({args.profile_seconds:.0f} s) vs a separate timing loop\n")
+        if not args.skip_load:
+            rows = load_times(models, args.rounds, work)
+            print(f"### Bundle load time (median of {args.rounds} rounds, ms)\n")
+            print(table(["model", "backend", "raw runtime", "hybrid.compile", "first load (IR)",
+                         "second load (cache)", "load from bundle cache", "first/second", "bundle MiB"], rows))
+        rows = profile_accuracy(models[:2], args.profile_seconds, args.pairs, work)
+        print(f"\n### hybrid.profile ({args.profile_seconds:.0f} s) vs a separate timing loop "
+              f"({args.pairs} profiled periods between plain ones)\n")
         print(table(["model", "backend", "runs", "p50 ms", "p99 ms", "profile throughput /s", "plain loop /s",
-                     "ratio", "top op", "node spans"], rows))
+                     "median ratio", "ratio range", "top op", "node spans"], rows))
 
 
 if __name__ == "__main__":
