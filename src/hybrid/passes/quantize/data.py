@@ -163,10 +163,12 @@ def progress(description: str, total: int, enabled: bool | None) -> Iterator[Any
     if not show or total <= 0:
         yield _NoProgress()
         return
+    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    # stderr, like logging: stdout stays the program's own
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  transient=True) as bar:
+                  console=Console(stderr=True), transient=True) as bar:
         task = bar.add_task(description, total=total)
         yield _Bar(bar, task)
 
