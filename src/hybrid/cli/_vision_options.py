@@ -59,10 +59,9 @@ def _floats(what: str, text: str) -> list[float]:
 
 
 def _size(text: str) -> list[int]:
-    parts = [p for p in re.split(r"[x,X ]", text.strip()) if p]
-    if len(parts) not in (1, 2) or not all(p.isdigit() for p in parts):
+    if not re.fullmatch(r"\d+([xX,]\d+)?", text.strip()):
         raise _bad("--input-size", text, "give HEIGHTxWIDTH (480x640) or one number (640)")
-    values = [int(p) for p in parts]
+    values = [int(p) for p in re.split(r"[xX,]", text.strip())]
     return values * 2 if len(values) == 1 else values
 
 
