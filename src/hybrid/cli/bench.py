@@ -190,7 +190,7 @@ def bench_command(
         rows, reference = bench(model_obj, "all" if targets == "all" else [t.strip() for t in targets.split(",")],
                                 precs, blocks, per_block, batch, load_inputs(inputs))
     console.print(f"migration report: {model.name}, batch {batch}, errors against {reference}", highlight=False)
-    console.print(markdown(rows, reference, ok_only=not all_rows), highlight=False, markup=False)
+    typer.echo(markdown(rows, reference, ok_only=not all_rows))  # plain text: a Markdown table must not wrap
     if json_out is not None:
         doc = {"model": str(model), "reference": reference, "batch": batch, "rows": [asdict(r) for r in rows]}
         atomic_write_bytes(json_out, json.dumps(doc, indent=1).encode())
