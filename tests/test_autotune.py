@@ -158,6 +158,9 @@ def test_tolerances_follow_the_dtype():
     assert checks.compare([i], [i], ["i"]) is None
     assert "exactly" in str(checks.compare([i], [i + (i == 3)], ["i"]))
     assert checks.compare([np.array([np.nan, 1.0])], [np.array([np.nan, 1.0])], ["n"]) is None
+    inf = np.array([-np.inf, 1.0], np.float32)
+    assert checks.compare([inf], [inf.copy()], ["m"]) is None
+    assert checks.compare([inf], [np.array([np.finfo(np.float32).min, 1.0], np.float32)], ["m"]) is not None
     assert "shape" in str(checks.compare([y], [y[:5]], ["y"]))
     assert "dtype" in str(checks.compare([y], [y.astype(np.float64)], ["y"]))
 

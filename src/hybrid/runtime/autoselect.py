@@ -270,11 +270,19 @@ def select(model: Model, target: str, order: list[Candidate], options_of: Option
             continue
         if trial.precision == "fp32" and trial.outputs is not None and "+" not in trial.backend:
             search.fp32_outputs[Candidate(trial.backend, trial.device)] = trial.outputs
-        if not autotune:
+        if not autotune and search.verifier.ok:
             winner = trial
             break
     survivors = [t for t in trials if t.decision]
-    if winner is None and survivors:
+    unchecked = not search.verifier.ok
+    fallback = [t for t in survivors if t.backend == FALLBACK_BACKEND]
+    if winner is None and unchecked and fallback:
+        # nothing could be checked, so nothing accelerated may win: the reference is right by definition
+        winner = fallback[0]
+        reason = "no sample input could be checked; the reference backend is right by definition"
+        logger.warning("auto: %r runs on the reference backend: no sample input could be checked against it; "
+                       "pass sample_inputs= to let the accelerated backends compete", model.name)
+    elif winner is None and survivors:
         winner = survivors[0]
         reason = "first candidate by priority that passed the check"
         feeds = search.verifier.samples

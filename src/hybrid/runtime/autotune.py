@@ -64,7 +64,7 @@ SAMPLE_STYLES = 4
 
 
 def make_samples(model: Any, given: Any = None, seed: int = 0, symbolic_size: int = 1,
-                 style: int = 0) -> dict[str, Any] | None:
+                 style: int = 0, magnitude: float = 1.0) -> dict[str, Any] | None:
     """Sample inputs for the checks and timings: ``given`` validated, or generated from the signature.
 
     Symbolic dims are ``symbolic_size``. Integer inputs that index a constant table (token ids) stay
@@ -80,8 +80,8 @@ def make_samples(model: Any, given: Any = None, seed: int = 0, symbolic_size: in
     3      standard normal        0 or 1
     ====== ====================== =====================
 
-    Booleans are random. Returns None when an input cannot be generated (sequences, maps, unknown
-    rank or dtype).
+    Floats are multiplied by ``magnitude``. Booleans are random. Returns None when an input cannot be
+    generated (sequences, maps, unknown rank or dtype).
 
     Raises:
         RunError: HYB-401..407 when ``given`` does not match the signature.
@@ -107,7 +107,7 @@ def make_samples(model: Any, given: Any = None, seed: int = 0, symbolic_size: in
         dt = np.dtype(spec.dtype)
         if dt.kind in "fcV":
             real = rng.standard_normal if style in (0, 3) else rng.random
-            arr = real(shape)
+            arr = real(shape) * magnitude
             if dt.kind == "c":
                 arr = arr + 1j * real(shape)
             arr = arr.astype(np.float32).astype(dt) if dt.kind == "V" else arr.astype(dt)
