@@ -269,3 +269,29 @@ def test_evaluate_node_runs_a_self_contained_if():
     node = ir.serde.deserialize_model(model).graph.node(0)
     assert evaluate_node(node, [np.array(True)])[0].tolist() == [1.0, 2.0]
     assert evaluate_node(node, [np.array(False)])[0].tolist() == [3.0]
+
+
+def test_overlapping_runs_give_blas_its_threads_back(rng):
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    import threading
+
+    model = _model([helper.make_node("MatMul", ["x", "x"], ["y"])], [_vi("x", shape=[64, 64])], [_vi("y")])
+    before = [i["num_threads"] for i in threadpoolctl.threadpool_info() if i["user_api"] == "blas"]
+    cms = [hybrid.compile(model, target="reference", config={"num_threads": 2}) for _ in range(4)]
+    x = rng.standard_normal((64, 64)).astype(np.float32)
+    errors: list[BaseException] = []
+
+    def work(cm):
+        try:
+            for _ in range(50):
+                np.testing.assert_allclose(cm(x), x @ x, rtol=1e-4, atol=1e-4)
+        except BaseException as e:  # reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(cm,)) for cm in cms]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert [i["num_threads"] for i in threadpoolctl.threadpool_info() if i["user_api"] == "blas"] == before

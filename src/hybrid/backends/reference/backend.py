@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -43,15 +44,38 @@ class ReferenceExecutable(Executable):
         inputs = [feeds.get(n) for n in self.input_names]
         if not self._blas:
             return self._run(inputs)
-        previous = [lib.num_threads for lib in self._blas]
-        for lib in self._blas:
-            lib.set_num_threads(1)
+        _hold_blas(self._blas)
         outer = set_threads(self._threads)
         try:
             return self._run(inputs)
         finally:
             set_threads(outer)
-            for lib, n in zip(self._blas, previous):
+            _release_blas(self._blas)
+
+
+# BLAS thread counts are process-wide: the first run to start saves them and holds BLAS to one thread,
+# the last run to finish puts them back (runs may overlap in several threads)
+_HOLD_LOCK = threading.Lock()
+_held = 0
+_saved: list[int] = []
+
+
+def _hold_blas(libs: list[Any]) -> None:
+    global _held, _saved
+    with _HOLD_LOCK:
+        if _held == 0:
+            _saved = [lib.num_threads for lib in libs]
+            for lib in libs:
+                lib.set_num_threads(1)
+        _held += 1
+
+
+def _release_blas(libs: list[Any]) -> None:
+    global _held
+    with _HOLD_LOCK:
+        _held -= 1
+        if _held == 0:
+            for lib, n in zip(libs, _saved):
                 lib.set_num_threads(n)
 
 
