@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from hybrid.backends.reference.parallel import for_blocks
 from hybrid.backends.reference.registry import NodeContext, kernel, prepared
 
 __all__: list[str] = []
@@ -39,13 +40,19 @@ def _pool_geometry(sp, k, s, d, pads, auto_pad, ceil_mode):
 
 
 def _windows_reduce(xp, k, s, d, out, fn):
-    """Reduce over the pooling window: one strided view per kernel tap."""
+    """Reduce over the pooling window, one spatial axis at a time (max and sum are separable): one
+    strided view per tap of that axis, so a 3x3 window costs 3 + 3 passes instead of 9."""
     nd = len(k)
-    acc = None
-    for tap in np.ndindex(*k):
-        view = xp[(Ellipsis, *(slice(tap[i] * d[i], tap[i] * d[i] + s[i] * (out[i] - 1) + 1, s[i])
-                               for i in range(nd)))]
-        acc = view.copy() if acc is None else fn(acc, view, out=acc)
+    acc = xp
+    for axis in range(nd):
+        dim = acc.ndim - nd + axis
+        reduced = None
+        for tap in range(k[axis]):
+            index = [slice(None)] * acc.ndim
+            index[dim] = slice(tap * d[axis], tap * d[axis] + s[axis] * (out[axis] - 1) + 1, s[axis])
+            view = acc[tuple(index)]
+            reduced = view.copy() if reduced is None else fn(reduced, view, out=reduced)
+        acc = reduced
     return acc
 
 
@@ -87,6 +94,15 @@ class _Pool:
 
     def __call__(self, x):
         size, inner, out, counts = self._plan(x.shape)
+        y = np.empty((*x.shape[:2], *out), dtype=x.dtype)
+
+        def channels(lo: int, hi: int) -> None:
+            y[:, lo:hi] = self._pool(x[:, lo:hi], size, inner, out, counts)
+
+        for_blocks(x.shape[1], channels, x.size * int(np.prod(self.k)))
+        return (y,)
+
+    def _pool(self, x, size, inner, out, counts):
         if self.kind == "max":
             if size == x.shape[2:] and all(sl.start == 0 for sl in inner):
                 xp = x  # no padding and no window past the end: read the input in place
@@ -94,11 +110,11 @@ class _Pool:
                 fill = -np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min
                 xp = np.full((*x.shape[:2], *size), fill, dtype=x.dtype)
                 xp[(slice(None), slice(None), *inner)] = x
-            return (_windows_reduce(xp, self.k, self.s, self.d, out, np.maximum),)
+            return _windows_reduce(xp, self.k, self.s, self.d, out, np.maximum)
         xp = np.zeros((*x.shape[:2], *size), dtype=x.dtype)
         xp[(slice(None), slice(None), *inner)] = x
         acc = _windows_reduce(xp, self.k, self.s, self.d, out, np.add)
-        return ((acc / counts).astype(x.dtype, copy=False),)
+        return acc / counts
 
 
 @prepared("MaxPool", since=8)
