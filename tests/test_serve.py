@@ -231,6 +231,20 @@ def test_cli_help_and_errors(tmp_path):
     assert result.exit_code == 1 and "HYB-102" in result.output
     result = runner.invoke(serve_app(), ["serve", str(model), "--ray", "--autoscaling", "{bad"])
     assert result.exit_code == 1 and "HYB-102" in result.output
+    result = runner.invoke(serve_app(), ["serve", str(model), "--backend-config", '{"onnxruntime": {"spin": 1}}'])
+    assert result.exit_code == 1 and "HYB-306" in result.output
+
+
+def test_server_backend_defaults_turn_spinning_off_unless_asked():
+    from hybrid.config import get_config
+    from hybrid.serve.repository import configure_backends
+
+    configure_backends(None)
+    assert get_config().backends["onnxruntime"]["allow_spinning"] is False
+    merged = configure_backends({"onnxruntime": {"allow_spinning": True, "intra_op_num_threads": 1}})
+    assert merged["onnxruntime"] == {"allow_spinning": True, "intra_op_num_threads": 1}
+    with pytest.raises(ConfigError):
+        configure_backends({"onnxruntime": 3})
 
 
 def test_unbatched_mode_serves_each_request_alone(models, rng):

@@ -36,16 +36,17 @@ def _overrides(max_batch: int | None, batch_timeout: float | None, max_queue: in
     return given
 
 
-def _autoscaling(text: str | None) -> dict[str, Any] | None:
+def _json_object(option: str, text: str | None, example: str) -> dict[str, Any] | None:
     if text is None:
         return None
     try:
         doc = json.loads(text)
     except ValueError as e:
-        raise ConfigError("HYB-102", f"--autoscaling: expected a JSON object, got {text!r} ({e})",
-                          "e.g. --autoscaling '{\"min_replicas\": 1, \"max_replicas\": 4}'") from e
+        raise ConfigError("HYB-102", f"{option}: expected a JSON object, got {text!r} ({e})",
+                          f"e.g. {option} '{example}'") from e
     if not isinstance(doc, dict):
-        raise ConfigError("HYB-102", f"--autoscaling: expected a JSON object, got {type(doc).__name__}")
+        raise ConfigError("HYB-102", f"{option}: expected a JSON object, got {type(doc).__name__}",
+                          f"e.g. {option} '{example}'")
     return doc
 
 
@@ -68,6 +69,10 @@ def serve(
     port: Annotated[int, typer.Option(help="Port to bind.")] = 8000,
     target: Annotated[str | None, typer.Option(help="Target for every model (default: each folder's "
                                                     "config.json, else 'auto').")] = None,
+    backend_config: Annotated[str | None, typer.Option(help="Backend options as JSON, e.g. '{\"onnxruntime\": "
+                                                            "{\"intra_op_num_threads\": 2}}' (the server "
+                                                            "turns ONNX Runtime's thread spinning off unless "
+                                                            "told otherwise).")] = None,
     max_batch: Annotated[int | None, typer.Option(help="Requests per batch; 0 turns batching off "
                                                        "[default: 8].")] = None,
     batch_timeout: Annotated[float | None, typer.Option(help="Seconds a request waits for its batch to "
@@ -101,7 +106,7 @@ def serve(
         try:
             from hybrid.serve.app import ServeOptions, create_app
             from hybrid.serve.protocol import Limits
-            from hybrid.serve.repository import build_registry
+            from hybrid.serve.repository import build_registry, configure_backends
             from hybrid.serve.server import run
         except ImportError as e:
             raise ModelError("HYB-207", f"pyasc serve needs {e.name or e}, which is not installed",
@@ -111,19 +116,22 @@ def serve(
         limits = Limits(max_body=parse_size(max_body, "--max-body"), max_json_depth=max_json_depth)
         options = ServeOptions(auth_token=auth_token or None, limits=limits, drain_timeout=drain_timeout)
         overrides = _overrides(max_batch, batch_timeout, max_queue, request_timeout, concurrency)
+        backends = _json_object("--backend-config", backend_config, '{"onnxruntime": {"intra_op_num_threads": 2}}')
+        scaling = _json_object("--autoscaling", autoscaling, '{"min_replicas": 1, "max_replicas": 4}')
         logging.getLogger("hybrid").setLevel(log_level.upper())
         if use_ray:
-            _serve_on_ray(models, target, overrides, options, replicas, _autoscaling(autoscaling), replica_cpus,
+            _serve_on_ray(models, target, overrides, options, backends, replicas, scaling, replica_cpus,
                           host, port, ray_address)
             return
+        configure_backends(backends)
         registry = build_registry(models, target, overrides)
         _print_models(registry, f"http://{host}:{port}")
         run(create_app(registry, options), host=host, port=port, drain_timeout=drain_timeout, log_level=log_level)
 
 
-def _serve_on_ray(models: list[str], target: str | None, overrides: dict[str, Any], options: Any, replicas: int,
-                  autoscaling: dict[str, Any] | None, replica_cpus: float, host: str, port: int,
-                  ray_address: str | None) -> None:
+def _serve_on_ray(models: list[str], target: str | None, overrides: dict[str, Any], options: Any,
+                  backends: dict[str, Any] | None, replicas: int, autoscaling: dict[str, Any] | None,
+                  replica_cpus: float, host: str, port: int, ray_address: str | None) -> None:
     try:
         from hybrid.serve import ray as ray_serve
     except ImportError as e:
@@ -132,8 +140,8 @@ def _serve_on_ray(models: list[str], target: str | None, overrides: dict[str, An
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        ray_serve.deploy(models, target=target, overrides=overrides, options=options, replicas=replicas,
-                         autoscaling=autoscaling, replica_cpus=replica_cpus, host=host, port=port,
+        ray_serve.deploy(models, target=target, overrides=overrides, options=options, backend_config=backends,
+                         replicas=replicas, autoscaling=autoscaling, replica_cpus=replica_cpus, host=host, port=port,
                          ray_address=ray_address)
         console.print(f"serving on Ray Serve at http://{host}:{port} "
                       f"({'autoscaling' if autoscaling else f'{replicas} replica(s)'}); Ctrl+C stops")

@@ -36,7 +36,7 @@ __all__ = ["ServeOptions", "ServerState", "create_app", "http_status"]
 logger = logging.getLogger("hybrid.serve")
 
 LIVE_PATH = "/v2/health/live"
-_PARSE_INLINE = 64 << 10  # bodies above this are decoded in a worker thread, not on the event loop
+_PARSE_INLINE = 64 << 10  # JSON above this is decoded in a worker thread, not on the event loop
 _STATUS = {"HYB-701": 404, "HYB-702": 400, "HYB-703": 401, "HYB-704": 413, "HYB-705": 503, "HYB-706": 503,
            "HYB-411": 504, "HYB-412": 503, "HYB-414": 503, "HYB-415": 503}
 _INPUT_CODES = {f"HYB-40{i}" for i in range(1, 8)}
@@ -240,9 +240,9 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
         try:
             body = await read_body(request, limits.max_body)
             header_length = _header_length(request)
-            if len(body) > _PARSE_INLINE:
+            if (len(body) if header_length is None else header_length) > _PARSE_INLINE:
                 parsed = await run_in_threadpool(parse_request, body, header_length, limits)
-            else:
+            else:  # binary tensors are views into the body: only the JSON part costs time
                 parsed = parse_request(body, header_length, limits)
             del body
             outputs = await model.infer(parsed.inputs, parsed.timeout_s)

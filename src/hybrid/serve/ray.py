@@ -20,7 +20,7 @@ from ray import serve
 
 from hybrid.serve.app import ServeOptions, create_app
 from hybrid.serve.model import BatchSettings
-from hybrid.serve.repository import ModelSource, build_registry, discover
+from hybrid.serve.repository import ModelSource, build_registry, configure_backends, discover
 
 __all__ = ["HybridDeployment", "deploy", "shutdown"]
 
@@ -38,10 +38,12 @@ class HybridDeployment:
         target: Target for every model, or None for each model's own (else 'auto').
         overrides: Serving settings from the command line.
         options: Auth token and limits.
+        backend_config: Backend options for this replica's process (see ``configure_backends``).
     """
 
     def __init__(self, sources: list[ModelSource], target: str | None, overrides: dict[str, Any],
-                 options: ServeOptions) -> None:
+                 options: ServeOptions, backend_config: dict[str, Any] | None = None) -> None:
+        configure_backends(backend_config)
         self._registry = build_registry([], target, overrides, sources=sources)
         self._options = options
 
@@ -51,7 +53,8 @@ class HybridDeployment:
 
 def deploy(models: Sequence[str | Path], *, target: str | None = None,
            overrides: Mapping[str, Any] | None = None, options: ServeOptions | None = None,
-           replicas: int = 1, autoscaling: Mapping[str, Any] | None = None, replica_cpus: float = 1.0,
+           backend_config: Mapping[str, Mapping[str, Any]] | None = None, replicas: int = 1,
+           autoscaling: Mapping[str, Any] | None = None, replica_cpus: float = 1.0,
            ray_actor_options: Mapping[str, Any] | None = None, max_ongoing_requests: int = 64,
            host: str = "127.0.0.1", port: int = 8000, app_name: str = DEFAULT_APP, route_prefix: str = "/",
            ray_address: str | None = None, ray_init: Mapping[str, Any] | None = None) -> Any:
@@ -64,6 +67,8 @@ def deploy(models: Sequence[str | Path], *, target: str | None = None,
         target: Target for every model (None: each folder's config.json, else 'auto').
         overrides: Serving settings (:class:`~hybrid.serve.model.BatchSettings` fields) for every model.
         options: Auth token and request limits.
+        backend_config: Backend options set in every replica's process, as for ``hybrid.set_backend``
+            (ONNX Runtime's thread spinning is off unless given).
         replicas: Fixed number of replicas (ignored when ``autoscaling`` is given).
         autoscaling: Serve's ``autoscaling_config``, passed through (``min_replicas``, ``max_replicas``,
             ``target_ongoing_requests``, ...).
@@ -84,9 +89,13 @@ def deploy(models: Sequence[str | Path], *, target: str | None = None,
     Raises:
         HybridError: Discovery errors (HYB-201, HYB-707) and bad settings (HYB-101/102), on the driver.
     """
+    from hybrid.hal import backend_class
+
     sources = discover(models)
     settings = dict(overrides or {})
     BatchSettings().merged(settings, "deploy(overrides=...)")
+    for name, opts in (backend_config or {}).items():  # fail here rather than in every replica
+        backend_class(name).validate_options(opts)
     if not ray.is_initialized():
         ray.init(address=ray_address, **dict(ray_init or {}))
     serve.start(http_options={"host": host, "port": port})
@@ -100,7 +109,8 @@ def deploy(models: Sequence[str | Path], *, target: str | None = None,
     else:
         deployment_options["num_replicas"] = replicas
     deployment = serve.deployment(HybridDeployment).options(**deployment_options)
-    bound = deployment.bind(sources, target, settings, options or ServeOptions())
+    backends = {name: dict(opts) for name, opts in (backend_config or {}).items()}
+    bound = deployment.bind(sources, target, settings, options or ServeOptions(), backends)
     logger.info("deploying %d model version(s) on Ray Serve at http://%s:%d%s", len(sources), host, port,
                 route_prefix)
     return serve.run(bound, name=app_name, route_prefix=route_prefix, blocking=False)

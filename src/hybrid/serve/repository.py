@@ -25,10 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hybrid.errors import HybridError, ModelError, ServingError
+from hybrid.errors import ConfigError, HybridError, ModelError, ServingError
 from hybrid.serve.model import BatchObserver, BatchSettings, ServedModel
 
-__all__ = ["ModelRegistry", "ModelSource", "build_registry", "check_name", "discover", "load_model"]
+__all__ = ["SERVER_BACKEND_DEFAULTS", "ModelRegistry", "ModelSource", "build_registry", "check_name",
+           "configure_backends", "discover", "load_model"]
 
 logger = logging.getLogger("hybrid.serve")
 
@@ -39,6 +40,10 @@ SUFFIXES = (".hybrid", ".onnx")
 CONFIG_FILE = "config.json"
 _CONFIG_MAX = 64 << 10
 _MANIFEST_MAX = 4 << 20
+
+# A server process shares its cores between the HTTP event loop and the runtime: ONNX Runtime's idle
+# intra-op threads must not spin between batches and starve the loop that forms the next one (DESIGN 4).
+SERVER_BACKEND_DEFAULTS: dict[str, dict[str, Any]] = {"onnxruntime": {"allow_spinning": False}}
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +170,32 @@ def discover(paths: Sequence[str | Path]) -> list[ModelSource]:
                               "name one of them: NAME=PATH")
         seen.add((s.name, s.version))
     return sources
+
+
+def configure_backends(config: Mapping[str, Mapping[str, Any]] | None) -> dict[str, dict[str, Any]]:
+    """Set this process's backend defaults for serving: :data:`SERVER_BACKEND_DEFAULTS` under ``config``.
+
+    Called by ``pyasc serve`` and by each Ray Serve replica (both own their process) before models load.
+
+    Args:
+        config: Backend name -> options, as for ``hybrid.set_backend``; wins over the server defaults.
+
+    Raises:
+        ConfigError: HYB-102 when ``config`` is not a mapping of mappings.
+        BackendError: HYB-301/306 for an unknown backend or option.
+    """
+    from hybrid.api import set_backend
+
+    if config is not None and (not isinstance(config, Mapping)
+                               or not all(isinstance(v, Mapping) for v in config.values())):
+        raise ConfigError("HYB-102", f"backend config: expected {{backend: {{option: value}}}}, got {config!r}",
+                          "e.g. {\"onnxruntime\": {\"intra_op_num_threads\": 2}}")
+    merged = {name: dict(opts) for name, opts in SERVER_BACKEND_DEFAULTS.items()}
+    for name, opts in (config or {}).items():
+        merged[name] = {**merged.get(name, {}), **opts}
+    for name, opts in merged.items():
+        set_backend(name, opts)
+    return merged
 
 
 def _manifest_serving(compiled: Any, path: str) -> dict[str, Any]:
