@@ -150,6 +150,23 @@ def test_streams_keep_order_and_results():
     assert det.stats()["run"]["calls"] == 0
 
 
+def test_prepare_then_call_in_a_pipeline():
+    det, cls, frame = _detector(), _classifier(), _frame()
+    prepared = det.prepare([frame, frame[:, :50]])
+    assert prepared.tensor.shape == (2, 3, 64, 64) and prepared.frames[0] is frame and not prepared.single
+    direct = det([frame, frame[:, :50]])
+    for a, b in zip(det(prepared), direct):
+        np.testing.assert_array_equal(a.boxes, b.boxes)
+    assert isinstance(det(det.prepare(frame)), Detections) and det(det.prepare([])) == []
+    with hybrid.Pipeline() as p:
+        p.add_stage(det.prepare).add_stage(det).add_stage(cls.crop_and_classify)
+        results = list(p.run([[frame]] * 3))
+    assert [[d.label.label for d in r[0]] for r in results] == [NAMES] * 3
+    with pytest.raises(RunError) as info:
+        cls(prepared)
+    assert info.value.code == "HYB-405" and "another model" in info.value.message
+
+
 def test_wrong_uses_are_named():
     det, cls = _detector(), _classifier()
     with pytest.raises(ConfigError) as info:

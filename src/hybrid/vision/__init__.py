@@ -17,7 +17,7 @@ from hybrid.vision.spec import (
     declare,
     read_classes,
 )
-from hybrid.vision.tasks import TaskModel, task_model
+from hybrid.vision.tasks import Prepared, TaskModel, task_model
 from hybrid.vision.video import VideoInfo, VideoSource, write_video
 from hybrid.vision.yolo import decode
 
@@ -29,6 +29,7 @@ __all__ = [
     "Detections",
     "ImageInput",
     "Placement",
+    "Prepared",
     "Preprocess",
     "TaskModel",
     "VideoInfo",

@@ -233,6 +233,4 @@ def flat_options(preprocess: Preprocess, postprocess: Postprocess) -> dict[str, 
     """The flat options that :func:`declare` turns back into these two sections."""
     out = preprocess.model_dump(mode="json", exclude_defaults=True)
     out.update(postprocess.model_dump(mode="json", exclude_defaults=True, exclude={"task"}))
-    if isinstance(postprocess, DetectionPostprocess):
-        out["format"] = postprocess.format
     return out

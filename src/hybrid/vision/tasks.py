@@ -10,15 +10,17 @@ while the caller goes on decoding frames. Raw tensors stay available through :me
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from hybrid.errors import BundleError, ConfigError, RunError
-from hybrid.vision.preprocess import ImageInput, as_frames, image_input, prepare, prepare_crops
+from hybrid.vision.preprocess import ImageInput, Placement, as_frames, image_input, prepare, prepare_crops
 from hybrid.vision.results import Classification, Detections
 from hybrid.vision.spec import ClassificationPostprocess, Postprocess, Preprocess, declare, flat_options
 from hybrid.vision.yolo import decode, num_classes
@@ -27,7 +29,7 @@ if TYPE_CHECKING:
     from hybrid.ir import Signature
     from hybrid.runtime.compiled import CompiledModel
 
-__all__ = ["TaskModel", "check_declarations", "declarations", "task_model"]
+__all__ = ["Prepared", "TaskModel", "check_declarations", "declarations", "task_model"]
 
 logger = logging.getLogger("hybrid")
 
@@ -45,9 +47,10 @@ class _StageTimes:
         with self._lock:
             self._data = {s: [0, 0, 0.0] for s in _STAGES}
 
-    def add(self, items: int, *marks: float) -> None:
+    def add(self, items: int, *marks: float, first: int = 0) -> None:
+        """Record consecutive stages from ``_STAGES[first]``: stage i took ``marks[i + 1] - marks[i]``."""
         with self._lock:
-            for stage, t0, t1 in zip(_STAGES, marks, marks[1:]):
+            for stage, t0, t1 in zip(_STAGES[first:], marks, marks[1:]):
                 row = self._data[stage]
                 row[0] += 1
                 row[1] += items
@@ -56,6 +59,25 @@ class _StageTimes:
     def snapshot(self) -> dict[str, dict[str, float]]:
         with self._lock:
             return {s: {"calls": c, "items": n, "seconds": t} for s, (c, n, t) in self._data.items()}
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Prepared:
+    """Frames preprocessed by :meth:`TaskModel.prepare`, ready for that model's ``__call__``.
+
+    Attributes:
+        tensor: The input batch (None for no frames).
+        placements: Where each frame landed in the input.
+        frames: The source frames.
+        single: Whether one frame (not a batch) was given.
+        input: The image input they were prepared for.
+    """
+
+    tensor: np.ndarray | None
+    placements: tuple[Placement, ...]
+    frames: tuple[np.ndarray, ...]
+    single: bool
+    input: ImageInput
 
 
 def _check_color(color: str) -> None:
@@ -127,11 +149,25 @@ class TaskModel:
         return np.concatenate(parts) if len(parts) > 1 else parts[0]
 
     # ------------------------------------------------------------------ answers
+    def prepare(self, frames: Any, *, color: str = "rgb") -> Prepared:
+        """Preprocess frames for this model without running it: ``model(prepared)`` finishes the work.
+
+        A pipeline can give preprocessing a stage of its own, overlapping it with the runs of the
+        previous frames (``Pipeline().add_stage(det.prepare).add_stage(det)...``).
+        """
+        _check_color(color)
+        batch, single = as_frames(frames)
+        t0 = time.perf_counter()
+        x, placements = prepare(batch, self.input, color) if batch else (None, [])
+        self._times.add(len(batch), t0, time.perf_counter())
+        return Prepared(x, tuple(placements), tuple(batch), single, self.input)
+
     def __call__(self, frames: Any, stream: Any = None, *, color: str = "rgb", top_k: int | None = None) -> Any:
         """Answer for one frame or a batch of frames (any sizes).
 
         Args:
-            frames: One H x W x C frame, an N x H x W x C array, or a list of frames.
+            frames: One H x W x C frame, an N x H x W x C array, a list of frames, or what
+                :meth:`prepare` returned.
             stream: A ``hybrid.StreamContext``: queue the whole call on it and return its handle.
             color: The frames' channel order, 'rgb' (as VideoSource gives them) or 'bgr' (OpenCV).
             top_k: Classification only: labels per answer (default: the declared top_k).
@@ -146,13 +182,17 @@ class TaskModel:
         return self._answer(frames, color, top_k)
 
     def _answer(self, frames: Any, color: str, top_k: int | None) -> Any:
-        batch, single = as_frames(frames)
+        if not isinstance(frames, Prepared):
+            frames = self.prepare(frames, color=color)
+        elif frames.input is not self.input:
+            raise RunError("HYB-405", f"these frames were prepared for another model's input, not "
+                           f"{self.compiled.model.name!r} ({self.input.height}x{self.input.width})",
+                           "prepare them with this model's prepare()")
+        batch, single, placements = frames.frames, frames.single, frames.placements
         if not batch:
             return []
-        t0 = time.perf_counter()
-        x, placements = prepare(batch, self.input, color)
         t1 = time.perf_counter()
-        out = self._infer(x)
+        out = self._infer(frames.tensor)
         t2 = time.perf_counter()
         if self.task == "detection":
             answers: list[Any] = []
@@ -161,7 +201,7 @@ class TaskModel:
                                           self._names(raw.class_ids), frame=batch[i], index=i))
         else:
             answers = self._top_k(out, top_k)
-        self._times.add(len(batch), t0, t1, t2, time.perf_counter())
+        self._times.add(len(batch), t1, t2, time.perf_counter(), first=1)
         return answers[0] if single else answers
 
     def _names(self, ids: np.ndarray) -> tuple[str, ...]:
@@ -253,7 +293,7 @@ class TaskModel:
         """The flat task options that declare this model (as ``pyasc bundle create`` takes them)."""
         return flat_options(self.preprocess, self.postprocess)
 
-    def save(self, path: str, **kwargs: Any) -> None:
+    def save(self, path: str | os.PathLike, **kwargs: Any) -> None:
         """Write a ``.hybrid`` bundle that keeps the task declarations (see ``save_bundle``)."""
         from hybrid.bundle import save_bundle
 
