@@ -286,6 +286,10 @@ def test_cli_create_with_task_options(tmp_path):
     assert {k: doc["preprocess"][k] for k in ("resize", "size", "color", "scale", "mean", "std", "max_batch")} == {
         "resize": "letterbox", "size": [64, 64], "color": "bgr", "scale": 1.0, "mean": [0.0, 0.0, 0.0],
         "std": [255.0], "max_batch": 4}
+    doc = json.loads(runner.invoke(_app(), ["bundle", "inspect", str(out), "--json"]).output)
+    assert doc["postprocess"]["format"] == "yolov8" and doc["preprocess"]["color"] == "bgr"
+    text = runner.invoke(_app(), ["bundle", "inspect", str(out)]).output
+    assert "postprocess" in text and "yolov8" in text
     det = hybrid.load(out)
     assert det(_frame()).names == ("a", "b", "c")  # scores 0.9, 0.8, 0.7 pass 0.4; apart, NMS keeps them
     for args, words in ((["--format", "yolov9"], "format"), (["--input-size", "64x"], "--input-size"),

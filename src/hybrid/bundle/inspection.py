@@ -52,6 +52,8 @@ def inspect_bundle(source: Source, limits: Limits | None = None) -> dict[str, An
         "format_version": m.format_version,
         "name": m.name,
         "task": m.task,
+        "preprocess": None if m.preprocess is None else m.preprocess.model_dump(mode="json"),
+        "postprocess": None if m.postprocess is None else m.postprocess.model_dump(mode="json"),
         "created_by": m.created_by,
         "created_at": m.created_at,
         "signature": _signature(m),

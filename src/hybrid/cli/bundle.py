@@ -113,6 +113,7 @@ def inspect(
     p = doc["platform"]
     console.print(_kv_table(f"{doc['file']} ({_size(doc['file_size'])})", [
         ("name", doc["name"]), ("task", doc["task"] or "-"), ("format", str(doc["format_version"])),
+        *([("preprocess", doc["preprocess"]), ("postprocess", doc["postprocess"])] if doc["postprocess"] else []),
         ("created", f"{doc['created_at']} by {doc['created_by']}"),
         ("inputs", ", ".join(doc["signature"]["inputs"])), ("outputs", ", ".join(doc["signature"]["outputs"])),
         ("model", f"{doc['model']['path']} opset {doc['model']['opset']} sha256 {doc['model']['sha256'][:16]}..."
