@@ -88,6 +88,29 @@ def test_squeezenet_results_equal_the_local_compiled_model(client, models, binar
     np.testing.assert_allclose(got[:1], light.light_expected("squeezenet"), rtol=1e-3, atol=1e-7)
 
 
+def test_hybrid_bundles_served_alone_and_in_a_repository_equal_hybrid_load(tmp_path, models, light):
+    bundle = tmp_path / "sq.hybrid"
+    hybrid.compile(models["squeezenet"], target="onnxruntime").save(str(bundle))
+    (tmp_path / "repo" / "squeeze" / "3").mkdir(parents=True)
+    hybrid.compile(models["squeezenet"], target="onnxruntime").save(str(tmp_path / "repo" / "squeeze" / "3" /
+                                                                        "model.hybrid"))
+    x = np.concatenate([light.light_input(), light.light_input() * 0.25]).astype(np.float32)
+    local = hybrid.load(str(bundle), target="onnxruntime").run({"data_0": x})["softmaxout_1"]
+    registry = build_registry([bundle, tmp_path / "repo"], target="onnxruntime")
+    with BackgroundServer(create_app(registry)) as srv:
+        c = th.InferenceServerClient(srv.url)
+        try:
+            assert c.get_model_metadata("sq")["platform"] == "hybrid"
+            for name, version in (("sq", "1"), ("squeeze", "3")):
+                assert c.is_model_ready(name, version)
+                for binary in (True, False):
+                    out = th.InferRequestedOutput("softmaxout_1", binary_data=binary)
+                    got = c.infer(name, [infer_input("data_0", x, binary)], outputs=[out]).as_numpy("softmaxout_1")
+                    np.testing.assert_array_equal(got, local)
+        finally:
+            c.close()
+
+
 @pytest.mark.parametrize("compression", ["gzip", "deflate"])
 def test_compressed_requests_and_default_binary_outputs(client, compression, rng):
     x = rng.standard_normal((3, 4)).astype(np.float32)
