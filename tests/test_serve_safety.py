@@ -236,21 +236,23 @@ def test_drain_finishes_in_flight_requests_and_refuses_new_ones(model_path):
     # batch_timeout 60 s: the requests finish quickly only because the drain flushes the queue
     srv = start(model_path, overrides={"max_batch": 64, "batch_timeout": 60.0})
     url = srv.url
-    with cf.ThreadPoolExecutor(3) as pool:
-        futures = [pool.submit(infer, url, feeds(200 + i)) for i in range(3)]
-        deadline = time.monotonic() + 30
-        wait_queued(url, 3, deadline)
-        t0 = time.monotonic()
-        stopper = threading.Thread(target=srv.stop)
-        stopper.start()
-        for i, fut in enumerate(futures):
-            status, _, body = fut.result(timeout=30)
-            check_answer(status, body, feeds(200 + i))
-        assert time.monotonic() - t0 < 30
-        stopper.join(30)
-    assert not stopper.is_alive()
-    with pytest.raises(ConnectionError):
-        request(url, "GET", "/v2/health/live")
+    try:
+        with cf.ThreadPoolExecutor(3) as pool:
+            futures = [pool.submit(infer, url, feeds(200 + i)) for i in range(3)]
+            wait_queued(url, 3, time.monotonic() + 30)
+            t0 = time.monotonic()
+            stopper = threading.Thread(target=srv.stop)
+            stopper.start()
+            for i, fut in enumerate(futures):
+                status, _, body = fut.result(timeout=30)
+                check_answer(status, body, feeds(200 + i))
+            assert time.monotonic() - t0 < 30
+            stopper.join(30)
+        assert not stopper.is_alive()
+        with pytest.raises(ConnectionError):
+            request(url, "GET", "/v2/health/live")
+    finally:
+        srv.stop()  # a no-op once stopped; stops it when an assertion above failed
 
 
 def test_draining_server_is_not_ready_and_refuses_inference(model_path):

@@ -113,7 +113,10 @@ class _AuthMiddleware:
         self.metrics = metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] != LIVE_PATH:
+        path, root = scope.get("path", ""), scope.get("root_path", "")
+        if root and path.startswith(root):  # mounted under a prefix (a Ray Serve route_prefix)
+            path = path[len(root):]
+        if scope["type"] == "http" and path != LIVE_PATH:
             given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
             if not hmac.compare_digest(given, self.expected):
                 self.metrics.http_errors.labels("HYB-703").inc()
