@@ -74,3 +74,11 @@ def test_explain():
     assert r.exit_code == 0 and "wrong input rank" in r.output
     r = runner.invoke(app, ["explain", "HYB-999"])
     assert r.exit_code == 1
+
+
+def test_every_command_group_is_registered():
+    r = runner.invoke(app, ["--help"])
+    assert r.exit_code == 0
+    for command in ("devices", "run", "demo", "explain", "compile", "bundle", "platforms", "profile", "bench",
+                    "serve"):
+        assert command in r.output, command

@@ -208,6 +208,18 @@ def explain(code: Annotated[str, typer.Argument(help="An error code such as HYB-
         raise typer.Exit(1) from None
 
 
+def _register_command_groups() -> None:
+    # each module adds its commands; heavy imports stay inside the commands themselves
+    from hybrid.cli import bench, bundle, profile, serve
+    from hybrid.cli import compile as compile_cli
+
+    for module in (compile_cli, bundle, profile, bench, serve):
+        module.register(app)
+
+
+_register_command_groups()
+
+
 def main() -> None:
     """Entry point of the ``pyasc`` console script."""
     app()
