@@ -264,7 +264,7 @@ def profile(model_or_path: Any, duration: float = 10.0, output: str | os.PathLik
         target: Target for models and bundles ('auto' by default).
         inputs: Feeds; generated from the signature (symbolic dims = ``batch``) when not given.
         batch: Size of symbolic dimensions in generated inputs, and the items per inference.
-        warmup: Untimed runs first.
+        warmup: Untimed runs first (continued until 5% of ``duration`` has passed, at most 3 s; 0: none).
         node_runs: How many timed runs get node spans.
         quiet: Do not print the summary.
 
@@ -282,8 +282,12 @@ def profile(model_or_path: Any, duration: float = 10.0, output: str | os.PathLik
         timed = _TimedExecutable(cm.executable)
         run_cm = CompiledModel(cm.model, timed, cm.plan, cm.backend, cm.device, cm.options, cm.target)
         feeds = dict(inputs) if inputs is not None else sample_inputs(cm.signature, batch)
-        for _ in range(warmup):
+        # a freshly compiled model runs slow at first (lazy allocations, cold weights); warm it for at
+        # least ``warmup`` runs and 5% of the duration (at most 3 s) so the numbers describe steady state
+        warm_until, warmed = time.perf_counter() + min(0.05 * duration, 3.0), 0
+        while warmed < warmup or (warmup and time.perf_counter() < warm_until):
             run_cm.run(feeds)
+            warmed += 1
         timed.spans.clear()
         session = getattr(cm.executable, "session", None) if cm.backend == "onnxruntime" and \
             "profile" in cm.options else None
@@ -303,7 +307,7 @@ def profile(model_or_path: Any, duration: float = 10.0, output: str | os.PathLik
                 start, end = timed.spans[-1]
                 nodes += _per_layer(per_layer(), (start - t_base) / 1e3, (end - start) / 1e3)
             if session is not None and len(runs) == node_runs:
-                nodes += _ort_nodes(session, runs, warmup, t_base)  # stops ORT's profiler: later runs are plain
+                nodes += _ort_nodes(session, runs, warmed, t_base)  # stops ORT's profiler: later runs are plain
                 session = None
             if t1 >= next_sample:
                 counters += _pool_counters((t1 - t_base) / 1e3)
@@ -312,7 +316,7 @@ def profile(model_or_path: Any, duration: float = 10.0, output: str | os.PathLik
                 break
         wall = (time.perf_counter_ns() - t_base) / 1e9
         if session is not None:
-            nodes += _ort_nodes(session, runs, warmup, t_base)
+            nodes += _ort_nodes(session, runs, warmed, t_base)
     return _finish(cm, runs, timed.spans, nodes, counters, t_base, wall, min(node_runs, len(runs)) if nodes else 0,
                    batch, output, notes, quiet)
 
