@@ -218,8 +218,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         det_path, cls_path = bundle_models(workdir, args.format, args.input_size)
         video = make_video(workdir / "squares.mp4", args.frames, args.width, args.height)
         print(f"built {det_path.name}, {cls_path.name} and {video.name} in {time.perf_counter() - t:.1f} s")
-        detector = hybrid.load(det_path)
-        classifier = hybrid.load(cls_path)
+        # two ONNX Runtime sessions and the decoder share the cores: idle intra-op threads must not spin
+        config = {"onnxruntime": {"allow_spinning": False}}
+        detector = hybrid.load(det_path, config=config)
+        classifier = hybrid.load(cls_path, config=config)
         print(detector)
         print(classifier)
         summary = run_chain(detector, classifier, video, args.batch)

@@ -9,7 +9,6 @@ while the caller goes on decoding frames. Raw tensors stay available through :me
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
 import time
@@ -20,18 +19,17 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from hybrid.errors import BundleError, ConfigError, RunError
-from hybrid.vision.preprocess import ImageInput, Placement, as_frames, image_input, prepare, prepare_crops
+from hybrid.vision.checks import check_declarations, declarations
+from hybrid.vision.preprocess import ImageInput, Placement, as_frames, prepare, prepare_crops
 from hybrid.vision.results import Classification, Detections
-from hybrid.vision.spec import ClassificationPostprocess, Postprocess, Preprocess, declare, flat_options
-from hybrid.vision.yolo import decode, num_classes
+from hybrid.vision.spec import Postprocess, Preprocess, declare, flat_options
+from hybrid.vision.yolo import decode
 
 if TYPE_CHECKING:
-    from hybrid.ir import Signature
     from hybrid.runtime.compiled import CompiledModel
 
+# declarations: re-exported for create_bundle
 __all__ = ["Prepared", "TaskModel", "check_declarations", "declarations", "task_model"]
-
-logger = logging.getLogger("hybrid")
 
 _STAGES = ("preprocess", "run", "postprocess")
 
@@ -306,65 +304,6 @@ class TaskModel:
         inp = self.input
         return (f"<hybrid.vision.TaskModel {self.task} {self.compiled.model.name!r} on {self.compiled.backend}:"
                 f"{self.compiled.device}, input {inp.height}x{inp.width} {inp.layout} {inp.resize}>")
-
-
-def check_declarations(signature: Signature, preprocess: Preprocess, postprocess: Postprocess,
-                       name: str) -> tuple[ImageInput, str]:
-    """Check task declarations against a model's signature; return its image input and answer output.
-
-    Raises:
-        BundleError: HYB-502 naming what does not fit (inputs, output name, sizes, class count).
-    """
-    task = postprocess.task
-    if len(signature.inputs) != 1:
-        raise BundleError("HYB-502", f"task {task!r} needs a model with one image input; {name!r} has "
-                          f"{len(signature.inputs)} ({signature})", "export the model with the image as its only input")
-    inp = image_input(preprocess, signature.inputs[0])
-    names = signature.output_names
-    output = postprocess.output or names[0]
-    if output not in names:
-        raise BundleError("HYB-502", f"postprocess output {output!r} is not an output of {name!r} (outputs: "
-                          f"{names})", "declare one of the model's outputs")
-    shape = signature.outputs[names.index(output)].shape
-    if isinstance(postprocess, ClassificationPostprocess):
-        dims = [d for d in (shape or ())[1:] if d != 1]
-        found = dims[0] if len(dims) == 1 and isinstance(dims[0], int) else None
-    else:
-        found = num_classes(shape, postprocess.format)
-        if found is not None and found < 1:
-            raise BundleError("HYB-502", f"output {output!r} of shape {shape} is not a {postprocess.format} output "
-                              "(no class scores)", "declare the right format (yolov5 or yolov8)")
-    declared = len(postprocess.class_names or ())
-    if found is not None and declared and found != declared:
-        raise BundleError("HYB-502", f"{declared} class names declared, but output {output!r} of shape {shape} "
-                          f"has {found} classes", "give one name per class, in class-id order")
-    return inp, output
-
-
-def declarations(task: str | None, options: Mapping[str, Any] | None, signature: Signature,
-                 name: str) -> dict[str, Any]:
-    """The manifest's ``preprocess`` / ``postprocess`` fields for a task and its flat options.
-
-    Empty for a task that is not a vision task (a plain label). Without options, a vision task gets
-    the default declarations when they fit the model (an image classifier), and stays a plain label
-    otherwise (a text classifier; a detector, which needs its ``format``), with a warning saying so.
-    Used by ``create_bundle``.
-
-    Raises:
-        BundleError: HYB-502 for invalid options or options that do not fit the model.
-    """
-    try:
-        decl = declare(task, options)
-        if decl is None:
-            return {}
-        check_declarations(signature, *decl, name)
-    except BundleError as e:
-        if options:
-            raise
-        logger.warning("task %r of %r is recorded as a label only: %s (pass task options to declare its "
-                       "processing)", task, name, e.message)
-        return {}
-    return {"preprocess": decl[0], "postprocess": decl[1]}
 
 
 def _crop_rects(boxes: np.ndarray, frame_hw: tuple[int, int]) -> np.ndarray:
