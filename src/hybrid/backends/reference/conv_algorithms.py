@@ -7,7 +7,8 @@ groups); the property tests check each against im2col:
   Any rank, any attributes. A 1x1 stride-1 unpadded conv needs no copy at all.
 - ``winograd``: F(2x2, 3x3) for 3x3, stride 1, dilation 1, group 1: 16 GEMMs on transformed 4x4
   tiles do the work of 36 multiply-adds per output pair with 16 (2.25x fewer multiplications).
-- ``depthwise``: one multiply-add pass per filter tap, for group == C_in (channel multiplier any).
+- ``depthwise``: per-channel GEMMs of each channel's filters with its receptive fields, for
+  group == C_in (channel multiplier any).
 - ``direct``: one GEMM per filter tap accumulated into the output (no im2col buffer); 2-D only.
 
 Selection rule (:func:`select_algorithm`, 'auto'):
@@ -258,48 +259,34 @@ def conv_winograd(x: np.ndarray, u: np.ndarray, g: ConvGeometry, post: Post | No
 
 
 def conv_depthwise(x: np.ndarray, w: np.ndarray, g: ConvGeometry, post: Post | None = None) -> np.ndarray:
-    """One multiply-add pass per filter tap; group == C_in, W (C*mult, 1, kH, kW). Returns (N, M, oH, oW).
+    """Per-channel GEMMs; group == C_in, W (C*mult, 1, kH, kW). Returns (N, M, oH, oW).
 
-    With stride 1 each tap is a shifted window of the flattened padded image, so every pass runs over
-    long contiguous rows (one per channel) instead of one short row per output line; the columns that
-    wrap around the padded width are computed and dropped.
+    Each channel's receptive fields are copied into a (kH*kW, oH*oW) matrix and multiplied by that
+    channel's (mult, kH*kW) filters: one batched matmul over the channels, split over the intra-op
+    threads by channel blocks.
     """
     n, c = x.shape[:2]
     mult = w.shape[0] // c
     oh, ow = g.out
-    (sh, sw), (dh, dw) = g.strides, g.dilations
     kh, kw = g.kernel
+    (sh, sw), (dh, dw) = g.strides, g.dilations
     xp = pad_input(x, g)
-    if mult > 1:
-        xp = np.repeat(xp, mult, axis=1)
-    rows = n * c * mult
-    taps = np.tile(w.reshape(c * mult, kh * kw), (n, 1)).astype(np.result_type(x, w), copy=False)
-    hp, wp = xp.shape[2:]
-    if (sh, sw) == (1, 1):
-        flat = xp.reshape(rows, hp * wp)
-        length = (oh - 1) * wp + ow
-        acc = np.empty((rows, oh * wp), dtype=taps.dtype)
-        head = acc[:, :length]
-        tmp = np.empty_like(head)
-        for t in range(kh * kw):
-            i, j = divmod(t, kw)
-            off = i * dh * wp + j * dw
-            if t == 0:
-                np.multiply(flat[:, off:off + length], taps[:, :1], out=head)
-            else:
-                np.multiply(flat[:, off:off + length], taps[:, t:t + 1], out=tmp)
-                head += tmp
-        out = acc.reshape(rows, oh, wp)[:, :, :ow]
-        return _finish(np.ascontiguousarray(out).reshape(n, c * mult, oh, ow), post)
-    planes = xp.reshape(rows, hp, wp)
-    out = np.zeros((rows, oh, ow), dtype=taps.dtype)
-    tmp = np.empty_like(out)
-    for t in range(kh * kw):
-        i, j = divmod(t, kw)
-        view = planes[:, i * dh:i * dh + sh * (oh - 1) + 1:sh, j * dw:j * dw + sw * (ow - 1) + 1:sw]
-        np.multiply(view, taps[:, t, None, None], out=tmp)
-        out += tmp
-    return _finish(out.reshape(n, c * mult, oh, ow), post)
+    st = xp.strides
+    windows = as_strided(xp, (n, c, kh, kw, oh, ow), (st[0], st[1], st[2] * dh, st[3] * dw, st[2] * sh, st[3] * sw),
+                         writeable=False)
+    taps = w.reshape(c, mult, kh * kw)
+    out = np.empty((n, c * mult, oh * ow), dtype=np.result_type(x, w))
+
+    def channels(lo: int, hi: int) -> None:
+        for image in range(n):
+            cols = np.ascontiguousarray(windows[image, lo:hi]).reshape(hi - lo, kh * kw, oh * ow)
+            block = out[image, lo * mult:hi * mult].reshape(hi - lo, mult, oh * ow)
+            np.matmul(taps[lo:hi], cols, out=block)
+            if post is not None:
+                post(out[image, lo * mult:hi * mult], image, lo * mult, hi * mult)
+
+    for_blocks(c, channels, n * c * mult * kh * kw * oh * ow)
+    return out.reshape(n, c * mult, oh, ow)
 
 
 def conv_direct(x: np.ndarray, w: np.ndarray, g: ConvGeometry, post: Post | None = None) -> np.ndarray:
