@@ -106,6 +106,8 @@ def test_evaluate_node_for_constant_folding():
     node = ir.Node("", "Add", [a, b], num_outputs=1, version=14)
     out = evaluate_node(node, [np.array([1, 2], np.int64), np.array([10], np.int64)])
     assert out[0].tolist() == [11, 12]
+    scalar = evaluate_node(node, [np.array(1.0, np.float32), np.array(2.0, np.float32)])[0]
+    assert isinstance(scalar, np.ndarray) and scalar.shape == () and scalar.dtype == np.float32
     sq = ir.Node("", "Unsqueeze", [a, b], num_outputs=1, version=13)
     assert evaluate_node(sq, [np.zeros((2, 3), np.float32), np.array([0], np.int64)])[0].shape == (1, 2, 3)
     with pytest.raises(HybridError) as e:

@@ -231,4 +231,4 @@ def evaluate_node(node: ir.Node, inputs: list[np.ndarray | None],
         raise RunError("HYB-409", f"node {step.label!r} ({node.op_type}) rejected its inputs "
                        f"{_describe(list(inputs))}: {_first_line(e)}",
                        "check the input shapes and dtypes against the operator's definition") from e
-    return list(out)
+    return [np.asarray(v) if isinstance(v, np.generic) else v for v in out]

@@ -173,6 +173,8 @@ class Program:
         for i, is_const in enumerate(self._const_outputs):
             if is_const and isinstance(out[i], np.ndarray):
                 out[i] = out[i].copy()  # never hand the caller the compiled constant itself
+            elif isinstance(out[i], np.generic):
+                out[i] = np.asarray(out[i])  # numpy turns 0-d results into scalars; outputs are arrays
         return out
 
 
