@@ -297,3 +297,17 @@ def test_overlapping_runs_give_blas_its_threads_back(rng):
         t.join()
     assert not errors
     assert [i["num_threads"] for i in threadpoolctl.threadpool_info() if i["user_api"] == "blas"] == before
+
+
+def test_model_local_functions_are_inlined():
+    fn = helper.make_function("com.example.fn", "AddRelu", ["a", "b"], ["y"],
+                              [helper.make_node("Add", ["a", "b"], ["s"]), helper.make_node("Relu", ["s"], ["y"])],
+                              [helper.make_opsetid("", 18)])
+    graph = helper.make_graph([helper.make_node("AddRelu", ["x", "z"], ["y"], domain="com.example.fn")], "g",
+                              [_vi("x", shape=[3]), _vi("z", shape=[3])], [_vi("y", shape=[3])])
+    model = helper.make_model(graph, functions=[fn],
+                              opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.example.fn", 1)])
+    cm = hybrid.compile(model, target="reference")
+    assert [s.op_type for s in cm.executable.program.steps] == ["Add", "Relu"]
+    got = cm(np.array([1.0, -5.0, 2.0], np.float32), np.array([1.0, 1.0, -3.0], np.float32))
+    np.testing.assert_array_equal(got, [2.0, 0.0, 0.0])
