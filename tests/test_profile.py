@@ -65,9 +65,7 @@ def test_trace_has_run_subgraph_and_node_spans(tmp_path, squeezenet, target, op)
     durations = np.array([r["dur"] for r in runs]) / 1e3
     assert report.latency_ms["p50"] == pytest.approx(np.percentile(durations, 50), rel=1e-3, abs=1e-3)
     assert report.throughput == pytest.approx(len(runs) / (durations.sum() / 1e3), rel=1e-3)
-    # ...and agrees with the wall time of the whole loop: the profiler's own bookkeeping is small
-    wall = (runs[-1]["ts"] + runs[-1]["dur"] - runs[0]["ts"]) / 1e6
-    assert len(runs) / wall == pytest.approx(report.throughput, rel=0.10)
+    # (agreement with a separate timing loop is a timing, measured in benchmarks/bundle_load.py)
     assert report.top_ops[0].name == op and sum(s.share for s in report.top_ops) == pytest.approx(1.0)
     assert doc["otherData"]["runs"] == report.runs
 
