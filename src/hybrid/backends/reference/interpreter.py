@@ -262,6 +262,8 @@ def compile_graph(graph: ir.Graph, opsets: Mapping[str, int], options: Mapping[s
     if options.get("fuse", True):
         steps = fuse_steps(steps, output_slots)
     # constants no step reads any more (folded into others, fused into Conv weights) are let go
+    for step in steps:
+        step.consts, step.ctx = (), None
     read = {s for step in steps for s in step.inputs} | set(output_slots)
     for s, value in enumerate(template):
         if value is not None and s not in read:
