@@ -157,3 +157,21 @@ def test_intra_op_threads_change_nothing(monkeypatch, algorithm, data):
     finally:
         parallel.set_threads(previous)
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5 * max(1.0, float(np.abs(expected).max())))
+
+
+@settings(max_examples=200, deadline=None)
+@given(n=st.integers(1, 4), cin=st.sampled_from([1, 3, 16, 32, 63, 64, 96, 256]),
+       m_per_group=st.sampled_from([1, 16, 63, 64, 128]), k=st.sampled_from([1, 3, 5]),
+       s=st.integers(1, 2), d=st.integers(1, 2), depthwise=st.booleans(), size=st.integers(3, 20))
+def test_selection_rule_is_the_documented_one(n, cin, m_per_group, k, s, d, depthwise, size):
+    group = cin if depthwise else 1
+    x_shape, w_shape = (n, cin, size + 8, size + 8), (m_per_group * group, cin // group, k, k)
+    g = ca.geometry(x_shape, w_shape, strides=(s, s), dilations=(d, d), group=group)
+    tiles = n * ((g.out[0] + 1) // 2) * ((g.out[1] + 1) // 2)
+    if group > 1 and group == cin:
+        expected = "depthwise"
+    elif k == 3 and s == 1 and d == 1 and group == 1 and cin >= 64 and w_shape[0] >= 64 and tiles >= 36:
+        expected = "winograd"
+    else:
+        expected = "im2col"
+    assert ca.select_algorithm(x_shape, w_shape, g) == expected
