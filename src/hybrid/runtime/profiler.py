@@ -88,7 +88,9 @@ class ProfileReport:
                  f"mean {lat['mean']:.3f}  min {lat['min']:.3f}  max {lat['max']:.3f}",
                  f"throughput: {self.throughput:.1f} inferences/s ({self.items_per_s:.1f} items/s)"]
         if self.top_ops:
-            lines.append("top ops by time:   op type               share   ms/run   nodes")
+            lines.append(f"top ops by time, over the {self.node_runs} runs with node spans (the backend's "
+                         "profiler slows them):")
+            lines.append(f"  {'op type':<34} {'share':>6}  {'ms/run':>7}  {'nodes':>6}")
             lines += [f"  {s.name[:34]:<34} {s.share * 100:5.1f}%  {s.per_run_ms:7.3f}  {s.count:6d}"
                       for s in self.top_ops[:top]]
         lines += [f"note: {n}" for n in self.notes]
