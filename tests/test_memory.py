@@ -330,3 +330,29 @@ def test_workspace_exhaustion_and_release_all():
     assert info.value.code == "HYB-410"
     ws.release_all()
     assert pool.stats().allocated == 0
+
+
+@pytest.mark.timeout(120)
+def test_reference_backend_takes_intermediates_from_the_pool_without_new_arenas(light):
+    import hybrid
+    from hybrid.hal import memory
+
+    x = light.light_input()
+    plain = hybrid.compile(light.light_model_path("resnet50"), target="reference")(x)
+    hybrid.init({"memory_pool": {"cpu": "256MB"}})
+    try:
+        cm = hybrid.compile(light.light_model_path("resnet50"), target="reference")
+        pool = memory.get_pool("cpu")
+        y = cm(x)  # warm-up
+        arenas, before = memory.arena_allocations(), pool.stats()
+        for _ in range(2):
+            y = cm(x)
+        after = pool.stats()
+        assert memory.arena_allocations() == arenas  # no new arena after warm-up
+        per_run = before.allocs  # the warm-up run: one block per intermediate (fused ResNet-50: ~58 steps)
+        assert per_run > 40 and after.allocs - before.allocs == 2 * per_run  # every intermediate, every run...
+        assert after.allocated == 0 and after.live_blocks == 0  # ...and went back to it
+        pool.check()
+        np.testing.assert_array_equal(y, plain)
+    finally:
+        memory.configure_pools({})

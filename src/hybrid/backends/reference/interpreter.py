@@ -26,6 +26,7 @@ from hybrid.backends.reference import registry
 from hybrid.backends.reference.fallback import fallback_kernel, onnx_reference_has
 from hybrid.backends.reference.fusion import fuse_steps
 from hybrid.errors import BackendError, HybridError, RunError
+from hybrid.hal import memory
 
 __all__ = ["Program", "Step", "compile_graph", "convert_attr", "free_names", "node_runner"]
 
@@ -148,28 +149,50 @@ class Program:
         self._steps = [(s.run, s.inputs, s.outputs, s.free) for s in steps]
 
     def run(self, inputs: Sequence[Any]) -> list[Any]:
-        """Run every step; ``inputs`` follow ``input_names`` (None for an absent optional)."""
+        """Run every step; ``inputs`` follow ``input_names`` (None for an absent optional).
+
+        With a cpu memory pool configured (``hybrid.init({'memory_pool': {'cpu': ...}})``) every
+        intermediate lives in a pool block, given back as soon as liveness says it is dead.
+        """
         values = self._template.copy()
         for slot, value in zip(self._input_slots, inputs):
             values[slot] = value
+        workspace = memory.Workspace("cpu") if memory.get_pool("cpu") is not None else None
         index = 0
         try:
-            for index, (run, ins, outs, free) in enumerate(self._steps):  # noqa: B007 - read by except
-                results = run(*[values[i] for i in ins])
-                # the one place intermediates enter the store (a memory pool would allocate here)
-                for slot, value in zip(outs, results):
-                    values[slot] = value
-                # ...and leave it: liveness computed at compile time says these are dead now
-                for slot in free:
-                    values[slot] = None
+            if workspace is None:
+                for index, (run, ins, outs, free) in enumerate(self._steps):  # noqa: B007 - read by except
+                    results = run(*[values[i] for i in ins])
+                    for slot, value in zip(outs, results):
+                        values[slot] = value
+                    # liveness computed at compile time says these are dead now
+                    for slot in free:
+                        values[slot] = None
+            else:
+                adopt, release = workspace.adopt, workspace.release
+                for index, (run, ins, outs, free) in enumerate(self._steps):  # noqa: B007 - read by except
+                    results = run(*[values[i] for i in ins])
+                    for slot, value in zip(outs, results):
+                        values[slot] = adopt(value)
+                    for slot in free:
+                        release(values[slot])
+                        values[slot] = None
         except HybridError:
+            if workspace is not None:
+                workspace.release_all()
             raise
         except Exception as e:
             step = self.steps[index]
+            described = _describe([values[i] for i in step.inputs])
+            if workspace is not None:
+                workspace.release_all()
             raise RunError("HYB-409", f"node {step.label!r} ({step.op_type}) rejected its inputs "
-                           f"{_describe([values[i] for i in step.inputs])}: {_first_line(e)}",
+                           f"{described}: {_first_line(e)}",
                            "check the input shapes and dtypes against the operator's definition") from e
         out = [values[s] for s in self._output_slots]
+        if workspace is not None:
+            out = [workspace.detach(v) for v in out]  # outputs leave the pool
+            workspace.release_all()
         for i, is_const in enumerate(self._const_outputs):
             if is_const and isinstance(out[i], np.ndarray):
                 out[i] = out[i].copy()  # never hand the caller the compiled constant itself
