@@ -70,21 +70,29 @@ class Model:
                 source = _copy_with_external_data(source, base, "<ModelProto>")
             return cls(proto=source, base_dir=base, name=source.graph.name or None)
         if isinstance(source, (bytes, bytearray, memoryview)):
-            proto = _parse(bytes(source), "<bytes>")
+            data = bytes(source)
+            proto = _parse(data, "<bytes>")
             base = _opt_str(base_dir)
+            model = cls(proto=proto, base_dir=base, name=proto.graph.name or None)
             if _external_tensors(proto):
                 _load_external(proto, base, "<bytes>")
-            return cls(proto=proto, base_dir=base, name=proto.graph.name or None)
+            else:
+                model._bytes = data  # already serialized: compiling never re-serializes it
+            return model
         if isinstance(source, (str, os.PathLike)):
             path = Path(source)
             if not path.is_file():
                 raise ModelError("HYB-201", f"model file {str(path)!r} not found",
                                  "check the path; hybrid.Model.load takes an .onnx file")
-            proto = _parse(path.read_bytes(), str(path))
+            data = path.read_bytes()
+            proto = _parse(data, str(path))
             base = str(Path(base_dir) if base_dir else path.resolve().parent)
+            model = cls(proto=proto, base_dir=base, name=path.stem)
             if _external_tensors(proto):
                 _load_external(proto, base, str(path))
-            return cls(proto=proto, base_dir=base, name=path.stem)
+            else:
+                model._bytes = data  # already serialized: compiling never re-serializes it
+            return model
         raise ModelError("HYB-203", f"expected a path, bytes, onnx.ModelProto, onnx_ir.Model or "
                          f"hybrid.Model, got {type(source).__name__}",
                          "export torch modules with hybrid.export(module, input_shape=...)")
