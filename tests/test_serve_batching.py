@@ -118,3 +118,33 @@ def test_load_32_clients_x_100_requests_zero_errors_each_answer_its_own(tmp_path
     count = float(re.search(r'pyasc_batch_size_count\{model="tiny",version="1"\} ([0-9.e+]+)', text).group(1))
     summed = float(re.search(r'pyasc_batch_size_sum\{model="tiny",version="1"\} ([0-9.e+]+)', text).group(1))
     assert summed == total and count < total  # some requests really shared a batch
+
+
+@pytest.mark.timeout(120)
+def test_batching_settings_come_from_the_bundle_manifest(tmp_path):
+    from tests._models import matmul_add
+
+    import hybrid
+    from hybrid.bundle import save_bundle
+    from hybrid.errors import BundleError
+    from hybrid.serve.repository import discover, load_model
+
+    cm = hybrid.compile(matmul_add(), target="onnxruntime")
+    path = tmp_path / "mm.hybrid"
+    save_bundle(cm, path, serving={"max_batch": 3, "batch_timeout": 0.02})
+    (source,) = discover([str(path)])
+    served = load_model(source)
+    try:
+        assert served.settings.max_batch == 3 and served.settings.batch_timeout == 0.02
+        assert served.settings.max_queue == 256  # left unset in the bundle: the server's default
+    finally:
+        served.close()
+    overridden = load_model(source, overrides={"max_batch": 5})
+    try:
+        assert overridden.settings.max_batch == 5  # the command line wins over the bundle
+    finally:
+        overridden.close()
+    with pytest.raises(BundleError) as e:
+        save_bundle(cm, tmp_path / "bad.hybrid", serving={"max_batch": -1})
+    assert e.value.code == "HYB-502" and "max_batch" in e.value.message
+    assert not (tmp_path / "bad.hybrid").exists()

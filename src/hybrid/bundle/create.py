@@ -32,6 +32,7 @@ from hybrid.bundle.manifest import (
     LibsEntry,
     Manifest,
     ModelEntry,
+    ServingEntry,
     TensorEntry,
 )
 from hybrid.bundle.modelio import DATA_NAME, MODEL_DIR, MODEL_PATH, split_external_data
@@ -92,8 +93,9 @@ def _capture_caches(cm: CompiledModel, precision: str, workdir: Path,
 def _write(path: str | os.PathLike, model: Model, profile: PlatformProfile, cm: CompiledModel | None, *,
            caches: bool, calibration: Any, libs: tuple[LibsEntry, list[Path]] | None, name: str | None,
            task: str | None, optimize_level: str | None, optimized: bool, external_data_bytes: int,
-           task_options: Mapping[str, Any] | None = None) -> Manifest:
+           task_options: Mapping[str, Any] | None = None, serving: Mapping[str, Any] | None = None) -> Manifest:
     vision = declarations(task, task_options, model.signature, name or model.name)  # HYB-502 before writing
+    serving_entry = _serving_entry(serving)
     writer = BundleWriter()
     data, blob = split_external_data(model, external_data_bytes, EXTERNAL_DATA_TENSOR_BYTES)
     writer.add_bytes(MODEL_PATH, data)
@@ -126,7 +128,7 @@ def _write(path: str | os.PathLike, model: Model, profile: PlatformProfile, cm: 
     manifest = Manifest(
         format_version=FORMAT_VERSION, created_by=f"pyasc {__version__} (Python {_platform.python_version()}, "
         f"{_platform.system()} {machine_arch()})", created_at=datetime.datetime.now(datetime.UTC).isoformat(
-            timespec="seconds"), name=name or model.name, task=task, **vision,
+            timespec="seconds"), name=name or model.name, task=task, **vision, serving=serving_entry,
         model=ModelEntry(path=MODEL_PATH, sha256=model.sha256, opset=model.opset, external_data=external,
                          inputs=inputs, outputs=outputs),
         platform=profile, optimize_level=optimize_level, optimized=optimized, compile=compile_entry,
@@ -145,12 +147,24 @@ def _libs_for(profile: PlatformProfile, include_libs: bool, python_version: str 
     return _libs.vendor(profile, version, requirements, wheels, include_hybrid, workdir)
 
 
+def _serving_entry(serving: Mapping[str, Any] | None) -> ServingEntry | None:
+    """Validate the serving settings before anything is written (HYB-502 naming the bad key)."""
+    if not serving:
+        return None
+    try:
+        return ServingEntry(**dict(serving))
+    except (TypeError, ValueError) as e:
+        raise BundleError("HYB-502", f"serving settings {dict(serving)!r} are invalid: {str(e).splitlines()[0]}",
+                          "keys: max_batch, batch_timeout, max_queue, request_timeout, concurrency") from e
+
+
 def save_bundle(cm: CompiledModel, path: str | os.PathLike, *, platform: str | PlatformProfile = "auto",
                 caches: bool = True, calibration: Any = None, name: str | None = None, task: str | None = None,
                 include_libs: bool = False, python_version: str | None = None,
                 requirements: Sequence[str] | None = None, wheels: Sequence[str | os.PathLike] = (),
                 include_hybrid: bool = True, external_data_bytes: int = EXTERNAL_DATA_MODEL_BYTES,
-                task_options: Mapping[str, Any] | None = None) -> Manifest:
+                task_options: Mapping[str, Any] | None = None, serving: Mapping[str, Any] | None = None
+                ) -> Manifest:
     """Write ``cm`` as a ``.hybrid`` bundle with this machine's compiled cache (``cm.save(path)``).
 
     Args:
@@ -164,6 +178,7 @@ def save_bundle(cm: CompiledModel, path: str | os.PathLike, *, platform: str | P
             :func:`create_bundle`).
         external_data_bytes: Weight bytes above which large tensors are stored as external data.
         task_options: Pre/postprocessing of a 'detection' or 'classification' task (see :func:`create_bundle`).
+        serving: Dynamic-batching settings for ``pyasc serve`` (see :func:`create_bundle`).
 
     Returns:
         The manifest written.
@@ -173,7 +188,7 @@ def save_bundle(cm: CompiledModel, path: str | os.PathLike, *, platform: str | P
         libs = _libs_for(profile, include_libs, python_version, requirements, wheels, include_hybrid, Path(tmp))
         return _write(path, cm.model, profile, cm, caches=caches, calibration=calibration, libs=libs, name=name,
                       task=task, optimize_level=None, optimized=False, external_data_bytes=external_data_bytes,
-                      task_options=task_options)
+                      task_options=task_options, serving=serving)
 
 
 def _optimize(model: Model, level: str | None, layout: str) -> tuple[Model, bool]:
@@ -225,7 +240,8 @@ def create_bundle(model: Any, output: str | os.PathLike, *, platform: str | Plat
                   include_hybrid: bool = True, name: str | None = None, task: str | None = None,
                   platforms_file: str | os.PathLike | None = None,
                   external_data_bytes: int = EXTERNAL_DATA_MODEL_BYTES,
-                  task_options: Mapping[str, Any] | None = None) -> Manifest:
+                  task_options: Mapping[str, Any] | None = None,
+                  serving: Mapping[str, Any] | None = None) -> Manifest:
     """Build a bundle for a platform (``pyasc bundle create``).
 
     Args:
@@ -249,6 +265,8 @@ def create_bundle(model: Any, output: str | os.PathLike, *, platform: str | Plat
         task_options: For task 'detection' or 'classification': the pre/postprocessing keys that make the
             loaded model take frames and return answers (``{'format': 'yolov8', 'classes': 'classes.txt'}``;
             see docs/vision.md), written to the manifest's ``preprocess`` / ``postprocess``.
+        serving: Dynamic-batching settings for ``pyasc serve`` (``max_batch``, ``batch_timeout``,
+            ``max_queue``, ``request_timeout``, ``concurrency``), written to the manifest's ``serving``.
 
     Raises:
         BundleError: HYB-508 for an unknown platform, HYB-509 when fetching wheels fails, HYB-502 for
@@ -264,4 +282,4 @@ def create_bundle(model: Any, output: str | os.PathLike, *, platform: str | Plat
         libs = _libs_for(profile, include_libs, python_version, requirements, wheels, include_hybrid, Path(tmp))
         return _write(output, hmodel, profile, cm, caches=caches, calibration=calibration, libs=libs, name=name,
                       task=task, optimize_level=optimize_level, optimized=optimized,
-                      external_data_bytes=external_data_bytes, task_options=task_options)
+                      external_data_bytes=external_data_bytes, task_options=task_options, serving=serving)

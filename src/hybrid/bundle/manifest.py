@@ -128,6 +128,19 @@ class LibsEntry(_Strict):
     wheels: list[LockEntry]
 
 
+class ServingEntry(_Strict):
+    """Dynamic-batching settings ``pyasc serve`` applies to this model (docs/serving.md); keys left out
+    keep the server's defaults or its command-line values."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=False)
+
+    max_batch: int | None = Field(default=None, ge=0, le=4096)
+    batch_timeout: float | None = Field(default=None, ge=0, le=60)
+    max_queue: int | None = Field(default=None, ge=1)
+    request_timeout: float | None = Field(default=None, gt=0)
+    concurrency: int | None = Field(default=None, ge=1, le=64)
+
+
 class Manifest(_Strict):
     """The whole manifest (format version 1)."""
 
@@ -139,6 +152,7 @@ class Manifest(_Strict):
     task: str | None = Field(default=None, max_length=256)
     preprocess: Preprocess | None = None  # vision tasks: frames -> input (hybrid.vision.spec)
     postprocess: Postprocess | None = None  # vision tasks: output -> detections / labels
+    serving: ServingEntry | None = None  # dynamic batching under `pyasc serve`
     model: ModelEntry
     platform: PlatformProfile
     optimize_level: str | None = Field(default=None, pattern=r"^O[0-3]$")

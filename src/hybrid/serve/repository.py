@@ -208,7 +208,10 @@ def _manifest_serving(compiled: Any, path: str) -> dict[str, Any]:
                 return {}
             manifest = json.loads(zf.read(info))
     serving = manifest.get("serving") if isinstance(manifest, Mapping) else getattr(manifest, "serving", None)
-    return dict(serving) if isinstance(serving, Mapping) else {}
+    if hasattr(serving, "model_dump"):  # the bundle's validated ServingEntry
+        serving = serving.model_dump()
+    # keys the bundle left unset (None) keep the server's defaults and command-line values
+    return {k: v for k, v in serving.items() if v is not None} if isinstance(serving, Mapping) else {}
 
 
 def load_model(source: ModelSource, target: str | None = None, overrides: Mapping[str, Any] | None = None,
