@@ -19,7 +19,7 @@ Both bundles load with ``allow_spinning=False`` (every contender alike): two ONN
 decoder share 2 cores, and spinning intra-op threads of one session would starve the other work
 (DESIGN section 4). Contenders alternate in blocks with pauses (benchmarks/_harness.py).
 
-Run: ``flock /tmp/bench.lock python benchmarks/vision.py [--frames 64 --blocks 7]``.
+Run: ``flock /tmp/bench.lock python benchmarks/vision.py [--frames 48 --blocks 11]``.
 Goal: stream (or pipeline) FPS >= 1.3 x the plain loop's FPS.
 """
 
@@ -95,9 +95,9 @@ def raw_loop(det_sess: Any, cls_sess: Any, detector: Any, classifier: Any, video
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--frames", type=int, default=64)
+    parser.add_argument("--frames", type=int, default=48)
     parser.add_argument("--batch", type=int, default=4)
-    parser.add_argument("--blocks", type=int, default=7)
+    parser.add_argument("--blocks", type=int, default=11)
     args = parser.parse_args()
     ex = _example()
     import onnxruntime as ort

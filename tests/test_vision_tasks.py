@@ -167,6 +167,25 @@ def test_prepare_then_call_in_a_pipeline():
     assert info.value.code == "HYB-405" and "another model" in info.value.message
 
 
+def test_input_buffers_are_recycled_only_when_nobody_holds_them():
+    from hybrid.vision.tasks import _Buffers
+
+    pool, buf = _Buffers(keep=1), np.zeros((1, 3, 4, 4), np.float32)
+    pool.give(buf, buf[0])  # the output is a view of the input: keep out
+    assert pool.take(buf.shape) is None
+    pool.give(buf.astype(np.float16), np.zeros(1))
+    assert pool.take(buf.shape) is None
+    pool.give(buf, np.zeros(1))
+    pool.give(np.zeros_like(buf), np.zeros(1))  # over the limit
+    assert pool.take((2, 3, 4, 4)) is None and pool.take(buf.shape) is buf and pool.take(buf.shape) is None
+    det = _detector()
+    prepared = det.prepare(_frame())
+    before = prepared.tensor.copy()
+    for _ in range(3):
+        det(_frame()[::-1])  # recycled buffers never touch a Prepared the caller holds
+    np.testing.assert_array_equal(prepared.tensor, before)
+
+
 def test_wrong_uses_are_named():
     det, cls = _detector(), _classifier()
     with pytest.raises(ConfigError) as info:

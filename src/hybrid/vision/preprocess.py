@@ -20,7 +20,7 @@ import numpy as np
 from hybrid.errors import BundleError, RunError
 from hybrid.vision.spec import Preprocess
 
-__all__ = ["ImageInput", "Placement", "as_frames", "image_input", "prepare", "prepare_crops"]
+__all__ = ["ImageInput", "Placement", "as_frames", "image_input", "input_shape", "prepare", "prepare_crops"]
 
 _DEFAULT_MAX_BATCH = 16
 _FRAME_DTYPES = (np.uint8, np.uint16, np.float16, np.float32, np.float64)
@@ -256,11 +256,11 @@ class _Output:
     """The input batch being filled: channel planes written one at a time (contiguous writes are
     several times faster than writing all channels through a strided view)."""
 
-    def __init__(self, n: int, inp: ImageInput, color: str) -> None:
+    def __init__(self, n: int, inp: ImageInput, color: str, buffer: np.ndarray | None = None) -> None:
         self.inp = inp
-        shape = (n, inp.channels, inp.height, inp.width) if inp.layout == "NCHW" else \
-            (n, inp.height, inp.width, inp.channels)
-        self.array = np.empty(shape, np.float32)
+        shape = input_shape(n, inp)
+        ok = buffer is not None and buffer.shape == shape and buffer.dtype == np.float32
+        self.array = buffer if ok else np.empty(shape, np.float32)
         reverse = inp.channels == 3 and color != inp.color
         self.source = [inp.channels - 1 - c if reverse else c for c in range(inp.channels)]
         self.pad = inp.pad_value * inp.gain + inp.offset
@@ -284,15 +284,25 @@ class _Output:
         return self.array if self.inp.dtype == np.float32 else self.array.astype(self.inp.dtype)
 
 
-def prepare(frames: list[np.ndarray], inp: ImageInput, color: str = "rgb") -> tuple[np.ndarray, list[Placement]]:
+def input_shape(n: int, inp: ImageInput) -> tuple[int, int, int, int]:
+    """The shape of an input batch of ``n`` images."""
+    if inp.layout == "NCHW":
+        return n, inp.channels, inp.height, inp.width
+    return n, inp.height, inp.width, inp.channels
+
+
+def prepare(frames: list[np.ndarray], inp: ImageInput, color: str = "rgb",
+            buffer: np.ndarray | None = None) -> tuple[np.ndarray, list[Placement]]:
     """Whole frames (any sizes) to one input batch, with each frame's placement.
 
     Args:
         frames: H x W x C arrays (see :func:`as_frames`).
         inp: The resolved input.
         color: Channel order of the frames, 'rgb' or 'bgr'.
+        buffer: A float32 array of :func:`input_shape` to fill (overwritten; returned for float32
+            inputs) instead of a new one.
     """
-    out = _Output(len(frames), inp, color)
+    out = _Output(len(frames), inp, color, buffer)
     placements: list[Placement | None] = [None] * len(frames)
     groups: dict[tuple[int, ...], list[int]] = {}
     for i, f in enumerate(frames):

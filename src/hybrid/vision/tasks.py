@@ -20,7 +20,7 @@ import numpy as np
 
 from hybrid.errors import BundleError, ConfigError, RunError
 from hybrid.vision.checks import check_declarations, declarations
-from hybrid.vision.preprocess import ImageInput, Placement, as_frames, prepare, prepare_crops
+from hybrid.vision.preprocess import ImageInput, Placement, as_frames, input_shape, prepare, prepare_crops
 from hybrid.vision.results import Classification, Detections
 from hybrid.vision.spec import Postprocess, Preprocess, declare, flat_options
 from hybrid.vision.yolo import decode
@@ -57,6 +57,34 @@ class _StageTimes:
     def snapshot(self) -> dict[str, dict[str, float]]:
         with self._lock:
             return {s: {"calls": c, "items": n, "seconds": t} for s, (c, n, t) in self._data.items()}
+
+
+class _Buffers:
+    """Input batches whose run is over, reused by the next call of the same size.
+
+    Touching a fresh array of several MB costs about as much as filling it (page faults, on every
+    call): a 640x640 batch of one frame is 4.9 MB. Only buffers the caller never saw are recycled,
+    and only when the model's output does not share their memory.
+    """
+
+    def __init__(self, keep: int = 4) -> None:
+        self._lock = threading.Lock()
+        self._free: list[np.ndarray] = []
+        self._keep = keep
+
+    def take(self, shape: tuple[int, ...]) -> np.ndarray | None:
+        with self._lock:
+            for i, buf in enumerate(self._free):
+                if buf.shape == shape:
+                    return self._free.pop(i)
+        return None
+
+    def give(self, buf: np.ndarray, output: np.ndarray) -> None:
+        if buf.dtype != np.float32 or np.may_share_memory(buf, output):
+            return
+        with self._lock:
+            if len(self._free) < self._keep:
+                self._free.append(buf)
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -107,6 +135,7 @@ class TaskModel:
                                                      compiled.model.name)
         self.class_names: tuple[str, ...] = tuple(postprocess.class_names or ())
         self._times = _StageTimes()
+        self._buffers = _Buffers()
 
     @classmethod
     def from_options(cls, compiled: CompiledModel, task: str, **options: Any) -> TaskModel:
@@ -154,9 +183,13 @@ class TaskModel:
         previous frames (``Pipeline().add_stage(det.prepare).add_stage(det)...``).
         """
         _check_color(color)
+        return self._prepare(frames, color, recycle=False)
+
+    def _prepare(self, frames: Any, color: str, recycle: bool) -> Prepared:
         batch, single = as_frames(frames)
         t0 = time.perf_counter()
-        x, placements = prepare(batch, self.input, color) if batch else (None, [])
+        buffer = self._buffers.take(input_shape(len(batch), self.input)) if recycle else None
+        x, placements = prepare(batch, self.input, color, buffer) if batch else (None, [])
         self._times.add(len(batch), t0, time.perf_counter())
         return Prepared(x, tuple(placements), tuple(batch), single, self.input)
 
@@ -180,8 +213,9 @@ class TaskModel:
         return self._answer(frames, color, top_k)
 
     def _answer(self, frames: Any, color: str, top_k: int | None) -> Any:
-        if not isinstance(frames, Prepared):
-            frames = self.prepare(frames, color=color)
+        internal = not isinstance(frames, Prepared)
+        if internal:
+            frames = self._prepare(frames, color, recycle=True)
         elif frames.input is not self.input:
             raise RunError("HYB-405", f"these frames were prepared for another model's input, not "
                            f"{self.compiled.model.name!r} ({self.input.height}x{self.input.width})",
@@ -191,6 +225,8 @@ class TaskModel:
             return []
         t1 = time.perf_counter()
         out = self._infer(frames.tensor)
+        if internal:  # nobody else holds this input batch: the next call may fill it again
+            self._buffers.give(frames.tensor, out)
         t2 = time.perf_counter()
         if self.task == "detection":
             answers: list[Any] = []
