@@ -242,7 +242,7 @@ def test_bundle_round_trip(tmp_path, caplog):
     np.testing.assert_allclose(d.boxes, [s for s, _ in SQUARES[:2]], atol=1e-3)
     det.save(str(tmp_path / "again.hybrid"))
     again = hybrid.load(tmp_path / "again.hybrid")
-    assert again.options() == det.options() and again.options()["max_det"] == 2
+    assert again.task_options() == det.task_options() and again.task_options()["max_det"] == 2
     # a label that declares nothing loads as a plain CompiledModel; an image-less classifier stays a label
     create_bundle(matmul_add(), tmp_path / "plain.hybrid", task="regression")
     assert isinstance(hybrid.load(tmp_path / "plain.hybrid"), hybrid.CompiledModel)
@@ -318,9 +318,20 @@ def test_cli_create_with_task_options(tmp_path):
         assert result.exit_code == 1 and "HYB-502" in result.output and words in result.output, result.output
 
 
+def test_a_task_model_stands_in_for_its_compiled_model(tmp_path):
+    """Code written for CompiledModel (the profiler, the server) reads the same attributes off a TaskModel."""
+    create_bundle(mean_color_classifier(), tmp_path / "cls.hybrid", task="classification")
+    cls = hybrid.load(tmp_path / "cls.hybrid")
+    assert isinstance(cls, TaskModel)
+    for name in ("model", "signature", "backend", "device", "plan", "options", "executable", "target"):
+        assert getattr(cls, name) is getattr(cls.compiled, name), name
+    report = hybrid.profile(tmp_path / "cls.hybrid", duration=0.1, output=None, quiet=True)
+    assert report is not None
+
+
 def test_options_round_trip_through_json():
     det = _detector("yolov8", conf_threshold=0.3, mean=0.5, size=64)
-    opts = det.options()
+    opts = det.task_options()
     assert opts["format"] == "yolov8" and opts["mean"] == [0.5] and opts["size"] == [64, 64]
     assert json.loads(json.dumps(opts)) == opts
-    assert TaskModel.from_options(det.compiled, "detection", **opts).options() == opts
+    assert TaskModel.from_options(det.compiled, "detection", **opts).task_options() == opts

@@ -323,7 +323,7 @@ class TaskModel:
     def reset_stats(self) -> None:
         self._times.reset()
 
-    def options(self) -> dict[str, Any]:
+    def task_options(self) -> dict[str, Any]:
         """The flat task options that declare this model (as ``pyasc bundle create`` takes them)."""
         return flat_options(self.preprocess, self.postprocess)
 
@@ -331,7 +331,7 @@ class TaskModel:
         """Write a ``.hybrid`` bundle that keeps the task declarations (see ``save_bundle``)."""
         from hybrid.bundle import save_bundle
 
-        save_bundle(self.compiled, path, task=self.task, task_options=self.options(), **kwargs)
+        save_bundle(self.compiled, path, task=self.task, task_options=self.task_options(), **kwargs)
 
     def close(self) -> None:
         self.compiled.close()
