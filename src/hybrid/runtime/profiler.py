@@ -141,6 +141,10 @@ def sample_inputs(signature: Any, batch: int = 1, seed: int = 0) -> dict[str, np
 
 
 def _resolve(model_or_path: Any, target: str) -> CompiledModel:
+    # a task-aware wrapper (hybrid.vision's TaskModel) profiles the compiled model it wraps
+    inner = getattr(model_or_path, "compiled", None)
+    if isinstance(inner, CompiledModel):
+        return inner
     if isinstance(model_or_path, CompiledModel):
         return model_or_path
     if isinstance(model_or_path, (str, os.PathLike)) and Path(model_or_path).is_file():
@@ -150,7 +154,7 @@ def _resolve(model_or_path: Any, target: str) -> CompiledModel:
             # a .hybrid bundle: loaded by the bundle layer (lazily, as CompiledModel.save writes one)
             from hybrid.bundle import load
 
-            return load(model_or_path, target=target)
+            return _resolve(load(model_or_path, target=target), target)
     from hybrid.runtime.compiler import compile_model
 
     return compile_model(model_or_path, target=target)
