@@ -181,7 +181,7 @@ def bench_command(
     json_out: Annotated[Path | None, typer.Option("--json", help="Also write the rows as JSON.")] = None,
 ) -> None:
     """Compare every available backend x device x precision on MODEL: latency, throughput, max error."""
-    from hybrid.cli.profile import load_inputs
+    from hybrid.cli._inputs import load_inputs
     from hybrid.ir import atomic_write_bytes
 
     with report_errors():

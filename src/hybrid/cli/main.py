@@ -14,7 +14,8 @@ from rich.table import Table
 
 from hybrid._version import __version__
 from hybrid.cli._console import console, progress_iter, report_errors
-from hybrid.errors import CATALOG, RunError
+from hybrid.cli._inputs import load_inputs
+from hybrid.errors import CATALOG
 from hybrid.errors import explain as explain_code
 
 app = typer.Typer(name="pyasc", help="PyASC: deploy a model once, run it on any accelerator.",
@@ -67,43 +68,6 @@ def devices(as_json: Annotated[bool, typer.Option("--json", help="Print JSON ins
     console.print(btable)
 
 
-def _parse_inputs(specs: list[str]) -> dict[str, np.ndarray]:
-    feeds: dict[str, np.ndarray] = {}
-    for spec in specs:
-        name, sep, path = spec.partition("=")
-        if not sep or not name or not path:
-            raise RunError("HYB-406", f"--input expects NAME=FILE.npy, got {spec!r}",
-                           "e.g. --input data_0=image.npy")
-        file = Path(path)
-        if not file.is_file():
-            raise RunError("HYB-406", f"--input {name}: file {path!r} not found", "check the path")
-        try:
-            feeds[name] = np.load(file, allow_pickle=False)
-        except (ValueError, OSError) as e:
-            raise RunError("HYB-406", f"--input {name}: {path!r} is not a .npy array ({e})",
-                           "save inputs with numpy.save") from e
-    return feeds
-
-
-def random_feeds(signature, batch: int = 1, seed: int = 0) -> dict[str, np.ndarray]:
-    """Inputs drawn from the signature: symbolic dims become ``batch``; floats uniform in [0, 1)."""
-    rng = np.random.default_rng(seed)
-    feeds = {}
-    for spec in signature.inputs:
-        shape = tuple(d if isinstance(d, int) else batch for d in (spec.shape or ()))
-        dtype = spec.dtype or np.dtype(np.float32)
-        if dtype.kind == "f":
-            feeds[spec.name] = rng.random(shape).astype(dtype)
-        elif dtype.kind in "iu":
-            feeds[spec.name] = rng.integers(0, 10, shape).astype(dtype)
-        elif dtype.kind == "b":
-            feeds[spec.name] = rng.random(shape) > 0.5
-        else:
-            raise RunError("HYB-406", f"input {spec.name!r}: cannot generate random {dtype} data",
-                           "pass it with --input NAME=FILE.npy")
-    return feeds
-
-
 def _load_compiled(model: Path, target: str):
     import hybrid
 
@@ -123,9 +87,11 @@ def run(
     """Compile MODEL for TARGET, run it once, print the outputs' names, shapes, dtypes and stats."""
     with report_errors():
         cm = _load_compiled(model, target)
-        feeds = _parse_inputs(inputs or [])
+        feeds = load_inputs(inputs) or {}
         if random:
-            feeds = {**random_feeds(cm.signature), **feeds}
+            from hybrid.runtime.profiler import sample_inputs
+
+            feeds = {**sample_inputs(cm.signature), **feeds}
         t0 = time.perf_counter()
         outs = cm.run(feeds)
         ms = (time.perf_counter() - t0) * 1e3
