@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import geomean, interleave, machine_info, median_ms, table  # noqa: E402
+from _harness import geomean, interleave, machine_info, median_ms, table
 
 BERT = "bert-6x384"
 
@@ -104,15 +104,15 @@ def main() -> None:
         seg = cm.plan.segments[0]
         picked = cm.backend if len(cm.plan.segments) > 1 else f"{seg.backend} {seg.precision}"
         contenders = {
-            "onnxruntime": lambda s=sess: s.run(None, feeds),
-            "openvino f32": lambda r=req: r.infer(feeds, share_inputs=True),
-            "auto": lambda c=cm: c.run(feeds),
+            "onnxruntime": lambda s=sess, f=feeds: s.run(None, f),
+            "openvino f32": lambda r=req, f=feeds: r.infer(f, share_inputs=True),
+            "auto": lambda c=cm, f=feeds: c.run(f),
         }
         cm_p = None
         if name == BERT:
             cm_p = hybrid.compile(path, target="auto", precision="auto", accuracy={"min_cosine": 0.995},
                                   sample_inputs=feeds)
-            contenders["auto precision"] = lambda c=cm_p: c.run(feeds)
+            contenders["auto precision"] = lambda c=cm_p, f=feeds: c.run(f)
         times = interleave(contenders, blocks=args.blocks, per_block=args.per_block)
         med = {k: median_ms(v) for k, v in times.items()}
         best_raw = min(med["onnxruntime"], med["openvino f32"])

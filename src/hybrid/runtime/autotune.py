@@ -64,7 +64,7 @@ SAMPLE_STYLES = 4
 
 
 def make_samples(model: Any, given: Any = None, seed: int = 0, symbolic_size: int = 1,
-                 style: int = 0, magnitude: float = 1.0) -> dict[str, Any] | None:
+                 style: int = 0, magnitude: float = 1.0, int_high: int | None = None) -> dict[str, Any] | None:
     """Sample inputs for the checks and timings: ``given`` validated, or generated from the signature.
 
     Symbolic dims are ``symbolic_size``. Integer inputs that index a constant table (token ids) stay
@@ -80,7 +80,8 @@ def make_samples(model: Any, given: Any = None, seed: int = 0, symbolic_size: in
     3      standard normal        0 or 1
     ====== ====================== =====================
 
-    Floats are multiplied by ``magnitude``. Booleans are random. Returns None when an input cannot be
+    Floats are multiplied by ``magnitude``; ``int_high`` widens styles 0 and 1 to integers in
+    [1, int_high). Booleans are random. Returns None when an input cannot be
     generated (sequences, maps, unknown rank or dtype).
 
     Raises:
@@ -97,6 +98,8 @@ def make_samples(model: Any, given: Any = None, seed: int = 0, symbolic_size: in
     rng = np.random.default_rng(seed)
     bounds = _index_bounds(model)
     int_range = {0: (1, 3), 1: (1, 3), 2: (0, 1), 3: (0, 2)}[style]
+    if int_high is not None and style in (0, 1):
+        int_range = (1, int_high)
     feeds: dict[str, Any] = {}
     for spec in sig.inputs:
         if spec.kind == "optional":

@@ -3,9 +3,10 @@
 The reference backend answers the sample inputs once; every candidate must then give the same
 answers within the tolerances of :mod:`hybrid.runtime.checks` (fp32) or within the accuracy budget
 (reduced precisions). Generated samples that the reference itself rejects (an integer input that
-must be a valid index or size, a coordinate that must lie inside an image) are regenerated in a
-few other styles; when the reference answers quickly, a second sample with other values, 64 times
-larger, widens the check. When no sample can be checked, nothing is rejected and nothing is timed, and the plan says so.
+must be a valid index or size, a coordinate that must lie inside an image) are regenerated in a few
+other styles. When the reference answers quickly, two more samples with other values (integers up
+to 7, then also floats 64 times larger) widen the check. When no sample can be checked, the caller keeps
+the reference backend and the plan says why.
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ from hybrid.runtime.autotune import SAMPLE_STYLES, make_samples
 __all__ = ["Verdict", "Verifier"]
 
 REFERENCE = "reference"
-SECOND_SAMPLE_BELOW_S = 0.5  # a second sample is checked when the reference answers faster than this
-SECOND_SAMPLE_MAGNITUDE = 64.0  # a power of two: scaling the floats adds no rounding of its own
+MORE_SAMPLES_BELOW_S = 0.5  # more samples are checked when the reference answers faster than this
+MORE_SAMPLES_MAGNITUDE = 64.0  # a power of two: scaling the floats adds no rounding of its own
+MORE_SAMPLES_INT_HIGH = 8  # integers in [1, 8): longer windows, strides, lengths than 1 or 2
 
 
 @dataclass(slots=True)
@@ -120,17 +122,25 @@ class Verifier:
                 continue
             self.samples, self.ok = samples, True
             self.cases.append(case)
-            if not self.given and case.seconds < SECOND_SAMPLE_BELOW_S:
-                # other values at a larger magnitude: rounding that is harmless near 1 shows up here
-                second = make_samples(self.model, style=style, seed=1, magnitude=SECOND_SAMPLE_MAGNITUDE)
-                more = self._answer(second) if second is not None else "no sample"
-                if not isinstance(more, str):
-                    self.cases.append(more)
+            if not self.given and case.seconds < MORE_SAMPLES_BELOW_S:
+                self._more_cases(style)
             if style:
                 self.notes.append(f"sample input style {style} (the reference rejected style 0: {failure})")
             return
         self.notes.append(f"the reference backend failed on every sample input ({failure}): results not checked, "
                           "candidates not timed; pass sample_inputs= to check and time them")
+
+    def _more_cases(self, style: int) -> None:
+        """Widen the check with other values: longer integers (window lengths, sequence lengths,
+        strides), then also floats 64 times larger (rounding harmless near 1 shows up there). A
+        variant the reference rejects is retried with the first sample's integers."""
+        for seed, magnitude in ((1, 1.0), (2, MORE_SAMPLES_MAGNITUDE)):
+            for high in (MORE_SAMPLES_INT_HIGH, None):
+                sample = make_samples(self.model, style=style, seed=seed, magnitude=magnitude, int_high=high)
+                answer = self._answer(sample) if sample is not None else "no sample"
+                if not isinstance(answer, str):
+                    self.cases.append(answer)
+                    break
 
     def _moved(self, case: _Case) -> list[Any] | None:
         """The reference answer for the sample nudged by rounding-level noise, computed only when a
