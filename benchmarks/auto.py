@@ -91,7 +91,8 @@ def main() -> None:
         if name == BERT:
             path, feeds = export_bert(work), bert_feeds()
         else:
-            path, feeds = samples.light_model_path(name), {"data_0": samples.light_input()}
+            path = samples.light_model_path(name)
+            feeds = {hybrid.Model.load(path).signature.input_names[0]: samples.light_input()}
         sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
         req = core.compile_model(str(path), "CPU", {"INFERENCE_PRECISION_HINT": "f32",
                                                     "PERFORMANCE_HINT": "LATENCY"}).create_infer_request()

@@ -230,3 +230,17 @@ def test_generated_samples_respect_the_signature_and_index_bounds():
     with pytest.raises(RunError) as e:
         autotune.make_samples(model, {"ids": np.zeros((2, 50), np.int64), "f": np.ones((3, 3), np.float32)})
     assert e.value.code == "HYB-405"
+
+
+def test_independent_backends_outvote_the_reference_on_an_ill_conditioned_output(light):
+    # light squeezenet's equal weights drive its logits to ~1e10: the Softmax then shows how each
+    # runtime rounds its GEMMs. onnxruntime and torch agree with ONNX's expected output, the reference not.
+    from hybrid.hal import backend_status
+
+    if not backend_status("torch").available:
+        pytest.skip("needs a second independent backend (torch)")
+    x = light.light_input()
+    cm = hybrid.compile(light.light_model_path("squeezenet"), target="auto", sample_inputs=x)
+    assert cm.backend in ("onnxruntime", "torch")
+    assert any("reference backend was outvoted" in n for n in cm.plan.notes)
+    np.testing.assert_allclose(cm(x), light.light_expected("squeezenet"), rtol=1e-3, atol=1e-7)

@@ -5,8 +5,11 @@ partitioned plan when none does; the reference backend; with ``precision='auto'`
 precisions each accelerated backend offers. Each trial runs the sample input and is checked: fp32
 against the reference backend with per-dtype tolerances, reduced precisions against fp32 with the
 accuracy budget. A trial that fails the check is rejected and the log says which output differed and
-by how much. The survivors are timed (``autotune``) and the fastest wins; without timing the first
-survivor in priority order wins. The decision is cached on disk, so the next compile is instant.
+by how much; only when no accelerated backend agrees with the reference but two independent ones agree
+with each other is the reference outvoted (see :func:`_outvote`). When no sample can be checked at
+all, the reference backend runs the model. The survivors are timed (``autotune``) and the fastest
+wins; without timing the first accelerated survivor in priority order wins. The decision is cached
+on disk, so the next compile is instant.
 """
 
 from __future__ import annotations
@@ -48,6 +51,9 @@ class _Trial:
     decision: dict[str, Any] = field(default_factory=dict)
     outputs: list[Any] | None = None
     first_run_s: float | None = None
+    rejected: str | None = None
+    disputed: bool = False
+    answers: tuple[list[Any], ...] = ()
 
 
 def offered_precisions(cand: Candidate) -> list[str]:
@@ -124,6 +130,8 @@ class _Search:
         truth = self.fp32_outputs.get(Candidate(trial.backend, trial.device))
         verdict = self.verifier.check(trial.executable, trial.precision, truth)
         trial.outputs, trial.first_run_s = verdict.outputs, verdict.first_run_s
+        trial.disputed = verdict.disputed and trial.backend != FALLBACK_BACKEND and "+" not in trial.backend
+        trial.answers = verdict.answers
         if verdict.why is None and trial.precision != "fp32" and trial.outputs is not None:
             cases = self.verifier.cases
             base = cases[0].expected if cases else truth
@@ -176,6 +184,37 @@ def _trials(search: _Search, autotune: bool) -> Iterator[_Trial]:
                 for p in reduced[c]:
                     if t := search.single(c, p):
                         yield t
+
+
+def _outvote(trials: list[_Trial], search: _Search, name: str) -> None:
+    """Let independent backends outvote the reference on an output they agree on and it does not.
+
+    When no accelerated fp32 candidate agrees with the reference, but candidates of two or more
+    backends, rejected for values alone, agree with each other on every sample, the output is one
+    where rounding decides the answer (equal logits near 1e10 before a Softmax, say) and the
+    reference's own rounding is one opinion among several: those candidates are reinstated and the
+    reference trial is rejected instead. A candidate that differs from every other opinion stays out.
+    """
+    if any(t.rejected is None and t.precision == "fp32" and t.backend != FALLBACK_BACKEND for t in trials):
+        return
+    disputed = [t for t in trials if t.disputed]
+    best: list[_Trial] = []
+    for t in disputed:
+        group = [u for u in disputed if u is t or search.verifier.agree(t.answers, u.answers)]
+        consistent = all(search.verifier.agree(u.answers, v.answers) for u in group for v in group if u is not v)
+        if consistent and len({u.backend for u in group}) >= 2 and len(group) > len(best):
+            best = group
+    if not best:
+        return
+    labels = ", ".join(t.label for t in best)
+    note = f"the reference backend was outvoted: {labels} agree with each other on every sample but not with it"
+    logger.warning("auto: %s for %r", note, name)
+    search.notes.append(note)
+    for t in best:
+        t.rejected = None
+    for t in trials:
+        if t.backend == FALLBACK_BACKEND and t.rejected is None:
+            t.rejected = "outvoted"
 
 
 def _close_all(trials: list[_Trial], keep: _Trial | None, search: _Search) -> None:
@@ -266,14 +305,16 @@ def select(model: Model, target: str, order: list[Candidate], options_of: Option
         if why is not None:
             logger.warning("auto: rejected %s for %r: %s", trial.label, model.name, why)
             search.notes.append(f"rejected {trial.label}: {why}")
-            trial.decision = {}
+            trial.rejected = why
             continue
         if trial.precision == "fp32" and trial.outputs is not None and "+" not in trial.backend:
             search.fp32_outputs[Candidate(trial.backend, trial.device)] = trial.outputs
-        if not autotune and search.verifier.ok:
+        if not autotune and search.verifier.ok and trial.backend != FALLBACK_BACKEND:
             winner = trial
             break
-    survivors = [t for t in trials if t.decision]
+    if winner is None:
+        _outvote(trials, search, model.name)
+    survivors = [t for t in trials if t.rejected is None]
     unchecked = not search.verifier.ok
     fallback = [t for t in survivors if t.backend == FALLBACK_BACKEND]
     if winner is None and unchecked and fallback:

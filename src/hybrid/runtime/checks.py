@@ -68,6 +68,7 @@ class Mismatch:
 
     output: str
     detail: str
+    values_only: bool = False  # same structure (shapes, dtypes), different values
 
     def __str__(self) -> str:
         return f"output {self.output!r} {self.detail}"
@@ -114,7 +115,7 @@ def _compare_one(name: str, expected: Any, got: Any, moved: Any = None) -> Misma
         if equal:
             return None
         wrong = int(np.sum(e != g)) if e.dtype.kind not in "OSU" else "some"
-        return Mismatch(name, f"differs exactly-compared ({e.dtype}): {wrong} of {e.size} elements")
+        return Mismatch(name, f"differs exactly-compared ({e.dtype}): {wrong} of {e.size} elements", True)
     if e.dtype.kind == "V":
         e, g = e.astype(np.float32), g.astype(np.float32)
         m = None if m is None else m.astype(np.float32)
@@ -144,7 +145,7 @@ def _compare_one(name: str, expected: Any, got: Any, moved: Any = None) -> Misma
         rel = float(err.flat[worst] / max(abs(e64.flat[worst]), 1e-30))
     return Mismatch(name, f"differs at {int(bad.sum())} of {e.size} elements: max abs error "
                     f"{float(errs.flat[worst]):.3g} (got {g64.flat[worst]:.6g}, expected {e64.flat[worst]:.6g}, "
-                    f"rel {rel:.3g}; {e.dtype} tolerance rtol {tol.rtol:g}, atol {atol:.3g})")
+                    f"rel {rel:.3g}; {e.dtype} tolerance rtol {tol.rtol:g}, atol {atol:.3g})", True)
 
 
 def compare(expected: list[Any], got: list[Any], names: list[str], moved: list[Any] | None = None) -> Mismatch | None:

@@ -47,11 +47,15 @@ class Verdict:
         why: Why the candidate must not win; None when it may.
         outputs: Its outputs on the first sample (None when it was not run).
         first_run_s: Seconds its first run on the first sample took.
+        disputed: It was rejected for values alone (same shapes and dtypes as the reference).
+        answers: Its outputs on every checked sample (fp32 candidates).
     """
 
     why: str | None
     outputs: list[Any] | None = None
     first_run_s: float | None = None
+    disputed: bool = False
+    answers: tuple[list[Any], ...] = ()
 
 
 def _first_line(e: BaseException) -> str:
@@ -173,6 +177,7 @@ class Verifier:
                 return Verdict("no fp32 result to check the reduced precision against", outs, seconds)
             return Verdict(self._within_budget(fp32_truth, outs), outs, seconds)
         first: tuple[list[Any], float] | None = None
+        answers: list[list[Any]] = []
         for k, case in enumerate(self.cases):
             if exe is self._ref:
                 outs, seconds = case.expected, case.seconds
@@ -184,17 +189,37 @@ class Verifier:
                 except Exception as e:
                     return Verdict(f"failed on sample input {k}: {_first_line(e)}")
             first = first or (outs, seconds)
+            answers.append(outs)
             if precision == "fp32":
                 bad = checks.compare(case.expected, outs, self.names)
                 if bad is not None and self._moved(case) is not None:
                     bad = checks.compare(case.expected, outs, self.names, case.moved)
-                why = None if bad is None else f"{bad} (vs the reference backend, sample input {k})"
+                if bad is not None:
+                    disputed = bad.values_only and all(
+                        self._run_quietly(exe, c.samples, answers, j) for j, c in enumerate(self.cases) if j > k)
+                    return Verdict(f"{bad} (vs the reference backend, sample input {k})", *first,
+                                   disputed=disputed, answers=tuple(answers))
             else:
                 why = self._within_budget(case.expected, outs)
-            if why is not None:
-                return Verdict(why, *first)
+                if why is not None:
+                    return Verdict(why, *first)
         assert first is not None
-        return Verdict(None, *first)
+        return Verdict(None, *first, answers=tuple(answers))
+
+    @staticmethod
+    def _run_quietly(exe: Executable, samples: dict[str, Any], answers: list[list[Any]], _: int) -> bool:
+        """Run ``exe`` on one more sample for a later vote; False when it fails."""
+        try:
+            answers.append(list(exe.run(samples)))
+        except Exception:
+            return False
+        return True
+
+    def agree(self, a: tuple[list[Any], ...], b: tuple[list[Any], ...]) -> bool:
+        """Whether two candidates' answers on every sample agree within the fp32 tolerances."""
+        return len(a) == len(b) == len(self.cases) and all(
+            checks.compare(x, y, self.names) is None and checks.compare(y, x, self.names) is None
+            for x, y in zip(a, b))
 
     def _within_budget(self, truth: list[Any], outs: list[Any]) -> str | None:
         assert self.budget is not None
