@@ -88,8 +88,9 @@ class Plan:
         lines = [str(self)]
         if self.placements:
             width = max(len(p.node) for p in self.placements)
+            ops = max(len(p.op_type) for p in self.placements)
             lines.append("nodes:")
-            lines.extend(f"  {p.node:<{width}}  {p.op_type:<18} {p.backend}:{p.device}  {p.reason}"
+            lines.extend(f"  {p.node:<{width}}  {p.op_type:<{ops}}  {p.backend}:{p.device}  {p.reason}"
                          for p in self.placements)
         else:
             for s in self.segments:
