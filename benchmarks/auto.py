@@ -128,7 +128,7 @@ def main() -> None:
             cos = cosine(cm_p.run(feeds)["last_hidden_state"], ref)
             pseg = cm_p.plan.segments[0]
             rows.append([f"{name} precision=auto", f"{med['onnxruntime']:.2f}", f"{med['openvino f32']:.2f}",
-                         f"{med['auto precision']:.2f}", f"{pseg.backend} {pseg.precision}", f"cos {cos:.5f}",
+                         f"{med['auto precision']:.2f}", f"{pseg.backend} {pseg.precision}", f"cos {cos:.6f}",
                          f"{med['onnxruntime'] / med['auto precision']:.2f}x", "", ""])
             cm_p.close()
         cm.close()
