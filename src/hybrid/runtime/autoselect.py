@@ -224,8 +224,7 @@ def _close_all(trials: list[_Trial], keep: _Trial | None, search: _Search) -> No
         if t.executable is not keep_exe and id(t.executable) not in closed:
             closed.add(id(t.executable))
             t.executable.close()
-    ref = search.verifier.reference_executable() if search.verifier._ref_done else None
-    if ref is not None and id(ref) not in closed:
+    if id(search.verifier.reference) not in closed:
         search.verifier.close(keep_exe)
 
 

@@ -225,6 +225,12 @@ class Verifier:
         assert self.budget is not None
         return checks.accuracy_failure(self.budget, truth, outs, self.names)
 
+    @property
+    def reference(self) -> Executable | None:
+        """The reference executable if it was compiled (compiles nothing)."""
+        return self._ref
+
     def close(self, keep: Executable | None) -> None:
+        """Release the reference executable unless it is ``keep`` (the winner)."""
         if self._ref is not None and self._ref is not keep:
             self._ref.close()
