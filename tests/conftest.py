@@ -2,8 +2,17 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
+from hypothesis import settings
+
+# CI replays the same examples on every run (a failure then reproduces and never flickers a green build);
+# `HYPOTHESIS_PROFILE=explore python -m pytest` draws fresh examples to look for new counterexamples.
+settings.register_profile("ci", derandomize=True, print_blob=True)
+settings.register_profile("explore", max_examples=500)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 @pytest.fixture(autouse=True)
