@@ -41,30 +41,12 @@ def _log(msg: str) -> None:
 
 # ---------------------------------------------------------------------------------------------- models
 def _light_random(name: str):
-    """A light model, batch made dynamic, with its ConstantOfShape weights replaced by random ones."""
-    import onnx
-    from onnx import numpy_helper
-
+    """A light model with random weights (hybrid.samples), batch made dynamic."""
     import hybrid
     from hybrid.passes.batch import make_batch_dynamic
-    from hybrid.samples import light_model_path
+    from hybrid.samples import light_model_with_random_weights
 
-    m = onnx.load(str(light_model_path(name)))
-    rng = np.random.default_rng(0)
-    consts = {n.output[0]: numpy_helper.to_array(n.attribute[0].t) for n in m.graph.node if n.op_type == "Constant"}
-    consts.update({i.name: numpy_helper.to_array(i) for i in m.graph.initializer})
-    kept = []
-    for node in m.graph.node:
-        if node.op_type != "ConstantOfShape":
-            kept.append(node)
-            continue
-        shape = tuple(int(v) for v in consts[node.input[0]])
-        value = (rng.random(shape) * 0.5 + 0.75 if len(shape) == 1
-                 else rng.standard_normal(shape) * np.sqrt(2.0 / max(1, int(np.prod(shape[1:])))))
-        m.graph.initializer.append(numpy_helper.from_array(value.astype(np.float32), node.output[0]))
-    del m.graph.node[:]
-    m.graph.node.extend(kept)
-    return make_batch_dynamic(hybrid.Model.load(m))
+    return make_batch_dynamic(hybrid.Model.load(light_model_with_random_weights(name)))
 
 
 def _resnet50(torch):

@@ -30,3 +30,14 @@ def two_inputs() -> onnx.ModelProto:
     nodes = [helper.make_node("Add", ["a", "b"], ["z"]), helper.make_node("Identity", ["k"], ["kk"])]
     graph = helper.make_graph(nodes, "two_inputs", [a, b, k], [z, kk])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def run_unoptimized(model, x):
+    """All outputs of ``model`` (a hybrid.Model) on its first input ``x``, by ONNX Runtime with every
+    graph optimization off: what a rewritten graph computes, with nothing of ORT's own rewriting."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(model.to_bytes(), so, providers=["CPUExecutionProvider"])
+    return session.run(None, {session.get_inputs()[0].name: x})

@@ -121,15 +121,20 @@ class _OffByOne(Backend):
         return _Shifted(get_backend("onnxruntime").compile(model, "cpu"))
 
 
-@pytest.fixture
-def offbyone():
-    register_backend(_OffByOne)
+def _registered(cls):
+    """Register backend class ``cls`` for one test, then forget it."""
+    register_backend(cls)
     yield
     from hybrid.hal import registry
 
-    registry._paths.pop("offbyone", None)
-    registry._classes.pop("offbyone", None)
+    registry._paths.pop(cls.name, None)
+    registry._classes.pop(cls.name, None)
     reset_discovery()
+
+
+@pytest.fixture
+def offbyone():
+    yield from _registered(_OffByOne)
 
 
 @pytest.mark.parametrize("autotune_flag", [True, False])
@@ -163,6 +168,52 @@ def test_tolerances_follow_the_dtype():
     assert checks.compare([inf], [np.array([np.finfo(np.float32).min, 1.0], np.float32)], ["m"]) is not None
     assert "shape" in str(checks.compare([y], [y[:5]], ["y"]))
     assert "dtype" in str(checks.compare([y], [y.astype(np.float64)], ["y"]))
+
+
+class _Nudged(_OffByOne):
+    """A backend that answers fast and right within the fp32 tolerance: ORT's outputs times (1 + 4e-6)."""
+
+    name = "nudged"
+
+    def _compile(self, model, device, options):
+        inner = get_backend("onnxruntime").compile(model, "cpu")
+        exe = _Shifted(inner)
+        exe.run = lambda feeds: [o * np.float32(1 + 4e-6) for o in inner.run(feeds)]
+        return exe
+
+
+@pytest.fixture
+def nudged():
+    yield from _registered(_Nudged)
+
+
+@pytest.mark.parametrize(("times_us", "winner", "tie"), [
+    ({"nudged": 10, "reference": 14, "onnxruntime": 60}, "reference", True),       # 4 us apart: a tie
+    ({"nudged": 1000, "reference": 5000, "onnxruntime": 1015}, "onnxruntime", True),  # within 2 %
+    ({"nudged": 10, "reference": 100, "onnxruntime": 60}, "nudged", False),        # clearly fastest
+    ({"nudged": 1000, "reference": 5000, "onnxruntime": 1050}, "nudged", False),   # 5 % slower is slower
+])
+def test_a_timing_tie_goes_to_the_candidate_closest_to_the_reference(nudged, monkeypatch, times_us, winner, tie):
+    def fake_times(runs, *args, **kwargs):
+        return {label: times_us.get(label.split(":")[0], 10_000) * 1e-6 for label in runs}  # others: slow
+
+    monkeypatch.setattr(autotune, "time_candidates", fake_times)
+    cm = hybrid.compile(matmul_add(), target="auto")
+    assert cm.backend == winner
+    assert any("closer to the reference" in n for n in cm.plan.notes) is tie
+    x = np.random.default_rng(1).standard_normal((2, 4)).astype(np.float32)
+    np.testing.assert_allclose(cm(x), hybrid.compile(matmul_add(), target="reference")(x), rtol=1e-5)
+
+
+def test_deviation_ranks_answers_by_closeness_in_tolerance_units():
+    y = np.linspace(-1, 1, 100, dtype=np.float32)
+    assert checks.deviation([y], [y.copy()], ["y"]) == 0.0
+    near, far = checks.deviation([y], [y * np.float32(1 + 1e-6)], ["y"]), checks.deviation([y], [y + 5e-6], ["y"])
+    assert 0 < near < far < 1  # both within the fp32 tolerance, one closer
+    assert checks.deviation([np.arange(3)], [np.arange(3) + 1], ["i"]) == float("inf")
+    assert checks.deviation([y], [y[:3]], ["y"]) == float("inf")
+    nan = np.array([np.nan, np.inf], np.float32)
+    assert checks.deviation([nan], [nan.copy()], ["n"]) == 0.0
 
 
 def test_an_ill_conditioned_output_is_checked_only_as_tightly_as_it_is_stable():

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from tests._models import run_unoptimized
 
 import hybrid
 from hybrid.errors import ModelError
@@ -20,10 +20,7 @@ def _verify(monkeypatch):
 
 
 def _run(model, x):
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    session = ort.InferenceSession(model.to_bytes(), so, providers=["CPUExecutionProvider"])
-    return session.run(None, {session.get_inputs()[0].name: x})[0]
+    return run_unoptimized(model, x)[0]
 
 
 def _build(nodes, x_shape, y_shape, inits, name="x"):

@@ -5,9 +5,9 @@ from __future__ import annotations
 import collections
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from tests._models import run_unoptimized
 
 import hybrid
 from hybrid.errors import ConfigError
@@ -18,13 +18,6 @@ F = TensorProto.FLOAT
 @pytest.fixture(autouse=True)
 def _verify(monkeypatch):
     monkeypatch.setenv("HYBRID_VERIFY_PASSES", "1")
-
-
-def _run(model, x):
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    session = ort.InferenceSession(model.to_bytes(), so, providers=["CPUExecutionProvider"])
-    return session.run(None, {session.get_inputs()[0].name: x})
 
 
 def _conv_net(first=None):
@@ -57,8 +50,8 @@ def test_nhwc_interface_keeps_the_numbers():
     assert nhwc.ir.metadata_props["hybrid.layout"] == "NHWC"
     assert collections.Counter(n.op_type for n in nhwc.graph)["Transpose"] == 2
     x = np.random.default_rng(1).standard_normal((1, 3, 6, 6)).astype(np.float32)
-    features, logits = _run(model, x)
-    features_nhwc, logits_nhwc = _run(nhwc, x.transpose(0, 2, 3, 1).copy())
+    features, logits = run_unoptimized(model, x)
+    features_nhwc, logits_nhwc = run_unoptimized(nhwc, x.transpose(0, 2, 3, 1).copy())
     np.testing.assert_allclose(features_nhwc, features.transpose(0, 2, 3, 1), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(logits_nhwc, logits, rtol=1e-5, atol=1e-5)
 
@@ -80,7 +73,7 @@ def test_an_nhwc_input_is_left_alone():
     out = hybrid.optimize(model, "O3", {"layout": "NHWC"})
     assert out.signature.inputs[0].shape == (1, 6, 6, 3)
     x = np.random.default_rng(2).standard_normal((1, 6, 6, 3)).astype(np.float32)
-    np.testing.assert_allclose(_run(out, x)[1], _run(model, x)[1], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(run_unoptimized(out, x)[1], run_unoptimized(model, x)[1], rtol=1e-5, atol=1e-5)
 
 
 def test_nhwc_on_a_light_model(light):
@@ -90,6 +83,6 @@ def test_nhwc_on_a_light_model(light):
     # the output comes from a Softmax, not a channels-first operator: its layout is left as it is
     assert nhwc.signature.outputs[0].shape == (1, 1000, 1, 1)
     x = light.light_input()
-    (reference,) = _run(model, x)
-    (result,) = _run(nhwc, x.transpose(0, 2, 3, 1).copy())
+    (reference,) = run_unoptimized(model, x)
+    (result,) = run_unoptimized(nhwc, x.transpose(0, 2, 3, 1).copy())
     np.testing.assert_allclose(result, reference, rtol=1e-5, atol=1e-7)

@@ -311,3 +311,15 @@ def test_model_local_functions_are_inlined():
     assert [s.op_type for s in cm.executable.program.steps] == ["Add", "Relu"]
     got = cm(np.array([1.0, -5.0, 2.0], np.float32), np.array([1.0, 1.0, -3.0], np.float32))
     np.testing.assert_array_equal(got, [2.0, 0.0, 0.0])
+
+
+@pytest.mark.parametrize("p", [1, 2])
+def test_lp_normalization_uses_the_absolute_value(rng, p):
+    """onnx.reference computes the L1 norm as sum(x), wrong for negative x; the hand kernel does not."""
+    x = rng.standard_normal((3, 5)).astype(np.float32)
+    model = _model([helper.make_node("LpNormalization", ["x"], ["y"], axis=-1, p=p)], [_vi("x", shape=[3, 5])],
+                   [_vi("y", shape=[3, 5])])
+    got = hybrid.compile(model, target="reference").run({"x": x})["y"]
+    want = x / np.linalg.norm(x, ord=p, axis=-1, keepdims=True)
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    np.testing.assert_array_equal(hybrid.compile(model, target="reference").run({"x": np.zeros_like(x)})["y"], 0)

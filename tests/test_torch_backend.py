@@ -12,7 +12,6 @@ import subprocess
 import sys
 
 import numpy as np
-import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 from tests._conformance import conformance
@@ -21,7 +20,7 @@ from tests._models import matmul_add
 import hybrid
 from hybrid.errors import BackendError
 from hybrid.hal import backend_status, get_backend, resolve_target
-from hybrid.samples import LIGHT_MODELS, light_input, light_model_path
+from hybrid.samples import LIGHT_MODELS, light_input, light_model_path, light_model_with_random_weights
 
 torch = pytest.importorskip("torch")
 
@@ -274,32 +273,6 @@ def test_onnx_node_conformance():
 
 
 # ---------------------------------------------------------------------------------------------- light models
-def _random_weights(name: str) -> onnx.ModelProto:
-    """The light model with its ConstantOfShape weights replaced by random initializers.
-
-    The shipped light models fill every weight with one value, so their outputs are uniform and
-    agree trivially; random weights make the comparison with ONNX Runtime mean something.
-    """
-    m = onnx.load(str(light_model_path(name)))
-    rng = np.random.default_rng(0)
-    consts = {n.output[0]: numpy_helper.to_array(n.attribute[0].t) for n in m.graph.node if n.op_type == "Constant"}
-    consts.update({i.name: numpy_helper.to_array(i) for i in m.graph.initializer})
-    kept = []
-    for node in m.graph.node:
-        if node.op_type != "ConstantOfShape":
-            kept.append(node)
-            continue
-        shape = tuple(int(v) for v in consts[node.input[0]])
-        if len(shape) == 1:  # biases, batch-norm scales and variances: positive, near 1
-            value = rng.random(shape) * 0.5 + 0.75
-        else:
-            value = rng.standard_normal(shape) * np.sqrt(2.0 / max(1, int(np.prod(shape[1:]))))
-        m.graph.initializer.append(numpy_helper.from_array(value.astype(np.float32), node.output[0]))
-    del m.graph.node[:]
-    m.graph.node.extend(kept)
-    return m
-
-
 def _relative(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30))
 
@@ -323,7 +296,7 @@ _HEAVY = ("bvlc_alexnet", "vgg19", "zfnet512")
                                   for n in LIGHT_MODELS])
 def test_light_models_with_random_weights_match_onnxruntime(name):
     x = light_input()
-    varied = _random_weights(name)
+    varied = light_model_with_random_weights(name)
     y = hybrid.compile(varied, target=TARGET, config=CONFIG)(x)
     expected = hybrid.compile(varied, target="onnxruntime")(x)
     assert _relative(y, expected) <= 1e-4

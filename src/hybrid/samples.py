@@ -8,10 +8,12 @@ need no download, so the demo, the tests and the benchmarks use them.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-__all__ = ["LIGHT_MODELS", "LIGHT_RTOL", "light_expected", "light_input", "light_model_path"]
+__all__ = ["LIGHT_MODELS", "LIGHT_RTOL", "light_expected", "light_input", "light_model_path",
+           "light_model_with_random_weights"]
 
 LIGHT_MODELS = ("bvlc_alexnet", "densenet121", "inception_v1", "inception_v2", "resnet50", "shufflenet",
                 "squeezenet", "vgg19", "zfnet512")
@@ -46,3 +48,33 @@ def light_expected(name: str) -> np.ndarray:
 
     path = light_model_path(name).with_name(f"light_{name}_output_0.pb")
     return numpy_helper.to_array(onnx.load_tensor(str(path)))
+
+
+def light_model_with_random_weights(name: str, seed: int = 0) -> Any:
+    """Light model ``name`` as an ``onnx.ModelProto`` with its ConstantOfShape weights replaced by
+    random initializers (biases and normalization scales in [0.75, 1.25), other weights He-scaled).
+
+    The shipped light models fill every weight with one value, so their outputs are uniform and any two
+    runtimes agree trivially; random weights make a comparison between runtimes mean something.
+    """
+    import onnx
+    from onnx import numpy_helper
+
+    m = onnx.load(str(light_model_path(name)))
+    rng = np.random.default_rng(seed)
+    consts = {n.output[0]: numpy_helper.to_array(n.attribute[0].t) for n in m.graph.node if n.op_type == "Constant"}
+    consts.update({i.name: numpy_helper.to_array(i) for i in m.graph.initializer})
+    kept = []
+    for node in m.graph.node:
+        if node.op_type != "ConstantOfShape":
+            kept.append(node)
+            continue
+        shape = tuple(int(v) for v in consts[node.input[0]])
+        if len(shape) == 1:  # biases, batch-norm scales and variances: positive, near 1
+            value = rng.random(shape) * 0.5 + 0.75
+        else:
+            value = rng.standard_normal(shape) * np.sqrt(2.0 / max(1, int(np.prod(shape[1:]))))
+        m.graph.initializer.append(numpy_helper.from_array(value.astype(np.float32), node.output[0]))
+    del m.graph.node[:]
+    m.graph.node.extend(kept)
+    return m

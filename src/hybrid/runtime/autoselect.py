@@ -8,8 +8,9 @@ accuracy budget. A trial that fails the check is rejected and the log says which
 by how much; only when no accelerated backend agrees with the reference but two independent ones agree
 with each other is the reference outvoted (see :func:`_outvote`). When no sample can be checked at
 all, the reference backend runs the model. The survivors are timed (``autotune``) and the fastest
-wins; without timing the first accelerated survivor in priority order wins. The decision is cached
-on disk, so the next compile is instant.
+wins, except that candidates within timing noise of the fastest tie and the one closest to the
+reference wins the tie; without timing the first accelerated survivor in priority order wins. The
+decision is cached on disk, so the next compile is instant.
 """
 
 from __future__ import annotations
@@ -37,6 +38,13 @@ __all__ = ["offered_precisions", "select"]
 logger = logging.getLogger("hybrid")
 
 OptionsOf = Callable[[Candidate, str], dict[str, Any]]
+
+# Timings this close to the fastest are a tie, broken by closeness to the reference. 2 % stays well
+# inside the 5 % slack auto is allowed against the best single runtime; 20 us is about the spread of
+# medians between timings of the same 15-40 us graph a few seconds apart on a shared 2-core machine
+# (see docs/auto.md).
+TIE_REL = 0.02
+TIE_ABS_S = 20e-6
 
 
 @dataclass(slots=True)
@@ -217,6 +225,40 @@ def _outvote(trials: list[_Trial], search: _Search, name: str) -> None:
             t.rejected = "outvoted"
 
 
+def _deviation(trial: _Trial, search: _Search) -> float:
+    """How far ``trial``'s answers are from the reference's (0.0 for the reference itself; infinity
+    when nothing was compared), in the units of :func:`hybrid.runtime.checks.deviation`."""
+    verifier = search.verifier
+    if verifier.reference is not None and trial.executable is verifier.reference:
+        return 0.0
+    cases, names = verifier.cases, verifier.names
+    if trial.answers and len(trial.answers) == len(cases):
+        return max(checks.deviation(c.expected, a, names) for c, a in zip(cases, trial.answers))
+    if trial.outputs is not None and cases:
+        return checks.deviation(cases[0].expected, trial.outputs, names)
+    return float("inf")
+
+
+def _fastest_or_most_exact(survivors: list[_Trial], times: Mapping[str, float],
+                           search: _Search) -> tuple[_Trial, str]:
+    """The fastest survivor, unless others are as fast within :data:`TIE_REL` / :data:`TIE_ABS_S`:
+    then, of those, the one closest to the reference (the reference itself when it is among them)."""
+    fastest = min(survivors, key=lambda t: times[t.label])
+    best = times[fastest.label]
+    ties = [t for t in survivors if times[t.label] <= best + max(TIE_REL * best, TIE_ABS_S)]
+    reason = f"fastest of {len(survivors)} checked candidates"
+    if len(ties) < 2:
+        return fastest, reason
+    dev = {t.label: _deviation(t, search) for t in ties}
+    exact = min(ties, key=lambda t: (dev[t.label], times[t.label]))
+    if exact is fastest or dev[exact.label] >= dev[fastest.label]:
+        return fastest, reason
+    search.notes.append(
+        f"{exact.label} is as fast as {fastest.label} (within {TIE_REL:.0%} or {TIE_ABS_S * 1e6:.0f} us) and closer "
+        f"to the reference: deviation {dev[exact.label]:.3g} vs {dev[fastest.label]:.3g} tolerance units")
+    return exact, f"closest to the reference of {len(ties)} candidates as fast as the fastest"
+
+
 def _close_all(trials: list[_Trial], keep: _Trial | None, search: _Search) -> None:
     keep_exe = keep.executable if keep else None
     closed = set()
@@ -329,10 +371,9 @@ def select(model: Model, target: str, order: list[Candidate], options_of: Option
         if autotune and len(survivors) > 1 and search.verifier.ok:
             times = at.time_candidates({t.label: (lambda e=t.executable: e.run(feeds)) for t in survivors},
                                        first_runs={t.label: t.first_run_s for t in survivors if t.first_run_s})
-            winner = min(survivors, key=lambda t: times[t.label])
             search.notes.append("timed: " + ", ".join(f"{n} {s * 1e3:.3g} ms" for n, s in
                                                       sorted(times.items(), key=lambda kv: kv[1])))
-            reason = f"fastest of {len(survivors)} checked candidates"
+            winner, reason = _fastest_or_most_exact(survivors, times, search)
     else:
         reason = "first candidate by priority that passed the check (autotune=False)"
     if winner is None:

@@ -28,6 +28,7 @@ __all__ = [
     "accuracy_failure",
     "compare",
     "cosine",
+    "deviation",
     "nudged",
     "validate_accuracy",
 ]
@@ -253,3 +254,33 @@ def cosine(expected: list[Any], got: list[Any], names: list[str]) -> float:
     return worst
 
 
+
+
+def deviation(expected: list[Any], got: list[Any], names: list[str]) -> float:
+    """How far ``got`` is from ``expected``, in units of the dtype tolerance without its scaled part:
+    the largest ``|error| / (atol + rtol * |expected|)`` over the float outputs (0.0: the same
+    numbers). Other outputs count 0.0 when equal and infinity when not; so do mismatched shapes.
+    It ranks candidates that all passed :func:`compare` by closeness to the reference."""
+    if len(got) != len(expected):
+        return float("inf")
+    worst = 0.0
+    for _, e, g in _float_pairs(expected, got, names):
+        if e.shape != g.shape or e.dtype != g.dtype:
+            return float("inf")
+        tol = _tolerance(e.dtype)
+        if tol is None:
+            same = np.array_equal(e.astype(object), g.astype(object)) if e.dtype.kind in "OSU" else np.array_equal(e, g)
+            if not same:
+                return float("inf")
+            continue
+        if e.dtype.kind == "V":
+            e, g = e.astype(np.float32), g.astype(np.float32)
+        wide = np.complex128 if e.dtype.kind == "c" else np.float64
+        a, b = e.astype(wide), g.astype(wide)
+        with np.errstate(invalid="ignore", over="ignore"):
+            err = np.abs(a - b)
+        agree = (np.isnan(a) & np.isnan(b)) | (np.isinf(a) & (a == b))
+        err = np.where(agree, 0.0, np.nan_to_num(err, nan=np.inf))
+        if err.size:
+            worst = max(worst, float(np.max(err / (tol.atol + tol.rtol * np.abs(np.nan_to_num(a))))))
+    return worst

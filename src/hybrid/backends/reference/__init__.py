@@ -18,6 +18,7 @@ from hybrid.backends.reference import (  # noqa: F401 - importing registers the 
     ops_reduce,
     ops_resize,
     ops_shape,
+    ops_spectral,
 )
 from hybrid.backends.reference.backend import ReferenceBackend, ReferenceExecutable, evaluate_node
 from hybrid.backends.reference.registry import custom_op, registered_ops

@@ -207,6 +207,16 @@ def _layer_norm(x, scale, bias=None, *, axis=-1, epsilon=1e-5, stash_type=1):
     return (y.astype(x.dtype), mean.astype(x.dtype), inv_std.astype(x.dtype))
 
 
+@kernel("LpNormalization")
+def _lp_normalization(x, *, axis=-1, p=2):
+    # ||x||_p = (sum |x|^p)^(1/p); onnx.reference drops the |.|, which is wrong for p=1 and negative x
+    if p not in (1, 2):
+        raise ValueError(f"LpNormalization p must be 1 or 2, got {p}")
+    norm = np.power(np.power(np.abs(x), p).sum(axis=axis, keepdims=True), 1.0 / p)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return (np.where(norm == 0, 0, x / norm).astype(x.dtype),)
+
+
 @kernel("LRN")
 def _lrn(x, *, size, alpha=1e-4, beta=0.75, bias=1.0):
     sq = np.square(x.astype(np.float64) if x.dtype != np.float32 else x)

@@ -1,0 +1,26 @@
+"""ONNX node conformance through target='auto' must match the best single backend (issue 4).
+
+Measured (onnx 1.23, 1884 cases, `python ../shared/tools/conformance.py auto --failures`): 1878, the
+reference backend's count, in two runs (one with the test suite running alongside); only the six
+Bernoulli cases fail. Auto times candidates, so a loaded machine can tip a near-tie the other way:
+the floor is the issue's goal, 1875, and only the known-random cases may fail beyond it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+from tests._conformance import conformance
+from tests.test_reference_conformance import RANDOM
+
+FLOOR = 1875 if importlib.util.find_spec("PIL") else 1866
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_auto_conformance_matches_the_best_single_backend():
+    passed, failed = conformance("auto")
+    assert passed >= FLOOR, f"auto: {passed} passed; failures: {failed}"
+    known = RANDOM | {f for f in failed if f.startswith("test_image_decoder")}  # those need Pillow
+    assert len(set(failed) - known) <= 3, f"beyond the known failures: {sorted(set(failed) - known)}"
