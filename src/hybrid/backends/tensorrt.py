@@ -17,16 +17,15 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hybrid.config import get_config
 from hybrid.errors import BackendError, RunError
 from hybrid.hal.backend import Backend, Executable, Option, ProbedDevice
+from hybrid.hal.machine import cache_root
 from hybrid.ir import atomic_write_bytes
 
 if TYPE_CHECKING:
@@ -159,11 +158,8 @@ def engine_paths(root: Path, fingerprint: str, key: str) -> tuple[Path, Path]:
 
 
 def _cache_root(options: Mapping[str, Any]) -> Path:
-    """The option's folder, else hybrid's cache: $HYBRID_CACHE_DIR, ``hybrid.init(cache_dir=...)``, the user's."""
-    if options.get("cache_dir"):
-        return Path(options["cache_dir"])
-    root = os.environ.get("HYBRID_CACHE_DIR") or get_config().cache_dir
-    return Path(root) if root else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hybrid"
+    """The option's folder, else hybrid's cache folder (:func:`hybrid.hal.machine.cache_root`)."""
+    return Path(options["cache_dir"]) if options.get("cache_dir") else cache_root()
 
 
 def _fingerprint(trt: Any, torch: Any, index: int) -> str:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import os
-import platform
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +33,6 @@ from hybrid.runtime.plan import Plan
 __all__ = [
     "MACHINE_OPTIONS",
     "CacheStrategy",
-    "cache_root",
     "capture",
     "compile_for",
     "portable_options",
@@ -58,20 +56,6 @@ class CacheStrategy:
 
     kind: str
     option: str
-
-
-def cache_root() -> Path:
-    """hybrid's cache folder: $HYBRID_CACHE_DIR, else ``hybrid.init(cache_dir=...)``, else the user's."""
-    from hybrid.config import get_config
-
-    env = os.environ.get("HYBRID_CACHE_DIR") or get_config().cache_dir
-    if env:
-        return Path(env)
-    if platform.system() == "Windows":
-        return Path(os.environ.get("LOCALAPPDATA", Path.home() / "AppData" / "Local")) / "hybrid" / "Cache"
-    if platform.system() == "Darwin":
-        return Path.home() / "Library" / "Caches" / "hybrid"
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hybrid"
 
 
 def portable_options(options: Mapping[str, Any]) -> dict[str, Any]:

@@ -9,7 +9,6 @@ only when its fingerprint equals this machine's; otherwise the model is rebuilt 
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import platform
@@ -17,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hybrid.errors import HybridError
+from hybrid.hal.machine import cpu_facts
 
 __all__ = ["CACHE_FORMAT", "Fingerprint", "device_fingerprint"]
 
@@ -34,26 +34,6 @@ class Fingerprint:
         return self.digest
 
 
-@functools.lru_cache(maxsize=1)
-def _cpu() -> tuple[str, str]:
-    """CPU model name and a digest of its feature flags (x86 'flags', ARM 'Features')."""
-    model = platform.processor() or platform.machine()
-    flags: set[str] = set()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                key = key.strip().lower()
-                if key in ("model name", "hardware", "cpu model") and value.strip():
-                    model = value.strip()
-                elif key in ("flags", "features") and not flags:
-                    flags = set(value.split())
-    except OSError:
-        pass
-    digest = hashlib.sha256(" ".join(sorted(flags)).encode()).hexdigest()[:16] if flags else ""
-    return model, digest
-
-
 def device_fingerprint(backend: str, device: str = "cpu") -> Fingerprint:
     """The fingerprint of (this machine, ``backend``, ``device``).
 
@@ -62,7 +42,7 @@ def device_fingerprint(backend: str, device: str = "cpu") -> Fingerprint:
     """
     from hybrid.hal import backend_status
 
-    cpu_model, cpu_flags = _cpu()
+    cpu_model, cpu_flags = cpu_facts()
     version = ""
     props: dict[str, str] = {}
     try:

@@ -34,6 +34,7 @@ from hybrid.bundle.platforms import machine_arch
 from hybrid.bundle.safety import Limits
 from hybrid.bundle.select import available_pairs, merged_options, profile_layer, split_user_config
 from hybrid.errors import BackendError, BundleError, HybridError
+from hybrid.hal.machine import cache_root
 from hybrid.ir import Model, atomic_write_bytes
 from hybrid.runtime.compiled import CompiledModel
 from hybrid.vision.tasks import task_model  # a bundle that declares a vision task loads as a TaskModel
@@ -92,7 +93,7 @@ def _local_dir(model_key: str, backend: str, device: str, precision: str, option
                fingerprint: str) -> Path:
     material = json.dumps([backend, device, precision, options], sort_keys=True, default=str)
     variant = hashlib.sha256(material.encode()).hexdigest()[:12]
-    return _cache.cache_root() / "bundles" / model_key / f"{fingerprint}-{variant}"
+    return cache_root() / "bundles" / model_key / f"{fingerprint}-{variant}"
 
 
 def _read_local(folder: Path) -> tuple[str, dict[str, bytes]] | None:

@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from hybrid.hal.machine import cache_root, cpu_facts
+
 __all__ = [
     "SAMPLE_STYLES",
     "cache_dir",
@@ -169,36 +171,8 @@ def time_candidates(runs: Mapping[str, Callable[[], Any]], budget_s: float | Non
 
 # ---------------------------------------------------------------------------------------- cache
 def cache_dir() -> Path:
-    """Where decisions live: $HYBRID_CACHE_DIR, else ``hybrid.init(cache_dir=...)``, else the user
-    cache folder ($XDG_CACHE_HOME/hybrid, ~/Library/Caches/hybrid, %LOCALAPPDATA%/hybrid/Cache)."""
-    from hybrid.config import get_config
-
-    env = os.environ.get("HYBRID_CACHE_DIR")
-    if env:
-        return Path(env)
-    if get_config().cache_dir:
-        return Path(get_config().cache_dir)
-    system = platform.system()
-    if system == "Windows":
-        base = Path(os.environ.get("LOCALAPPDATA", Path.home() / "AppData" / "Local"))
-        return base / "hybrid" / "Cache"
-    if system == "Darwin":
-        return Path.home() / "Library" / "Caches" / "hybrid"
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hybrid"
-
-
-def _cpu_facts() -> tuple[str, str]:
-    name, flags = platform.processor() or platform.machine(), ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name") and name in ("", platform.machine(), platform.processor()):
-                    name = line.split(":", 1)[1].strip()
-                elif line.startswith("flags") and not flags:
-                    flags = " ".join(sorted(line.split(":", 1)[1].split()))
-    except OSError:
-        pass
-    return name, hashlib.sha1(flags.encode()).hexdigest()[:16]
+    """Where decisions live (under :func:`hybrid.hal.machine.cache_root`, in ``autotune/``)."""
+    return cache_root()
 
 
 def device_fingerprint() -> dict[str, Any]:
@@ -207,7 +181,7 @@ def device_fingerprint() -> dict[str, Any]:
     from hybrid.config import get_config
     from hybrid.hal import devices
 
-    cpu, flags = _cpu_facts()
+    cpu, flags = cpu_facts()
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return {
         "machine": platform.machine(), "system": platform.system(), "cpu": cpu, "cpu_flags": flags,
