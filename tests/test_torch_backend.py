@@ -300,3 +300,21 @@ def test_light_models_with_random_weights_match_onnxruntime(name):
     y = hybrid.compile(varied, target=TARGET, config=CONFIG)(x)
     expected = hybrid.compile(varied, target="onnxruntime")(x)
     assert _relative(y, expected) <= 1e-4
+
+
+@pytest.mark.parametrize(("op", "extra_inputs", "attrs"), [
+    ("LayerNormalization", ["scale", "bias"], {"axis": -1}),
+    ("BatchNormalization", ["scale", "bias", "mean", "var"], {"training_mode": 1}),
+])
+def test_a_normalization_that_declares_one_output_feeds_the_next_node_a_tensor(rng, op, extra_inputs, attrs):
+    """LayerNormalization and training BatchNormalization may declare 1 of their 3 outputs (transformers'
+    exports do); the lowering must then hand the next node a tensor, not a tuple."""
+    f = TensorProto.FLOAT
+    x = rng.standard_normal((2, 4, 3, 3)).astype(np.float32)
+    channels = 3 if op == "LayerNormalization" else 4
+    inits = [numpy_helper.from_array(rng.random(channels).astype(np.float32) + 0.5, n) for n in extra_inputs]
+    w = numpy_helper.from_array(rng.standard_normal((3, 5)).astype(np.float32), "w")
+    nodes = [helper.make_node(op, ["x", *extra_inputs], ["n"], **attrs), helper.make_node("MatMul", ["n", "w"], ["y"])]
+    model = _model(nodes, [_vi("x", f, [2, 4, 3, 3])], [_vi("y", f, [2, 4, 3, 5])], [*inits, w], opset=17)
+    want = hybrid.compile(model, target="reference").run({"x": x})["y"]
+    np.testing.assert_allclose(_compile(model).run({"x": x})["y"], want, rtol=1e-4, atol=1e-5)

@@ -259,7 +259,7 @@ def batch_norm(x, scale, bias, mean, var, *, epsilon=1e-5, momentum=0.9, spatial
     y = y * scale.reshape(shape) + bias.reshape(shape)
     running_mean = mean * momentum + batch_mean * (1 - momentum)
     running_var = var * momentum + batch_var * (1 - momentum)
-    return y, running_mean.to(mean.dtype), running_var.to(var.dtype)
+    return y if n_outputs == 1 else (y, running_mean.to(mean.dtype), running_var.to(var.dtype))[:n_outputs]
 
 
 @lowering("InstanceNormalization", dtypes=FLOATS)
@@ -283,7 +283,7 @@ def layer_norm(x, scale, bias=None, *, axis=-1, epsilon=1e-5, stash_type=1, n_ou
     y = (diff * inv).to(x.dtype) * scale
     if bias is not None:
         y = y + bias
-    return y, mean, inv
+    return y if n_outputs == 1 else (y, mean, inv)[:n_outputs]
 
 
 @lowering("RMSNormalization", dtypes=FLOATS)
