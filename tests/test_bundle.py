@@ -310,3 +310,19 @@ def test_no_cache_when_the_optimized_graph_dwarfs_the_model(tmp_path):
     assert info.source == "ir" and info.notes == ()
     x = {"data_0": samples.light_input()}
     assert np.array_equal(loaded.run(x)["softmaxout_1"], cm.run(x)["softmaxout_1"])
+
+
+def test_cli_create_writes_the_serving_settings(tmp_path):
+    path = tmp_path / "m.onnx"
+    path.write_bytes(matmul_add().SerializeToString())
+    out = tmp_path / "m.hybrid"
+    result = CliRunner().invoke(_app(), ["bundle", "create", str(path), "-o", str(out), "--no-hybrid-wheel",
+                                         "--max-batch", "4", "--batch-timeout", "0.01", "--concurrency", "2"])
+    assert result.exit_code == 0, result.output
+    assert inspect_bundle(out)["serving"] == {"max_batch": 4, "batch_timeout": 0.01, "concurrency": 2}
+    result = CliRunner().invoke(_app(), ["bundle", "inspect", str(out)])
+    assert result.exit_code == 0 and '"max_batch": 4' in result.output
+    bad = tmp_path / "bad.hybrid"
+    result = CliRunner().invoke(_app(), ["bundle", "create", str(path), "-o", str(bad), "--max-queue", "0"])
+    assert result.exit_code == 1 and "HYB-502" in result.output and "max_queue" in result.output
+    assert not bad.exists()  # nothing half-written

@@ -54,6 +54,7 @@ def inspect_bundle(source: Source, limits: Limits | None = None) -> dict[str, An
         "task": m.task,
         "preprocess": None if m.preprocess is None else m.preprocess.model_dump(mode="json"),
         "postprocess": None if m.postprocess is None else m.postprocess.model_dump(mode="json"),
+        "serving": None if m.serving is None else m.serving.model_dump(mode="json", exclude_none=True),
         "created_by": m.created_by,
         "created_at": m.created_at,
         "signature": _signature(m),

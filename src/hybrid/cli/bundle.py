@@ -9,6 +9,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
+from hybrid.cli import _serving_options as so
 from hybrid.cli import _vision_options as vo
 from hybrid.cli._console import console, report_errors
 from hybrid.errors import HybridError
@@ -61,9 +62,11 @@ def create(
     iou_threshold: vo.IouThreshold = None, max_det: vo.MaxDet = None, agnostic: vo.Agnostic = False,
     resize: vo.Resize = None, input_size: vo.InputSize = None, color: vo.Color = None, scale: vo.Scale = None,
     mean: vo.Mean = None, std: vo.Std = None, task_option: vo.TaskOption = None,
+    max_batch: so.MaxBatch = None, batch_timeout: so.BatchTimeout = None, max_queue: so.MaxQueue = None,
+    request_timeout: so.RequestTimeout = None, concurrency: so.Concurrency = None,
 ) -> None:
     """Package MODEL for a platform: the IR, a compiled cache when this machine can run the platform,
-    optional calibration data and vendored wheels."""
+    optional calibration data, vendored wheels and the dynamic batching `pyasc serve` applies."""
     from hybrid.bundle import create_bundle
 
     out = output or Path(model.stem + ".hybrid")
@@ -74,7 +77,9 @@ def create(
             model, out, platform=platform, target=target, precision=precision, optimize_level=optimize_level,
             caches=not no_cache, calibration=calibration, include_libs=include_libs, python_version=python_version,
             requirements=requirement or None, wheels=wheel or (), include_hybrid=not no_hybrid_wheel, name=name,
-            task=task, platforms_file=platforms_file, task_options=task_options)
+            task=task, platforms_file=platforms_file, task_options=task_options,
+            serving=so.serving_settings(max_batch, batch_timeout, max_queue, request_timeout, concurrency,
+                                        zero_means_off=False) or None)
     console.print(f"wrote {out} ({_size(out.stat().st_size)}) for platform [bold]{manifest.platform.name}[/]",
                   highlight=False)
     if manifest.caches:
@@ -126,6 +131,7 @@ def inspect(
          f"{doc['compile']['backend']}:{doc['compile']['device']} {doc['compile']['precision']} "
          f"{json.dumps(doc['compile']['options'])}"),
         ("calibration", "-" if doc["calibration"] is None else ", ".join(doc["calibration"]["arrays"])),
+        ("serving", doc["serving"] or "server defaults"),
     ]), highlight=False)
     if doc["caches"]:
         table = Table(title="compiled caches")

@@ -11,29 +11,13 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
+from hybrid.cli import _serving_options as so
 from hybrid.cli._console import console, report_errors
 from hybrid.errors import ConfigError, ModelError
 
 __all__ = ["register", "serve"]
 
 _EXTRA_HINT = "install the server: pip install 'pyasc[serve]' (and 'pyasc[serve-ray]' for --ray)"
-
-
-def _overrides(max_batch: int | None, batch_timeout: float | None, max_queue: int | None,
-               request_timeout: float | None, concurrency: int | None) -> dict[str, Any]:
-    """The settings given on the command line; 0 means 'off' for the queue and the timeout."""
-    given: dict[str, Any] = {}
-    if max_batch is not None:
-        given["max_batch"] = max_batch
-    if batch_timeout is not None:
-        given["batch_timeout"] = batch_timeout
-    if max_queue is not None:
-        given["max_queue"] = max_queue or None
-    if request_timeout is not None:
-        given["request_timeout"] = request_timeout or None
-    if concurrency is not None:
-        given["concurrency"] = concurrency
-    return given
 
 
 def _json_object(option: str, text: str | None, example: str) -> dict[str, Any] | None:
@@ -73,16 +57,11 @@ def serve(
                                                             "{\"intra_op_num_threads\": 2}}' (the server "
                                                             "turns ONNX Runtime's thread spinning off unless "
                                                             "told otherwise).")] = None,
-    max_batch: Annotated[int | None, typer.Option(help="Requests per batch; 0 turns batching off "
-                                                       "[default: 8].")] = None,
-    batch_timeout: Annotated[float | None, typer.Option(help="Seconds a request waits for its batch to "
-                                                             "fill [default: 0.005].")] = None,
-    max_queue: Annotated[int | None, typer.Option(help="Queued requests per model before 503; 0: "
-                                                       "unbounded [default: 256].")] = None,
-    request_timeout: Annotated[float | None, typer.Option(help="Seconds a request may take in the "
-                                                               "server; 0: no limit [default: 60].")] = None,
-    concurrency: Annotated[int | None, typer.Option(help="Batches run at once per model "
-                                                         "[default: 1].")] = None,
+    max_batch: so.MaxBatch = None,
+    batch_timeout: so.BatchTimeout = None,
+    max_queue: so.MaxQueue = None,
+    request_timeout: so.RequestTimeout = None,
+    concurrency: so.Concurrency = None,
     max_body: Annotated[str, typer.Option(help="Largest request body after decompression.")] = "64MB",
     max_json_depth: Annotated[int, typer.Option(help="Deepest JSON nesting accepted.")] = 64,
     auth_token: Annotated[str | None, typer.Option(envvar="PYASC_AUTH_TOKEN", show_envvar=True,
@@ -115,7 +94,8 @@ def serve(
             raise ConfigError("HYB-102", f"--max-json-depth must be >= 1, got {max_json_depth}")
         limits = Limits(max_body=parse_size(max_body, "--max-body"), max_json_depth=max_json_depth)
         options = ServeOptions(auth_token=auth_token or None, limits=limits, drain_timeout=drain_timeout)
-        overrides = _overrides(max_batch, batch_timeout, max_queue, request_timeout, concurrency)
+        overrides = so.serving_settings(max_batch, batch_timeout, max_queue, request_timeout, concurrency,
+                                        zero_means_off=True)
         backends = _json_object("--backend-config", backend_config, '{"onnxruntime": {"intra_op_num_threads": 2}}')
         scaling = _json_object("--autoscaling", autoscaling, '{"min_replicas": 1, "max_replicas": 4}')
         logging.getLogger("hybrid").setLevel(log_level.upper())
