@@ -205,6 +205,29 @@ def test_a_timing_tie_goes_to_the_candidate_closest_to_the_reference(nudged, mon
     np.testing.assert_allclose(cm(x), hybrid.compile(matmul_add(), target="reference")(x), rtol=1e-5)
 
 
+def test_tie_bounds_come_from_init_and_timing_alone_decides_at_zero(nudged, monkeypatch):
+    times = {"nudged": 10e-6, "reference": 14e-6}
+    monkeypatch.setattr(autotune, "time_candidates",
+                        lambda runs, *a, **k: {label: times.get(label.split(":")[0], 0.01) for label in runs})
+    hybrid.init({"autotune": {"tie_rel": 0, "tie_us": 0}})
+    assert autoselect.tie_bounds() == (0.0, 0.0)
+    cm = hybrid.compile(matmul_add(), target="auto")
+    assert cm.backend == "nudged" and not any("closer to the reference" in n for n in cm.plan.notes)
+    hybrid.init({"autotune": {"tie_us": 5}})  # 4 us apart: a tie again; the decision is not read from the cache
+    cm = hybrid.compile(matmul_add(), target="auto")
+    assert cm.backend == "reference" and not cm.plan.notes[0].startswith("decision read")
+
+
+@pytest.mark.parametrize(("value", "code"), [({"tie_ms": 1}, "HYB-101"), ({"tie_rel": -0.1}, "HYB-102"),
+                                             ({"tie_rel": 1.5}, "HYB-102"), ({"tie_us": "20"}, "HYB-102"),
+                                             ({"tie_us": True}, "HYB-102"), ([1], "HYB-102")])
+def test_bad_autotune_settings_are_refused(value, code):
+    with pytest.raises(ConfigError) as e:
+        hybrid.init({"autotune": value})
+    assert e.value.code == code
+    assert autoselect.tie_bounds() == (autoselect.TIE_REL, autoselect.TIE_US * 1e-6)  # nothing half-applied
+
+
 def test_deviation_ranks_answers_by_closeness_in_tolerance_units():
     y = np.linspace(-1, 1, 100, dtype=np.float32)
     assert checks.deviation([y], [y.copy()], ["y"]) == 0.0

@@ -22,7 +22,9 @@ def init(config: Mapping[str, Any] | None = None, **kwargs: Any) -> _config.Runt
 
     Keys: ``log_level``, ``device_fallback`` ('warn' | 'error'), ``memory_pool`` (sizes per device:
     ``cpu``, ``pinned``, ``gpu``, ``npu``, e.g. ``'2GB'``), ``backends`` (options per backend, as for
-    :func:`set_backend`), ``cache_dir``, ``num_threads``. Keys not given keep their value.
+    :func:`set_backend`), ``cache_dir``, ``num_threads``, ``autotune`` (``tie_rel``, ``tie_us``: how close
+    to the fastest a candidate of ``target='auto'`` must be to tie; ties go to the answer closest to the
+    reference; docs/auto.md). Keys not given keep their value.
 
     Raises:
         ConfigError: HYB-101 for an unknown key, HYB-102 for a bad value, HYB-103 for a bad size.

@@ -33,6 +33,8 @@ _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 POOL_DEVICES = ("cpu", "pinned", "gpu", "npu")
+# how close to the fastest a timing must be to tie under target='auto' (hybrid.runtime.autoselect)
+AUTOTUNE_KEYS = {"tie_rel": (0.0, 1.0), "tie_us": (0.0, 1e6)}
 FALLBACK_POLICIES = ("warn", "error")
 _LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
@@ -67,6 +69,7 @@ class RuntimeConfig:
     backends: dict[str, dict[str, Any]] = field(default_factory=dict)
     cache_dir: str | None = None
     num_threads: int | None = None
+    autotune: dict[str, float] = field(default_factory=dict)
 
 
 _LOCK = threading.Lock()
@@ -117,7 +120,7 @@ def validated_update(merged: Mapping[str, Any],
     Raises:
         ConfigError: HYB-101 for an unknown key, HYB-102 for a bad value, HYB-103 for a bad size.
     """
-    valid = ("log_level", "device_fallback", "memory_pool", "backends", "cache_dir", "num_threads")
+    valid = ("log_level", "device_fallback", "memory_pool", "backends", "cache_dir", "num_threads", "autotune")
     _reject_unknown("", merged, valid)
     global _CONFIG
     with _LOCK:
@@ -127,6 +130,7 @@ def validated_update(merged: Mapping[str, Any],
             backends={k: dict(v) for k, v in _CONFIG.backends.items()},
             cache_dir=_CONFIG.cache_dir,
             num_threads=_CONFIG.num_threads,
+            autotune=dict(_CONFIG.autotune),
         )
         if "device_fallback" in merged:
             policy = merged["device_fallback"]
@@ -148,6 +152,15 @@ def validated_update(merged: Mapping[str, Any],
             new.cache_dir = merged["cache_dir"]
         if "num_threads" in merged:
             new.num_threads = _positive_int("num_threads", merged["num_threads"])
+        if "autotune" in merged:
+            tune = expect_mapping("autotune", merged["autotune"])
+            _reject_unknown("autotune", tune, list(AUTOTUNE_KEYS))
+            for key, value in tune.items():
+                lo, hi = AUTOTUNE_KEYS[key]
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or not lo <= value < hi:
+                    raise ConfigError("HYB-102", f"autotune.{key}: expected a number in [{lo:g}, {hi:g}), got "
+                                      f"{value!r}", "e.g. hybrid.init({'autotune': {'tie_rel': 0.02, 'tie_us': 20}})")
+                new.autotune[key] = float(value)
         if "log_level" in merged:
             set_log_level(merged["log_level"])
         _CONFIG = new

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hybrid._version import __version__
+from hybrid.config import get_config
 from hybrid.errors import BackendError, HybridError
 from hybrid.hal import Candidate, backend_status, get_backend
 from hybrid.hal.backend import Executable
@@ -39,12 +40,18 @@ logger = logging.getLogger("hybrid")
 
 OptionsOf = Callable[[Candidate, str], dict[str, Any]]
 
-# Timings this close to the fastest are a tie, broken by closeness to the reference. 2 % stays well
-# inside the 5 % slack auto is allowed against the best single runtime; 20 us is about the spread of
-# medians between timings of the same 15-40 us graph a few seconds apart on a shared 2-core machine
-# (see docs/auto.md).
+# Timings this close to the fastest are a tie, broken by closeness to the reference (defaults of
+# hybrid.init({'autotune': {'tie_rel': ..., 'tie_us': ...}})). 2 % stays well inside the 5 % slack auto
+# is allowed against the best single runtime; 20 us is about the spread of medians between timings of
+# the same 15-40 us graph a few seconds apart on a shared 2-core machine (see docs/auto.md).
 TIE_REL = 0.02
-TIE_ABS_S = 20e-6
+TIE_US = 20.0
+
+
+def tie_bounds() -> tuple[float, float]:
+    """(relative, absolute seconds) within which a timing ties with the fastest, from the config."""
+    tune = get_config().autotune
+    return tune.get("tie_rel", TIE_REL), tune.get("tie_us", TIE_US) * 1e-6
 
 
 @dataclass(slots=True)
@@ -241,11 +248,12 @@ def _deviation(trial: _Trial, search: _Search) -> float:
 
 def _fastest_or_most_exact(survivors: list[_Trial], times: Mapping[str, float],
                            search: _Search) -> tuple[_Trial, str]:
-    """The fastest survivor, unless others are as fast within :data:`TIE_REL` / :data:`TIE_ABS_S`:
+    """The fastest survivor, unless others are as fast within :func:`tie_bounds`:
     then, of those, the one closest to the reference (the reference itself when it is among them)."""
     fastest = min(survivors, key=lambda t: times[t.label])
     best = times[fastest.label]
-    ties = [t for t in survivors if times[t.label] <= best + max(TIE_REL * best, TIE_ABS_S)]
+    rel, abs_s = tie_bounds()
+    ties = [t for t in survivors if times[t.label] <= best + max(rel * best, abs_s)]
     reason = f"fastest of {len(survivors)} checked candidates"
     if len(ties) < 2:
         return fastest, reason
@@ -254,7 +262,7 @@ def _fastest_or_most_exact(survivors: list[_Trial], times: Mapping[str, float],
     if exact is fastest or dev[exact.label] >= dev[fastest.label]:
         return fastest, reason
     search.notes.append(
-        f"{exact.label} is as fast as {fastest.label} (within {TIE_REL:.0%} or {TIE_ABS_S * 1e6:.0f} us) and closer "
+        f"{exact.label} is as fast as {fastest.label} (within {rel:.0%} or {abs_s * 1e6:.0f} us) and closer "
         f"to the reference: deviation {dev[exact.label]:.3g} vs {dev[fastest.label]:.3g} tolerance units")
     return exact, f"closest to the reference of {len(ties)} candidates as fast as the fastest"
 
@@ -325,7 +333,8 @@ def select(model: Model, target: str, order: list[Candidate], options_of: Option
     key, material = at.decision_key({
         "hybrid": __version__, "model": model.sha256, "inputs": _shapes(samples) or str(model.signature),
         "target": target, "candidates": [str(c) for c in order], "precision": precision, "accuracy": budget,
-        "autotune": autotune, "options": {str(c): options_of(c, "fp32") for c in order}, "backends": versions,
+        "autotune": autotune, "ties": tie_bounds(), "options": {str(c): options_of(c, "fp32") for c in order},
+        "backends": versions,
         "device": at.device_fingerprint(),
     })
     record = at.load_decision(key, material)
