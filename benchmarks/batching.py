@@ -7,8 +7,8 @@ back, for a fixed time (closed loop), interleaved in blocks with a pause between
 - hybrid dynamic_batch: every caller goes through ``@hybrid.dynamic_batch(max_batch=16)``, which runs the
   same CompiledModel once per batch.
 
-The light SqueezeNet has a static batch of 1; the script makes a batch-dynamic copy by renaming dim 0 of
-the graph input and output to 'N' (the graph has no Reshape that pins the batch) and checks that
+The light SqueezeNet has a static batch of 1; the script runs a batch-dynamic copy made by
+``hybrid.make_batch_dynamic`` (``hybrid.samples.light_model_batch_dynamic``) and checks that
 onnxruntime runs it at batch 16 with the same numbers as 16 runs at batch 1.
 
 A fourth row, one caller running batches of 16 on the raw session, is the ceiling any batcher can reach
@@ -38,21 +38,7 @@ import _harness as h
 
 import hybrid
 from hybrid.backends.onnxruntime import session_options
-from hybrid.samples import light_input, light_model_path
-
-
-def dynamic_squeezenet() -> onnx.ModelProto:
-    """The light SqueezeNet with dim 0 of its data input and its output renamed to 'N'."""
-    model = onnx.load(str(light_model_path("squeezenet")))
-    weights = {t.name for t in model.graph.initializer}
-    for value in [*model.graph.input, *model.graph.output]:
-        if value.name in weights:
-            continue
-        dim = value.type.tensor_type.shape.dim[0]
-        dim.ClearField("dim_value")
-        dim.dim_param = "N"
-    del model.graph.value_info[:]  # inferred shapes would still say batch 1
-    return model
+from hybrid.samples import light_input, light_model_batch_dynamic
 
 
 def closed_loop(call: Callable[[np.ndarray], object], images: list[np.ndarray], seconds: float,
@@ -185,7 +171,8 @@ def main() -> None:
     print(f"machine: {h.machine_info()}\n")
     wanted = args.models.split(",")
     if "squeezenet" in wanted:
-        bench("SqueezeNet (light, batch-dynamic copy)", dynamic_squeezenet(), "data_0", light_input(), args)
+        model = light_model_batch_dynamic("squeezenet")
+        bench("SqueezeNet (light, batch-dynamic copy)", model, "data_0", light_input(), args)
     if "mlp" in wanted:
         x = np.random.default_rng(1).standard_normal((1, 512)).astype(np.float32)
         bench("MLP 512-2048-2048-10 (fp32, 21 MB of weights)", mlp(), "x", x, args)

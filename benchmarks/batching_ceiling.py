@@ -30,9 +30,10 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
+from hybrid.samples import light_model_batch_dynamic
+
 sys.path.insert(0, str(Path(__file__).parent))
 import _harness as h
-from batching import dynamic_squeezenet
 
 
 def _session(model: bytes, intra: int, spinning: bool) -> ort.InferenceSession:
@@ -69,7 +70,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=2.0, help="seconds per configuration per round")
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    model = dynamic_squeezenet().SerializeToString()
+    model = light_model_batch_dynamic("squeezenet").SerializeToString()
     two, one, spin = _session(model, 2, False), _session(model, 1, False), _session(model, 2, True)
 
     def run(s: ort.InferenceSession) -> Callable[[np.ndarray], object]:

@@ -56,13 +56,9 @@ def dynamic_squeezenet(folder: Path) -> Path:
     """The light SqueezeNet with a symbolic batch, checked to run at batch 16 in ONNX Runtime."""
     import onnxruntime as ort
 
-    from hybrid.samples import light_model_path
+    from hybrid.samples import light_model_batch_dynamic
 
-    model = onnx.load(str(light_model_path("squeezenet")))
-    weights = {t.name for t in model.graph.initializer}
-    for value in [*model.graph.input, *model.graph.output]:
-        if value.name not in weights:
-            value.type.tensor_type.shape.dim[0].dim_param = "N"
+    model = light_model_batch_dynamic("squeezenet")
     path = folder / "squeezenet.onnx"
     onnx.save(model, path)
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])

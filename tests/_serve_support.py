@@ -55,15 +55,10 @@ def int_model(path: Path) -> Path:
 
 
 def dynamic_squeezenet(path: Path) -> Path:
-    """ONNX's light SqueezeNet with the data input's and the output's first dim made symbolic ('N')."""
-    from hybrid.samples import light_model_path
+    """ONNX's light SqueezeNet with a symbolic batch ('N'), saved to ``path``."""
+    from hybrid.samples import light_model_batch_dynamic
 
-    model = onnx.load(str(light_model_path("squeezenet")))
-    weights = {t.name for t in model.graph.initializer}
-    for value in [*model.graph.input, *model.graph.output]:
-        if value.name not in weights:
-            value.type.tensor_type.shape.dim[0].dim_param = "N"
-    onnx.save(model, path)
+    onnx.save(light_model_batch_dynamic("squeezenet"), path)
     return path
 
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["LIGHT_MODELS", "LIGHT_RTOL", "light_expected", "light_input", "light_model_path",
-           "light_model_with_random_weights"]
+__all__ = ["LIGHT_MODELS", "LIGHT_RTOL", "light_expected", "light_input", "light_model_batch_dynamic",
+           "light_model_path", "light_model_with_random_weights"]
 
 LIGHT_MODELS = ("bvlc_alexnet", "densenet121", "inception_v1", "inception_v2", "resnet50", "shufflenet",
                 "squeezenet", "vgg19", "zfnet512")
@@ -78,3 +78,12 @@ def light_model_with_random_weights(name: str, seed: int = 0) -> Any:
     del m.graph.node[:]
     m.graph.node.extend(kept)
     return m
+
+
+def light_model_batch_dynamic(name: str) -> Any:
+    """Light model ``name`` as an ``onnx.ModelProto`` that takes any batch (dim 0 named 'N'), made by
+    :func:`hybrid.passes.make_batch_dynamic` (the shipped models are fixed at batch 1)."""
+    from hybrid.ir import Model
+    from hybrid.passes import make_batch_dynamic
+
+    return make_batch_dynamic(Model.load(light_model_path(name))).to_onnx()
