@@ -86,6 +86,20 @@ def _pooled(hidden: np.ndarray, mask: np.ndarray) -> np.ndarray:
     return (hidden * m).sum(1) / m.sum(1)
 
 
+def _rows(times: dict[str, list[float]], accuracy: dict[str, tuple[float, str]], model: str, shape: str,
+          accuracy_format: str) -> list[list[object]]:
+    """Table rows from timings keyed '<variant> <ORT|hybrid>': median, speedup over the same path's fp32,
+    the variant's accuracy (1.0 and 'reference' for fp32)."""
+    base = {"ORT": median_ms(times["fp32 ORT"]), "hybrid": median_ms(times["fp32 hybrid"])}
+    rows: list[list[object]] = []
+    for k, v in times.items():
+        variant, _, via = k.rpartition(" ")
+        value, note = accuracy.get(variant, (1.0, "reference"))
+        rows.append([model, shape, variant, via, median_ms(v), base[via] / median_ms(v),
+                     accuracy_format.format(value), note])
+    return rows
+
+
 def bench_bert(args: argparse.Namespace) -> list[list[object]]:
     import torch
 
@@ -117,13 +131,7 @@ def bench_bert(args: argparse.Namespace) -> list[list[object]]:
         contenders[f"{name} hybrid"] = _compiled(q)
     x = held[0]
     times = interleave(_callables(contenders, x), blocks=3 if args.quick else 10, per_block=2 if args.quick else 5)
-    base = {"ORT": median_ms(times["fp32 ORT"]), "hybrid": median_ms(times["fp32 hybrid"])}
-    rows = []
-    for k, v in times.items():
-        variant, _, via = k.rpartition(" ")
-        cos, note = accuracy.get(variant, (1.0, "reference"))
-        rows.append([label, "8x128", variant, via, median_ms(v), base[via] / median_ms(v), f"{cos:.5f}", note])
-    return rows
+    return _rows(times, accuracy, label, "8x128", "{:.5f}")
 
 
 # ------------------------------------------------------------------ CNN classifier
@@ -194,13 +202,7 @@ def bench_cnn(args: argparse.Namespace) -> tuple[list[list[object]], str]:
         contenders[f"{name} hybrid"] = _compiled(q)
     x = {"input": held[:16]}
     times = interleave(_callables(contenders, x), blocks=3 if args.quick else 8, per_block=5 if args.quick else 10)
-    base = {"ORT": median_ms(times["fp32 ORT"]), "hybrid": median_ms(times["fp32 hybrid"])}
-    rows = []
-    for k, v in times.items():
-        variant, _, via = k.rpartition(" ")
-        agree, note = accuracy.get(variant, (1.0, "reference"))
-        rows.append(["CNN (trained)", "16x3x64x64", variant, via, median_ms(v), base[via] / median_ms(v),
-                     f"{agree:.1%}", note])
+    rows = _rows(times, accuracy, "CNN (trained)", "16x3x64x64", "{:.1%}")
     return rows, f"CNN trained {steps} steps, accuracy {acc:.1%} on its own held-out set"
 
 
