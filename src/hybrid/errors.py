@@ -193,6 +193,9 @@ CATALOG: dict[str, ErrorInfo] = {
                          "model.onnx), model names of letters, digits, '_', '-' and '.' not starting with '.', "
                          "versions positive integers, no link leading outside the repository, no model served "
                          "twice, a valid config.json. The message names the offending path."),
+    "HYB-708": ErrorInfo("internal server error",
+                         "The server failed on a request in a way no check foresaw (HTTP 500). The response "
+                         "names the exception type only; the server's log has the traceback."),
 }
 
 
