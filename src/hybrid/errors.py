@@ -192,10 +192,14 @@ CATALOG: dict[str, ErrorInfo] = {
                          "A served path breaks the repository layout: repo/<model>/<version>/model.hybrid (or "
                          "model.onnx), model names of letters, digits, '_', '-' and '.' not starting with '.', "
                          "versions positive integers, no link leading outside the repository, no model served "
-                         "twice, a valid config.json. The message names the offending path."),
+                         "twice, a valid config.json, a config.pbtxt that parses and matches the model (input "
+                         "and output names, data types, dims). The message names the offending path."),
     "HYB-708": ErrorInfo("internal server error",
                          "The server failed on a request in a way no check foresaw (HTTP 500). The response "
                          "names the exception type only; the server's log has the traceback."),
+    "HYB-709": ErrorInfo("model control is off",
+                         "The server was not started with --model-control, so the repository load and unload "
+                         "endpoints (HTTP and gRPC) are refused; restart it with the flag to use them."),
 }
 
 
