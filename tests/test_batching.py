@@ -179,7 +179,7 @@ def test_request_arriving_during_a_slow_batch_starts_when_it_ends():
     passed starts at once, not ``timeout`` later."""
     gate = threading.Event()
     rec = Recorder(gate=gate)
-    timeout = 0.5
+    timeout = 2.0  # long, so that the bounds below separate a right timer from a broken one on a busy machine
     f = hybrid.dynamic_batch(rec, max_batch=4, timeout=timeout)
     slow = [f.submit(x) for x in ("block", "a", "b", "c")]  # a full batch: starts at once
     while not rec.starts:
@@ -193,8 +193,8 @@ def test_request_arriving_during_a_slow_batch_starts_when_it_ends():
     assert all(fu.result(5)[0] == "answer" for fu in slow)
     late_start = rec.starts[1]
     batch_time = rec.ends[0] - rec.starts[0]
-    assert late_start - released < 0.25  # a broken timer would start it `timeout` (0.5 s) after the release
-    assert late_start - arrived <= timeout + batch_time + 0.25
+    assert late_start - released < timeout / 2  # a broken timer would start it `timeout` after the release
+    assert late_start - arrived <= timeout + batch_time + timeout / 2
     f.close()
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import json
 import logging
 import subprocess
 import sys
@@ -9,12 +11,12 @@ import sys
 import numpy as np
 import pytest
 from tests._backends import BrokenBackend
-from tests._models import matmul_add, two_inputs
+from tests._models import check_light_outputs, light_with_logits, matmul_add, two_inputs
 
 import hybrid
 from hybrid.errors import BackendError, RunError
 from hybrid.hal import register_backend, reset_discovery, resolve_target
-from hybrid.samples import LIGHT_MODELS, LIGHT_RTOL
+from hybrid.samples import LIGHT_MODELS
 
 CPU_BACKENDS = ["onnxruntime", "openvino"]
 
@@ -154,41 +156,36 @@ def test_torch_tensors_are_accepted(cm2):
 
 
 # ---------------------------------------------------------------- the light models
+@functools.cache
+def _light_outputs(name: str, backend: str) -> tuple[np.ndarray, ...]:
+    from hybrid.samples import light_input
+
+    model, _ = light_with_logits(name)
+    cm = hybrid.compile(model, target=backend)
+    return tuple(cm.run({cm.signature.inputs[0].name: light_input()}).values())
+
+
 @pytest.mark.parametrize("backend", CPU_BACKENDS)
 @pytest.mark.parametrize("name", LIGHT_MODELS)
-def test_light_models_match_shipped_outputs(light, name, backend):
-    cm = hybrid.compile(light.light_model_path(name), target=backend)
-    y = cm(light.light_input())
-    expected = light.light_expected(name)
-    if backend == "openvino" and name == "squeezenet":
-        # The light SqueezeNet's logits are all equal and about 9.5e9: any fp32 summation order flips
-        # the softmax by one ULP (~1e3). Compare the logits instead, which is what is computed.
-        _check_squeezenet_logits(light, cm)
-        return
-    np.testing.assert_allclose(y, expected, rtol=LIGHT_RTOL.get(name, 1e-3), atol=1e-7)
-
-
-def _check_squeezenet_logits(light, cm):
-    import onnx
-
-    proto = onnx.load(light.light_model_path("squeezenet"))
-    pre = proto.graph.node[-1].input[0]
-    proto.graph.output[0].CopyFrom(onnx.helper.make_tensor_value_info(pre, onnx.TensorProto.FLOAT, None))
-    ov = hybrid.compile(proto, target="openvino")(light.light_input())
-    ort = hybrid.compile(proto, target="onnxruntime")(light.light_input())
-    np.testing.assert_allclose(ov, ort, rtol=1e-6)
+def test_light_models_match_shipped_outputs(name, backend):
+    """Each CPU backend computes the light models: what the shipped output says on any machine (see
+    tests._models.light_with_logits: a softmax over equal logits of ~1e10 is decided by rounding), and
+    the logits agree with the other CPU backend's."""
+    outputs = _light_outputs(name, backend)
+    check_light_outputs(name, list(outputs))
+    if len(outputs) == 2:
+        other = next(b for b in CPU_BACKENDS if b != backend)
+        np.testing.assert_allclose(outputs[1], _light_outputs(name, other)[1], rtol=1e-5)
 
 
 def test_import_is_light():
-    code = ("import sys, time; t = time.perf_counter(); import hybrid; dt = time.perf_counter() - t; "
-            "bad = [m for m in ('onnxruntime', 'openvino', 'torch', 'onnx', 'numpy') if m in sys.modules]; "
-            "print(dt, bad)")
-    times = []
-    for _ in range(3):
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
-        times.append(float(out[0]))
-        assert out[1:] == ["[]"], out
-    assert min(times) < 0.3
+    """``import hybrid`` stays cheap by what it imports, not by a clock (the time depends on the machine;
+    benchmarks/ measures it): no backend library, no numpy/onnx, and of hybrid itself only the facade."""
+    code = ("import sys, json; import hybrid; "
+            "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
+            "('hybrid', 'onnxruntime', 'openvino', 'torch', 'tensorrt', 'onnx', 'onnx_ir', 'numpy', 'pydantic'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert json.loads(out) == ["hybrid", "hybrid._version", "hybrid.errors"]
 
 
 def test_third_party_backend_through_the_entry_point_group(monkeypatch):

@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 import typer
+from tests._machine import openvino_cpu_offers
 from typer.testing import CliRunner
 
 import hybrid
@@ -56,8 +57,10 @@ def test_trace_has_run_subgraph_and_node_spans(tmp_path, squeezenet, target, op)
     assert {n["args"]["op_type"] for n in nodes} >= {op}
     per_run = len(nodes) / report.node_runs
     assert per_run >= 20  # squeezenet has 26 convolutions
-    # node spans sit inside the runs they were measured in
-    first = runs[0]
+    # node spans sit inside the profiled runs they were measured in; the plain runs give the latency
+    profiled = _spans(doc, "profiled run")
+    assert len(profiled) == report.node_runs and profiled[-1]["ts"] + profiled[-1]["dur"] <= runs[0]["ts"]
+    first = profiled[0]
     inside = [n for n in nodes if first["ts"] <= n["ts"] <= first["ts"] + first["dur"]]
     assert len(inside) >= per_run * 0.8
     assert all(n["ts"] + n["dur"] <= first["ts"] + first["dur"] + 1.0 for n in inside)
@@ -66,7 +69,11 @@ def test_trace_has_run_subgraph_and_node_spans(tmp_path, squeezenet, target, op)
     assert report.latency_ms["p50"] == pytest.approx(np.percentile(durations, 50), rel=1e-3, abs=1e-3)
     assert report.throughput == pytest.approx(len(runs) / (durations.sum() / 1e3), rel=1e-3)
     # (agreement with a separate timing loop is a timing, measured in benchmarks/bundle_load.py)
-    assert report.top_ops[0].name == op and sum(s.share for s in report.top_ops) == pytest.approx(1.0)
+    # which op type costs most is the machine's (kernels, cache sizes); that the table is the spans' is not
+    shares = [s.share for s in report.top_ops]
+    assert shares == sorted(shares, reverse=True) and sum(shares) == pytest.approx(1.0)
+    assert op in {s.name for s in report.top_ops}
+    assert {s.name for s in report.top_ops} <= {n["args"]["op_type"] for n in nodes}
     assert doc["otherData"]["runs"] == report.runs
 
 
@@ -144,7 +151,11 @@ def test_bench_migration_report(tmp_path):
     ok = by[("onnxruntime:cpu", "fp32")]
     assert ok.status == "ok" and ok.p50_ms > 0 and ok.items_per_s > 0 and ok.max_abs_err < 1e-5
     assert by[("onnxruntime:cpu", "fp16")].status == "n/a"
-    assert by[("openvino:cpu", "bf16")].status == "ok" and by[("openvino:cpu", "bf16")].max_rel_err < 0.05
+    bf16 = by[("openvino:cpu", "bf16")]
+    if openvino_cpu_offers("BF16"):  # a CPU feature (AVX-512 BF16, AMX), not every machine's
+        assert bf16.status == "ok" and bf16.max_rel_err < 0.05
+    else:
+        assert bf16.status == "n/a"
     assert min(r.vs_fastest for r in rows if r.status == "ok") == pytest.approx(1.0)
 
 
