@@ -26,6 +26,7 @@ _LAZY = {
     "ServeOptions": "hybrid.serve.app:ServeOptions",
     "create_app": "hybrid.serve.app:create_app",
     "BackgroundServer": "hybrid.serve.server:BackgroundServer",
+    "ConnectionLimits": "hybrid.serve.server:ConnectionLimits",
     "run": "hybrid.serve.server:run",
 }
 

@@ -23,10 +23,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from hybrid._version import __version__
 from hybrid.errors import HybridError, ServingError
+from hybrid.runtime.validate import InputValidator
 from hybrid.serve.metrics import CONTENT_TYPE, ServerMetrics
 from hybrid.serve.protocol import Limits, encode_response, parse_request
 from hybrid.serve.repository import ModelRegistry
@@ -36,7 +38,7 @@ __all__ = ["ServeOptions", "ServerState", "create_app", "http_status"]
 logger = logging.getLogger("hybrid.serve")
 
 LIVE_PATH = "/v2/health/live"
-_PARSE_INLINE = 64 << 10  # JSON above this is decoded in a worker thread, not on the event loop
+_PARSE_INLINE = 64 << 10  # a body above this is decoded in a worker thread, not on the event loop
 _STATUS = {"HYB-701": 404, "HYB-702": 400, "HYB-703": 401, "HYB-704": 413, "HYB-705": 503, "HYB-706": 503,
            "HYB-411": 504, "HYB-412": 503, "HYB-414": 503, "HYB-415": 503}
 _INPUT_CODES = {f"HYB-40{i}" for i in range(1, 8)}
@@ -142,8 +144,8 @@ async def read_body(request: Request, limit: int) -> bytes:
     Raises:
         ServingError: HYB-704 past the limit, HYB-702 for a bad or unsupported encoding.
     """
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
+    declared = byte_count("Content-Length", request.headers.get("content-length"))
+    if declared is not None and declared > limit:
         raise _too_large(limit)
     encoding = request.headers.get("content-encoding", "identity").strip().lower()
     if encoding in ("", "identity"):
@@ -187,17 +189,32 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(parts)
 
 
-def _header_length(request: Request) -> int | None:
-    value = request.headers.get("inference-header-content-length")
+def byte_count(header: str, value: str | None) -> int | None:
+    """A header's byte count: ASCII digits only (``str.isdigit`` also takes '²' and other Unicode digits).
+
+    Raises:
+        ServingError: HYB-702 naming the header and the value.
+    """
     if value is None:
         return None
-    if not value.strip().isdigit():
-        raise ServingError("HYB-702", f"Inference-Header-Content-Length must be a byte count, got {value!r}")
-    return int(value)
+    text = value.strip()
+    if not (text.isascii() and text.isdigit()) or len(text) > 18:
+        raise ServingError("HYB-702", f"{header} must be a byte count of ASCII digits, got {value[:40]!r}",
+                           f"send {header} as a decimal number of bytes")
+    return int(text)
+
+
+def _header_length(request: Request) -> int | None:
+    return byte_count("Inference-Header-Content-Length", request.headers.get("inference-header-content-length"))
+
+
+def _client(request: Request) -> str:
+    return f"{request.client.host}:{request.client.port}" if request.client else "a client"
 
 
 def _add_routes(app: FastAPI, state: ServerState) -> None:
     registry, metrics, limits = state.registry, state.metrics, state.options.limits
+    prechecks = {(m.name, m.version): InputValidator(m.signature).feeds for m in registry}
 
     @app.get("/v2")
     async def server_metadata() -> dict[str, Any]:
@@ -241,20 +258,25 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
         metrics.requests.labels(*key).inc()
         t0 = time.perf_counter()
         try:
-            body = await read_body(request, limits.max_body)
             header_length = _header_length(request)
-            if (len(body) if header_length is None else header_length) > _PARSE_INLINE:
-                parsed = await run_in_threadpool(parse_request, body, header_length, limits)
-            else:  # binary tensors are views into the body: only the JSON part costs time
-                parsed = parse_request(body, header_length, limits)
+            body = await read_body(request, limits.max_body)
+            # the inputs are checked against the model before their data is decoded; decoding a large
+            # body (JSON, BYTES elements) runs in a worker thread so the event loop keeps answering
+            if len(body) > _PARSE_INLINE:
+                parsed = await run_in_threadpool(parse_request, body, header_length, limits, prechecks[key])
+            else:
+                parsed = parse_request(body, header_length, limits, prechecks[key])
             del body
             outputs = await model.infer(parsed.inputs, parsed.timeout_s)
+            parsed.inputs.clear()  # the request's arrays (views of the body) are not kept while answering
             content, json_length = encode_response(model.name, model.version, parsed, outputs)
         except HybridError as e:
             metrics.failures.labels(*key, e.code).inc()
             raise
         finally:
             metrics.latency.labels(*key).observe(time.perf_counter() - t0)
+        if await request.is_disconnected():  # gone while its request ran: nobody to answer
+            raise ClientDisconnect()
         if json_length is None:
             return Response(content, media_type="application/json")
         return Response(content, media_type="application/octet-stream",
@@ -283,6 +305,20 @@ def _add_error_handlers(app: FastAPI, metrics: ServerMetrics) -> None:
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, e: RequestValidationError) -> JSONResponse:
         return respond("HYB-702", f"invalid request: {e.errors()}", None, 400)
+
+    @app.exception_handler(ClientDisconnect)
+    async def client_gone(request: Request, e: ClientDisconnect) -> Response:
+        # one line, no traceback: a client that hangs up is routine, not a server fault
+        metrics.dropped.labels("client_disconnect").inc()
+        logger.info("client %s disconnected before the answer to %s %s", _client(request), request.method,
+                    request.url.path)
+        return Response(status_code=499)  # never sent: the connection is closed
+
+    @app.exception_handler(Exception)
+    async def internal(request: Request, e: Exception) -> JSONResponse:
+        # the server's log has the traceback; the client gets the documented error shape and no internals
+        return respond("HYB-708", f"internal server error ({type(e).__name__}) while answering "
+                       f"{request.method} {request.url.path}", "retry; report it if it persists", 500)
 
 
 def create_app(registry: ModelRegistry, options: ServeOptions | None = None) -> FastAPI:

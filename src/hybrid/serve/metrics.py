@@ -63,6 +63,9 @@ class ServerMetrics:
                                 [*labels, "code"], registry=self.registry)
         self.http_errors = Counter("pyasc_http_errors", "Error responses of any endpoint, by error code",
                                    ["code"], registry=self.registry)
+        self.dropped = Counter("pyasc_connections_dropped", "Requests and connections that ended without an "
+                               "answer, by reason (client_disconnect, header_timeout, connection_limit)",
+                               ["reason"], registry=self.registry)
         self.latency = Histogram("pyasc_request_duration_seconds", "Inference request time in the server",
                                  labels, buckets=_LATENCY_BUCKETS, registry=self.registry)
         self.queue_time = Histogram("pyasc_queue_duration_seconds", "Time a request waited for its batch to run",

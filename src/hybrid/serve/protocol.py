@@ -4,15 +4,19 @@ A request body is JSON, or (binary extension) a JSON header of ``Inference-Heade
 followed by the raw bytes of every input that declares ``parameters.binary_data_size``, in input order.
 Everything a client sends is checked before anything is allocated for it: the JSON nesting depth before
 parsing, each shape (integers, no negative dims, an element count bounded by what the body can carry)
-before its data is read, the byte size of binary data against the shape, and the value count of JSON data
-against the shape. A failure is a :class:`~hybrid.errors.ServingError` HYB-702 naming the tensor.
+before its data is read, the byte size of binary data against the shape (a BYTES element takes at least
+its 4-byte length), every input against the model (``precheck``) before any data is decoded, and the
+values of JSON data against the shape: a flat row-major list or lists nested exactly as the shape, of
+strict JSON (no ``NaN``/``Infinity`` literals unless the request sets ``parameters.allow_non_finite``).
+A failure is a :class:`~hybrid.errors.ServingError` HYB-702 naming the tensor.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any
 
 import ml_dtypes
@@ -21,14 +25,17 @@ import numpy as np
 from hybrid.errors import ServingError
 
 __all__ = [
+    "ALLOW_NON_FINITE",
     "DATATYPES",
     "InferRequest",
     "Limits",
+    "Precheck",
     "RequestedOutput",
     "check_json_depth",
     "datatype_of",
     "encode_response",
     "parse_request",
+    "placeholder",
     "tensor_metadata",
 ]
 
@@ -43,6 +50,8 @@ DATATYPES: dict[str, np.dtype] = {
 }
 _BY_DTYPE = {dt: name for name, dt in DATATYPES.items() if name != "BYTES"}
 _HINT = "see the KServe v2 inference request format; tritonclient.http builds valid requests"
+# the request parameter that lets JSON tensor data carry the non-standard literals NaN, Infinity, -Infinity
+ALLOW_NON_FINITE = "allow_non_finite"
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,27 +173,32 @@ def _element_count(name: str, shape: Any, itemsize: int, limits: Limits) -> tupl
     return tuple(shape), count
 
 
-def _flatten(name: str, data: Any) -> list[Any]:
+def _flatten(name: str, data: Any, shape: tuple[int, ...]) -> list[Any]:
+    """The values of ``data`` in row-major order: a flat list, or lists nested exactly as ``shape``."""
     if not isinstance(data, list):
         raise _bad(f"input {name!r}: 'data' must be a list, got {type(data).__name__}")
     if not any(isinstance(v, list) for v in data):
         return data
-    flat: list[Any] = []
-    stack = [iter(data)]
-    while stack:
-        for v in stack[-1]:
-            if isinstance(v, list):
-                stack.append(iter(v))
-                break
-            flat.append(v)
-        else:
-            stack.pop()
-    return flat
+    if not shape:
+        raise _bad(f"input {name!r}: 'data' of a scalar (shape []) must be a flat list of one value")
+    rows: list[Any] = [data]
+    for depth, dim in enumerate(shape):
+        for row in rows:
+            if not isinstance(row, list) or len(row) != dim:
+                found = f"a list of {len(row)}" if isinstance(row, list) else f"a {type(row).__name__}"
+                raise _bad(f"input {name!r}: nested 'data' does not follow shape {list(shape)}: level {depth} "
+                           f"needs lists of {dim} entries, found {found}",
+                           "send 'data' as a flat row-major list, or nested exactly as the shape")
+        rows = list(chain.from_iterable(rows))
+    if any(isinstance(v, list) for v in rows):
+        raise _bad(f"input {name!r}: nested 'data' is deeper than shape {list(shape)}",
+                   "send 'data' as a flat row-major list, or nested exactly as the shape")
+    return rows
 
 
 def _from_json(name: str, datatype: str, dtype: np.dtype, shape: tuple[int, ...], count: int,
                data: Any) -> np.ndarray:
-    flat = _flatten(name, data)
+    flat = _flatten(name, data, shape)
     if len(flat) != count:
         raise _bad(f"input {name!r}: shape {list(shape)} needs {count} values, 'data' has {len(flat)}")
     if datatype == "BYTES":
@@ -213,36 +227,63 @@ def _from_json(name: str, datatype: str, dtype: np.dtype, shape: tuple[int, ...]
 
 
 def _bytes_elements(name: str, raw: memoryview, count: int) -> np.ndarray:
-    """Decode ``count`` length-prefixed (uint32 little-endian) byte strings filling ``raw`` exactly."""
+    """Decode ``count`` length-prefixed (uint32 little-endian) byte strings filling ``raw`` exactly.
+
+    The caller has checked that ``raw`` can hold ``count`` length prefixes, so the output array is never
+    larger than the body warrants.
+    """
+    if len(raw) == 4 * count:  # only room for the prefixes: every element must be empty (checked vectorized)
+        lengths = np.frombuffer(raw, "<u4", count)
+        if count and lengths.any():
+            i = int(np.flatnonzero(lengths)[0])
+            raise _bad(f"input {name!r}: BYTES element {i} declares {int(lengths[i])} bytes past the end of its data")
+        return np.full(count, b"", dtype=object)
     out = np.empty(count, dtype=object)
     pos = 0
+    end = len(raw)
     for i in range(count):
-        if pos + 4 > len(raw):
+        if pos + 4 > end:
             raise _bad(f"input {name!r}: binary BYTES data ends inside element {i} of {count}")
         n = int.from_bytes(raw[pos:pos + 4], "little")
         pos += 4
-        if pos + n > len(raw):
+        if pos + n > end:
             raise _bad(f"input {name!r}: BYTES element {i} declares {n} bytes past the end of its data")
         out[i] = bytes(raw[pos:pos + n])
         pos += n
-    if pos != len(raw):
-        raise _bad(f"input {name!r}: binary_data_size is {len(raw)} but its {count} BYTES elements use {pos}")
+    if pos != end:
+        raise _bad(f"input {name!r}: binary_data_size is {end} but its {count} BYTES elements use {pos}")
     return out
+
+
+def _check_binary_size(name: str, datatype: str, dtype: np.dtype, shape: tuple[int, ...], count: int,
+                       size: int) -> None:
+    """Refuse a binary size that cannot be the shape's data (before anything is decoded or allocated)."""
+    if datatype == "BYTES":
+        if count * 4 > size:
+            raise _bad(f"input {name!r}: binary_data_size {size} cannot hold the {count} BYTES elements of shape "
+                       f"{list(shape)} (each takes at least its 4-byte length)", "check the shape")
+    elif size != count * dtype.itemsize:
+        raise _bad(f"input {name!r}: binary_data_size is {size} bytes, but {datatype} shape "
+                   f"{list(shape)} needs {count * dtype.itemsize}")
 
 
 def _from_binary(name: str, datatype: str, dtype: np.dtype, shape: tuple[int, ...], count: int,
                  raw: memoryview) -> np.ndarray:
+    _check_binary_size(name, datatype, dtype, shape, count, len(raw))
     if datatype == "BYTES":
         return _bytes_elements(name, raw, count).reshape(shape)
-    if len(raw) != count * dtype.itemsize:
-        raise _bad(f"input {name!r}: binary_data_size is {len(raw)} bytes, but {datatype} shape "
-                   f"{list(shape)} needs {count * dtype.itemsize}")
     if datatype == "BOOL" and count and np.frombuffer(raw, np.uint8).max() > 1:
         raise _bad(f"input {name!r}: BOOL data must be bytes 0 or 1")
     arr = np.frombuffer(raw, dtype=dtype, count=count)
     if arr.ctypes.data % dtype.alignment:  # a view at an odd offset in the body: give kernels aligned memory
         arr = arr.copy()
     return arr.reshape(shape)
+
+
+def placeholder(dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+    """A read-only array of ``dtype`` and ``shape`` that allocates nothing: a request's inputs can be
+    checked against the model (names, datatypes, ranks, dims) before any of their data is decoded."""
+    return np.broadcast_to(np.zeros((), dtype), shape)
 
 
 # ------------------------------------------------------------------------------------------------ parsing
@@ -255,12 +296,25 @@ def _header(body: bytes, header_length: int | None, limits: Limits) -> tuple[dic
         view = memoryview(body)
         header, binary = bytes(view[:header_length]), view[header_length:]
     check_json_depth(header, limits.max_json_depth)
+    constants: list[str] = []
+
+    def constant(literal: str) -> float:  # NaN, Infinity, -Infinity: not JSON; refused unless allowed
+        if not constants:
+            constants.append(literal)
+        return float(literal)
+
     try:
-        doc = json.loads(header)
+        doc = json.loads(header, parse_constant=constant)
     except (ValueError, RecursionError) as e:
         raise _bad(f"the request is not valid JSON: {e}") from e
     if not isinstance(doc, dict):
         raise _bad(f"the request must be a JSON object, got {type(doc).__name__}")
+    if constants:
+        params = doc.get("parameters")
+        if not (isinstance(params, dict) and params.get(ALLOW_NON_FINITE) is True):
+            raise _bad(f"the request holds the literal {constants[0]}, which strict JSON does not have",
+                       f"send finite numbers, the binary tensor extension, or set the request's "
+                       f"'parameters.{ALLOW_NON_FINITE}' to true to accept NaN, Infinity and -Infinity")
     return doc, binary
 
 
@@ -295,13 +349,80 @@ def _outputs(doc: dict[str, Any], binary_default: bool) -> tuple[RequestedOutput
     return tuple(found)
 
 
-def parse_request(body: bytes, header_length: int | None, limits: Limits) -> InferRequest:
+@dataclass(frozen=True, slots=True)
+class _Declared:
+    """One input as its JSON header declares it, checked, before its data is decoded."""
+
+    name: str
+    datatype: str
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    count: int
+    data: Any  # the JSON 'data' list, or None for binary data
+    offset: int  # binary: where its bytes start in the binary part
+    size: int  # binary: its binary_data_size
+
+
+def _declared_inputs(inputs: Any, binary_size: int, limits: Limits) -> list[_Declared]:
+    """Check every input's name, datatype, shape and byte size; decode nothing."""
+    if not isinstance(inputs, list):
+        raise _bad("the request needs an 'inputs' list")
+    found: list[_Declared] = []
+    names: set[str] = set()
+    offset = 0
+    for spec in inputs:
+        if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+            raise _bad("each entry of 'inputs' must be an object with a string 'name'")
+        name = spec["name"]
+        if name in names:
+            raise _bad(f"input {name!r} appears twice")
+        names.add(name)
+        datatype = spec.get("datatype")
+        if datatype not in DATATYPES:
+            raise _bad(f"input {name!r}: unknown datatype {datatype!r}; expected one of {', '.join(DATATYPES)}")
+        dtype = DATATYPES[datatype]
+        itemsize = 4 if datatype == "BYTES" else dtype.itemsize  # a BYTES element is at least its length
+        shape, count = _element_count(name, spec.get("shape"), itemsize, limits)
+        size = _parameters(f"input {name!r}", spec.get("parameters")).get("binary_data_size")
+        if size is None:
+            if "data" not in spec:
+                raise _bad(f"input {name!r} has neither 'data' nor 'parameters.binary_data_size'")
+            found.append(_Declared(name, datatype, dtype, shape, count, spec["data"], 0, 0))
+            continue
+        if "data" in spec:
+            raise _bad(f"input {name!r} has both 'data' and 'parameters.binary_data_size'")
+        if type(size) is not int or size < 0:
+            raise _bad(f"input {name!r}: binary_data_size must be a non-negative integer, got {size!r}")
+        if offset + size > binary_size:
+            raise _bad(f"input {name!r}: binary_data_size {size} runs past the {binary_size} bytes of binary "
+                       "data after the JSON header", "set Inference-Header-Content-Length to the JSON size")
+        _check_binary_size(name, datatype, dtype, shape, count, size)
+        found.append(_Declared(name, datatype, dtype, shape, count, None, offset, size))
+        offset += size
+    if offset != binary_size:
+        raise _bad(f"the body carries {binary_size} bytes of binary data, the inputs declare {offset}")
+    return found
+
+
+# checks a request's inputs against the model before their data is decoded: given input name ->
+# placeholder array (right dtype and shape, no data), it raises a HybridError for what the model refuses
+Precheck = Callable[[Mapping[str, np.ndarray]], object]
+
+
+def parse_request(body: bytes, header_length: int | None, limits: Limits,
+                  precheck: Precheck | None = None) -> InferRequest:
     """Decode and check an inference request body (already decompressed and within ``limits.max_body``).
+
+    The work is proportional to what the request declares, and checked before it is done: every input's
+    shape, datatype and byte size are checked against the body (and against the model with ``precheck``)
+    before any tensor data is decoded or allocated.
 
     Args:
         body: The request body.
         header_length: ``Inference-Header-Content-Length`` when the binary extension is used, else None.
         limits: Size and nesting limits.
+        precheck: Checks the declared inputs against the model (e.g. ``InputValidator.feeds``), given
+            :func:`placeholder` arrays; its errors propagate.
 
     Raises:
         ServingError: HYB-702 naming what is malformed.
@@ -317,42 +438,18 @@ def parse_request(body: bytes, header_length: int | None, limits: Limits) -> Inf
     timeout = params.get("timeout")
     if timeout is not None and (type(timeout) is not int or timeout <= 0):
         raise _bad(f"'parameters.timeout' must be a positive integer of microseconds, got {timeout!r}")
-    inputs = doc.get("inputs")
-    if not isinstance(inputs, list):
-        raise _bad("the request needs an 'inputs' list")
+    declared = _declared_inputs(doc.get("inputs"), len(binary), limits)
+    outputs = _outputs(doc, binary_output)
+    if precheck is not None:
+        precheck({d.name: placeholder(d.dtype, d.shape) for d in declared})
     arrays: dict[str, np.ndarray] = {}
-    offset = 0
-    for spec in inputs:
-        if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
-            raise _bad("each entry of 'inputs' must be an object with a string 'name'")
-        name = spec["name"]
-        if name in arrays:
-            raise _bad(f"input {name!r} appears twice")
-        datatype = spec.get("datatype")
-        if datatype not in DATATYPES:
-            raise _bad(f"input {name!r}: unknown datatype {datatype!r}; expected one of {', '.join(DATATYPES)}")
-        dtype = DATATYPES[datatype]
-        itemsize = 4 if datatype == "BYTES" else dtype.itemsize  # a BYTES element is at least its length
-        shape, count = _element_count(name, spec.get("shape"), itemsize, limits)
-        size = _parameters(f"input {name!r}", spec.get("parameters")).get("binary_data_size")
-        if size is None:
-            if "data" not in spec:
-                raise _bad(f"input {name!r} has neither 'data' nor 'parameters.binary_data_size'")
-            arrays[name] = _from_json(name, datatype, dtype, shape, count, spec["data"])
-            continue
-        if "data" in spec:
-            raise _bad(f"input {name!r} has both 'data' and 'parameters.binary_data_size'")
-        if type(size) is not int or size < 0:
-            raise _bad(f"input {name!r}: binary_data_size must be a non-negative integer, got {size!r}")
-        if offset + size > len(binary):
-            raise _bad(f"input {name!r}: binary_data_size {size} runs past the {len(binary)} bytes of binary "
-                       "data after the JSON header", "set Inference-Header-Content-Length to the JSON size")
-        arrays[name] = _from_binary(name, datatype, dtype, shape, count, binary[offset:offset + size])
-        offset += size
-    if offset != len(binary):
-        raise _bad(f"the body carries {len(binary)} bytes of binary data, the inputs declare {offset}")
-    return InferRequest(request_id, arrays, _outputs(doc, binary_output), binary_output,
-                        None if timeout is None else timeout / 1e6)
+    for d in declared:
+        if d.data is not None:
+            arrays[d.name] = _from_json(d.name, d.datatype, d.dtype, d.shape, d.count, d.data)
+        else:
+            arrays[d.name] = _from_binary(d.name, d.datatype, d.dtype, d.shape, d.count,
+                                          binary[d.offset:d.offset + d.size])
+    return InferRequest(request_id, arrays, outputs, binary_output, None if timeout is None else timeout / 1e6)
 
 
 # ------------------------------------------------------------------------------------------------ encoding

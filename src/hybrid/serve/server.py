@@ -5,17 +5,27 @@ On SIGTERM or SIGINT (or :meth:`BackgroundServer.stop`) the server, in order: ma
 waiting for batches to fill, stops accepting connections, lets the requests in flight finish and answer
 (up to ``drain_timeout``), then closes the models. A second SIGINT forces the exit. The process exits 0
 after a graceful drain.
+
+Connections are guarded below the application (:class:`ConnectionLimits`): uvicorn's keep-alive timeout
+only runs between requests and restarts on every byte, so a client trickling a request's headers would
+hold its connection forever. Each connection therefore gets a deadline for a complete request head
+(``header_timeout``, from the connection's opening or the first byte of its next request), and past
+``max_connections`` open connections the oldest idle one (no request in progress) is closed. HTTP parse
+errors answer the documented JSON error (HYB-702) instead of uvicorn's plain text.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import signal
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 
@@ -24,11 +34,119 @@ if TYPE_CHECKING:
 
     from hybrid.serve.app import ServerState
 
-__all__ = ["BackgroundServer", "HybridServer", "make_server", "run"]
+__all__ = ["BackgroundServer", "ConnectionLimits", "HybridServer", "make_server", "run"]
 
 logger = logging.getLogger("hybrid.serve")
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionLimits:
+    """How long and how many connections may stay open without a request in progress.
+
+    Attributes:
+        header_timeout: Seconds a connection has to deliver a complete request head (request line and
+            headers), counted from its opening or from the first byte of its next request; then it is closed.
+        keep_alive_timeout: Seconds an idle kept-alive connection stays open between requests (uvicorn's
+            ``timeout_keep_alive``).
+        max_connections: Open connections past which the oldest idle one (no request in progress) is
+            closed to make room; with none idle, the new connection is closed.
+    """
+
+    header_timeout: float = 10.0
+    keep_alive_timeout: int = 5
+    max_connections: int = 1024
+
+    def check(self) -> None:
+        """Raise HYB-102 for a value out of range."""
+        from hybrid.errors import ConfigError
+
+        if not self.header_timeout > 0:
+            raise ConfigError("HYB-102", f"header_timeout must be seconds > 0, got {self.header_timeout!r}")
+        if not (isinstance(self.keep_alive_timeout, int) and self.keep_alive_timeout >= 1):
+            raise ConfigError("HYB-102", f"keep_alive_timeout must be an int >= 1, got {self.keep_alive_timeout!r}")
+        if not (isinstance(self.max_connections, int) and self.max_connections >= 1):
+            raise ConfigError("HYB-102", f"max_connections must be an int >= 1, got {self.max_connections!r}")
+
+
+def _bad_request(message: str) -> bytes:
+    """The raw HTTP/1.1 answer to a request the HTTP parser refused: the documented JSON error, then close."""
+    body = json.dumps({"error": f"[HYB-702] malformed HTTP request: {message}", "code": "HYB-702",
+                       "hint": "send a valid HTTP/1.1 request"}).encode()
+    return (b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\ncontent-length: "
+            + str(len(body)).encode() + b"\r\nconnection: close\r\n\r\n" + body)
+
+
+def guarded_protocol(base: type[asyncio.Protocol], limits: ConnectionLimits,
+                     on_drop: Callable[[str], None] = lambda reason: None) -> type[asyncio.Protocol]:
+    """uvicorn's HTTP protocol class ``base`` (httptools or h11) with a header deadline and a connection cap.
+
+    Both uvicorn protocols make a new ``cycle`` when a request's headers are complete, which is all this
+    relies on. ``on_drop(reason)`` is called for each connection closed ('header_timeout',
+    'connection_limit').
+    """
+
+    class Guarded(base):  # type: ignore[valid-type, misc]
+        _deadline: asyncio.TimerHandle | None = None
+        _opened = 0.0
+
+        def _idle(self) -> bool:
+            return self.cycle is None or self.cycle.response_complete
+
+        def _arm(self) -> None:
+            self._deadline = self.loop.call_later(limits.header_timeout, self._expire)
+
+        def _disarm(self) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+                self._deadline = None
+
+        def _close(self, reason: str) -> None:
+            if not self.transport.is_closing():
+                on_drop(reason)
+                self.transport.close()
+
+        def _expire(self) -> None:
+            self._deadline = None
+            if self._idle():
+                logger.info("closing the connection of %s: no complete request head within %g s",
+                            f"{self.client[0]}:{self.client[1]}" if self.client else "a client",
+                            limits.header_timeout)
+                self._close("header_timeout")
+
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            self._opened = time.monotonic()
+            self._arm()
+            if len(self.connections) > limits.max_connections:
+                open_ = [c for c in self.connections if not c.transport.is_closing()]  # closed ones linger a tick
+                if len(open_) <= limits.max_connections:
+                    return
+                idle = [c for c in open_ if c is not self and getattr(c, "_idle", None) and c._idle()]
+                victim = min(idle, key=lambda c: c._opened) if idle else self
+                logger.info("more than %d connections open: closing the oldest idle one", limits.max_connections)
+                victim._close("connection_limit")
+
+        def data_received(self, data: bytes) -> None:
+            if self._deadline is None and self._idle():  # the first bytes of the next request
+                self._arm()
+            cycle = self.cycle
+            super().data_received(data)
+            if self.cycle is not cycle:  # its headers are complete: the request belongs to the app now
+                self._disarm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def send_400_response(self, msg: str) -> None:
+            self._disarm()
+            self.transport.write(_bad_request(msg))
+            self.transport.close()
+
+    Guarded.__name__ = Guarded.__qualname__ = f"Guarded{base.__name__}"
+    return Guarded
 
 
 class HybridServer(uvicorn.Server):
@@ -53,20 +171,36 @@ class HybridServer(uvicorn.Server):
 
 
 def make_server(app: FastAPI, host: str = "127.0.0.1", port: int = 8000, drain_timeout: float = 30.0,
-                log_level: str = "warning") -> HybridServer:
-    """A configured server for ``app`` (made by :func:`hybrid.serve.app.create_app`); not started."""
+                log_level: str = "warning", connections: ConnectionLimits | None = None) -> HybridServer:
+    """A configured server for ``app`` (made by :func:`hybrid.serve.app.create_app`); not started.
+
+    Args:
+        app: The application.
+        host: Address to bind.
+        port: Port (0: any free one).
+        drain_timeout: Seconds to finish in-flight requests at shutdown.
+        log_level: uvicorn's log level.
+        connections: Header deadline, keep-alive and connection cap (defaults: :class:`ConnectionLimits`).
+    """
+    from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
+    connections = connections or ConnectionLimits()
+    connections.check()
+    dropped = app.state.hybrid.metrics.dropped
+    protocol = guarded_protocol(AutoHTTPProtocol, connections, lambda reason: dropped.labels(reason).inc())
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on", access_log=False,
-                            timeout_graceful_shutdown=max(1, round(drain_timeout)), server_header=False)
+                            timeout_graceful_shutdown=max(1, round(drain_timeout)), server_header=False,
+                            http=protocol, timeout_keep_alive=connections.keep_alive_timeout)
     return HybridServer(config, app.state.hybrid)
 
 
 def run(app: FastAPI, host: str = "127.0.0.1", port: int = 8000, drain_timeout: float = 30.0,
-        log_level: str = "info") -> None:
+        log_level: str = "info", connections: ConnectionLimits | None = None) -> None:
     """Serve ``app`` until SIGTERM/SIGINT, then drain and return."""
     if host not in LOOPBACK and not app.state.hybrid.options.auth_token:
         logger.warning("serving on %s without --auth-token: anyone who reaches this address can run the models",
                        host)
-    make_server(app, host, port, drain_timeout, log_level).run()
+    make_server(app, host, port, drain_timeout, log_level, connections).run()
 
 
 class BackgroundServer:
@@ -78,11 +212,12 @@ class BackgroundServer:
         port: Port; 0 picks a free one (read it from :attr:`port`).
         drain_timeout: As for :func:`run`.
         startup_timeout: Longest time in seconds to wait for the socket to be listening.
+        connections: As for :func:`make_server`.
     """
 
     def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0, drain_timeout: float = 30.0,
-                 startup_timeout: float = 30.0) -> None:
-        self.server = make_server(app, host, port, drain_timeout)
+                 startup_timeout: float = 30.0, connections: ConnectionLimits | None = None) -> None:
+        self.server = make_server(app, host, port, drain_timeout, connections=connections)
         self.host = host
         self._startup_timeout = startup_timeout
         self._thread: threading.Thread | None = None

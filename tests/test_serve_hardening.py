@@ -1,0 +1,342 @@
+"""The server under hostile and careless clients: work refused before it is done (the event loop stays
+free), every error in the documented JSON shape, client disconnects counted in one log line each, strict
+JSON tensors, and connections that never finish their headers closed on a deadline (issue 17)."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import logging
+import re
+import socket
+import threading
+import time
+
+import numpy as np
+import pytest
+from tests._serve_support import connection, error_of, request, tiny_expected, tiny_model, v2_json
+
+from hybrid.serve import BackgroundServer, ConnectionLimits, ServeOptions, build_registry, create_app
+from hybrid.serve.protocol import Limits, parse_request
+
+pytestmark = pytest.mark.timeout(240)
+
+INFER = "/v2/models/tiny/infer"
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory):
+    return tiny_model(tmp_path_factory.mktemp("hardening") / "tiny.onnx")
+
+
+def start(model_path, connections=None, app_hook=None, **options) -> BackgroundServer:
+    app = create_app(build_registry([model_path], target="onnxruntime"), ServeOptions(**options))
+    if app_hook is not None:
+        app_hook(app)
+    return BackgroundServer(app, connections=connections).start()
+
+
+@pytest.fixture(scope="module")
+def server(model_path):
+    srv = start(model_path)
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+def feeds(seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {"x": rng.standard_normal((2, 4)).astype(np.float32),
+            "scale": rng.standard_normal((2, 1)).astype(np.float32)}
+
+
+def post(url: str, body: bytes) -> tuple[int, bytes]:
+    status, _, answer = request(url, "POST", INFER, body)
+    return status, answer
+
+
+def check_answer(status: int, body: bytes, sent: dict[str, np.ndarray]) -> None:
+    assert status == 200, body
+    out = {o["name"]: np.array(o["data"], np.float32).reshape(o["shape"]) for o in json.loads(body)["outputs"]}
+    np.testing.assert_allclose(out["y"], tiny_expected(sent["x"], sent["scale"])["y"], rtol=1e-5, atol=1e-5)
+
+
+def binary_request(inputs: list[dict], payload: bytes) -> tuple[bytes, dict[str, str]]:
+    head = json.dumps({"inputs": inputs}).encode()
+    return head + payload, {"Inference-Header-Content-Length": str(len(head))}
+
+
+def metric(url: str, name: str, labels: str) -> float:
+    text = request(url, "GET", "/metrics")[2].decode()
+    m = re.search(re.escape(f"{name}{{{labels}}}") + r" ([0-9.e+]+)", text)
+    return float(m.group(1)) if m else 0.0
+
+
+class LiveProbe:
+    """Polls /v2/health/live in a thread; records the slowest answer."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.worst = 0.0
+        self.count = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            t0 = time.perf_counter()
+            status = request(self.url, "GET", "/v2/health/live")[0]
+            assert status == 200
+            self.worst = max(self.worst, time.perf_counter() - t0)
+            self.count += 1
+            time.sleep(0.02)
+
+    def __enter__(self) -> LiveProbe:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+
+# ------------------------------------------------------------------------------------------------ 1. declared work
+def test_sixteen_million_bytes_elements_are_refused_before_decoding_while_live_answers(server):
+    count = 16_000_000  # zero-length BYTES elements: a 64 MB body, under the default body limit
+    body, headers = binary_request([{"name": "x", "shape": [count], "datatype": "BYTES",
+                                     "parameters": {"binary_data_size": 4 * count}},
+                                    {"name": "scale", "shape": [1, 1], "datatype": "FP32", "data": [1.0]}],
+                                   bytes(4 * count))
+    with LiveProbe(server.url) as probe:
+        time.sleep(0.1)
+        t0 = time.perf_counter()
+        status, _, answer = request(server.url, "POST", INFER, body, headers)
+        took = time.perf_counter() - t0
+        time.sleep(0.1)
+    del body
+    assert status == 400 and error_of(answer) == "HYB-403", answer  # the model takes FP32: refused unread
+    assert took < 10  # ~9.6 s before, ~0.3 s now (most of it the upload); timing is in benchmarks/soak.py
+    assert probe.count >= 2 and probe.worst < 2.0
+
+
+def test_bytes_shape_larger_than_its_data_is_refused_without_allocating(server):
+    body, headers = binary_request([{"name": "x", "shape": [16_777_216], "datatype": "BYTES",
+                                     "parameters": {"binary_data_size": 4}}], bytes(4))
+    status, _, answer = request(server.url, "POST", INFER, body, headers)
+    assert status == 400 and error_of(answer) == "HYB-702" and b"cannot hold" in answer
+
+
+def test_inputs_are_checked_against_the_model_before_decoding(server):
+    # wrong datatype, unknown input, wrong rank: the model's own codes, before any data is read
+    cases = [([{"name": "x", "shape": [1, 4], "datatype": "FP64", "data": [0.0] * 4},
+               {"name": "scale", "shape": [1, 1], "datatype": "FP32", "data": [1.0]}], "HYB-403"),
+             ([{"name": "nope", "shape": [1], "datatype": "FP32", "data": [0.0]}], "HYB-402"),
+             ([{"name": "x", "shape": [4], "datatype": "FP32", "data": [0.0] * 4},
+               {"name": "scale", "shape": [1, 1], "datatype": "FP32", "data": [1.0]}], "HYB-404")]
+    for inputs, code in cases:
+        status, _, answer = request(server.url, "POST", INFER, json.dumps({"inputs": inputs}).encode())
+        assert status == 400 and error_of(answer) == code, (inputs, answer)
+
+
+def test_bytes_decoding_is_linear_and_exact():
+    limits = Limits()
+    empty = 1_000_000
+    head = json.dumps({"inputs": [{"name": "s", "shape": [empty], "datatype": "BYTES",
+                                   "parameters": {"binary_data_size": 4 * empty}}]}).encode()
+    parsed = parse_request(head + bytes(4 * empty), len(head), limits)
+    assert parsed.inputs["s"].shape == (empty,) and parsed.inputs["s"][-1] == b""
+    words = [b"", b"a", b"\xffbc", b"hello"]
+    raw = b"".join(len(w).to_bytes(4, "little") + w for w in words)
+    head = json.dumps({"inputs": [{"name": "s", "shape": [2, 2], "datatype": "BYTES",
+                                   "parameters": {"binary_data_size": len(raw)}}]}).encode()
+    assert parse_request(head + raw, len(head), limits).inputs["s"].reshape(-1).tolist() == words
+    lying = (0).to_bytes(4, "little") * 3 + (9).to_bytes(4, "little")
+    head = json.dumps({"inputs": [{"name": "s", "shape": [4], "datatype": "BYTES",
+                                   "parameters": {"binary_data_size": 16}}]}).encode()
+    with pytest.raises(Exception, match="element 3 declares 9 bytes"):
+        parse_request(head + lying, len(head), limits)
+
+
+# ------------------------------------------------------------------------------------------------ 2. headers
+@pytest.mark.parametrize("value", ["²", "¹²", "12 34", "-1", "0x10", "9" * 40, ""])
+def test_header_length_that_is_not_ascii_digits_is_a_json_400(server, value):
+    body = v2_json(feeds(0))
+    status, _, answer = request(server.url, "POST", INFER, body, {"Inference-Header-Content-Length": value})
+    assert status == 400 and error_of(answer) == "HYB-702", answer
+
+
+def test_malformed_http_is_answered_with_the_json_error(server):
+    host, _, port = server.url.rpartition(":")
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(b"POST /v2/models/tiny/infer HTTP/1.1\r\nHost: x\r\nContent-Length: \xc2\xb2\r\n\r\n{}")
+        raw = b""
+        while chunk := s.recv(65536):
+            raw += chunk
+    head, _, body = raw.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400") and error_of(body) == "HYB-702"
+
+
+def test_unforeseen_failure_is_a_json_500_without_internals(model_path):
+    def hook(app):
+        @app.get("/v2/boom")
+        async def boom() -> None:
+            raise RuntimeError("secret internal detail")
+
+    srv = start(model_path, app_hook=hook)
+    try:
+        status, headers, answer = request(srv.url, "GET", "/v2/boom")
+        assert status == 500 and headers["content-type"] == "application/json" and error_of(answer) == "HYB-708"
+        assert b"secret" not in answer and b"Traceback" not in answer
+        check_answer(*post(srv.url, v2_json(feeds(1))), feeds(1))
+    finally:
+        srv.stop()
+
+
+# ------------------------------------------------------------------------------------------------ 3. disconnects
+class Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+def test_client_disconnects_are_counted_and_logged_once_without_traceback(model_path):
+    srv = start(model_path)
+    records = Records()
+    loggers = [logging.getLogger(n) for n in ("hybrid.serve", "uvicorn", "uvicorn.error")]
+    old_level = loggers[0].level
+    for lg in loggers:
+        lg.addHandler(records)
+    loggers[0].setLevel(logging.INFO)
+    host, _, port = srv.url.rpartition(":")
+    try:
+        n = 6
+        for _ in range(n):  # headers and half the declared body, then hang up
+            with socket.create_connection((host, int(port)), timeout=10) as s:
+                s.sendall(b"POST /v2/models/tiny/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                          b"Content-Length: 100000\r\n\r\n" + b'{"inputs": [' + b" " * 40000)
+                time.sleep(0.05)
+        deadline = time.monotonic() + 30
+        while metric(srv.url, "pyasc_connections_dropped_total", 'reason="client_disconnect"') < n:
+            assert time.monotonic() < deadline, "the disconnects were not counted"
+            time.sleep(0.05)
+        assert metric(srv.url, "pyasc_connections_dropped_total", 'reason="client_disconnect"') == n
+        check_answer(*post(srv.url, v2_json(feeds(2))), feeds(2))
+    finally:
+        srv.stop()
+        for lg in loggers:
+            lg.removeHandler(records)
+        loggers[0].setLevel(old_level)
+    lines = [r for r in records.records if "disconnected" in r.getMessage()]
+    assert len(lines) == n
+    assert not [r for r in records.records if r.exc_info or "Exception in ASGI" in r.getMessage()]
+
+
+# ------------------------------------------------------------------------------------------------ 4. strict JSON
+def test_nan_and_infinity_literals_need_the_documented_parameter(server):
+    for literal in ("NaN", "Infinity", "-Infinity"):
+        doc = {"inputs": [{"name": "x", "shape": [2, 4], "datatype": "FP32", "data": [0.5] * 7 + ["@"]},
+                       {"name": "scale", "shape": [2, 1], "datatype": "FP32", "data": [1.0, 1.0]}]}
+        body = json.dumps(doc).replace('"@"', literal).encode()
+        status, _, answer = request(server.url, "POST", INFER, body)
+        assert status == 400 and error_of(answer) == "HYB-702" and literal.encode() in answer, answer
+        doc["parameters"] = {"allow_non_finite": True}
+        body = json.dumps(doc).replace('"@"', literal).encode()
+        status, _, answer = request(server.url, "POST", INFER, body)
+        assert status == 200, answer
+        out = json.loads(answer)["outputs"]
+        assert not np.isfinite(np.array(next(o for o in out if o["name"] == "s")["data"], np.float64)[1])
+
+
+def test_nested_data_must_follow_the_shape(server):
+    sent = feeds(4)
+    x = sent["x"].tolist()
+    scale = sent["scale"].tolist()
+
+    def doc(xdata, sdata=scale):
+        return json.dumps({"inputs": [{"name": "x", "shape": [2, 4], "datatype": "FP32", "data": xdata},
+                                      {"name": "scale", "shape": [2, 1], "datatype": "FP32", "data": sdata}]}).encode()
+
+    check_answer(*post(server.url, doc(x)), sent)  # nested as the shape
+    flat = sent["x"].reshape(-1).tolist()
+    check_answer(*post(server.url, doc(flat, sent["scale"].reshape(-1).tolist())), sent)  # flat, row-major
+    ragged = [flat[:3], flat[3:]]  # the right total count, the wrong rows
+    deeper = [[[v] for v in row] for row in x]
+    mixed = [x[0], *flat[4:]]
+    wrong_rows = [flat[:2], flat[2:4], flat[4:6], flat[6:]]
+    for bad in (ragged, deeper, mixed, wrong_rows):
+        status, _, answer = request(server.url, "POST", INFER, doc(bad))
+        assert status == 400 and error_of(answer) == "HYB-702", bad
+
+
+# ------------------------------------------------------------------------------------------------ 5. slow senders
+def test_slow_header_senders_are_closed_and_others_are_served(model_path):
+    limits = ConnectionLimits(header_timeout=1.5, keep_alive_timeout=5, max_connections=1024)
+    srv = start(model_path, connections=limits)
+    host, _, port = srv.url.rpartition(":")
+    request_head = b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 64
+
+    def trickle(_: int) -> float:
+        """Send the head a byte every 0.25 s (bounded); return the seconds until the server closed."""
+        with socket.create_connection((host, int(port)), timeout=10) as s:
+            t0 = time.monotonic()
+            for byte in request_head:
+                try:
+                    s.sendall(bytes([byte]))
+                except OSError:
+                    return time.monotonic() - t0
+                s.settimeout(0.25)
+                try:
+                    if s.recv(1) == b"":
+                        return time.monotonic() - t0
+                except TimeoutError:
+                    pass
+            return float("inf")
+
+    try:
+        with cf.ThreadPoolExecutor(8) as pool:
+            closers = [pool.submit(trickle, i) for i in range(8)]
+            time.sleep(0.5)
+            t0 = time.perf_counter()
+            status, _, answer = request(srv.url, "POST", INFER, v2_json(feeds(5)))
+            served_in = time.perf_counter() - t0
+            check_answer(status, answer, feeds(5))
+            closed_after = [f.result(timeout=60) for f in closers]
+        assert served_in < 2.0
+        assert all(t < 1.5 + 3.0 for t in closed_after), closed_after  # closed at the deadline, not at the end
+        assert metric(srv.url, "pyasc_connections_dropped_total", 'reason="header_timeout"') >= 8
+        # a kept-alive connection that sends its next request in time is unaffected
+        with connection(srv.url) as conn:
+            for _ in range(3):
+                conn.request("GET", "/v2/health/live")
+                assert conn.getresponse().read() == b'{"live":true}'
+                time.sleep(0.6)
+    finally:
+        srv.stop()
+
+
+def test_idle_connections_past_the_cap_are_closed_oldest_first(model_path):
+    srv = start(model_path, connections=ConnectionLimits(header_timeout=30, max_connections=4))
+    host, _, port = srv.url.rpartition(":")
+    idle = [socket.create_connection((host, int(port)), timeout=10) for _ in range(6)]
+    try:
+        time.sleep(0.3)
+        check_answer(*post(srv.url, v2_json(feeds(6))), feeds(6))
+        closed = 0
+        for s in idle:
+            s.settimeout(0.5)
+            try:
+                closed += s.recv(1) == b""
+            except TimeoutError:
+                pass
+            except ConnectionResetError:
+                closed += 1
+        assert closed >= 3
+        assert metric(srv.url, "pyasc_connections_dropped_total", 'reason="connection_limit"') >= 3
+    finally:
+        for s in idle:
+            s.close()
+        srv.stop()
