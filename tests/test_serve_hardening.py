@@ -7,10 +7,14 @@ from __future__ import annotations
 import concurrent.futures as cf
 import json
 import logging
+import os
 import re
 import socket
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -340,3 +344,12 @@ def test_idle_connections_past_the_cap_are_closed_oldest_first(model_path):
         for s in idle:
             s.close()
         srv.stop()
+
+
+def test_cli_connection_options_are_checked(model_path):
+    support = Path(__file__).with_name("_serve_support.py")
+    env = {**os.environ, "PYTHONPATH": str(support.parent.parent) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    for option, value in (("--header-timeout", "0"), ("--max-connections", "0"), ("--keep-alive-timeout", "0")):
+        proc = subprocess.run([sys.executable, str(support), "serve", str(model_path), "--port", "0", option, value],
+                              capture_output=True, text=True, env=env, timeout=120)
+        assert proc.returncode != 0 and "HYB-102" in proc.stdout + proc.stderr, (option, proc.stdout, proc.stderr)

@@ -69,6 +69,13 @@ def serve(
                                                         "endpoint but liveness.")] = None,
     drain_timeout: Annotated[float, typer.Option(help="Seconds to finish in-flight requests on "
                                                       "SIGTERM/SIGINT.")] = 30.0,
+    header_timeout: Annotated[float, typer.Option(help="Seconds a connection has to send a complete request "
+                                                       "head (line and headers); slower senders are "
+                                                       "disconnected.")] = 10.0,
+    keep_alive_timeout: Annotated[int, typer.Option(help="Seconds an idle kept-alive connection stays "
+                                                         "open.")] = 5,
+    max_connections: Annotated[int, typer.Option(help="Open connections past which the oldest idle one "
+                                                      "is closed.")] = 1024,
     log_level: Annotated[str, typer.Option(help="Server log level.")] = "info",
     use_ray: Annotated[bool, typer.Option("--ray", help="Deploy on Ray Serve instead of this process.")] = False,
     replicas: Annotated[int, typer.Option(help="--ray: number of replicas.")] = 1,
@@ -86,13 +93,15 @@ def serve(
             from hybrid.serve.app import ServeOptions, create_app
             from hybrid.serve.protocol import Limits
             from hybrid.serve.repository import build_registry, configure_backends
-            from hybrid.serve.server import run
+            from hybrid.serve.server import ConnectionLimits, run
         except ImportError as e:
             raise ModelError("HYB-207", f"pyasc serve needs {e.name or e}, which is not installed",
                              _EXTRA_HINT) from e
         if max_json_depth < 1:
             raise ConfigError("HYB-102", f"--max-json-depth must be >= 1, got {max_json_depth}")
         limits = Limits(max_body=parse_size(max_body, "--max-body"), max_json_depth=max_json_depth)
+        connections = ConnectionLimits(header_timeout, keep_alive_timeout, max_connections)
+        connections.check()
         options = ServeOptions(auth_token=auth_token or None, limits=limits, drain_timeout=drain_timeout)
         overrides = so.serving_settings(max_batch, batch_timeout, max_queue, request_timeout, concurrency,
                                         zero_means_off=True)
@@ -106,7 +115,8 @@ def serve(
         configure_backends(backends)
         registry = build_registry(models, target, overrides)
         _print_models(registry, f"http://{host}:{port}")
-        run(create_app(registry, options), host=host, port=port, drain_timeout=drain_timeout, log_level=log_level)
+        run(create_app(registry, options), host=host, port=port, drain_timeout=drain_timeout, log_level=log_level,
+            connections=connections)
 
 
 def _serve_on_ray(models: list[str], target: str | None, overrides: dict[str, Any], options: Any,
