@@ -21,9 +21,9 @@ from typing import Any
 import onnx
 import onnx_ir as ir
 
-from hybrid.backends.capability import captured_values, node_opset
 from hybrid.errors import BackendError
 from hybrid.hal import Candidate, get_backend
+from hybrid.hal.capability import captured_values, node_opset
 from hybrid.ir import Model
 from hybrid.runtime.plan import Placement, Segment
 
