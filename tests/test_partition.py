@@ -160,7 +160,7 @@ def test_custom_op_and_an_op_onnxruntime_lacks_run_under_auto_with_the_split_in_
 
 
 def test_a_cached_partition_decision_rebuilds_the_same_split_without_checks(monkeypatch):
-    from hybrid.runtime import autoselect, autotune
+    from hybrid.runtime.auto import search, trials
 
     register_swish()
     first = hybrid.compile(fallback_model(), target="auto", autotune=False)
@@ -168,8 +168,8 @@ def test_a_cached_partition_decision_rebuilds_the_same_split_without_checks(monk
     def boom(*args, **kwargs):
         raise AssertionError("checked or timed although the decision is cached")
 
-    monkeypatch.setattr(autotune, "time_candidates", boom)
-    monkeypatch.setattr(autoselect._Search, "check", boom)
+    monkeypatch.setattr(search, "time_candidates", boom)
+    monkeypatch.setattr(trials.Search, "check", boom)
     second = hybrid.compile(fallback_model(), target="auto", autotune=False)
     assert [s.nodes for s in second.plan.segments] == [s.nodes for s in first.plan.segments]
     assert second.plan.notes[0].startswith("decision read from the autotune cache")

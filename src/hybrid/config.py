@@ -14,10 +14,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
 from hybrid.errors import ConfigError
 
 __all__ = [
+    "AutotuneSettings",
     "RuntimeConfig",
+    "autotune_config",
     "expect_mapping",
     "get_config",
     "parse_size",
@@ -33,8 +37,50 @@ _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 POOL_DEVICES = ("cpu", "pinned", "gpu", "npu")
-# how close to the fastest a timing must be to tie under target='auto' (hybrid.runtime.autoselect)
-AUTOTUNE_KEYS = {"tie_rel": (0.0, 1.0), "tie_us": (0.0, 1e6)}
+
+class AutotuneSettings(BaseModel):
+    """``hybrid.init({'autotune': {...}})``: how ``target='auto'`` decides (docs/auto.md).
+
+    Attributes:
+        tie_rel, tie_us: Timings this close to the fastest (relative, microseconds) tie; the tie goes to
+            the answer closest to the reference.
+        online: With nothing declared about a dynamic-shape model's inputs, tune on real calls per
+            shape bucket (False: decide once on generated samples).
+        calls_per_bucket: Real calls each candidate serves in a bucket before the bucket's decision.
+        overhead_cap: Share of wall time the background checks of online tuning may use.
+        rtol: Model-level relative tolerance of the fp32 parity check (ONNX's model tests use 1e-3).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    tie_rel: float = Field(0.02, ge=0.0, lt=1.0)
+    tie_us: float = Field(20.0, ge=0.0, lt=1e6)
+    online: bool = True
+    calls_per_bucket: int = Field(8, ge=2, le=10_000)
+    overhead_cap: float = Field(0.25, gt=0.0, le=1.0)
+    rtol: float = Field(1e-3, ge=0.0, lt=1.0)
+
+
+AUTOTUNE_KEYS = tuple(AutotuneSettings.model_fields)
+
+
+def autotune_settings(values: Mapping[str, Any]) -> AutotuneSettings:
+    """Validate an ``autotune`` section.
+
+    Raises:
+        ConfigError: HYB-101 for an unknown key, HYB-102 for a value of the wrong type or range.
+    """
+    _reject_unknown("autotune", values, list(AUTOTUNE_KEYS))
+    try:
+        return AutotuneSettings(**{k: float(v) if isinstance(v, int) and not isinstance(v, bool) and
+                                   AutotuneSettings.model_fields[k].annotation is float else v
+                                   for k, v in values.items()})
+    except ValidationError as e:
+        err = e.errors()[0]
+        key = ".".join(str(p) for p in err["loc"])
+        expected = err["msg"].removeprefix("Input should be ").removeprefix("input should be ")
+        raise ConfigError("HYB-102", f"autotune.{key}: expected {expected}, got {err.get('input')!r}",
+                          "e.g. hybrid.init({'autotune': {'tie_rel': 0.02, 'tie_us': 20, 'online': True}})") from None
 FALLBACK_POLICIES = ("warn", "error")
 _LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
@@ -69,11 +115,16 @@ class RuntimeConfig:
     backends: dict[str, dict[str, Any]] = field(default_factory=dict)
     cache_dir: str | None = None
     num_threads: int | None = None
-    autotune: dict[str, float] = field(default_factory=dict)
+    autotune: dict[str, Any] = field(default_factory=dict)  # validated by AutotuneSettings, as given
 
 
 _LOCK = threading.Lock()
 _CONFIG = RuntimeConfig()
+
+
+def autotune_config() -> AutotuneSettings:
+    """The live ``autotune`` settings with their defaults filled in."""
+    return AutotuneSettings(**_CONFIG.autotune)
 
 
 def get_config() -> RuntimeConfig:
@@ -153,14 +204,8 @@ def validated_update(merged: Mapping[str, Any],
         if "num_threads" in merged:
             new.num_threads = _positive_int("num_threads", merged["num_threads"])
         if "autotune" in merged:
-            tune = expect_mapping("autotune", merged["autotune"])
-            _reject_unknown("autotune", tune, list(AUTOTUNE_KEYS))
-            for key, value in tune.items():
-                lo, hi = AUTOTUNE_KEYS[key]
-                if isinstance(value, bool) or not isinstance(value, (int, float)) or not lo <= value < hi:
-                    raise ConfigError("HYB-102", f"autotune.{key}: expected a number in [{lo:g}, {hi:g}), got "
-                                      f"{value!r}", "e.g. hybrid.init({'autotune': {'tie_rel': 0.02, 'tie_us': 20}})")
-                new.autotune[key] = float(value)
+            tune = {**new.autotune, **expect_mapping("autotune", merged["autotune"])}
+            new.autotune = autotune_settings(tune).model_dump(include=set(tune))
         if "log_level" in merged:
             set_log_level(merged["log_level"])
         _CONFIG = new

@@ -22,6 +22,7 @@ __all__ = [
     "RunError",
     "ServingError",
     "explain",
+    "first_line",
 ]
 
 
@@ -272,3 +273,15 @@ def explain(code: str) -> str:
         key = f"HYB-{key}"
     info = CATALOG[key]
     return f"{key}: {info.title}\n\n{info.explanation}"
+
+
+def first_line(error: BaseException, limit: int = 300) -> str:
+    """The first informative line of an exception's message, at most ``limit`` characters.
+
+    Lines that only say where a C++ library threw (OpenVINO's ``Exception from src/...cpp:105:``) and
+    blank lines are skipped; an empty message gives the exception's type name.
+    """
+    lines = [ln.strip() for ln in str(error).splitlines()]
+    useful = [ln for ln in lines if ln and not (ln.startswith("Exception from ") and ln.endswith(":"))]
+    text = useful[0] if useful else type(error).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -207,6 +207,14 @@ class OnnxRuntimeBackend(Backend):
             found[name] = ProbedDevice(name, kind, 0, prov, (("providers", provs),))
         return list(found.values())
 
+    def _precisions(self, device: str) -> tuple[str, ...]:
+        # fp16 through the TensorRT execution provider (unverified here: no GPU)
+        on_cuda = device.startswith("cuda") and "TensorrtExecutionProvider" in self.available_providers
+        return ("fp16",) if on_cuda else ()
+
+    def _precision_options(self, device: str, precision: str) -> dict[str, Any]:
+        return {"tensorrt": True, "fp16": True}
+
     def version(self) -> str:
         import onnxruntime as ort
 

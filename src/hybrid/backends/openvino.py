@@ -7,6 +7,7 @@ backends; bf16/f16 are an explicit choice (``inference_precision``) or found by 
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Mapping
 from typing import Any
@@ -14,7 +15,7 @@ from typing import Any
 from hybrid.errors import BackendError
 from hybrid.hal.backend import Backend, Executable, Option, ProbedDevice
 
-__all__ = ["OpenVINOBackend", "OpenVINOExecutable", "ov_config"]
+__all__ = ["OpenVINOBackend", "OpenVINOExecutable", "compile_reason", "ov_config"]
 
 _HINTS = ("LATENCY", "THROUGHPUT", "CUMULATIVE_THROUGHPUT")
 _PRECISIONS = ("f32", "bf16", "f16")
@@ -51,6 +52,23 @@ def ov_config(options: Mapping[str, Any], threads: int | None = None) -> dict[st
     return cfg
 
 
+_SOURCE_LINE = re.compile(r"^(Exception from|Check '.*' failed at) \S+:\d+:?$")
+_BOILERPLATE = ("To facilitate the conversion", "Summary:")
+_OV_PRECISIONS = {"f32": "fp32", "f16": "fp16", "bf16": "bf16", "f64": "fp64"}
+
+
+def compile_reason(error: BaseException, limit: int = 600) -> str:
+    """OpenVINO's error without its source-location lines, so the informative ones are kept.
+
+    OpenVINO prefixes its reasons with lines such as ``Exception from src/inference/src/cpp/core.cpp:105:``;
+    the reason a user can act on ("No conversion rule found for operations: com.foo.Bar") comes after.
+    """
+    lines = [ln.strip().lstrip("-").strip() for ln in str(error).splitlines()]
+    keep = [ln for ln in lines if ln and not _SOURCE_LINE.match(ln) and not ln.startswith(_BOILERPLATE)]
+    text = " ".join(keep) or str(error).strip() or type(error).__name__
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 class OpenVINOExecutable(Executable):
     """An OpenVINO ``CompiledModel`` with one infer request per calling thread."""
 
@@ -81,6 +99,16 @@ class OpenVINOExecutable(Executable):
         # share_outputs=False: results are copied out, so the next run cannot overwrite them
         results = req.infer(dict(feeds), share_inputs=self._share, share_outputs=False)
         return [results[p] for p in self._ports]
+
+    @property
+    def precision(self) -> str | None:
+        """The inference precision OpenVINO chose, read back from the compiled model (an 'f16' hint runs
+        bf16 on a CPU with BF16 units); None when it cannot say."""
+        try:
+            name = self.compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
+        except Exception:  # a device without the property, or a closed model
+            return None
+        return _OV_PRECISIONS.get(name, name)
 
     def profiling_info(self) -> list[Any]:
         """Per-layer counters of the last run on this thread (needs option profile=True)."""
@@ -142,6 +170,13 @@ class OpenVINOBackend(Backend):
             return False
         return graph_support(self._core, graph, _native_device(device)).get(id(node), False)
 
+    def _precisions(self, device: str) -> tuple[str, ...]:
+        caps = set(self._core.get_property(_native_device(device), "OPTIMIZATION_CAPABILITIES"))
+        return tuple(p for p, cap in (("bf16", "BF16"), ("fp16", "FP16")) if cap in caps)
+
+    def _precision_options(self, device: str, precision: str) -> dict[str, Any]:
+        return {"inference_precision": {"fp16": "f16", "bf16": "bf16"}[precision]}
+
     def _compile(self, model: Any, device: str, options: dict[str, Any]) -> Executable:
         from hybrid.config import get_config
 
@@ -150,9 +185,8 @@ class OpenVINOBackend(Backend):
             ov_model = self._core.read_model(model.to_bytes())
             compiled = self._core.compile_model(ov_model, native, ov_config(options, get_config().num_threads))
         except Exception as e:
-            first = str(e).strip().splitlines()[0][:500] if str(e).strip() else type(e).__name__
             raise BackendError("HYB-304", f"openvino could not compile model {model.name!r} for {device}: "
-                               f"{first}", "try target='auto' or another backend") from e
+                               f"{compile_reason(e)}", "try target='auto' or another backend") from e
         sig = model.signature
         # zero-copy input sharing misreads ml_dtypes arrays (bfloat16, float8...) as float16
         share = not any(s.dtype is not None and s.dtype.kind == "V" for s in sig.inputs)

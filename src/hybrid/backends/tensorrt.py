@@ -268,6 +268,12 @@ class TensorRTBackend(Backend):
             return 1 << int(trt.NetworkDefinitionCreationFlag.EXPLICIT_BATCH)
         return 0
 
+    def _precisions(self, device: str) -> tuple[str, ...]:
+        return ("fp16", "bf16") if int(self._trt.__version__.split(".")[0]) >= 9 else ("fp16",)
+
+    def _precision_options(self, device: str, precision: str) -> dict[str, Any]:
+        return {f"{precision}_mode": True}
+
     def version(self) -> str:
         import tensorrt as trt
 

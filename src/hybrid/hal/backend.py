@@ -63,6 +63,12 @@ class Executable(abc.ABC):
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release native resources (sessions, engines)."""
 
+    @property
+    def precision(self) -> str | None:
+        """The precision the backend actually runs ('fp32', 'fp16', 'bf16'), read back from it where it can
+        say (OpenVINO's INFERENCE_PRECISION_HINT); None: the precision that was requested."""
+        return None
+
 
 class Backend(abc.ABC):
     """Base class of hardware backends.
@@ -124,6 +130,38 @@ class Backend(abc.ABC):
     def supports_model(self, model: Model, device: str = "cpu") -> list[ir.Node]:
         """Return the nodes of ``model`` this backend cannot run on ``device`` (empty: all of them)."""
         return [n for n in model.graph if not self.supports(n, device)]
+
+    # ---------------------------------------------------------------- precisions
+    def precisions(self, device: str) -> tuple[str, ...]:
+        """The reduced inference precisions ('bf16', 'fp16') this backend offers on ``device``; fp32 is
+        always offered and not listed. Never raises: a device it cannot ask offers none."""
+        try:
+            return tuple(self._precisions(device))
+        except Exception:
+            return ()
+
+    def _precisions(self, device: str) -> tuple[str, ...]:
+        """Hook: reduced precisions on ``device`` (default: none)."""
+        return ()
+
+    def precision_options(self, device: str, precision: str) -> dict[str, Any]:
+        """The options that make a compile on ``device`` run at ``precision`` ({} for fp32).
+
+        Raises:
+            BackendError: HYB-304 when ``precision`` is not offered on ``device``.
+        """
+        if precision == "fp32":
+            return {}
+        offered = self.precisions(device)
+        if precision not in offered:
+            raise BackendError("HYB-304", f"backend {self.name!r} has no {precision} mode on {device}; precisions "
+                               f"it runs there: {', '.join(('fp32', *offered))}",
+                               "use precision='fp32' or 'auto', or a target that offers it")
+        return self._precision_options(device, precision)
+
+    def _precision_options(self, device: str, precision: str) -> dict[str, Any]:
+        """Hook: options for a precision listed by :meth:`_precisions`."""
+        raise NotImplementedError(f"{self.name} lists {precision} but does not say how to select it")
 
     # ---------------------------------------------------------------- compile
     def compile(self, model: Model, device: str, options: Mapping[str, Any] | None = None) -> Executable:

@@ -20,7 +20,8 @@ class TensorSpec:
         name: The value's name in the graph.
         dtype: Element dtype (ml_dtypes dtypes for bfloat16, float8, int4...; object for strings).
         shape: Dimensions: an int for a static dim, a str for a symbolic one ('batch'; '?' when the
-            model names none). None when the rank is unknown.
+            model names none, is named '?', or stores the dim as a negative number such as -1). None
+            when the rank is unknown.
         kind: 'tensor', 'sequence', 'optional' or 'map'. For sequences and optionals, dtype and shape
             describe the element tensor when the model says.
     """
@@ -100,7 +101,7 @@ def _dims(shape: ir.Shape | None) -> tuple[int | str, ...] | None:
     dims: list[int | str] = []
     for d in shape.dims:
         if isinstance(d, int):
-            dims.append(d)
+            dims.append(d if d >= 0 else UNKNOWN_DIM)  # dim_value -1: dynamic, as ONNX Runtime reads it
         else:
             dims.append(d.value if getattr(d, "value", None) is not None else UNKNOWN_DIM)
     return tuple(dims)

@@ -10,7 +10,11 @@ from hybrid.config import expect_mapping, get_config
 from hybrid.errors import BackendError, ConfigError, HybridError
 from hybrid.hal import Candidate, backend_names, get_backend, resolve_target
 from hybrid.ir import Model
+from hybrid.runtime import auto
+from hybrid.runtime.auto.shapes import normalize_shapes
+from hybrid.runtime.auto.tolerance import parse_accuracy
 from hybrid.runtime.compiled import CompiledModel
+from hybrid.runtime.partition import FALLBACK_BACKEND
 from hybrid.runtime.plan import Plan, Segment
 
 __all__ = ["PRECISIONS", "compile_model", "split_config"]
@@ -47,32 +51,19 @@ def split_config(config: Mapping[str, Any] | None, candidates: list[Candidate]) 
     return per_backend
 
 
-def _precision_options(cand: Candidate, precision: str) -> dict[str, Any]:
-    """The backend options that select a reduced inference precision.
-
-    Raises:
-        BackendError: HYB-304 when the candidate has no such mode.
-    """
-    if precision == "fp32":
-        return {}
-    if cand.backend == "openvino":
-        return {"inference_precision": {"fp16": "f16", "bf16": "bf16"}[precision]}
-    if cand.backend == "onnxruntime" and cand.device.startswith("cuda") and precision == "fp16":
-        return {"tensorrt": True, "fp16": True}  # TensorRT EP fp16: unverified here (no GPU)
-    raise BackendError("HYB-304", f"backend {cand.backend!r} has no {precision} mode on {cand.device}; "
-                       "precisions it runs: fp32", "use precision='fp32', 'auto', or target='openvino'")
-
-
 def compile_model(model_or_path: Any, target: str = "auto", precision: str = "fp32",
                   config: Mapping[str, Any] | None = None, *, autotune: bool | None = None,
-                  accuracy: Mapping[str, Any] | None = None, sample_inputs: Any = None) -> CompiledModel:
+                  accuracy: Mapping[str, Any] | None = None, sample_inputs: Any = None,
+                  shapes: Mapping[str, Any] | None = None) -> CompiledModel:
     """Compile a model for a target (DESIGN 2.3, 2.9).
 
     With ``target='auto'`` (or ``autotune=True``, or ``precision='auto'``) every candidate that runs
-    the whole graph is compiled, checked against the reference backend on a sample input, and timed;
-    the fastest correct one wins and the decision is cached on disk. When no accelerated backend runs
-    the whole graph, the graph is partitioned across backends. Other targets take the first
-    candidate by priority that compiles, and partition only when none does.
+    the whole graph is compiled, checked against the reference backend on sample inputs at the shapes
+    users run (``shapes=``, ``sample_inputs=``), and timed; the fastest correct one wins and the
+    decision is cached on disk. A model with dynamic input dims and nothing declared starts on the
+    first checked candidate by priority and tunes online on real calls, per shape bucket (docs/auto.md).
+    When no accelerated backend runs the whole graph, the graph is partitioned across backends. Other
+    targets take the first candidate by priority that compiles, and partition only when none does.
 
     Args:
         model_or_path: A path, bytes, onnx.ModelProto, onnx_ir.Model or hybrid.Model.
@@ -81,23 +72,21 @@ def compile_model(model_or_path: Any, target: str = "auto", precision: str = "fp
         config: Backend options, per backend name or flat for a single-backend target.
         autotune: Time the candidates (default: for 'auto'); False takes the first that passes the check.
         accuracy: Budget for reduced precisions: ``{'min_cosine': 0.995}`` and/or ``{'max_rel_error': x}``
-            (default ``{'min_cosine': 0.999}``).
+            (default ``{'min_cosine': 0.999}``); the fp32 check's model-level ``'rtol'`` (default 1e-3) and
+            per-output rules ``'outputs': {name: {'rtol', 'atol', 'mismatch', 'min_cosine', 'topk'}}``.
         sample_inputs: Inputs for the checks and timings (a dict, a tuple, or one array); generated
             from the signature when not given.
+        shapes: The shapes users run, per input: ``{'x': (1, 3, 480, 640)}``, or a range
+            ``{'x': {'min': ..., 'opt': ..., 'max': ...}}`` (checked at all three, timed at opt).
 
     Raises:
         ConfigError: HYB-101/102 for a bad precision or accuracy budget.
         ModelError: 2xx when the model cannot be loaded.
         BackendError: 3xx for an unknown target, a missing backend or a failed compilation.
     """
-    from hybrid.runtime import autoselect
-
     model = Model.load(model_or_path)
     if precision not in (*PRECISIONS, "auto"):
         raise ConfigError("HYB-102", f"precision: expected one of {(*PRECISIONS, 'auto')}, got {precision!r}")
-    if accuracy is not None and precision != "auto":
-        raise ConfigError("HYB-102", f"accuracy={dict(accuracy)!r} applies to precision='auto', got precision="
-                          f"{precision!r}", "pass precision='auto' to search reduced precisions within it")
     if autotune is not None and not isinstance(autotune, bool):
         raise ConfigError("HYB-102", f"autotune: expected True, False or None, got {autotune!r}")
     candidates = resolve_target(target)
@@ -109,11 +98,15 @@ def compile_model(model_or_path: Any, target: str = "auto", precision: str = "fp
 
     def options_of(cand: Candidate, prec: str) -> dict[str, Any]:
         return {**defaults.get(cand.backend, {}), **per_backend.get(cand.backend, {}),
-                **_precision_options(cand, prec)}
+                **get_backend(cand.backend).precision_options(cand.device, prec)}
 
     if target.strip().lower() == "auto" or autotune or precision == "auto":
-        return autoselect.select(model, target, candidates, options_of, precision, accuracy, autotune,
-                                 sample_inputs)
+        return auto.select(model, target, candidates, options_of, precision, accuracy, autotune, sample_inputs,
+                           shapes)
+    if accuracy is not None:
+        parse_accuracy(accuracy, precision, model.signature.output_names)  # validated, then unused: no check
+    if shapes is not None:
+        normalize_shapes(model.signature, shapes)
     return _first_that_compiles(model, target, candidates, options_of, precision, sample_inputs)
 
 
@@ -122,17 +115,13 @@ def _first_that_compiles(model: Model, target: str, candidates: list[Candidate],
                          sample_inputs: Any) -> CompiledModel:
     """The first accelerated candidate that compiles the whole graph; else a partition across the
     candidates (the reference backend taking only what none of the others runs); else the reference."""
-    from hybrid.runtime.partition import FALLBACK_BACKEND
-
     errors: list[HybridError] = []
     accelerated = [c for c in candidates if c.backend != FALLBACK_BACKEND]
     fallback = [c for c in candidates if c.backend == FALLBACK_BACKEND]
     for k, cand in enumerate(accelerated + fallback):
         if k == len(accelerated) and accelerated and fallback and precision == "fp32":
-            from hybrid.runtime.autoselect import partition_compiled
-
             try:  # no accelerated backend runs it all: split the graph across them
-                return partition_compiled(model, target, candidates, options_of, sample_inputs)
+                return auto.partition_compiled(model, target, candidates, options_of, sample_inputs)
             except HybridError as e:
                 errors.append(e)
         backend = get_backend(cand.backend)

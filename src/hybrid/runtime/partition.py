@@ -116,7 +116,7 @@ def _type_by_running(typed: ir.Model, proto: onnx.ModelProto, untyped: list[ir.V
     # a second run with other sizes for the symbolic input dims tells static dims from dynamic ones
     second: dict[str, Any] = {}
     if any(isinstance(d, str) for s in model.signature.inputs for d in (s.shape or ())):
-        from hybrid.runtime.autotune import make_samples
+        from hybrid.runtime.auto.samples import make_samples
 
         other = make_samples(model, symbolic_size=3)
         try:

@@ -1,26 +1,30 @@
 """The correctness gate of ``compile(target='auto')``: sample inputs, the reference answers, the check.
 
 The reference backend answers the sample inputs once; every candidate must then give the same
-answers within the tolerances of :mod:`hybrid.runtime.checks` (fp32) or within the accuracy budget
-(reduced precisions). Generated samples that the reference itself rejects (an integer input that
-must be a valid index or size, a coordinate that must lie inside an image) are regenerated in a few
-other styles. When the reference answers quickly, two more samples with other values (integers up
-to 7, then also floats 64 times larger) widen the check. When no sample can be checked, the caller keeps
-the reference backend and the plan says why.
+answers within the tolerances of :mod:`.tolerance` (fp32, at model level) or within the accuracy
+budget (reduced precisions). Samples are made at the declared shapes (``shapes=``: ``opt`` first,
+then ``min`` and ``max`` of a range), else with every symbolic dim 1. Generated samples that the
+reference itself rejects (an integer input that must be a valid index or size, a coordinate that
+must lie inside an image) are regenerated in a few other styles. When the reference answers
+quickly and no shapes were declared, two more samples with other values (integers up to 7, then
+also floats 64 times larger) widen the check. When no sample can be checked, the caller keeps the
+reference backend (or, tuning online, the first accelerated candidate) and the plan says why.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from hybrid.errors import HybridError
+from hybrid.errors import HybridError, first_line
 from hybrid.hal import backend_status, get_backend
 from hybrid.hal.backend import Executable
 from hybrid.ir import Model
-from hybrid.runtime import checks
-from hybrid.runtime.autotune import SAMPLE_STYLES, make_samples
+from hybrid.runtime.auto import tolerance as checks
+from hybrid.runtime.auto.samples import SAMPLE_STYLES, make_samples
+from hybrid.runtime.auto.shapes import ShapeRange, concrete_shapes
 
 __all__ = ["Verdict", "Verifier"]
 
@@ -58,11 +62,6 @@ class Verdict:
     answers: tuple[list[Any], ...] = ()
 
 
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0][:200] if text else type(e).__name__
-
-
 class Verifier:
     """Checks candidates of one model against the reference backend on sample inputs.
 
@@ -71,19 +70,31 @@ class Verifier:
         given: Sample inputs from the caller (None: generate them).
         budget: The accuracy budget for reduced precisions.
         notes: Where to record what happened (the plan's notes).
+        ranges: The declared shapes (``compile(shapes=...)``), validated.
+        rtol: The model-level relative tolerance of the fp32 check.
+        rules: Per-output rules that override the default judgement.
+        reference: The reference backend already compiled for the model (None: compiled when needed).
     """
 
-    def __init__(self, model: Model, given: Any, budget: dict[str, float] | None, notes: list[str]) -> None:
+    def __init__(self, model: Model, given: Any, budget: dict[str, float] | None, notes: list[str], *,
+                 ranges: Mapping[str, ShapeRange] | None = None, rtol: float = 0.0,
+                 rules: Mapping[str, checks.OutputRule] | None = None, reference: Executable | None = None) -> None:
         self.model = model
         self.budget = budget
         self.notes = notes
         self.names = model.signature.output_names
+        self.rtol = rtol
+        self.rules = dict(rules or {})
         self.given = given is not None
-        self.samples = make_samples(model, given)
+        self.ranges = dict(ranges or {})
+        sig = model.signature
+        self._shapes = [concrete_shapes(sig, self.ranges, w) for w in ("opt", "min", "max")] if self.ranges else [{}]
+        self._shapes = [s for k, s in enumerate(self._shapes) if s not in self._shapes[:k]]
+        self.samples = make_samples(model, given, shapes=self._shapes[0])
         self.cases: list[_Case] = []
         self.ok = False  # the reference answered: failures are rejections, and timing is meaningful
-        self._ref: Executable | None = None
-        self._ref_done = False
+        self._ref: Executable | None = reference
+        self._ref_done = reference is not None
         self._prepared = False
 
     # ------------------------------------------------------------------------- reference answers
@@ -105,7 +116,7 @@ class Verifier:
             out = list(self._ref.run(samples))
             return _Case(samples, out, time.perf_counter() - t0)
         except Exception as e:
-            return _first_line(e)
+            return first_line(e)
 
     def prepare(self) -> None:
         """Compute the reference answers (once)."""
@@ -117,7 +128,7 @@ class Verifier:
         styles = [0] if self.given else list(range(SAMPLE_STYLES))
         failure = ""
         for style in styles:
-            samples = self.samples if self.given else make_samples(self.model, style=style)
+            samples = self.samples if self.given else make_samples(self.model, style=style, shapes=self._shapes[0])
             if samples is None:
                 continue
             case = self._answer(samples)
@@ -126,7 +137,14 @@ class Verifier:
                 continue
             self.samples, self.ok = samples, True
             self.cases.append(case)
-            if not self.given and case.seconds < MORE_SAMPLES_BELOW_S:
+            for shapes in self._shapes[1:]:  # the rest of a declared range: min and max
+                more = make_samples(self.model, style=style, seed=len(self.cases), shapes=shapes)
+                answer = self._answer(more) if more is not None else "no sample"
+                if isinstance(answer, str):
+                    self.notes.append(f"the reference backend failed at {shapes}: {answer}")
+                else:
+                    self.cases.append(answer)
+            if not self.given and not self.ranges and case.seconds < MORE_SAMPLES_BELOW_S:
                 self._more_cases(style)
             if style:
                 self.notes.append(f"sample input style {style} (the reference rejected style 0: {failure})")
@@ -170,7 +188,7 @@ class Verifier:
                 outs = list(exe.run(self.samples))
                 seconds = time.perf_counter() - t0
             except Exception as e:
-                return Verdict(None) if not self.ok else Verdict(f"failed on the sample input: {_first_line(e)}")
+                return Verdict(None) if not self.ok else Verdict(f"failed on the sample input: {first_line(e)}")
             if precision == "fp32":
                 return Verdict(None, outs, seconds)
             if fp32_truth is None:
@@ -187,13 +205,13 @@ class Verifier:
                     outs = list(exe.run(case.samples))
                     seconds = time.perf_counter() - t0
                 except Exception as e:
-                    return Verdict(f"failed on sample input {k}: {_first_line(e)}")
+                    return Verdict(f"failed on sample input {k}: {first_line(e)}")
             first = first or (outs, seconds)
             answers.append(outs)
             if precision == "fp32":
-                bad = checks.compare(case.expected, outs, self.names)
+                bad = self.compare(case.expected, outs)
                 if bad is not None and self._moved(case) is not None:
-                    bad = checks.compare(case.expected, outs, self.names, case.moved)
+                    bad = self.compare(case.expected, outs, case.moved)
                 if bad is not None:
                     disputed = bad.values_only and all(
                         self._run_quietly(exe, c.samples, answers, j) for j, c in enumerate(self.cases) if j > k)
@@ -215,11 +233,14 @@ class Verifier:
             return False
         return True
 
+    def compare(self, expected: list[Any], got: list[Any], moved: list[Any] | None = None) -> checks.Mismatch | None:
+        """The first output of ``got`` outside this model's fp32 tolerances around ``expected``."""
+        return checks.compare(expected, got, self.names, moved, rtol=self.rtol, rules=self.rules)
+
     def agree(self, a: tuple[list[Any], ...], b: tuple[list[Any], ...]) -> bool:
         """Whether two candidates' answers on every sample agree within the fp32 tolerances."""
         return len(a) == len(b) == len(self.cases) and all(
-            checks.compare(x, y, self.names) is None and checks.compare(y, x, self.names) is None
-            for x, y in zip(a, b))
+            self.compare(x, y) is None and self.compare(y, x) is None for x, y in zip(a, b))
 
     def _within_budget(self, truth: list[Any], outs: list[Any]) -> str | None:
         assert self.budget is not None

@@ -1,0 +1,73 @@
+"""What auto-selection decided, as frozen records: one backend for the whole graph, or a partition.
+
+A decision is what the cache stores and what the online tuner installs per shape bucket; it is
+turned back into an executable with the same options it was judged with.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from hybrid.hal import Candidate
+
+__all__ = ["Decision", "PartitionDecision", "SingleDecision", "decision_from_json"]
+
+
+@dataclass(frozen=True, slots=True)
+class SingleDecision:
+    """One backend and device runs the whole graph at ``precision``."""
+
+    backend: str
+    device: str
+    precision: str = "fp32"
+
+    @property
+    def candidate(self) -> Candidate:
+        return Candidate(self.backend, self.device)
+
+    @property
+    def label(self) -> str:
+        return f"{self.backend}:{self.device}" + ("" if self.precision == "fp32" else f" {self.precision}")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": "single", "backend": self.backend, "device": self.device, "precision": self.precision}
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionDecision:
+    """Each node (in graph order) runs on the candidate named ``backend:device`` at that index."""
+
+    assignment: tuple[str, ...]
+
+    @property
+    def label(self) -> str:
+        return "partition(" + " + ".join(dict.fromkeys(self.assignment)) + ")"
+
+    @property
+    def candidates(self) -> tuple[Candidate, ...]:
+        return tuple(Candidate(*label.split(":", 1)) for label in self.assignment)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": "partition", "assignment": list(self.assignment)}
+
+
+Decision = SingleDecision | PartitionDecision
+
+
+def decision_from_json(data: Mapping[str, Any]) -> Decision:
+    """The decision a cache record holds.
+
+    Raises:
+        KeyError, TypeError, ValueError: the record is not a decision (the caller searches again).
+    """
+    kind = data["kind"]
+    if kind == "single":
+        return SingleDecision(str(data["backend"]), str(data["device"]), str(data.get("precision", "fp32")))
+    if kind == "partition":
+        assignment = tuple(str(a) for a in data["assignment"])
+        if not all(":" in a for a in assignment):
+            raise ValueError(f"partition assignment {assignment!r} has a label without a device")
+        return PartitionDecision(assignment)
+    raise ValueError(f"unknown decision kind {kind!r}")

@@ -1,0 +1,110 @@
+"""Judging checked trials: the vote against the reference, and the choice among the fast ones.
+
+- When no accelerated candidate agrees with the reference but independent backends agree with each
+  other, the reference is outvoted (:func:`outvote`).
+- Timings within noise of the fastest tie, and the tie goes to the answer closest to the reference
+  (:func:`fastest_or_most_exact`); the bounds are ``hybrid.init({'autotune': {'tie_rel', 'tie_us'}})``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+from hybrid.config import autotune_config
+from hybrid.runtime.auto import tolerance as checks
+from hybrid.runtime.auto.trials import Search, Trial
+from hybrid.runtime.partition import FALLBACK_BACKEND
+
+__all__ = ["close_all", "deviation", "fastest_or_most_exact", "outvote", "tie_bounds"]
+
+logger = logging.getLogger("hybrid")
+
+
+def tie_bounds() -> tuple[float, float]:
+    """(relative, absolute seconds) within which a timing ties with the fastest, from the config.
+
+    The defaults: 2 % stays well inside the 5 % slack auto is allowed against the best single
+    runtime; 20 us is about the spread of medians between timings of the same 15-40 us graph a few
+    seconds apart on a shared 2-core machine (see docs/auto.md).
+    """
+    tune = autotune_config()
+    return tune.tie_rel, tune.tie_us * 1e-6
+
+
+def outvote(trials: list[Trial], search: Search, name: str) -> None:
+    """Let independent backends outvote the reference on an output they agree on and it does not.
+
+    When no accelerated fp32 candidate agrees with the reference, but candidates of two or more
+    backends, rejected for values alone, agree with each other on every sample, the output is one
+    where rounding decides the answer (equal logits near 1e10 before a Softmax, say) and the
+    reference's own rounding is one opinion among several: those candidates are reinstated and the
+    reference trial is rejected instead. A candidate that differs from every other opinion stays out.
+    """
+    if any(t.rejected is None and t.precision == "fp32" and t.backend != FALLBACK_BACKEND for t in trials):
+        return
+    disputed = [t for t in trials if t.disputed]
+    best: list[Trial] = []
+    for t in disputed:
+        group = [u for u in disputed if u is t or search.verifier.agree(t.answers, u.answers)]
+        consistent = all(search.verifier.agree(u.answers, v.answers) for u in group for v in group if u is not v)
+        if consistent and len({u.backend for u in group}) >= 2 and len(group) > len(best):
+            best = group
+    if not best:
+        return
+    labels = ", ".join(t.label for t in best)
+    note = f"the reference backend was outvoted: {labels} agree with each other on every sample but not with it"
+    logger.warning("auto: %s for %r", note, name)
+    search.notes.append(note)
+    for t in best:
+        t.rejected = None
+    for t in trials:
+        if t.backend == FALLBACK_BACKEND and t.rejected is None:
+            t.rejected = "outvoted"
+
+
+def deviation(trial: Trial, search: Search) -> float:
+    """How far ``trial``'s answers are from the reference's (0.0 for the reference itself; infinity
+    when nothing was compared), in the units of :func:`hybrid.runtime.checks.deviation`."""
+    verifier = search.verifier
+    if verifier.reference is not None and trial.executable is verifier.reference:
+        return 0.0
+    cases, names = verifier.cases, verifier.names
+    if trial.answers and len(trial.answers) == len(cases):
+        return max(checks.deviation(c.expected, a, names) for c, a in zip(cases, trial.answers))
+    if trial.outputs is not None and cases:
+        return checks.deviation(cases[0].expected, trial.outputs, names)
+    return float("inf")
+
+
+def fastest_or_most_exact(survivors: list[Trial], times: Mapping[str, float],
+                          search: Search) -> tuple[Trial, str]:
+    """The fastest survivor, unless others are as fast within :func:`tie_bounds`:
+    then, of those, the one closest to the reference (the reference itself when it is among them)."""
+    fastest = min(survivors, key=lambda t: times[t.label])
+    best = times[fastest.label]
+    rel, abs_s = tie_bounds()
+    ties = [t for t in survivors if times[t.label] <= best + max(rel * best, abs_s)]
+    reason = f"fastest of {len(survivors)} checked candidates"
+    if len(ties) < 2:
+        return fastest, reason
+    dev = {t.label: deviation(t, search) for t in ties}
+    exact = min(ties, key=lambda t: (dev[t.label], times[t.label]))
+    if exact is fastest or dev[exact.label] >= dev[fastest.label]:
+        return fastest, reason
+    search.notes.append(
+        f"{exact.label} is as fast as {fastest.label} (within {rel:.0%} or {abs_s * 1e6:.0f} us) and closer "
+        f"to the reference: deviation {dev[exact.label]:.3g} vs {dev[fastest.label]:.3g} tolerance units")
+    return exact, f"closest to the reference of {len(ties)} candidates as fast as the fastest"
+
+
+def close_all(trials: list[Trial], keep: Trial | None, search: Search) -> None:
+    """Release every trial's executable except ``keep``'s (and the reference unless it is kept)."""
+    keep_exe = keep.executable if keep else None
+    closed = set()
+    for t in trials:
+        if t.executable is not keep_exe and id(t.executable) not in closed:
+            closed.add(id(t.executable))
+            t.executable.close()
+    if id(search.verifier.reference) not in closed:
+        search.verifier.close(keep_exe)

@@ -1,0 +1,412 @@
+"""Online auto-selection: decide per shape bucket on real calls (DESIGN 2.3).
+
+A model whose inputs have dynamic dims, compiled with ``target='auto'`` and nothing declared about
+its shapes, starts on the first candidate by priority that passed the check (never the numpy
+reference while an accelerated backend can run the graph) and is served by an :class:`OnlineTuner`.
+Per shape bucket (:func:`~.shapes.bucket_of`):
+
+1. The first call of a bucket is answered by the current executable, and a copy of its inputs goes
+   to a background thread, which compiles every candidate once and checks them on that copy against
+   the reference at model-level tolerance (the same check as ``compile(shapes=...)``), using at most
+   ``overhead_cap`` of the wall time (it sleeps between runs). A start that fails the check on the
+   real input is replaced at once by the first candidate that passes.
+2. The checked candidates then take turns answering real calls, each timed as it runs for the
+   caller: the configuration that serves is the one measured. A candidate more than 1.5x slower
+   than the best after three calls stops taking turns.
+3. After ``calls_per_bucket`` calls each, the fastest median serves the bucket (the current one keeps
+   it when within the tie bounds); the switch is one reference assignment, so concurrent callers
+   each get a whole answer from one executable. The decision is written to the decision cache per
+   bucket and read back on the next compile of the same model on this machine.
+
+A call that fails on the executable serving it (a shape that backend cannot run) is answered by the
+next candidate in priority order, which then serves the bucket.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import statistics
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from hybrid.config import AutotuneSettings
+from hybrid.errors import HybridError, first_line
+from hybrid.hal import Candidate
+from hybrid.hal.backend import Executable
+from hybrid.ir import Model
+from hybrid.runtime.auto import cache, judge
+from hybrid.runtime.auto.decision import decision_from_json
+from hybrid.runtime.auto.shapes import bucket_of
+from hybrid.runtime.auto.tolerance import OutputRule
+from hybrid.runtime.auto.trials import OptionsOf, Search, Trial, trials
+from hybrid.runtime.partition import FALLBACK_BACKEND
+
+__all__ = ["BucketStatus", "OnlineTuner"]
+
+logger = logging.getLogger("hybrid")
+
+Bucket = tuple[tuple[str, tuple[int, ...]], ...]
+PRUNE_AFTER = 3  # calls after which a clearly slower candidate stops taking turns
+PRUNE_RATIO = 1.5
+FIRST_RUN_RATIO = 4.0  # a candidate whose checked run took this much longer than the fastest's is not tried
+MAX_PAUSE_S = 2.0
+
+
+def _fmt(key: Bucket) -> str:
+    return ", ".join(f"{n}: {'x'.join(map(str, s))}" for n, s in key) or "scalars"
+
+
+@dataclass(frozen=True, slots=True)
+class BucketStatus:
+    """Where tuning stands for one shape bucket (``OnlineTuner.status()``).
+
+    Attributes:
+        bucket: Input name -> shape with dynamic dims rounded up to a power of two.
+        state: 'checking', 'exploring', 'settled' or 'installing' (a cached decision being compiled).
+        serving: The candidate answering the bucket's calls now.
+        calls: Calls of the bucket so far.
+        settled_after: The call count at which the bucket settled (None: not yet).
+    """
+
+    bucket: Bucket
+    state: str
+    serving: str
+    calls: int
+    settled_after: int | None
+
+
+@dataclass(slots=True)
+class _Slot:
+    key: Bucket
+    serving: tuple[str, Executable]
+    state: str = "new"
+    sample: dict[str, Any] | None = None
+    survivors: list[str] = field(default_factory=list)
+    times: dict[str, list[float]] = field(default_factory=dict)
+    pruned: set[str] = field(default_factory=set)
+    failed: dict[str, str] = field(default_factory=dict)
+    turn: int = 0
+    calls: int = 0
+    settled_after: int | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def _copy(feeds: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: (np.array(v, copy=True) if isinstance(v, np.ndarray) else v) for k, v in feeds.items()}
+
+
+class OnlineTuner(Executable):
+    """Serves a compiled model and tunes its backend per shape bucket on real calls (module doc).
+
+    Args:
+        model: The model.
+        start: The checked start (its executable serves every bucket until tuned).
+        order: The candidates, in priority order.
+        options_of: Backend options per candidate and precision.
+        settings: ``hybrid.init({'autotune': ...})`` at compile time.
+        rtol: Model-level relative tolerance of the check.
+        rules: Per-output rules of the check.
+        key_base: What the decision depends on besides the shapes (for the decision cache).
+        notes: How the start was chosen (the plan's notes begin with them).
+    """
+
+    def __init__(self, model: Model, start: Trial, order: list[Candidate], options_of: OptionsOf,
+                 settings: AutotuneSettings, rtol: float, rules: Mapping[str, OutputRule],
+                 key_base: Mapping[str, Any], notes: list[str]) -> None:
+        self.input_names = model.signature.input_names
+        self.output_names = model.signature.output_names
+        self._model = model
+        self._sig = model.signature
+        self._order = order
+        self._options_of = options_of
+        self._settings = settings
+        self._rtol = rtol
+        self._rules = dict(rules)
+        self._start = start
+        self._trials: dict[str, Trial] = {start.label: start}
+        self._compiled: dict[str, Executable] = {start.label: start.executable}
+        self._slots: dict[Bucket, _Slot] = {}
+        self._lock = threading.Lock()
+        self._jobs: queue.SimpleQueue[tuple[str, _Slot] | None] = queue.SimpleQueue()
+        self._worker: threading.Thread | None = None
+        self._closed = threading.Event()
+        self._notes = [*notes, f"online tuning: {start.label} serves every shape bucket until real calls decide "
+                       f"({settings.calls_per_bucket} calls per candidate, background checks <= "
+                       f"{settings.overhead_cap:.0%} of the time)"]
+        self._bucket_notes: dict[Bucket, str] = {}
+        self._on_switch: Callable[[Trial, list[str], str], Any] | None = None
+        self._cm: Any = None
+        self._index_key, self._index_material = cache.decision_key({**key_base, "online_buckets": True})
+        self._cached: dict[Bucket, Any] = self._read_index()
+
+    # ------------------------------------------------------------------ wiring
+    def attach(self, cm: Any, plan_of: Callable[[Trial, list[str], str], Any]) -> None:
+        """Keep ``cm``'s backend, device and plan in step with the decisions (``cm.plan`` shows them)."""
+        self._cm, self._on_switch = cm, plan_of
+
+    def notes(self) -> list[str]:
+        """The plan's notes: how the start was chosen, then one line per decided bucket."""
+        with self._lock:
+            return [*self._notes, *self._bucket_notes.values()]
+
+    def status(self) -> list[BucketStatus]:
+        """Where tuning stands, per bucket seen so far."""
+        with self._lock:
+            slots = list(self._slots.values())
+        return [BucketStatus(s.key, s.state, s.serving[0], s.calls, s.settled_after) for s in slots]
+
+    # ------------------------------------------------------------------ the hot path
+    def run(self, feeds: Mapping[str, Any]) -> list[Any]:
+        key = bucket_of(self._sig, feeds)
+        slot = self._slots.get(key) or self._new_slot(key)
+        if slot.state == "settled":
+            slot.calls += 1  # a racy count is fine: it is for status() only
+            return slot.serving[1].run(feeds)
+        return self._tuning_call(slot, feeds)
+
+    def _new_slot(self, key: Bucket) -> _Slot:
+        with self._lock:
+            slot = self._slots.get(key)
+            if slot is None:
+                slot = _Slot(key, (self._start.label, self._start.executable))
+                if key in self._cached:
+                    slot.state = "installing"
+                    self._submit("install", slot)
+                self._slots[key] = slot
+        return slot
+
+    def _tuning_call(self, slot: _Slot, feeds: Mapping[str, Any]) -> list[Any]:
+        with slot.lock:
+            slot.calls += 1
+            if slot.state == "new":
+                slot.sample, slot.state = _copy(feeds), "checking"
+                self._submit("check", slot)
+            label, exe = self._pick(slot)
+        t0 = time.perf_counter()
+        try:
+            outs = exe.run(feeds)
+        except Exception as e:
+            return self._recover(slot, label, e, feeds)
+        elapsed = time.perf_counter() - t0
+        if slot.state == "exploring":
+            with slot.lock:
+                self._record(slot, label, elapsed)
+        return outs
+
+    def _pick(self, slot: _Slot) -> tuple[str, Executable]:
+        if slot.state != "exploring":
+            return slot.serving
+        need = [lb for lb in slot.survivors if lb not in slot.pruned
+                and len(slot.times.get(lb, ())) < self._settings.calls_per_bucket]
+        if not need:
+            return slot.serving
+        label = need[slot.turn % len(need)]
+        slot.turn += 1
+        return label, self._compiled[label]
+
+    def _record(self, slot: _Slot, label: str, seconds: float) -> None:
+        if slot.state != "exploring" or label not in slot.survivors:
+            return
+        slot.times.setdefault(label, []).append(seconds)
+        medians = {lb: statistics.median(ts) for lb, ts in slot.times.items()
+                   if lb not in slot.pruned and len(ts) >= PRUNE_AFTER}
+        if medians:
+            best = min(medians.values())
+            slot.pruned.update(lb for lb, m in medians.items() if m > PRUNE_RATIO * best)
+        alive = [lb for lb in slot.survivors if lb not in slot.pruned]
+        if all(len(slot.times.get(lb, ())) >= self._settings.calls_per_bucket for lb in alive):
+            self._settle(slot, alive)
+
+    def _settle(self, slot: _Slot, alive: list[str]) -> None:
+        """Pick the bucket's winner from the timed calls (caller holds ``slot.lock``)."""
+        medians = {lb: statistics.median(slot.times[lb]) for lb in alive}
+        best = min(medians, key=medians.__getitem__)
+        current = slot.serving[0]
+        rel, abs_s = judge.tie_bounds()
+        if current in medians and medians[current] <= medians[best] + max(rel * medians[best], abs_s):
+            best = current  # as fast within noise: no switch
+        timed = ", ".join(f"{lb} {m * 1e3:.3g} ms" for lb, m in sorted(medians.items(), key=lambda kv: kv[1]))
+        self._install(slot, best, f"picked {best} by the median of {self._settings.calls_per_bucket} real calls "
+                      f"each ({timed})")
+
+    def _install(self, slot: _Slot, label: str, why: str) -> None:
+        slot.serving = (label, self._compiled[label])
+        slot.state, slot.settled_after = "settled", slot.calls
+        note = f"bucket {_fmt(slot.key)}: {why}"
+        logger.info("auto (online): %s: %s", self._model.name, note)
+        with self._lock:
+            self._bucket_notes[slot.key] = note
+        self._switched(label, why)
+        self._submit("persist", slot)
+
+    def _switched(self, label: str, reason: str) -> None:
+        trial = self._trials.get(label)
+        if self._cm is None or self._on_switch is None or trial is None:
+            return
+        cm = self._cm
+        cm.plan = self._on_switch(trial, self.notes(), reason)
+        cm.backend, cm.device, cm.options = trial.backend, trial.device, dict(trial.options)
+
+    def _recover(self, slot: _Slot, label: str, error: Exception, feeds: Mapping[str, Any]) -> list[Any]:
+        """Answer a call whose executable failed with the next candidate by priority that runs it."""
+        why = first_line(error)
+        logger.warning("auto (online): %s failed on %s for %r: %s", label, _fmt(slot.key), self._model.name, why)
+        with slot.lock:
+            slot.failed[label] = why
+            if label in slot.survivors:
+                slot.survivors.remove(label)
+        order = [str(c) for c in self._order if c.backend != FALLBACK_BACKEND]
+        order += [str(c) for c in self._order if c.backend == FALLBACK_BACKEND]
+        if slot.serving[0] != label:
+            order.insert(0, slot.serving[0])
+        for other in dict.fromkeys(order):
+            if other in slot.failed:
+                continue
+            exe = self._executable(other)
+            if exe is None:
+                continue
+            try:
+                outs = exe.run(feeds)
+            except Exception as e:
+                slot.failed[other] = first_line(e)
+                continue
+            with slot.lock:
+                if slot.serving[0] in slot.failed:
+                    slot.serving = (other, exe)
+                    with self._lock:
+                        self._bucket_notes[slot.key] = (f"bucket {_fmt(slot.key)}: {other} serves ({label} failed "
+                                                        f"on a real call: {why})")
+                    self._switched(other, f"{label} failed on a real call")
+            return outs
+        raise error
+
+    def _executable(self, label: str) -> Executable | None:
+        exe = self._compiled.get(label)
+        if exe is not None:
+            return exe
+        backend, _, device = label.partition(":")
+        search = Search(self._model, self._order, self._options_of, "fp32", None, None, compiled=self._compiled)
+        trial = search.single(Candidate(backend, device), "fp32")
+        if trial is not None:
+            self._trials.setdefault(label, trial)
+        return self._compiled.get(label)
+
+    # ------------------------------------------------------------------ background work
+    def _submit(self, job: str, slot: _Slot) -> None:
+        if self._closed.is_set():
+            return
+        self._jobs.put((job, slot))
+        with self._lock:
+            if self._worker is None:
+                self._worker = threading.Thread(target=self._work, name="hybrid-online-tuner", daemon=True)
+                self._worker.start()
+
+    def _work(self) -> None:
+        while True:
+            item = self._jobs.get()
+            if item is None or self._closed.is_set():
+                return
+            job, slot = item
+            try:
+                {"check": self._check, "install": self._install_cached, "persist": self._persist}[job](slot)
+            except Exception as e:  # the tuner must never take the model down: the bucket keeps its executable
+                logger.warning("auto (online): %s of bucket %s failed: %s", job, _fmt(slot.key), first_line(e))
+                with slot.lock:
+                    if slot.state in ("checking", "installing"):
+                        slot.state, slot.settled_after = "settled", slot.calls
+
+    def _pause(self, busy_s: float) -> None:
+        """Sleep so that background work stays within ``overhead_cap`` of the wall time."""
+        cap = self._settings.overhead_cap
+        if cap < 1.0:
+            self._closed.wait(min(MAX_PAUSE_S, busy_s * (1.0 / cap - 1.0)))
+
+    def _check(self, slot: _Slot) -> None:
+        search = Search(self._model, self._order, self._options_of, "fp32", None, slot.sample, rtol=self._rtol,
+                        rules=self._rules, compiled=self._compiled)
+        tried: list[Trial] = []
+        for trial in trials(search, autotune=True):
+            if self._closed.is_set():
+                return
+            t0 = time.perf_counter()
+            why = search.check(trial)
+            trial.rejected = why
+            tried.append(trial)
+            self._trials.setdefault(trial.label, trial)
+            self._pause(time.perf_counter() - t0)
+        judge.outvote(tried, search, self._model.name)
+        passed = [t for t in tried if t.rejected is None]
+        pool = [t for t in passed if t.backend != FALLBACK_BACKEND] or passed
+        runs = [t.first_run_s for t in pool if t.first_run_s]
+        if runs:
+            pool = [t for t in pool if not t.first_run_s or t.first_run_s <= FIRST_RUN_RATIO * min(runs)]
+        with slot.lock:
+            if not pool:
+                reasons = "; ".join(f"{t.label}: {t.rejected}" for t in tried)
+                self._install(slot, slot.serving[0], f"no candidate passed the check on a real input ({reasons})")
+                return
+            labels = [t.label for t in pool]
+            current = slot.serving[0]
+            if current not in labels:
+                why = next((t.rejected for t in tried if t.label == current), "not checked")
+                slot.serving = (labels[0], self._compiled[labels[0]])
+                logger.warning("auto (online): %s for %r failed the check on a real input (%s); %s serves",
+                               current, self._model.name, why, labels[0])
+                self._switched(labels[0], f"{current} failed the check on a real input")
+            slot.sample = None
+            slot.survivors = [lb for lb in labels if lb not in slot.failed]
+            if len(slot.survivors) <= 1:
+                self._install(slot, slot.serving[0], "the only candidate that passed the check on a real input")
+            else:
+                slot.state = "exploring"
+
+    def _install_cached(self, slot: _Slot) -> None:
+        from hybrid.runtime.auto.search import trial_of
+
+        decision = self._cached[slot.key]
+        label = decision.label
+        if label not in self._compiled:
+            trial = trial_of(self._model, decision, self._order, self._options_of)
+            if trial is None:
+                raise HybridError("HYB-304", f"the cached decision {label} no longer applies here")
+            self._compiled[label], self._trials[label] = trial.executable, trial
+        with slot.lock:
+            self._install(slot, label, f"{label} (decision read from the autotune cache)")
+
+    # ------------------------------------------------------------------ the decision cache
+    def _read_index(self) -> dict[Bucket, Any]:
+        record = cache.load_decision(self._index_key, self._index_material)
+        out: dict[Bucket, Any] = {}
+        for bucket, decision in (record or {}).get("decision", {}).get("buckets", []):
+            try:
+                out[tuple((str(n), tuple(int(d) for d in s)) for n, s in bucket)] = decision_from_json(decision)
+            except (KeyError, TypeError, ValueError):
+                continue
+        return out
+
+    def _persist(self, slot: _Slot) -> None:
+        trial = self._trials.get(slot.serving[0])
+        if trial is None:
+            return
+        known = self._read_index()
+        known[slot.key] = trial.decision
+        buckets = [[[[n, list(s)] for n, s in key], d.to_json()] for key, d in known.items()]
+        cache.save_decision(self._index_key, self._index_material, {"kind": "buckets", "buckets": buckets},
+                            [f"online decisions of {self._model.name!r} per shape bucket"])
+
+    # ------------------------------------------------------------------ lifetime
+    def close(self) -> None:
+        self._closed.set()
+        self._jobs.put(None)
+        worker = self._worker
+        if worker is not None and worker is not threading.current_thread():
+            worker.join(timeout=30)
+        for exe in {id(e): e for e in self._compiled.values()}.values():
+            exe.close()
+        self._compiled.clear()

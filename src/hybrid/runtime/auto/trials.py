@@ -1,0 +1,178 @@
+"""The candidates of one auto-selection: compiled as trials, checked, and kept with their answers.
+
+Trials, in priority order: every accelerated candidate that compiles the whole graph (fp32); a
+partitioned plan when none does; the reference backend; with ``precision='auto'`` the reduced
+precisions each accelerated backend offers (:meth:`hybrid.hal.Backend.precisions`). Each trial runs
+the sample inputs and is checked by the :class:`~.verify.Verifier`: fp32 against the reference
+backend at model-level tolerance, reduced precisions against fp32 within the accuracy budget.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from hybrid.errors import HybridError
+from hybrid.hal import Candidate, get_backend
+from hybrid.hal.backend import Executable
+from hybrid.ir import Model
+from hybrid.runtime.auto import tolerance as checks
+from hybrid.runtime.auto.decision import Decision, PartitionDecision, SingleDecision
+from hybrid.runtime.auto.shapes import ShapeRange
+from hybrid.runtime.auto.verify import Verifier
+from hybrid.runtime.executor import compile_partitioned
+from hybrid.runtime.partition import FALLBACK_BACKEND, supporters, typed_model
+from hybrid.runtime.plan import Plan
+
+__all__ = ["OptionsOf", "Search", "Trial", "build_partition", "offered_precisions", "trials"]
+
+OptionsOf = Callable[[Candidate, str], dict[str, Any]]
+
+
+@dataclass(slots=True)
+class Trial:
+    """One candidate under test: its compiled executable, and what the check found."""
+
+    label: str
+    backend: str
+    device: str
+    precision: str
+    options: dict[str, Any]
+    executable: Executable
+    decision: Decision
+    plan: Plan | None = None
+    outputs: list[Any] | None = None
+    first_run_s: float | None = None
+    rejected: str | None = None
+    disputed: bool = False
+    answers: tuple[list[Any], ...] = ()
+
+    @property
+    def partitioned(self) -> bool:
+        return isinstance(self.decision, PartitionDecision)
+
+    @property
+    def independent(self) -> bool:
+        """An accelerated whole-graph answer: one opinion of its own in a vote against the reference."""
+        return not self.partitioned and self.backend != FALLBACK_BACKEND
+
+
+def offered_precisions(cand: Candidate) -> tuple[str, ...]:
+    """The reduced precisions a candidate's backend offers on its device (none when it is unknown)."""
+    try:
+        return get_backend(cand.backend).precisions(cand.device)
+    except HybridError:
+        return ()
+
+
+class Search:
+    """State of one search: the model, the candidates, the verifier, the notes for the plan."""
+
+    def __init__(self, model: Model, order: list[Candidate], options_of: OptionsOf, precision: str,
+                 budget: dict[str, float] | None, sample_inputs: Any, *,
+                 ranges: Mapping[str, ShapeRange] | None = None, rtol: float = 0.0,
+                 rules: Mapping[str, checks.OutputRule] | None = None,
+                 compiled: dict[str, Executable] | None = None) -> None:
+        self.model = model
+        self.order = order
+        self.options_of = options_of
+        self.precision = precision
+        self.notes: list[str] = []
+        self.compiled = compiled  # label -> executable: compile each candidate once across searches
+        reference = compiled.get(str(Candidate(FALLBACK_BACKEND, "cpu"))) if compiled is not None else None
+        self.verifier = Verifier(model, sample_inputs, budget, self.notes, ranges=ranges, rtol=rtol, rules=rules,
+                                 reference=reference)
+        self.fp32_outputs: dict[Candidate, list[Any]] = {}
+
+    def single(self, cand: Candidate, precision: str) -> Trial | None:
+        """``cand`` compiled for the whole graph at ``precision``; None (with a note) when it cannot be."""
+        label = str(cand) if precision == "fp32" else f"{cand} {precision}"
+        try:
+            options = self.options_of(cand, precision)
+            exe = self.compiled.get(label) if self.compiled is not None else None
+            if exe is None:
+                ref = self.verifier.reference_executable() if cand.backend == FALLBACK_BACKEND and not options else None
+                exe = ref or get_backend(cand.backend).compile(self.model, cand.device, options)
+            if self.compiled is not None:
+                self.compiled[label] = exe
+        except HybridError as e:
+            if e.code == "HYB-306":
+                raise
+            self.notes.append(f"{label} could not compile the model: {e.message}")
+            return None
+        return Trial(label, cand.backend, cand.device, precision, options, exe,
+                     SingleDecision(cand.backend, cand.device, precision))
+
+    def partitioned(self) -> Trial | None:
+        """The graph partitioned across the candidates (each node on the first that supports it)."""
+        try:
+            typed = typed_model(self.model, self.verifier.samples)
+            able = supporters(list(typed.graph), self.order)
+            return build_partition(self.model, typed, able, self.order, lambda c: self.options_of(c, "fp32"),
+                                   self.notes)
+        except HybridError as e:
+            self.notes.append(f"partitioning failed: {e.message}")
+            return None
+
+    def check(self, trial: Trial) -> str | None:
+        """Why ``trial`` must not win (None: it may); records its outputs and first-run time."""
+        truth = self.fp32_outputs.get(Candidate(trial.backend, trial.device))
+        verdict = self.verifier.check(trial.executable, trial.precision, truth)
+        trial.outputs, trial.first_run_s = verdict.outputs, verdict.first_run_s
+        trial.disputed = verdict.disputed and trial.independent
+        trial.answers = verdict.answers
+        if verdict.why is None and trial.precision != "fp32" and trial.outputs is not None:
+            cases = self.verifier.cases
+            base = cases[0].expected if cases else truth
+            if base is not None:
+                cos = checks.cosine(base, trial.outputs, self.verifier.names)
+                self.notes.append(f"{trial.label}: min cosine vs fp32 {cos:.6f}")
+        return verdict.why
+
+
+def build_partition(model: Model, typed: Any, able: list[tuple[Candidate, ...]], order: list[Candidate],
+                    options_of: Callable[[Candidate], dict[str, Any]], notes: list[str]) -> Trial:
+    """Partition and compile (see :func:`hybrid.runtime.executor.compile_partitioned`) as a trial."""
+    exe, plan, partition = compile_partitioned(model, typed, able, order, options_of, notes)
+    labels = list(dict.fromkeys(p.label for p in partition.parts))
+    backends = "+".join(dict.fromkeys(c.backend for c in labels))
+    devices = "+".join(dict.fromkeys(c.device for c in labels))
+    decision = PartitionDecision(tuple(str(a) for a in partition.assignment))
+    return Trial("partition(" + " + ".join(map(str, labels)) + ")", backends, devices, "fp32", {}, exe, decision,
+                 plan)
+
+
+def trials(search: Search, autotune: bool) -> Iterator[Trial]:
+    """The trials of ``search`` in the order they are checked (see the module doc)."""
+    order = search.order
+    accelerated = [c for c in order if c.backend != FALLBACK_BACKEND]
+    fallback = [c for c in order if c.backend == FALLBACK_BACKEND]
+    precision = search.precision
+    reduced = {c: offered_precisions(c) for c in accelerated} if precision == "auto" else {}
+    if precision in ("fp16", "bf16"):  # an explicit reduced precision: only who offers it
+        for c in accelerated:
+            if precision in offered_precisions(c) and (t := search.single(c, precision)):
+                yield t
+        return
+    if precision == "auto" and not autotune:  # nothing is timed: a reduced precision within budget first
+        for c in accelerated:
+            for p in reduced[c]:
+                if t := search.single(c, p):
+                    yield t
+    compiled_any = False
+    for c in accelerated:
+        if t := search.single(c, "fp32"):
+            compiled_any = True
+            yield t
+    if not compiled_any and len(order) > 1 and (t := search.partitioned()):
+        yield t
+    for c in fallback:
+        if t := search.single(c, "fp32"):
+            yield t
+    if precision == "auto" and autotune:
+        for c in accelerated:
+            if c in search.fp32_outputs or search.verifier.samples is None:
+                for p in reduced[c]:
+                    if t := search.single(c, p):
+                        yield t
