@@ -51,6 +51,11 @@ def serve(
     host: Annotated[str, typer.Option(help="Address to bind. Loopback by default; anything else should "
                                            "come with --auth-token.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to bind.")] = 8000,
+    grpc_port: Annotated[int, typer.Option(help="Port of the KServe v2 / Triton gRPC service (tritonclient.grpc), "
+                                                "on the same address; 0 turns gRPC off.")] = 8001,
+    model_control: Annotated[bool, typer.Option("--model-control", help="Allow the repository load/unload "
+                                                "endpoints (HTTP and gRPC) to load and unload the models of the "
+                                                "served repositories.")] = False,
     target: Annotated[str | None, typer.Option(help="Target for every model (default: each folder's "
                                                     "config.json, else 'auto').")] = None,
     backend_config: Annotated[str | None, typer.Option(help="Backend options as JSON, e.g. '{\"onnxruntime\": "
@@ -85,7 +90,8 @@ def serve(
     ray_address: Annotated[str | None, typer.Option(help="--ray: cluster to join (default: a local "
                                                          "instance).")] = None,
 ) -> None:
-    """Serve models over the KServe v2 / Open Inference Protocol REST API (tritonclient.http works)."""
+    """Serve models over the KServe v2 / Open Inference Protocol REST and gRPC APIs (tritonclient.http and
+    tritonclient.grpc work)."""
     with report_errors():
         from hybrid.config import parse_size
 
@@ -102,7 +108,12 @@ def serve(
         limits = Limits(max_body=parse_size(max_body, "--max-body"), max_json_depth=max_json_depth)
         connections = ConnectionLimits(header_timeout, keep_alive_timeout, max_connections)
         connections.check()
-        options = ServeOptions(auth_token=auth_token or None, limits=limits, drain_timeout=drain_timeout)
+        if not 0 <= grpc_port <= 65535:
+            raise ConfigError("HYB-102", f"--grpc-port must be a port number (0 turns gRPC off), got {grpc_port}")
+        grpc_address = f"[{host}]:{grpc_port}" if ":" in host else f"{host}:{grpc_port}"
+        options = ServeOptions(auth_token=auth_token or None, limits=limits, drain_timeout=drain_timeout,
+                               grpc_address=grpc_address if grpc_port and not use_ray else None,
+                               model_control=model_control)
         overrides = so.serving_settings(max_batch, batch_timeout, max_queue, request_timeout, concurrency,
                                         zero_means_off=True)
         backends = _json_object("--backend-config", backend_config, '{"onnxruntime": {"intra_op_num_threads": 2}}')
@@ -114,7 +125,7 @@ def serve(
             return
         configure_backends(backends)
         registry = build_registry(models, target, overrides)
-        _print_models(registry, f"http://{host}:{port}")
+        _print_models(registry, f"http://{host}:{port}" + (f" and grpc://{grpc_address}" if grpc_port else ""))
         run(create_app(registry, options), host=host, port=port, drain_timeout=drain_timeout, log_level=log_level,
             connections=connections)
 

@@ -2,17 +2,25 @@
 
 Each server has its own registry, so several servers (tests, one per Ray replica) never share counters.
 Queue depth and memory-pool occupancy are read at scrape time from the batchers and from
-``hybrid.hal.memory``, so they cost nothing between scrapes.
+``hybrid.hal.memory``, so they cost nothing between scrapes. Beside hybrid's own ``pyasc_*`` metrics the
+server exposes Triton's (``nv_inference_request_success``, ``nv_inference_request_failure``,
+``nv_inference_count``, ``nv_inference_exec_count``, ``nv_inference_*_duration_us``, labels ``model`` and
+``version``), read from the same :class:`~hybrid.serve.statistics.ModelStats` that the statistics
+endpoints report; ``pyasc_batch_size`` is the histogram of the batches actually executed.
 """
 
 from __future__ import annotations
 
+import re
+import threading
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+from hybrid.serve.statistics import ModelStats, TritonCollector
 
 if TYPE_CHECKING:
     from hybrid.serve.model import ServedModel
@@ -23,6 +31,7 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 _POOL_FIELDS = ("reserved", "allocated", "peak", "free", "largest_free")
+_TRITON_TOTAL = re.compile(rb"^# (HELP|TYPE) (nv_inference_[a-z_]+)_total ", re.M)
 
 
 class _LiveCollector(Collector):
@@ -72,13 +81,34 @@ class ServerMetrics:
                                     labels, buckets=_LATENCY_BUCKETS, registry=self.registry)
         self.compute_time = Histogram("pyasc_compute_duration_seconds", "Time the model took per batch",
                                       labels, buckets=_LATENCY_BUCKETS, registry=self.registry)
-        self.batch_size = Histogram("pyasc_batch_size", "Requests per batch run", labels,
+        self.batch_size = Histogram("pyasc_batch_size", "Requests per batch executed", labels,
                                     buckets=_BATCH_BUCKETS, registry=self.registry)
+        self.grpc_errors = Counter("pyasc_grpc_errors", "Error statuses of any gRPC method, by error code",
+                                   ["code"], registry=self.registry)
+        self._stats: dict[tuple[str, str], ModelStats] = {}
+        self._stats_lock = threading.Lock()
         self.registry.register(_LiveCollector(models))
+        self.registry.register(TritonCollector(lambda: list(self._stats.values()),
+                                               lambda: [(m.name, m.version, m.queued) for m in models]))
+
+    def stats(self, model: ServedModel) -> ModelStats:
+        """The Triton statistics of ``model`` (kept after an unload, as Triton's counters are)."""
+        key = (model.name, model.version)
+        found = self._stats.get(key)
+        if found is None:
+            with self._stats_lock:
+                found = self._stats.setdefault(key, ModelStats(*key))
+        return found
+
+    def request_done(self, model: ServedModel, ok: bool, seconds: float, rows: int = 1, input_s: float = 0.0,
+                     output_s: float = 0.0) -> None:
+        """One inference request of ``model`` ended: answered (``ok``) or failed, after ``seconds``."""
+        self.stats(model).request(ok, seconds, rows, input_s, output_s)
 
     def observe_batch(self, model: ServedModel, size: int, waits: list[float], run_s: float) -> None:
         """The ServedModel observer: one batch of ``size`` requests ran in ``run_s`` after ``waits``."""
         key = (model.name, model.version)
+        self.stats(model).batch(size, waits, run_s)
         self.batch_size.labels(*key).observe(size)
         self.compute_time.labels(*key).observe(run_s)
         queue = self.queue_time.labels(*key)
@@ -87,4 +117,6 @@ class ServerMetrics:
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""
-        return generate_latest(self.registry)
+        # prometheus_client names a counter's HELP/TYPE lines '<name>_total'; Triton's counters have no
+        # '_total' (the samples are already exposed under Triton's names)
+        return _TRITON_TOTAL.sub(rb"# \1 \2 ", generate_latest(self.registry))

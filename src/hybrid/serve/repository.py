@@ -4,6 +4,7 @@ A served path is a model file (``.hybrid`` bundle or ``.onnx``; served as versio
 or under ``NAME`` when given as ``NAME=PATH``) or a repository folder laid out as Triton users expect::
 
     repo/<model>/config.json            optional: serving settings and "target" for every version
+    repo/<model>/config.pbtxt           optional: Triton's model configuration (hybrid.serve.triton_config)
     repo/<model>/<version>/model.hybrid (or model.onnx)
 
 Versions are positive integers; a request without a version gets the highest. Names are checked against
@@ -11,7 +12,11 @@ one pattern everywhere (files, folders, URLs), and every path is resolved and mu
 repository, so neither a request nor a link in the folder can reach a file outside it.
 
 Serving settings come from, lowest first: the defaults, the bundle manifest's ``"serving"`` object,
-the model folder's ``config.json``, and the command line.
+the model folder's ``config.pbtxt``, its ``config.json``, and the command line.
+
+A registry built from paths can load and unload the models of its repositories while serving
+(:meth:`ModelRegistry.load`, :meth:`ModelRegistry.unload`; Triton's explicit model control), when the
+server allows it.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import threading
 import zipfile
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -28,7 +34,7 @@ from typing import Any
 from hybrid.errors import ConfigError, HybridError, ModelError, ServingError
 from hybrid.serve.model import BatchObserver, BatchSettings, ServedModel
 
-__all__ = ["SERVER_BACKEND_DEFAULTS", "ModelRegistry", "ModelSource", "build_registry", "check_name",
+__all__ = ["SERVER_BACKEND_DEFAULTS", "ModelIndexEntry", "ModelRegistry", "ModelSource", "build_registry", "check_name",
            "configure_backends", "discover", "load_model"]
 
 logger = logging.getLogger("hybrid.serve")
@@ -56,6 +62,8 @@ class ModelSource:
         path: Resolved path of the model file.
         settings: Serving settings from the bundle's folder (``config.json``), by BatchSettings field.
         target: The target the folder's config.json asks for, if any.
+        config: The folder's ``config.pbtxt`` (Triton's ModelConfig), if any.
+        notes: The fields of ``config.pbtxt`` not applied (or applied differently from Triton).
     """
 
     name: str
@@ -63,6 +71,8 @@ class ModelSource:
     path: str
     settings: dict[str, Any] = field(default_factory=dict)
     target: str | None = None
+    config: Any = None
+    notes: tuple[str, ...] = ()
 
 
 def _repo_error(message: str, hint: str | None = None) -> ServingError:
@@ -108,6 +118,24 @@ def _read_config(path: Path) -> tuple[dict[str, Any], str | None]:
     return doc, target
 
 
+def _read_pbtxt(root: Path, model_path: Path, settings: dict[str, Any]) -> tuple[Any, tuple[str, ...]]:
+    """The folder's config.pbtxt, if any: its settings go under ``settings`` (config.json's keys win)."""
+    path = model_path / "config.pbtxt"
+    if not path.exists():
+        return None, ()
+    from hybrid.serve import triton_config as tc
+
+    config = tc.read_pbtxt(_inside(root, path))
+    if config.name and config.name != model_path.name:
+        raise _repo_error(f"{path}: name {config.name!r} differs from the model folder {model_path.name!r}",
+                          "Triton requires the two to match: fix the name or remove it")
+    mapped, notes = tc.settings_of(config, str(path))
+    BatchSettings().merged(mapped, str(path))
+    for key, value in mapped.items():
+        settings.setdefault(key, value)
+    return config, (*notes, *tc.unmapped_fields(config))
+
+
 def _single_file(arg: str) -> ModelSource:
     name, sep, rest = arg.partition("=")
     if sep and NAME_RE.fullmatch(name) and not Path(arg).exists():
@@ -135,6 +163,7 @@ def _repository(root_arg: Path) -> list[ModelSource]:
         model_path = _inside(root, model_dir)
         config = model_path / CONFIG_FILE
         settings, target = _read_config(_inside(root, config)) if config.exists() else ({}, None)
+        pbtxt, notes = _read_pbtxt(root, model_path, settings)
         versions = [d for d in model_path.iterdir() if d.is_dir() and VERSION_RE.fullmatch(d.name)]
         if not versions:
             raise _repo_error(f"{model_dir} has no version folder (a positive integer such as 1/)")
@@ -146,7 +175,7 @@ def _repository(root_arg: Path) -> list[ModelSource]:
             path = _inside(root, files[0])
             if not path.is_file():
                 raise _repo_error(f"{files[0]} is not a file")
-            found.append(ModelSource(model_dir.name, version_dir.name, str(path), settings, target))
+            found.append(ModelSource(model_dir.name, version_dir.name, str(path), settings, target, pbtxt, notes))
     if not found:
         raise _repo_error(f"the repository {root} holds no model")
     return found
@@ -248,23 +277,58 @@ def load_model(source: ModelSource, target: str | None = None, overrides: Mappin
     settings = (defaults or BatchSettings()).merged(manifest, f"{where} (manifest 'serving')")
     settings = settings.merged(source.settings, f"{where} ({CONFIG_FILE})")
     settings = settings.merged(dict(overrides or {}), f"{where} (command line)")
+    if source.config is not None:
+        from hybrid.serve.triton_config import check_signature
+
+        try:
+            check_signature(source.config, compiled.signature, f"{where} (config.pbtxt)")
+        except BaseException:
+            compiled.close()
+            raise
+        if source.notes:
+            logger.warning("%s: config.pbtxt fields not applied by pyasc: %s", where, "; ".join(source.notes))
     served = ServedModel(source.name, source.version, compiled, settings, platform, observer)
+    served.model_config = source.config  # reported by the model-configuration endpoints
     logger.info("serving %r version %s from %s on %s:%s (%s)", source.name, source.version, source.path,
                 compiled.backend, compiled.device, settings)
     return served
 
 
-class ModelRegistry:
-    """The loaded model versions, looked up by name and optional version."""
+@dataclass(frozen=True, slots=True)
+class ModelIndexEntry:
+    """One row of the repository index: a model version found or loaded, its state and why."""
 
-    def __init__(self, models: Sequence[ServedModel]) -> None:
-        self._models: dict[str, dict[str, ServedModel]] = {}
-        for m in models:
-            self._models.setdefault(m.name, {})[m.version] = m
-        for versions in self._models.values():  # highest version first: the default
-            ordered = sorted(versions.items(), key=lambda kv: -int(kv[0]))
-            versions.clear()
-            versions.update(ordered)
+    name: str
+    version: str
+    state: str  # 'READY', 'UNAVAILABLE' (found, not loaded) or 'UNLOADING'
+    reason: str = ""
+
+
+def _ordered(models: Sequence[ServedModel]) -> dict[str, dict[str, ServedModel]]:
+    table: dict[str, dict[str, ServedModel]] = {}
+    for m in models:
+        table.setdefault(m.name, {})[m.version] = m
+    return {name: dict(sorted(versions.items(), key=lambda kv: -int(kv[0])))  # highest version first
+            for name, versions in table.items()}
+
+
+class ModelRegistry:
+    """The loaded model versions, looked up by name and optional version.
+
+    Args:
+        models: The loaded models.
+        paths: The files and repositories they came from (what :meth:`index` and :meth:`load` read).
+        load_args: ``target``, ``overrides`` and ``defaults`` as given to :func:`load_model`.
+    """
+
+    def __init__(self, models: Sequence[ServedModel], paths: Sequence[str | Path] = (),
+                 load_args: Mapping[str, Any] | None = None) -> None:
+        # replaced whole on load/unload (never mutated in place), so readers on other threads iterate safely
+        self._models = _ordered(models)
+        self.paths = list(paths)
+        self.load_args = dict(load_args or {})
+        self.observer: BatchObserver | None = None  # given to the models load() adds
+        self._control = threading.Lock()
 
     def get(self, name: str, version: str | None = None) -> ServedModel:
         """The model ``name`` at ``version`` (None: the highest).
@@ -296,6 +360,67 @@ class ModelRegistry:
     def __len__(self) -> int:
         return sum(len(v) for v in self._models.values())
 
+    def index(self) -> list[ModelIndexEntry]:
+        """Every model version loaded or found under the registry's paths, with its state."""
+        entries = {(m.name, m.version): ModelIndexEntry(m.name, m.version, "READY" if m.ready else "UNAVAILABLE")
+                   for m in self}
+        if self.paths:
+            try:
+                found = discover(self.paths)
+            except HybridError as e:
+                logger.warning("repository index: %s", e)
+                found = []
+            for s in found:
+                entries.setdefault((s.name, s.version),
+                                   ModelIndexEntry(s.name, s.version, "UNAVAILABLE", "unloaded"))
+        return sorted(entries.values(), key=lambda e: (e.name, int(e.version)))
+
+    def load(self, name: str) -> list[ServedModel]:
+        """Load (or reload) every version of ``name`` from the registry's paths; the versions served
+        before are replaced, then drained and closed (their queued requests still answered).
+
+        Raises:
+            ServingError: HYB-702 for a bad name, HYB-701 when no path holds the model.
+            HybridError: what loading raised; the versions served before stay.
+        """
+        check_name(name)
+        with self._control:
+            sources = [s for s in discover(self.paths) if s.name == name] if self.paths else []
+            if not sources:
+                raise ServingError("HYB-701", f"no model named {name!r} in the served repositories "
+                                   f"({', '.join(map(str, self.paths)) or 'none'})",
+                                   "POST /v2/repository/index lists the models that can be loaded")
+            fresh = build_registry([], sources=sources, **self.load_args)
+            for m in fresh:
+                m.observer = self.observer
+            table = dict(self._models)
+            old = list(table.pop(name, {}).values())
+            table[name] = _ordered(list(fresh))[name]
+            self._models = table
+        self._retire(old)
+        return list(fresh)
+
+    def unload(self, name: str) -> None:
+        """Stop serving every version of ``name``: new requests get HYB-701, queued ones are answered.
+
+        Raises:
+            ServingError: HYB-701 when ``name`` is not served.
+        """
+        self.get(name)
+        with self._control:
+            table = dict(self._models)
+            old = list(table.pop(name, {}).values())
+            self._models = table
+        self._retire(old)
+
+    @staticmethod
+    def _retire(models: list[ServedModel]) -> None:
+        for m in models:
+            try:
+                m.close()
+            except HybridError as e:
+                logger.warning("closing %s: %s", m, e)
+
     def drain(self, timeout: float | None = None) -> None:
         """Every model refuses new requests and runs what it has queued."""
         for m in self:
@@ -325,4 +450,4 @@ def build_registry(paths: Sequence[str | Path], target: str | None = None,
     except BaseException:
         ModelRegistry(loaded).close()
         raise
-    return ModelRegistry(loaded)
+    return ModelRegistry(loaded, paths, {"target": target, "overrides": overrides, "defaults": defaults})

@@ -1,0 +1,452 @@
+"""The KServe v2 / Triton gRPC API (``inference.GRPCInferenceService``) on grpcio's asyncio server.
+
+The service is built on the generated code that ships with tritonclient (``tritonclient.grpc.service_pb2``
+and ``service_pb2_grpc``, from Triton's published ``grpc_service.proto``), so the wire format is protobuf's,
+never hand-written. It runs on the HTTP server's event loop (started and stopped by the app's lifespan) and
+shares everything with it: the models and their batchers, the bearer token (``authorization`` metadata),
+the body limit (the largest message accepted), the metrics and statistics, the draining state, and the
+HYB error codes, sent as the status message ``[HYB-7xx] ...`` with the code also in the trailing metadata
+``hyb-code``; the status code follows the HTTP status of the same error (:func:`grpc_status`).
+
+Methods: ServerLive, ServerReady, ModelReady, ServerMetadata, ModelMetadata, ModelInfer (inputs as
+``raw_input_contents`` or typed ``contents``; outputs always as ``raw_output_contents``, as Triton does),
+ModelStreamInfer (requests of one stream run concurrently, so they batch; answers carry the request id),
+ModelConfig, ModelStatistics, RepositoryIndex, RepositoryModelLoad / RepositoryModelUnload (refused with
+HYB-709 unless the server runs with model control). The shared-memory, trace and log methods answer
+UNIMPLEMENTED.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import hmac
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import grpc
+import numpy as np
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc as pb_grpc
+
+from hybrid._version import __version__
+from hybrid.errors import ConfigError, HybridError, ServingError
+from hybrid.serve.protocol import DATATYPES, Limits, datatype_of
+
+if TYPE_CHECKING:
+    from hybrid.serve.app import ServerState
+    from hybrid.serve.model import ServedModel
+
+__all__ = ["GrpcService", "decode_inputs", "encode_outputs", "grpc_status", "start_grpc"]
+
+logger = logging.getLogger("hybrid.serve")
+
+_OFFLOAD = 64 << 10  # requests with more tensor bytes than this are decoded in a worker thread
+_BY_HTTP = {400: grpc.StatusCode.INVALID_ARGUMENT, 401: grpc.StatusCode.UNAUTHENTICATED,
+            403: grpc.StatusCode.FAILED_PRECONDITION, 404: grpc.StatusCode.NOT_FOUND,
+            413: grpc.StatusCode.RESOURCE_EXHAUSTED, 503: grpc.StatusCode.UNAVAILABLE,
+            504: grpc.StatusCode.DEADLINE_EXCEEDED}
+_TYPED = {"BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents",
+          "INT64": "int64_contents", "UINT8": "uint_contents", "UINT16": "uint_contents", "UINT32": "uint_contents",
+          "UINT64": "uint64_contents", "FP32": "fp32_contents", "FP64": "fp64_contents", "BYTES": "bytes_contents"}
+_HINT = "build requests with tritonclient.grpc (InferInput.set_data_from_numpy)"
+
+
+def grpc_status(code: str) -> grpc.StatusCode:
+    """The gRPC status of a HybridError code: the counterpart of its HTTP status (400 -> INVALID_ARGUMENT,
+    404 -> NOT_FOUND, 503 -> UNAVAILABLE, 504 -> DEADLINE_EXCEEDED, ...; anything else INTERNAL)."""
+    from hybrid.serve.app import http_status
+
+    return _BY_HTTP.get(http_status(code), grpc.StatusCode.INTERNAL)
+
+
+def _bad(message: str, hint: str | None = _HINT) -> ServingError:
+    return ServingError("HYB-702", message, hint)
+
+
+# ------------------------------------------------------------------------------------------------ tensors
+def _shape(name: str, dims: Any, itemsize: int, limits: Limits) -> tuple[tuple[int, ...], int]:
+    cap = limits.max_body // max(1, itemsize)
+    count = 1
+    for d in dims:
+        if d < 0:
+            raise _bad(f"input {name!r}: shape {list(dims)} has a negative dimension {d}")
+        if d > cap or count * d > cap:
+            raise _bad(f"input {name!r}: shape {list(dims)} has more elements than the {cap} a "
+                       f"{limits.max_body}-byte request can carry", "check the shape")
+        count *= d
+    return tuple(dims), count
+
+
+def _bytes_elements(name: str, raw: bytes, count: int) -> np.ndarray:
+    if 4 * count > len(raw):
+        raise _bad(f"input {name!r}: {count} BYTES elements need at least {4 * count} bytes, the tensor has "
+                   f"{len(raw)}")
+    out = np.empty(count, dtype=object)
+    view = memoryview(raw)
+    pos = 0
+    for i in range(count):
+        if pos + 4 > len(view):
+            raise _bad(f"input {name!r}: BYTES data ends inside element {i} of {count}")
+        n = int.from_bytes(view[pos:pos + 4], "little")
+        pos += 4
+        if pos + n > len(view):
+            raise _bad(f"input {name!r}: BYTES element {i} declares {n} bytes past the end of its data")
+        out[i] = bytes(view[pos:pos + n])
+        pos += n
+    if pos != len(view):
+        raise _bad(f"input {name!r}: the tensor has {len(view)} bytes, its {count} BYTES elements use {pos}")
+    return out
+
+
+def _from_raw(name: str, datatype: str, shape: tuple[int, ...], count: int, raw: bytes) -> np.ndarray:
+    if datatype == "BYTES":
+        return _bytes_elements(name, raw, count).reshape(shape)
+    dtype = DATATYPES[datatype]
+    if len(raw) != count * dtype.itemsize:
+        raise _bad(f"input {name!r}: raw_input_contents has {len(raw)} bytes, but {datatype} shape {list(shape)} "
+                   f"needs {count * dtype.itemsize}")
+    if datatype == "BOOL" and count and np.frombuffer(raw, np.uint8).max() > 1:
+        raise _bad(f"input {name!r}: BOOL data must be bytes 0 or 1")
+    return np.frombuffer(raw, dtype=dtype, count=count).reshape(shape)  # bytes objects are aligned
+
+
+def _from_typed(name: str, datatype: str, shape: tuple[int, ...], count: int, contents: Any) -> np.ndarray:
+    field = _TYPED.get(datatype)
+    if field is None:
+        raise _bad(f"input {name!r}: {datatype} has no typed contents field; send it as raw_input_contents")
+    values = getattr(contents, field)
+    if len(values) != count:
+        raise _bad(f"input {name!r}: shape {list(shape)} needs {count} values, {field} has {len(values)}")
+    for other in set(_TYPED.values()) - {field}:
+        if len(getattr(contents, other)):
+            raise _bad(f"input {name!r}: datatype {datatype} takes {field}, the request fills {other}")
+    if datatype == "BYTES":
+        arr = np.empty(count, dtype=object)
+        arr[:] = list(values)
+        return arr.reshape(shape)
+    dtype = DATATYPES[datatype]
+    found = np.array(values, dtype=np.bool_ if datatype == "BOOL" else None)
+    if dtype.kind in "iu" and found.size:
+        info = np.iinfo(dtype)
+        if found.min() < info.min or found.max() > info.max:
+            raise _bad(f"input {name!r}: {field} holds values outside {datatype}'s range")
+    return found.astype(dtype, copy=False).reshape(shape)
+
+
+def decode_inputs(request: pb.ModelInferRequest, limits: Limits) -> dict[str, np.ndarray]:
+    """The input arrays of a ModelInferRequest, every size checked before anything is allocated.
+
+    Raises:
+        ServingError: HYB-702 naming the tensor and what is wrong with it.
+    """
+    raw = request.raw_input_contents
+    if len(raw) and len(raw) != len(request.inputs):
+        raise _bad(f"the request has {len(request.inputs)} inputs but {len(raw)} raw_input_contents; send "
+                   "every input raw or none")
+    arrays: dict[str, np.ndarray] = {}
+    for i, tensor in enumerate(request.inputs):
+        name, datatype = tensor.name, tensor.datatype
+        if name in arrays:
+            raise _bad(f"input {name!r} appears twice")
+        if datatype not in DATATYPES:
+            raise _bad(f"input {name!r}: unknown datatype {datatype!r}; expected one of {', '.join(DATATYPES)}")
+        itemsize = 4 if datatype == "BYTES" else DATATYPES[datatype].itemsize
+        shape, count = _shape(name, tensor.shape, itemsize, limits)
+        if len(raw):
+            if tensor.HasField("contents"):
+                raise _bad(f"input {name!r} has both contents and raw_input_contents")
+            arrays[name] = _from_raw(name, datatype, shape, count, raw[i])
+        else:
+            arrays[name] = _from_typed(name, datatype, shape, count, tensor.contents)
+    return arrays
+
+
+def _raw_of(arr: np.ndarray, datatype: str) -> bytes:
+    if datatype != "BYTES":
+        return np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<")).tobytes()
+    parts = []
+    for v in arr.reshape(-1):
+        b = v if isinstance(v, bytes) else str(v).encode("utf-8")
+        parts += [len(b).to_bytes(4, "little"), b]
+    return b"".join(parts)
+
+
+def encode_outputs(model: ServedModel, request: pb.ModelInferRequest,
+                   outputs: dict[str, np.ndarray]) -> pb.ModelInferResponse:
+    """The ModelInferResponse with the outputs the request asked for (all when it names none), as raw
+    contents.
+
+    Raises:
+        ServingError: HYB-702 for an output the model does not have or the classification extension.
+    """
+    response = pb.ModelInferResponse(model_name=model.name, model_version=model.version, id=request.id)
+    wanted = [o.name for o in request.outputs] or list(outputs)
+    for requested in request.outputs:
+        if "classification" in requested.parameters:
+            raise _bad(f"output {requested.name!r}: the classification extension is not supported",
+                       "request the raw output and take the top classes on the client")
+    for name in wanted:
+        if name not in outputs:
+            raise _bad(f"output {name!r} is not an output of {model.name!r}; it has: {', '.join(outputs)}",
+                       "request one of the model's outputs, or none for all of them")
+        arr = np.asarray(outputs[name])
+        datatype = datatype_of(arr.dtype)
+        response.outputs.add(name=name, datatype=datatype, shape=list(arr.shape))
+        response.raw_output_contents.append(_raw_of(arr, datatype))
+    return response
+
+
+def _request_timeout(request: pb.ModelInferRequest, context: grpc.aio.ServicerContext) -> float | None:
+    limits = []
+    if "timeout" in request.parameters:
+        micros = request.parameters["timeout"].int64_param
+        if micros <= 0:
+            raise _bad(f"parameter 'timeout' must be a positive number of microseconds, got {micros}")
+        limits.append(micros / 1e6)
+    remaining = context.time_remaining()
+    if remaining is not None:
+        limits.append(max(remaining, 1e-3))
+    return min(limits) if limits else None
+
+
+# ------------------------------------------------------------------------------------------------ service
+Handler = Callable[..., Awaitable[Any]]
+
+
+def _rpc(*, public: bool = False) -> Callable[[Handler], Handler]:
+    """Wrap a method: the bearer-token check (not for liveness), and HybridError -> gRPC status."""
+
+    def wrap(method: Handler) -> Handler:
+        @functools.wraps(method)
+        async def call(self: GrpcService, request: Any, context: grpc.aio.ServicerContext) -> Any:
+            try:
+                if not public:
+                    self.authorize(context)
+                return await method(self, request, context)
+            except HybridError as e:
+                await self.abort(context, e)
+
+        return call
+
+    return wrap
+
+
+class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
+    """``inference.GRPCInferenceService`` over the HTTP server's state.
+
+    Args:
+        state: The app's shared state (models, metrics, options, draining flag).
+    """
+
+    def __init__(self, state: ServerState) -> None:
+        self.state = state
+        token = state.options.auth_token
+        self._expected = f"Bearer {token}".encode() if token else None
+
+    # ------------------------------------------------------------------ plumbing
+    def authorize(self, context: grpc.aio.ServicerContext) -> None:
+        if self._expected is None:
+            return
+        given = next((v for k, v in (context.invocation_metadata() or ()) if k == "authorization"), "")
+        given = given.encode() if isinstance(given, str) else given
+        if not hmac.compare_digest(given, self._expected):
+            what = "no authorization metadata" if not given else "a wrong bearer token"
+            raise ServingError("HYB-703", f"this server requires a bearer token; the call has {what}",
+                               "send the metadata 'authorization: Bearer <token>' (headers= in tritonclient)")
+
+    async def abort(self, context: grpc.aio.ServicerContext, e: HybridError) -> None:
+        self.state.metrics.grpc_errors.labels(e.code).inc()
+        context.set_trailing_metadata((("hyb-code", e.code),))
+        text = f"[{e.code}] {e.message}" + (f" (hint: {e.hint})" if e.hint else "")
+        await context.abort(grpc_status(e.code), text)
+
+    def _model(self, name: str, version: str) -> ServedModel:
+        return self.state.registry.get(name, version or None)
+
+    def _control(self) -> None:
+        if not self.state.options.model_control:
+            raise ServingError("HYB-709", "model control is off: this server does not load or unload models",
+                               "start the server with --model-control")
+
+    # ------------------------------------------------------------------ health and metadata
+    @_rpc(public=True)
+    async def ServerLive(self, request: pb.ServerLiveRequest, context: Any) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=True)
+
+    @_rpc()
+    async def ServerReady(self, request: pb.ServerReadyRequest, context: Any) -> pb.ServerReadyResponse:
+        ready = not self.state.draining and all(m.ready for m in self.state.registry)
+        return pb.ServerReadyResponse(ready=ready)
+
+    @_rpc()
+    async def ModelReady(self, request: pb.ModelReadyRequest, context: Any) -> pb.ModelReadyResponse:
+        try:
+            model = self._model(request.name, request.version)
+        except ServingError as e:
+            if e.code != "HYB-701":
+                raise
+            return pb.ModelReadyResponse(ready=False)
+        return pb.ModelReadyResponse(ready=model.ready and not self.state.draining)
+
+    @_rpc()
+    async def ServerMetadata(self, request: pb.ServerMetadataRequest, context: Any) -> pb.ServerMetadataResponse:
+        from hybrid.serve.triton_http import EXTENSIONS
+
+        return pb.ServerMetadataResponse(name="pyasc", version=__version__, extensions=EXTENSIONS)
+
+    @_rpc()
+    async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: Any) -> pb.ModelMetadataResponse:
+        model = self._model(request.name, request.version)
+        versions = [model.version] if request.version else self.state.registry.versions(model.name)
+        doc = model.metadata(versions)
+        tensors = {k: [pb.ModelMetadataResponse.TensorMetadata(**t) for t in doc[k]] for k in ("inputs", "outputs")}
+        return pb.ModelMetadataResponse(name=doc["name"], versions=doc["versions"], platform=doc["platform"],
+                                        **tensors)
+
+    @_rpc()
+    async def ModelConfig(self, request: pb.ModelConfigRequest, context: Any) -> pb.ModelConfigResponse:
+        from hybrid.serve.triton_config import model_config
+
+        return pb.ModelConfigResponse(config=model_config(self._model(request.name, request.version)))
+
+    @_rpc()
+    async def ModelStatistics(self, request: pb.ModelStatisticsRequest,
+                              context: Any) -> pb.ModelStatisticsResponse:
+        from hybrid.serve.triton_http import selected_models
+
+        models = selected_models(self.state.registry, request.name or None, request.version or None)
+        return pb.ModelStatisticsResponse(model_stats=[self.state.metrics.stats(m).to_proto() for m in models])
+
+    # ------------------------------------------------------------------ repository
+    @_rpc()
+    async def RepositoryIndex(self, request: pb.RepositoryIndexRequest,
+                              context: Any) -> pb.RepositoryIndexResponse:
+        entries = await asyncio.get_running_loop().run_in_executor(None, self.state.registry.index)
+        models = [pb.RepositoryIndexResponse.ModelIndex(name=e.name, version=e.version, state=e.state,
+                                                        reason=e.reason)
+                  for e in entries if not request.ready or e.state == "READY"]
+        return pb.RepositoryIndexResponse(models=models)
+
+    @_rpc()
+    async def RepositoryModelLoad(self, request: pb.RepositoryModelLoadRequest,
+                                  context: Any) -> pb.RepositoryModelLoadResponse:
+        self._control()
+        if len(request.parameters):
+            raise _bad(f"load parameters ({', '.join(request.parameters)}) are not supported",
+                       "change the files in the repository, then load the model")
+        await asyncio.get_running_loop().run_in_executor(None, self.state.registry.load, request.model_name)
+        return pb.RepositoryModelLoadResponse()
+
+    @_rpc()
+    async def RepositoryModelUnload(self, request: pb.RepositoryModelUnloadRequest,
+                                    context: Any) -> pb.RepositoryModelUnloadResponse:
+        self._control()
+        await asyncio.get_running_loop().run_in_executor(None, self.state.registry.unload, request.model_name)
+        return pb.RepositoryModelUnloadResponse()
+
+    # ------------------------------------------------------------------ inference
+    async def _infer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
+        if self.state.draining:
+            raise ServingError("HYB-706", "the server is shutting down; request refused", "retry on another replica")
+        model = self._model(request.model_name, request.model_version)
+        metrics, limits = self.state.metrics, self.state.options.limits
+        metrics.requests.labels(model.name, model.version).inc()
+        t0 = time.perf_counter()
+        ok = False
+        rows = 1
+        input_s = output_s = 0.0
+        try:
+            timeout = _request_timeout(request, context)
+            size = sum(len(r) for r in request.raw_input_contents)
+            if size > _OFFLOAD:
+                inputs = await asyncio.get_running_loop().run_in_executor(None, decode_inputs, request, limits)
+            else:
+                inputs = decode_inputs(request, limits)
+            input_s = time.perf_counter() - t0
+            from hybrid.serve.triton_http import request_rows
+
+            rows = request_rows(model, inputs)
+            outputs = await model.infer(inputs, timeout)
+            t1 = time.perf_counter()
+            response = encode_outputs(model, request, outputs)
+            output_s = time.perf_counter() - t1
+            ok = True
+            return response
+        except HybridError as e:
+            metrics.failures.labels(model.name, model.version, e.code).inc()
+            raise
+        finally:  # a client that went away (CancelledError) counts as a failure too
+            elapsed = time.perf_counter() - t0
+            metrics.latency.labels(model.name, model.version).observe(elapsed)
+            metrics.request_done(model, ok, elapsed, rows, input_s, output_s)
+
+    @_rpc()
+    async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
+        return await self._infer(request, context)
+
+    async def ModelStreamInfer(self, request_iterator: AsyncIterator[pb.ModelInferRequest],
+                               context: Any) -> AsyncIterator[pb.ModelStreamInferResponse]:
+        try:
+            self.authorize(context)
+        except HybridError as e:
+            await self.abort(context, e)
+        answers: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
+        tasks: set[asyncio.Task[None]] = set()
+
+        async def one(request: pb.ModelInferRequest) -> None:
+            try:
+                answer = pb.ModelStreamInferResponse(infer_response=await self._infer(request, context))
+            except HybridError as e:
+                self.state.metrics.grpc_errors.labels(e.code).inc()
+                text = f"[{e.code}] {e.message}" + (f" (hint: {e.hint})" if e.hint else "")
+                answer = pb.ModelStreamInferResponse(error_message=text, infer_response=pb.ModelInferResponse(
+                    model_name=request.model_name, model_version=request.model_version, id=request.id))
+            await answers.put(answer)
+
+        async def read() -> None:
+            try:
+                async for request in request_iterator:
+                    task = asyncio.create_task(one(request))
+                    tasks.add(task)
+                    task.add_done_callback(tasks.discard)
+                if tasks:
+                    await asyncio.gather(*list(tasks), return_exceptions=True)
+            finally:
+                await answers.put(None)
+
+        reader = asyncio.create_task(read())
+        try:
+            while (answer := await answers.get()) is not None:
+                yield answer
+        finally:
+            reader.cancel()
+            for task in list(tasks):
+                task.cancel()
+
+
+async def start_grpc(state: ServerState, address: str) -> tuple[grpc.aio.Server, int]:
+    """Start the gRPC service on ``address`` ('host:port'; port 0 picks a free one) on the running loop.
+
+    Returns:
+        The started server and the port it listens on.
+
+    Raises:
+        ConfigError: HYB-102 when the address cannot be bound.
+    """
+    limit = state.options.limits.max_body + (1 << 20)  # the tensors plus room for the message around them
+    server = grpc.aio.server(options=[("grpc.max_receive_message_length", limit),
+                                      ("grpc.max_send_message_length", -1),
+                                      ("grpc.so_reuseport", 0)])
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(GrpcService(state), server)
+    try:
+        port = server.add_insecure_port(address)
+    except RuntimeError as e:
+        raise ConfigError("HYB-102", f"cannot listen for gRPC on {address}: {e}",
+                          "choose another --grpc-port (0 turns gRPC off)") from e
+    await server.start()
+    logger.info("gRPC (KServe v2 / Triton) listening on %s", address.rpartition(":")[0] + f":{port}")
+    return server, port
+

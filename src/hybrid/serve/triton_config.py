@@ -1,0 +1,237 @@
+"""Triton's model configuration: ``config.pbtxt`` read and checked, and the configuration a model reports.
+
+A Triton-layout repository may hold ``repo/<model>/config.pbtxt``. It is parsed with protobuf's text
+format into Triton's own ``ModelConfig`` message (the generated module that ships with tritonclient), and
+the fields that have a meaning here become serving settings:
+
+=================================================  ===============================================
+``max_batch_size: 0``                              no batching (``max_batch`` 0)
+``max_batch_size: N`` without ``dynamic_batching`` requests carry their own batch (up to N rows); no
+                                                   dynamic batching, as in Triton
+``dynamic_batching``                               ``max_batch`` = the largest ``preferred_batch_size``,
+                                                   else ``max_batch_size``
+``max_queue_delay_microseconds``                   ``batch_timeout``
+``default_queue_policy.max_queue_size``            ``max_queue``
+``instance_group[*].count``                        ``concurrency`` (their sum)
+``input`` / ``output``: name, data_type, dims      checked against the model (HYB-707 naming the mismatch)
+=================================================  ===============================================
+
+Every other field that is set is listed in one warning at startup (see :func:`unmapped_fields`): nothing
+in a configuration is ignored silently. A field protobuf does not know is a parse error (HYB-707).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from google.protobuf import json_format, text_format
+from google.protobuf.message import Message
+from tritonclient.grpc import model_config_pb2 as mc
+
+from hybrid.errors import ServingError
+from hybrid.serve.protocol import datatype_of
+
+if TYPE_CHECKING:
+    from hybrid.ir.signature import Signature, TensorSpec
+    from hybrid.serve.model import ServedModel
+
+__all__ = ["PBTXT", "check_signature", "config_json", "model_config", "read_pbtxt", "settings_of",
+           "unmapped_fields"]
+
+logger = logging.getLogger("hybrid.serve")
+
+PBTXT = "config.pbtxt"
+_PBTXT_MAX = 256 << 10
+
+# v2 datatype <-> model_config DataType (Triton's TYPE_STRING is the protocol's BYTES)
+_TYPE_OF = {name: mc.DataType.Value(f"TYPE_{'STRING' if name == 'BYTES' else name}")
+            for name in ("BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
+                         "FP16", "FP32", "FP64", "BF16", "BYTES")}
+_NAME_OF = {v: k for k, v in _TYPE_OF.items()}
+
+# dotted field paths that mean something here (the rest is reported by unmapped_fields)
+_MAPPED = {
+    "name", "platform", "backend", "max_batch_size",
+    "input", "input.name", "input.data_type", "input.dims",
+    "output", "output.name", "output.data_type", "output.dims",
+    "dynamic_batching", "dynamic_batching.preferred_batch_size", "dynamic_batching.max_queue_delay_microseconds",
+    "dynamic_batching.default_queue_policy", "dynamic_batching.default_queue_policy.max_queue_size",
+    "instance_group", "instance_group.count", "instance_group.name",
+}
+
+
+def _error(message: str, hint: str | None = None) -> ServingError:
+    return ServingError("HYB-707", message, hint or "fix config.pbtxt (Triton's model_config.proto) or remove it")
+
+
+def read_pbtxt(path: str | Path) -> mc.ModelConfig:
+    """Parse a ``config.pbtxt`` into Triton's ``ModelConfig``.
+
+    Raises:
+        ServingError: HYB-707 for a file too large or text protobuf cannot parse (an unknown field name, a
+            bad value), naming the path and protobuf's line:column.
+    """
+    path = Path(path)
+    if path.stat().st_size > _PBTXT_MAX:
+        raise _error(f"{path} is larger than {_PBTXT_MAX} bytes")
+    try:
+        return text_format.Parse(path.read_text(encoding="utf-8"), mc.ModelConfig())
+    except (text_format.ParseError, UnicodeDecodeError) as e:
+        raise _error(f"{path} is not a valid Triton model configuration: {e}") from e
+
+
+def _walk(msg: Message, prefix: str = "") -> Iterator[str]:
+    for field, value in msg.ListFields():
+        path = f"{prefix}{field.name}"
+        yield path
+        if field.message_type is None or field.message_type.GetOptions().map_entry:
+            continue
+        # protobuf >= 5.28 has is_repeated; older ones only the label
+        repeated = field.is_repeated if hasattr(field, "is_repeated") else field.label == field.LABEL_REPEATED
+        items = value if repeated else [value]
+        for item in items:
+            yield from _walk(item, f"{path}.")
+
+
+def unmapped_fields(config: mc.ModelConfig) -> list[str]:
+    """The fields set in ``config`` that pyasc does not apply (dotted paths, sorted, each once)."""
+    found = sorted(set(_walk(config)) - _MAPPED)
+    # report the outermost unmapped field only: 'optimization' rather than every field below it
+    return [p for p in found if not any(p.startswith(f"{q}.") for q in found)]
+
+
+def settings_of(config: mc.ModelConfig, where: str) -> tuple[dict[str, Any], list[str]]:
+    """The serving settings (BatchSettings field -> value) a configuration asks for, and notes for the
+    fields applied differently from Triton (listed with the unmapped ones at startup).
+
+    Raises:
+        ServingError: HYB-707 for values that contradict each other (a preferred batch size above
+            max_batch_size, a negative size).
+    """
+    notes: list[str] = []
+    settings: dict[str, Any] = {}
+    if config.max_batch_size < 0:
+        raise _error(f"{where}: max_batch_size must be >= 0, got {config.max_batch_size}")
+    if config.max_batch_size == 0:
+        settings["max_batch"] = 0
+        if config.HasField("dynamic_batching"):
+            notes.append("dynamic_batching (max_batch_size is 0: no batching)")
+    elif not config.HasField("dynamic_batching"):
+        settings["max_batch"] = 0  # Triton: without dynamic_batching every request runs as it came
+    else:
+        db = config.dynamic_batching
+        preferred = list(db.preferred_batch_size)
+        if any(p < 1 or p > config.max_batch_size for p in preferred):
+            raise _error(f"{where}: preferred_batch_size {preferred} must lie in 1..max_batch_size "
+                         f"({config.max_batch_size})")
+        settings["max_batch"] = max(preferred) if preferred else config.max_batch_size
+        if len(preferred) > 1:
+            notes.append(f"dynamic_batching.preferred_batch_size (only the largest, {max(preferred)}, is used)")
+        settings["batch_timeout"] = db.max_queue_delay_microseconds / 1e6
+        if db.default_queue_policy.max_queue_size > 0:
+            settings["max_queue"] = int(db.default_queue_policy.max_queue_size)
+    if len(config.instance_group):
+        settings["concurrency"] = sum(max(1, g.count) for g in config.instance_group)
+    return settings, notes
+
+
+def _dims(spec: TensorSpec) -> list[int | str] | None:
+    return None if spec.shape is None else list(spec.shape)
+
+
+def _check_tensors(kind: str, wanted: Any, specs: tuple[TensorSpec, ...], batched: bool, where: str) -> None:
+    by_name = {s.name: s for s in specs}
+    for t in wanted:
+        spec = by_name.get(t.name)
+        if spec is None:
+            raise _error(f"{where}: {kind} {t.name!r} is not an {kind} of the model; the model's {kind}s: "
+                         f"{', '.join(by_name)}")
+        if t.data_type != mc.TYPE_INVALID:
+            have = datatype_of(spec.dtype)
+            if _NAME_OF.get(t.data_type) != have:
+                raise _error(f"{where}: {kind} {t.name!r} is {mc.DataType.Name(t.data_type)} in config.pbtxt, "
+                             f"the model's is {have} (TYPE_{'STRING' if have == 'BYTES' else have})")
+        shape = _dims(spec)
+        if shape is None:
+            continue
+        if batched:  # the first dim is symbolic (checked by check_signature)
+            shape = shape[1:]
+        dims = list(t.dims)
+        bad = len(dims) != len(shape) or any(d != -1 and isinstance(s, int) and d != s for d, s in zip(dims, shape))
+        if bad:
+            batch = " after the batch dimension" if batched else ""
+            raise _error(f"{where}: {kind} {t.name!r} has dims {dims} in config.pbtxt, the model's are "
+                         f"{shape}{batch}", "write the model's dims (-1 for a variable one)")
+
+
+def check_signature(config: mc.ModelConfig, signature: Signature, where: str) -> None:
+    """Check the inputs and outputs of ``config`` against the model (names, data types, dims).
+
+    With ``max_batch_size > 0`` dims exclude the batch dimension, which the model must have as its
+    (symbolic) first dimension. Empty ``input``/``output`` lists are filled in from the model (as Triton's
+    auto-complete does); a given ``input`` list must name every input of the model.
+
+    Raises:
+        ServingError: HYB-707 naming the tensor and the mismatch.
+    """
+    batched = config.max_batch_size > 0
+    if batched:
+        for spec in (*signature.inputs, *signature.outputs):
+            if spec.shape is not None and (not spec.shape or isinstance(spec.shape[0], int)):
+                raise _error(f"{where}: max_batch_size > 0 needs a batch dimension, but {spec.name!r} has shape "
+                             f"{list(spec.shape)}", "set max_batch_size: 0, or export the model with a symbolic "
+                             "first dimension (hybrid.make_batch_dynamic)")
+    _check_tensors("input", config.input, signature.inputs, batched, where)
+    _check_tensors("output", config.output, signature.outputs, batched, where)
+    if len(config.input):
+        missing = [n for n in signature.input_names if n not in {t.name for t in config.input}]
+        if missing:
+            raise _error(f"{where}: config.pbtxt lists no input {', '.join(map(repr, missing))} of the model")
+
+
+def _tensor(message: Any, spec: TensorSpec, batched: bool) -> None:
+    message.name = spec.name
+    message.data_type = _TYPE_OF[datatype_of(spec.dtype)]
+    shape = [] if spec.shape is None else list(spec.shape)[1 if batched else 0:]
+    message.dims.extend(d if isinstance(d, int) else -1 for d in shape)
+
+
+def model_config(model: ServedModel) -> mc.ModelConfig:
+    """The Triton ``ModelConfig`` of a served model: its ``config.pbtxt`` completed from the model (name,
+    platform, inputs and outputs when absent), or one made from the model and its serving settings."""
+    given: mc.ModelConfig | None = getattr(model, "model_config", None)
+    config = mc.ModelConfig()
+    if given is not None:
+        config.CopyFrom(given)
+    else:
+        batched = model.batch_symbol is not None and model.settings.max_batch > 0
+        config.max_batch_size = model.settings.max_batch if batched else 0
+        if model.settings.max_batch > 0:
+            config.dynamic_batching.max_queue_delay_microseconds = round(model.settings.batch_timeout * 1e6)
+            if model.settings.max_queue is not None:
+                config.dynamic_batching.default_queue_policy.max_queue_size = model.settings.max_queue
+        group = config.instance_group.add()
+        group.count = model.settings.concurrency
+        device = str(getattr(model.compiled, "device", "cpu"))
+        group.kind = mc.ModelInstanceGroup.KIND_CPU if device.startswith("cpu") else mc.ModelInstanceGroup.KIND_GPU
+    config.name = model.name
+    config.platform = config.platform or model.platform
+    config.backend = config.backend or "pyasc"
+    batched = config.max_batch_size > 0
+    if not len(config.input):
+        for spec in model.signature.inputs:
+            _tensor(config.input.add(), spec, batched)
+    if not len(config.output):
+        for spec in model.signature.outputs:
+            _tensor(config.output.add(), spec, batched)
+    return config
+
+
+def config_json(message: Message) -> dict[str, Any]:
+    """A protobuf message as the JSON Triton's HTTP API returns: proto field names, defaults printed,
+    64-bit integers as numbers."""
+    return json_format.MessageToDict(message, preserving_proto_field_name=True,
+                                     always_print_fields_with_no_presence=True, unquote_int64_if_possible=True)

@@ -1,0 +1,118 @@
+"""The HTTP extensions Triton's clients call, beside the core v2 routes of :mod:`hybrid.serve.app`.
+
+=====================================================  =========================================================
+``GET /v2/models/{m}[/versions/{v}]/config``           model configuration: Triton's ``ModelConfig`` as JSON
+``GET /v2/models[/{m}[/versions/{v}]]/stats``          statistics: ``{"model_stats": [ModelStatistics...]}``
+``POST /v2/repository/index``                          ``[{"name", "version", "state", "reason"}...]``
+``POST /v2/repository/models/{m}/load`` / ``unload``   model control (HYB-709 unless the server allows it)
+=====================================================  =========================================================
+
+The JSON documents are the protobuf messages of Triton's own definitions (from tritonclient) printed with
+their field names and 64-bit integers as numbers, the shapes Triton's HTTP server returns.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+from fastapi import FastAPI, Request
+from starlette.concurrency import run_in_threadpool
+
+from hybrid.errors import ServingError
+from hybrid.serve.triton_config import config_json, model_config
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from hybrid.serve.app import ServerState
+    from hybrid.serve.model import ServedModel
+    from hybrid.serve.repository import ModelRegistry
+
+__all__ = ["EXTENSIONS", "add_triton_routes", "request_rows", "selected_models"]
+
+EXTENSIONS = ["binary_tensor_data", "model_configuration", "statistics", "model_repository"]
+_CONTROL_BODY_MAX = 64 << 10
+
+
+def request_rows(model: ServedModel, inputs: dict[str, np.ndarray]) -> int:
+    """How many inferences a request holds, as Triton counts them: its batch rows when the model batches."""
+    if model.batch_symbol is None or not inputs:
+        return 1
+    first = next(iter(inputs.values()))
+    return int(first.shape[0]) if first.ndim else 1
+
+
+def selected_models(registry: ModelRegistry, name: str | None, version: str | None) -> list[ServedModel]:
+    """The models a statistics request names: all, every version of ``name``, or one version."""
+    if name is None:
+        return list(registry)
+    if version is not None:
+        return [registry.get(name, version)]
+    registry.get(name)
+    return [registry.get(name, v) for v in registry.versions(name)]
+
+
+async def _control_body(request: Request) -> dict[str, Any]:
+    body = await request.body()
+    if len(body) > _CONTROL_BODY_MAX:
+        raise ServingError("HYB-704", f"a repository request body is limited to {_CONTROL_BODY_MAX} bytes")
+    if not body.strip():
+        return {}
+    try:
+        doc = json.loads(body)
+    except (ValueError, RecursionError) as e:
+        raise ServingError("HYB-702", f"the request is not valid JSON: {e}") from e
+    if not isinstance(doc, dict):
+        raise ServingError("HYB-702", f"the request must be a JSON object, got {type(doc).__name__}")
+    return doc
+
+
+def add_triton_routes(app: FastAPI, state: ServerState) -> None:
+    """Add the routes (before the core ones, so ``/v2/models/stats`` is not taken for a model name)."""
+    registry, metrics = state.registry, state.metrics
+    registry.observer = metrics.observe_batch  # the models a load adds report their batches too
+
+    def control() -> None:
+        if not state.options.model_control:
+            raise ServingError("HYB-709", "model control is off: this server does not load or unload models",
+                               "start the server with --model-control")
+
+    @app.get("/v2/models/stats")
+    @app.get("/v2/models/{model_name}/stats")
+    @app.get("/v2/models/{model_name}/versions/{model_version}/stats")
+    async def statistics(model_name: str | None = None, model_version: str | None = None) -> dict[str, Any]:
+        models = selected_models(registry, model_name, model_version)
+        return {"model_stats": [config_json(metrics.stats(m).to_proto()) for m in models]}
+
+    @app.get("/v2/models/{model_name}/config")
+    @app.get("/v2/models/{model_name}/versions/{model_version}/config")
+    async def configuration(model_name: str, model_version: str | None = None) -> dict[str, Any]:
+        return config_json(model_config(registry.get(model_name, model_version)))
+
+    @app.post("/v2/repository/index")
+    async def repository_index(request: Request) -> list[dict[str, Any]]:
+        doc = await _control_body(request)
+        ready_only = doc.get("ready", False)
+        if not isinstance(ready_only, bool):
+            raise ServingError("HYB-702", f"'ready' must be true or false, got {ready_only!r}")
+        entries = await run_in_threadpool(registry.index)
+        return [{"name": e.name, "version": e.version, "state": e.state, "reason": e.reason}
+                for e in entries if not ready_only or e.state == "READY"]
+
+    @app.post("/v2/repository/models/{model_name}/load")
+    async def load(request: Request, model_name: str) -> dict[str, Any]:
+        control()
+        doc = await _control_body(request)
+        if doc.get("parameters"):
+            raise ServingError("HYB-702", f"load parameters ({', '.join(map(str, doc['parameters']))}) are not "
+                               "supported", "change the files in the repository, then load the model")
+        await run_in_threadpool(registry.load, model_name)
+        return {}
+
+    @app.post("/v2/repository/models/{model_name}/unload")
+    async def unload(request: Request, model_name: str) -> dict[str, Any]:
+        control()
+        await _control_body(request)
+        await run_in_threadpool(registry.unload, model_name)
+        return {}
