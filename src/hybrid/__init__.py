@@ -1,6 +1,9 @@
 """PyASC (`hybrid`): deploy a model once, run it on any accelerator the machine has.
 
-The public API is re-exported here lazily: ``import hybrid`` imports no backend library.
+The public API is re-exported here lazily: ``import hybrid`` imports no backend library (nor numpy or
+onnx); each name below is imported on first access (PEP 562). The ``TYPE_CHECKING`` block names every
+one of them with its real type, so a type checker sees ``hybrid.compile`` as the function it is, not
+``Any``; tests/test_typing.py keeps that block and ``_LAZY`` the same.
 """
 
 from __future__ import annotations
@@ -9,44 +12,135 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from hybrid._version import __version__
-from hybrid.errors import HybridError
+from hybrid.errors import (
+    BackendError,
+    BundleError,
+    ConfigError,
+    HybridError,
+    ModelError,
+    QuantizationError,
+    RunError,
+    ServingError,
+)
 
-if TYPE_CHECKING:  # pragma: no cover
-    from hybrid.api import devices, init, set_backend  # noqa: F401
-    from hybrid.config import set_log_level  # noqa: F401
-    from hybrid.hal import Device  # noqa: F401
-    from hybrid.ir import Model, Signature, TensorSpec  # noqa: F401
-    from hybrid.runtime.compiled import CompiledModel  # noqa: F401
+if TYPE_CHECKING:  # pragma: no cover - what the type checker sees; at run time _LAZY resolves each name
+    from hybrid import utils, vision
+    from hybrid.api import devices, init, set_backend
+    from hybrid.backends.reference import custom_op
+    from hybrid.bundle import load
+    from hybrid.config import RuntimeConfig, set_log_level
+    from hybrid.frontends.jit import JitFunction, jit
+    from hybrid.frontends.torch import export
+    from hybrid.hal import Device
+    from hybrid.hal.tensor import Tensor
+    from hybrid.ir import Model, Signature, TensorSpec
+    from hybrid.passes import make_batch_dynamic, optimize
+    from hybrid.passes.quantize import quantize
+    from hybrid.runtime.batching import Batcher, BatchStats, RequestFuture, dynamic_batch
+    from hybrid.runtime.compiled import CompiledModel
+    from hybrid.runtime.compiler import compile_model as compile
+    from hybrid.runtime.pipeline import Pipeline, StageStats
+    from hybrid.runtime.plan import Placement, Plan, Segment
+    from hybrid.runtime.profiler import OpStat, ProfileReport, profile
+    from hybrid.runtime.stream import StreamContext, StreamResult
+    from hybrid.vision.tasks import TaskModel
 
-# public name -> "module:attribute"; resolved on first access (PEP 562)
+# public name -> "module:attribute" (or "module" for a subpackage); resolved on first access
 _LAZY = {
+    # the IR and its signature
     "Model": "hybrid.ir:Model",
     "Signature": "hybrid.ir:Signature",
     "TensorSpec": "hybrid.ir:TensorSpec",
+    # process-wide setup and discovery
     "Device": "hybrid.hal:Device",
-    "CompiledModel": "hybrid.runtime.compiled:CompiledModel",
-    "compile": "hybrid.runtime.compiler:compile_model",
     "devices": "hybrid.api:devices",
     "init": "hybrid.api:init",
+    "RuntimeConfig": "hybrid.config:RuntimeConfig",
     "set_backend": "hybrid.api:set_backend",
     "set_log_level": "hybrid.config:set_log_level",
-    "load": "hybrid.bundle:load",
+    # model in, compiled model out
+    "export": "hybrid.frontends.torch:export",
     "optimize": "hybrid.passes:optimize",
     "make_batch_dynamic": "hybrid.passes:make_batch_dynamic",
     "quantize": "hybrid.passes.quantize:quantize",
-    "export": "hybrid.frontends.torch:export",
-    "jit": "hybrid.frontends.jit:jit",
+    "compile": "hybrid.runtime.compiler:compile_model",
+    "load": "hybrid.bundle:load",
+    "CompiledModel": "hybrid.runtime.compiled:CompiledModel",
+    "TaskModel": "hybrid.vision.tasks:TaskModel",
+    "Plan": "hybrid.runtime.plan:Plan",
+    "Segment": "hybrid.runtime.plan:Segment",
+    "Placement": "hybrid.runtime.plan:Placement",
     "custom_op": "hybrid.backends.reference:custom_op",
-    "Pipeline": "hybrid.runtime.pipeline:Pipeline",
-    "StreamContext": "hybrid.runtime.stream:StreamContext",
-    "dynamic_batch": "hybrid.runtime.batching:dynamic_batch",
+    "jit": "hybrid.frontends.jit:jit",
+    "JitFunction": "hybrid.frontends.jit:JitFunction",
+    # running: memory, streams, pipelines, batching, profiling
     "Tensor": "hybrid.hal.tensor:Tensor",
+    "StreamContext": "hybrid.runtime.stream:StreamContext",
+    "StreamResult": "hybrid.runtime.stream:StreamResult",
+    "Pipeline": "hybrid.runtime.pipeline:Pipeline",
+    "StageStats": "hybrid.runtime.pipeline:StageStats",
+    "dynamic_batch": "hybrid.runtime.batching:dynamic_batch",
+    "Batcher": "hybrid.runtime.batching:Batcher",
+    "BatchStats": "hybrid.runtime.batching:BatchStats",
+    "RequestFuture": "hybrid.runtime.batching:RequestFuture",
     "profile": "hybrid.runtime.profiler:profile",
+    "ProfileReport": "hybrid.runtime.profiler:ProfileReport",
+    "OpStat": "hybrid.runtime.profiler:OpStat",
+    # subpackages
     "utils": "hybrid.utils",
     "vision": "hybrid.vision",
 }
 
-__all__ = ["HybridError", "__version__", *_LAZY]
+# written out (not built from _LAZY) so that type checkers and linters can read it; tests/test_typing.py
+# checks that it is exactly the eager names plus _LAZY
+__all__ = [
+    "BackendError",
+    "BatchStats",
+    "Batcher",
+    "BundleError",
+    "CompiledModel",
+    "ConfigError",
+    "Device",
+    "HybridError",
+    "JitFunction",
+    "Model",
+    "ModelError",
+    "OpStat",
+    "Pipeline",
+    "Placement",
+    "Plan",
+    "ProfileReport",
+    "QuantizationError",
+    "RequestFuture",
+    "RunError",
+    "RuntimeConfig",
+    "Segment",
+    "ServingError",
+    "Signature",
+    "StageStats",
+    "StreamContext",
+    "StreamResult",
+    "TaskModel",
+    "Tensor",
+    "TensorSpec",
+    "__version__",
+    "compile",
+    "custom_op",
+    "devices",
+    "dynamic_batch",
+    "export",
+    "init",
+    "jit",
+    "load",
+    "make_batch_dynamic",
+    "optimize",
+    "profile",
+    "quantize",
+    "set_backend",
+    "set_log_level",
+    "utils",
+    "vision",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -8,6 +8,7 @@ The code's hundreds digit names the area (DESIGN 2.8); :func:`explain` returns t
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 __all__ = [
@@ -226,7 +227,8 @@ class HybridError(Exception):
             text += f"\n  hint: {hint}"
         super().__init__(text)
 
-    def __reduce__(self):  # keep codes across pickling by multiprocessing / concurrent.futures
+    def __reduce__(self) -> tuple[Callable[..., HybridError], tuple[type[HybridError], str, str, str | None]]:
+        # keep codes across pickling by multiprocessing / concurrent.futures
         return (_rebuild, (type(self), self.code, self.message, self.hint))
 
 
