@@ -104,6 +104,36 @@ def test_grpc_raw_contents_equal_the_local_compiled_model(gclient, models, light
     assert result.get_response().id == "g1"
 
 
+def test_every_client_answers_bit_identical_to_the_local_compiled_model(server, models, light):
+    """tritonclient.grpc and .http, sync and asyncio, JSON, binary and raw contents: the same bits as cm.run."""
+    x = np.concatenate([light.light_input() * 0.75, light.light_input()[:, :, :, ::-1]]).astype(np.float32)
+    local = hybrid.compile(models["squeezenet"], target="onnxruntime").run({"data_0": x})["softmaxout_1"]
+
+    def request(module, binary=True):
+        inp = module.InferInput("data_0", list(x.shape), "FP32")
+        if module is th or module is tha:
+            inp.set_data_from_numpy(x, binary_data=binary)
+            return {"inputs": [inp], "outputs": [module.InferRequestedOutput("softmaxout_1", binary_data=binary)]}
+        inp.set_data_from_numpy(x)
+        return {"inputs": [inp], "outputs": [module.InferRequestedOutput("softmaxout_1")]}
+
+    got = {"grpc": tg.InferenceServerClient(server.grpc_url).infer("squeezenet", **request(tg)),
+           "http binary": th.InferenceServerClient(server.url).infer("squeezenet", **request(th, True)),
+           "http json": th.InferenceServerClient(server.url).infer("squeezenet", **request(th, False))}
+
+    async def aio():
+        g, h = tga.InferenceServerClient(server.grpc_url), tha.InferenceServerClient(server.url)
+        try:
+            return await g.infer("squeezenet", **request(tga)), await h.infer("squeezenet", **request(tha, True))
+        finally:
+            await g.close()
+            await h.close()
+
+    got["grpc aio"], got["http aio"] = asyncio.run(aio())
+    for how, result in got.items():
+        assert np.array_equal(result.as_numpy("softmaxout_1"), local), how
+
+
 def test_grpc_ints_bools_and_output_selection(gclient):
     i = np.array([[-2, 0, 5], [7, -1, 1 << 40]], np.int64)
     inp = tg.InferInput("i", [2, 3], "INT64")
