@@ -165,7 +165,7 @@ def test_bench_cli(tmp_path, squeezenet):
     out = tmp_path / "bench.json"
     result = CliRunner().invoke(_app(), ["bench", str(tmp_path / "m.hybrid"), "--targets", "onnxruntime,openvino",
                                          "--precisions", "fp32", "--blocks", "1", "--per-block", "2",
-                                         "--json", str(out)], env={"COLUMNS": "200"})
+                                         "--output", str(out)], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
     assert "| onnxruntime:cpu | fp32 |" in result.output and "| openvino:cpu | fp32 |" in result.output
     doc = json.loads(out.read_text())

@@ -1,14 +1,17 @@
-"""``NAME=FILE.npy`` command-line inputs, shared by run, profile and bench."""
+"""Command-line inputs shared by run, profile and bench: ``--input NAME=FILE.npy``, ``--shapes NAME:DIMS``
+and generated inputs."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from hybrid.errors import RunError
+from hybrid.errors import ConfigError, RunError
 
-__all__ = ["load_inputs"]
+__all__ = ["generated_inputs", "load_inputs", "parse_shapes"]
 
 
 def load_inputs(specs: list[str] | None) -> dict[str, np.ndarray] | None:
@@ -27,3 +30,86 @@ def load_inputs(specs: list[str] | None) -> dict[str, np.ndarray] | None:
             raise RunError("HYB-406", f"--input {name}: {path!r} is not a .npy array ({e})",
                            "save inputs with numpy.save") from e
     return feeds
+
+
+def _auto_api(name: str) -> Any:
+    """``name`` from hybrid.runtime.auto (auto-selection's own sample and shape code), wherever this
+    version keeps it; None when it has no such function."""
+    import importlib
+
+    for module in ("hybrid.runtime.auto", "hybrid.runtime.auto.samples", "hybrid.runtime.auto.shapes",
+                   "hybrid.runtime.autotune"):
+        try:
+            found = getattr(importlib.import_module(module), name, None)
+        except ImportError:
+            continue
+        if found is not None:
+            return found
+    return None
+
+
+def parse_shapes(text: str | None) -> dict[str, tuple[int, ...]]:
+    """``--shapes x:1x3x480x640,mask:1x128`` (trtexec's spelling) to ``{'x': (1, 3, 480, 640), ...}``.
+
+    Raises:
+        ConfigError: HYB-102 naming the part that does not parse.
+    """
+    if not text:
+        return {}
+    shared = _auto_api("parse_shapes")
+    if shared is not None:
+        return dict(shared(text))
+    out: dict[str, tuple[int, ...]] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, sep, dims = part.rpartition(":")
+        try:
+            shape = tuple(int(d) for d in dims.lower().split("x"))
+        except ValueError:
+            shape = ()
+        if not sep or not name or not shape or min(shape) < 1:
+            raise ConfigError("HYB-102", f"--shapes: expected NAME:DIMS such as x:1x3x480x640, got {part!r}",
+                              "separate inputs with commas: x:1x3x480x640,mask:1x128")
+        out[name] = shape
+    return out
+
+
+def _check_shapes(signature: Any, shapes: Mapping[str, tuple[int, ...]]) -> None:
+    names = [s.name for s in signature.inputs]
+    for name, shape in shapes.items():
+        spec = next((s for s in signature.inputs if s.name == name), None)
+        if spec is None:
+            raise RunError("HYB-402", f"--shapes names {name!r}, which is not an input; the model's inputs: "
+                           f"{', '.join(names)}", "use the input names `pyasc compile MODEL` shows")
+        if spec.shape is None:
+            continue
+        if len(spec.shape) != len(shape):
+            raise RunError("HYB-404", f"--shapes {name}: the input has rank {len(spec.shape)} "
+                           f"{tuple(spec.shape)}, got {len(shape)} dims {shape}", "give one size per dim")
+        for i, (want, got) in enumerate(zip(spec.shape, shape)):
+            if isinstance(want, int) and want > 0 and want != got:
+                raise RunError("HYB-405", f"--shapes {name}: dim {i} is fixed at {want} in the model, got {got}",
+                               "only symbolic dims can be chosen")
+
+
+def generated_inputs(model: Any, shapes: str | Mapping[str, tuple[int, ...]] | None = None, batch: int = 1,
+                     seed: int = 0) -> dict[str, np.ndarray]:
+    """Inputs for ``model`` (a hybrid.Model) made the way auto-selection makes its samples
+    (:func:`hybrid.runtime.profiler.sample_inputs`), so bench, run, profile and target='auto' agree.
+
+    Args:
+        model: The model.
+        shapes: ``--shapes`` text or ``{name: shape}``; symbolic dims of other inputs that share a dim's
+            name follow it, the rest are ``batch``.
+        batch: Size of the symbolic dims not fixed by ``shapes``.
+        seed: Random seed.
+
+    Raises:
+        ConfigError: HYB-102 for bad ``--shapes`` text.
+        RunError: HYB-402/404/405 for a shape that does not fit the model, HYB-406 for an input that
+            cannot be generated.
+    """
+    from hybrid.runtime.profiler import sample_inputs
+
+    given = parse_shapes(shapes) if isinstance(shapes, str) else dict(shapes or {})
+    _check_shapes(model.signature, given)
+    return sample_inputs(model, batch, seed, shapes=given)

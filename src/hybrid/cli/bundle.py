@@ -8,10 +8,11 @@ from typing import Annotated, Any
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from hybrid.cli import _serving_options as so
 from hybrid.cli import _vision_options as vo
-from hybrid.cli._console import console, report_errors
+from hybrid.cli._console import console, err_console, report_errors, styled
 from hybrid.errors import HybridError
 
 __all__ = ["register"]
@@ -36,12 +37,12 @@ def create(
     model: Annotated[Path, typer.Argument(help="The model: an .onnx file.")],
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Bundle to write (default: "
                                                 "MODEL's name with .hybrid, in the current folder).")] = None,
-    platform: Annotated[str, typer.Option("--platform", "-p", help="Platform profile (`pyasc platforms`); "
+    platform: Annotated[str, typer.Option("--platform", "-P", help="Platform profile (`pyasc platforms`); "
                                           "auto: this machine.")] = "auto",
     platforms_file: _PlatformsFile = None,
     target: Annotated[str | None, typer.Option("--target", "-t", help="Compile for this target instead of the "
                                                "profile's first present one.")] = None,
-    precision: Annotated[str | None, typer.Option("--precision", help="fp32, fp16 or bf16 (default: the "
+    precision: Annotated[str | None, typer.Option("--precision", "-p", help="fp32, fp16 or bf16 (default: the "
                                                   "profile's).")] = None,
     optimize_level: Annotated[str | None, typer.Option("--optimize-level", "-O", help="O0..O3 graph "
                                                        "optimization before bundling.")] = None,
@@ -80,17 +81,16 @@ def create(
             task=task, platforms_file=platforms_file, task_options=task_options,
             serving=so.serving_settings(max_batch, batch_timeout, max_queue, request_timeout, concurrency,
                                         zero_means_off=False) or None)
-    console.print(f"wrote {out} ({_size(out.stat().st_size)}) for platform [bold]{manifest.platform.name}[/]",
-                  highlight=False)
+    console.print(Text.assemble(f"wrote {out} ({_size(out.stat().st_size)}) for platform ",
+                                (manifest.platform.name, "bold")), soft_wrap=True)
     if manifest.caches:
         for c in manifest.caches:
-            console.print(f"  compiled cache: {c.backend}:{c.device} {c.precision}, fingerprint {c.fingerprint}",
-                          highlight=False)
+            console.print(f"  compiled cache: {c.backend}:{c.device} {c.precision}, fingerprint {c.fingerprint}")
     else:
-        console.print("  no compiled cache: the target compiles the IR on first load", highlight=False)
+        console.print("  no compiled cache: the target compiles the IR on first load")
     if manifest.libs:
         console.print(f"  {len(manifest.libs.wheels)} wheels for {manifest.libs.pip_platforms[0]}, Python "
-                      f"{manifest.libs.python_version}", highlight=False)
+                      f"{manifest.libs.python_version}")
 
 
 def _kv_table(title: str, rows: list[tuple[str, Any]]) -> Table:
@@ -132,7 +132,7 @@ def inspect(
          f"{json.dumps(doc['compile']['options'])}"),
         ("calibration", "-" if doc["calibration"] is None else ", ".join(doc["calibration"]["arrays"])),
         ("serving", doc["serving"] or "server defaults"),
-    ]), highlight=False)
+    ]))
     if doc["caches"]:
         table = Table(title="compiled caches")
         for col in ("fingerprint", "backend", "precision", "kind", "size", "this machine", "built on"):
@@ -140,7 +140,7 @@ def inspect(
         for c in doc["caches"]:
             info = c["built_on"]
             table.add_row(c["fingerprint"], f"{c['backend']}:{c['device']}", c["precision"], c["kind"],
-                          _size(c["bytes"]), "[green]matches[/]" if c["matches_this_machine"] else "no",
+                          _size(c["bytes"]), styled("matches", "green") if c["matches_this_machine"] else "no",
                           f"{info.get('cpu', '?')}, {c['backend']} {info.get('backend_version', '?')}")
         console.print(table)
     if doc["libs"]:
@@ -172,24 +172,25 @@ def verify(
         if as_json:
             typer.echo(json.dumps({"ok": False, "code": e.code, "message": e.message, "hint": e.hint}))
             raise typer.Exit(1) from None
-        console.print(f"[bold red]FAILED[/] {bundle}: [{e.code}] {e.message}", highlight=False)
+        err_console.print(styled("FAILED", "bold red"), f" {bundle}: [{e.code}] {e.message}", sep="", soft_wrap=True)
         if e.hint:
-            console.print(f"  hint: {e.hint}", highlight=False)
+            err_console.print(f"  hint: {e.hint}", soft_wrap=True)
         raise typer.Exit(1) from None
     if as_json:
         typer.echo(json.dumps(report))
         return
-    console.print(f"[bold green]OK[/] {bundle}: {report['members']} members, {_size(report['bytes'])}",
-                  highlight=False)
+    console.print(styled("OK", "bold green"), f" {bundle}: {report['members']} members, {_size(report['bytes'])}",
+                  sep="", soft_wrap=True)
     for check in report["checks"]:
-        console.print(f"  passed: {check}", highlight=False)
+        console.print(f"  passed: {check}")
 
 
 @bundle_app.command("install-libs")
 def install_libs(
     bundle: Annotated[Path, typer.Argument(help="The .hybrid bundle.")],
-    target: Annotated[Path | None, typer.Option("--target", help="Install into this folder "
-                                                "(pip --target).")] = None,
+    dest: Annotated[Path | None, typer.Option("--dest", help="Install into this folder (pip's --target) "
+                                              "instead of the interpreter's site-packages.")] = None,
+    old_target: Annotated[Path | None, typer.Option("--target", hidden=True, help="Deprecated: --dest.")] = None,
     python: Annotated[str | None, typer.Option("--python", help="Interpreter to install into.")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Show what pip would install.")] = False,
     force: Annotated[bool, typer.Option("--force", help="Skip the platform and Python check.")] = False,
@@ -197,13 +198,16 @@ def install_libs(
     """Install the bundle's vendored wheels offline (pip --no-index, every hash checked)."""
     from hybrid.bundle import install_libs as _install
 
+    if old_target is not None:
+        err_console.print("warning: bundle install-libs --target is deprecated (in pyasc --target is where a "
+                          "model runs); use --dest", soft_wrap=True)
     with report_errors():
-        report = _install(bundle, target=target, python=python, dry_run=dry_run, force=force)
+        report = _install(bundle, target=dest or old_target, python=python, dry_run=dry_run, force=force)
     verb = "would install" if dry_run else "installed"
     console.print(f"{verb} {len(report.wheels)} wheels from {bundle}"
-                  + (f" into {report.target}" if report.target else ""), highlight=False)
+                  + (f" into {report.target}" if report.target else ""))
     if dry_run and report.pip_output.strip():
-        console.print(report.pip_output.strip(), highlight=False)
+        console.print(report.pip_output.strip())
 
 
 def platforms(
@@ -228,8 +232,11 @@ def platforms(
     for col in ("platform", "os/arch", "targets (priority)", "precision", "layout", "description"):
         table.add_column(col, overflow="fold")
     for name, p in profiles.items():
-        label = name + (" [green](this machine)[/]" if name == here else "")
-        label += "" if name in BUILTIN_PLATFORMS and BUILTIN_PLATFORMS[name] == p else " [cyan](user)[/]"
+        label = Text(name)
+        if name == here:
+            label.append(" (this machine)", style="green")
+        if not (name in BUILTIN_PLATFORMS and BUILTIN_PLATFORMS[name] == p):
+            label.append(" (user)", style="cyan")
         table.add_row(label, f"{p.os}/{p.arch}", ", ".join(p.targets), p.precision, p.layout, p.description)
     console.print(table)
 

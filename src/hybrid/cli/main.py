@@ -13,7 +13,18 @@ import typer
 from rich.table import Table
 
 from hybrid._version import __version__
-from hybrid.cli._console import console, progress_iter, report_errors
+from hybrid.cli import _options as opt
+from hybrid.cli._console import (
+    configure_logging,
+    console,
+    err_console,
+    hide_flag_types,
+    progress,
+    progress_iter,
+    report_errors,
+    settings,
+    styled,
+)
 from hybrid.cli._inputs import load_inputs
 from hybrid.errors import CATALOG
 from hybrid.errors import explain as explain_code
@@ -29,9 +40,21 @@ def _version_callback(value: bool) -> None:
 
 
 @app.callback()
-def _root(version: Annotated[bool, typer.Option("--version", callback=_version_callback, is_eager=True,
-                                                help="Print the version and exit.")] = False) -> None:
+def _root(
+    version: Annotated[bool, typer.Option("--version", callback=_version_callback, is_eager=True,
+                                          help="Print the version and exit.")] = False,
+    verbose: Annotated[int, typer.Option("--verbose", "-v", count=True, show_default=False,
+                                         help="Log more: -v info, -vv debug (on stderr).")] = 0,
+    log_level: Annotated[str | None, typer.Option("--log-level", envvar="HYBRID_LOG_LEVEL", show_envvar=True,
+                                                  help="Log level of hybrid: debug, info, warning, error "
+                                                       "(overrides -v).")] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars (they are off anyway when "
+                                        "stderr is not a terminal).")] = False,
+) -> None:
     """PyASC: deploy a model once, run it on any accelerator the machine has."""
+    settings.quiet = quiet
+    with report_errors():
+        configure_logging(verbose, log_level)
 
 
 @app.command()
@@ -76,70 +99,89 @@ def _load_compiled(model: Path, target: str):
     return hybrid.compile(str(model), target=target)
 
 
+def _stats(arr: np.ndarray) -> dict[str, float | None]:
+    if arr.dtype.kind in "fiub" and arr.size:
+        return {"min": float(arr.min()), "max": float(arr.max()), "mean": float(arr.astype(np.float64).mean())}
+    return {"min": None, "max": None, "mean": None}
+
+
 @app.command()
 def run(
     model: Annotated[Path, typer.Argument(help="An .onnx model or a .hybrid bundle.")],
-    inputs: Annotated[list[str] | None, typer.Option("--input", "-i", help="NAME=FILE.npy (repeatable).")] = None,
-    target: Annotated[str, typer.Option("--target", "-t", help="auto, cpu, onnxruntime, openvino:cpu...")] = "auto",
-    random: Annotated[bool, typer.Option("--random", help="Generate inputs missing from --input.")] = False,
+    inputs: opt.Inputs = None,
+    target: opt.Target = "auto",
+    random: Annotated[bool, typer.Option("--random", help="Generate inputs missing from --input (as "
+                                         "target='auto' and bench do).")] = False,
+    shapes: opt.Shapes = None,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Write outputs to this .npz.")] = None,
+    device_fallback: opt.DeviceFallback = "error",
+    as_json: opt.Json = False,
 ) -> None:
     """Compile MODEL for TARGET, run it once, print the outputs' names, shapes, dtypes and stats."""
     with report_errors():
-        cm = _load_compiled(model, target)
+        opt.apply_device_fallback(device_fallback)
+        with progress(f"compiling {model.name} for {target}"):
+            cm = _load_compiled(model, target)
         feeds = load_inputs(inputs) or {}
-        if random:
-            from hybrid.runtime.profiler import sample_inputs
+        if random or shapes:
+            from hybrid.cli._inputs import generated_inputs
 
-            feeds = {**sample_inputs(cm.signature), **feeds}
+            feeds = {**generated_inputs(cm.model, shapes), **feeds}
         t0 = time.perf_counter()
         outs = cm.run(feeds)
         ms = (time.perf_counter() - t0) * 1e3
+        if output is not None:
+            import io
+
+            from hybrid.ir import atomic_write_bytes
+
+            buf = io.BytesIO()
+            np.savez(buf, **{k: np.asarray(v) for k, v in outs.items()})
+            atomic_write_bytes(output, buf.getvalue())
+    rows = [{"name": name, "shape": list(np.shape(v)), "dtype": str(np.asarray(v).dtype), **_stats(np.asarray(v))}
+            for name, v in outs.items()]
+    if as_json:
+        typer.echo(json.dumps({"model": str(model), "backend": cm.backend, "device": cm.device, "ms": ms,
+                               "outputs": rows, "written": None if output is None else str(output)}, indent=2))
+        return
     table = Table(title=f"{model.name} on {cm.backend}:{cm.device} ({ms:.2f} ms)")
     for col in ("output", "shape", "dtype", "min", "max", "mean"):
         table.add_column(col)
-    for name, value in outs.items():
-        arr = np.asarray(value)
-        if arr.dtype.kind in "fiub" and arr.size:
-            stats = [f"{arr.min():.6g}", f"{arr.max():.6g}", f"{arr.astype(np.float64).mean():.6g}"]
-        else:
-            stats = ["-", "-", "-"]
-        table.add_row(name, str(arr.shape), str(arr.dtype), *stats)
+    for r in rows:
+        stats = ["-" if r[k] is None else f"{r[k]:.6g}" for k in ("min", "max", "mean")]
+        table.add_row(r["name"], str(tuple(r["shape"])), r["dtype"], *stats)
     console.print(table)
     if output is not None:
-        import io
-
-        from hybrid.ir import atomic_write_bytes
-
-        buf = io.BytesIO()
-        np.savez(buf, **{k: np.asarray(v) for k, v in outs.items()})
-        atomic_write_bytes(output, buf.getvalue())
         console.print(f"wrote {output}")
 
 
 @app.command()
 def demo(
-    model: Annotated[str, typer.Option("--model", "-m", help="Light model from the onnx package.")] = "resnet50",
-    runs: Annotated[int, typer.Option("--runs", help="Timed runs per target.")] = 10,
+    model: Annotated[str, typer.Option("--model", "-m", help="Light model from the onnx package: "
+                                       "bvlc_alexnet, densenet121, inception_v1, inception_v2, resnet50, "
+                                       "shufflenet, squeezenet, vgg19, zfnet512.")] = "resnet50",
+    runs: Annotated[int, typer.Option("--runs", help="Timed runs per target.", min=1)] = 10,
+    as_json: opt.Json = False,
 ) -> None:
     """Compile a sample model shipped with the onnx package on every available backend and compare.
 
     Prints latency (median of --runs) and the max error against the output shipped with the model.
     """
     import hybrid
+    from hybrid.errors import ConfigError
     from hybrid.hal import resolve_target
-    from hybrid.samples import LIGHT_RTOL, light_expected, light_input, light_model_path
+    from hybrid.samples import LIGHT_MODELS, LIGHT_RTOL, light_expected, light_input, light_model_path
 
     with report_errors():
+        if model not in LIGHT_MODELS:
+            raise ConfigError("HYB-102", f"--model: expected one of the onnx package's light models "
+                              f"({', '.join(LIGHT_MODELS)}), got {model!r}", "e.g. pyasc demo --model squeezenet")
         path = light_model_path(model)
         expected = light_expected(model)
         x = light_input()
         rtol = LIGHT_RTOL.get(model, 1e-3)
         targets = ["auto", *[str(c) for c in resolve_target("auto")]]
-        table = Table(title=f"light {model} (batch 1, from the onnx package)")
-        for col in ("target", "ran on", "compile s", "median ms", "max error", "ok"):
-            table.add_column(col, no_wrap=True)
-        notes = []
+        rows: list[dict] = []
         for target in progress_iter(targets, "compiling and timing", total=len(targets)):
             try:
                 t0 = time.perf_counter()
@@ -152,38 +194,52 @@ def demo(
                     cm(x)
                     times.append(time.perf_counter() - t0)
             except hybrid.HybridError as e:
-                table.add_row(target, "-", "-", "-", "-", f"[red]{e.code}[/]")
-                notes.append(f"{target}: [{e.code}] {e.message}")
+                rows.append({"target": target, "ran_on": None, "ok": False, "code": e.code, "message": e.message})
                 continue
-            err = float(np.abs(np.asarray(y, np.float64) - expected).max())
-            ok = bool(np.allclose(y, expected, rtol=rtol, atol=1e-7))
-            table.add_row(target, f"{cm.backend}:{cm.device}", f"{compile_s:.2f}",
-                          f"{statistics.median(times) * 1e3:.2f}", f"{err:.3g}", "yes" if ok else "[red]no[/]")
+            rows.append({"target": target, "ran_on": f"{cm.backend}:{cm.device}", "compile_s": compile_s,
+                         "median_ms": statistics.median(times) * 1e3,
+                         "max_error": float(np.abs(np.asarray(y, np.float64) - expected).max()),
+                         "ok": bool(np.allclose(y, expected, rtol=rtol, atol=1e-7))})
+    if as_json:
+        typer.echo(json.dumps({"model": model, "batch": 1, "runs": runs, "rows": rows}, indent=2))
+        return
+    table = Table(title=f"light {model} (batch 1, from the onnx package)")
+    for col in ("target", "ran on", "compile s", "median ms", "max error", "ok"):
+        table.add_column(col, no_wrap=True)
+    for r in rows:
+        if r["ran_on"] is None:
+            table.add_row(r["target"], "-", "-", "-", "-", styled(r["code"], "red"))
+        else:
+            table.add_row(r["target"], r["ran_on"], f"{r['compile_s']:.2f}", f"{r['median_ms']:.2f}",
+                          f"{r['max_error']:.3g}", "yes" if r["ok"] else styled("no", "red"))
     console.print(table)
-    for note in notes:
-        console.print(note, highlight=False, soft_wrap=True)
+    for r in rows:
+        if r["ran_on"] is None:
+            console.print(f"{r['target']}: [{r['code']}] {r['message']}", soft_wrap=True)
 
 
 @app.command()
 def explain(code: Annotated[str, typer.Argument(help="An error code such as HYB-301.")]) -> None:
     """Print the long explanation of an error code."""
     try:
-        console.print(explain_code(code), highlight=False)
+        console.print(explain_code(code))
     except KeyError:
-        console.print(f"[red]unknown error code {code!r}[/]; known codes: {', '.join(sorted(CATALOG))}")
+        err_console.print(styled(f"unknown error code {code!r}", "red"), f"; known codes: {', '.join(sorted(CATALOG))}",
+                          sep="", soft_wrap=True)
         raise typer.Exit(1) from None
 
 
 def _register_command_groups() -> None:
     # each module adds its commands; heavy imports stay inside the commands themselves
-    from hybrid.cli import bench, bundle, profile, serve
+    from hybrid.cli import bench, bundle, profile, quantize, serve
     from hybrid.cli import compile as compile_cli
 
-    for module in (compile_cli, bundle, profile, bench, serve):
+    for module in (compile_cli, bundle, profile, bench, quantize, serve):
         module.register(app)
 
 
 _register_command_groups()
+hide_flag_types()
 
 
 def main() -> None:

@@ -18,6 +18,7 @@ import onnx_ir as ir
 from onnx import external_data_helper
 
 from hybrid.errors import ModelError
+from hybrid.ir.checker import check_graph
 from hybrid.ir.signature import Signature, signature_of
 
 __all__ = ["Model", "atomic_write_bytes"]
@@ -185,6 +186,7 @@ def _parse(data: bytes, where: str) -> onnx.ModelProto:
     if not proto.HasField("graph"):
         raise ModelError("HYB-202", f"{where}: expected an ONNX ModelProto with a graph, found none",
                          "check that the file is an .onnx model")
+    check_graph(proto, data, where)
     return proto
 
 

@@ -1,13 +1,16 @@
 """``hybrid.profile``: run a model for a while and write a Chrome trace (opens in Perfetto).
 
-The trace has three tracks of spans: one per run (``cm.run``, validation included), one per subgraph
-(the backend executable's call) and one per node, from the backend's own profiler: ONNX Runtime's
-(``enable_profiling``, the same Chrome-trace events ORT writes, re-timed onto hybrid's clock run by
-run), OpenVINO's per-layer counters (``PERF_COUNT``; OpenVINO reports durations, not start times, so a
-run's layers are laid end to end from the subgraph's start), or any executable with a
-``profiling_info()`` giving ``node_name``, ``node_type`` and ``real_time``. Node spans come from the first
-``node_runs`` runs (a minute of a small model is millions of node events); run and subgraph spans cover
-every run. Memory-pool counters become counter tracks when pools are configured (``hybrid.init``).
+The trace has four tracks of spans. Profiled runs (the first ``node_runs``, with the backend's profiler
+on) and their nodes, from the backend's own profiler: ONNX Runtime's (``enable_profiling``, the same
+Chrome-trace events ORT writes, re-timed onto hybrid's clock run by run), OpenVINO's per-layer counters
+(``PERF_COUNT``; OpenVINO reports durations, not start times, so a run's layers are laid end to end from
+the run's start), or any executable with a ``profiling_info()`` giving ``node_name``, ``node_type`` and
+``real_time``. Then plain runs (``cm.run``, validation included) and their subgraphs (the backend
+executable's call), timed for ``duration`` seconds: the latency percentiles and throughput come from
+these alone, as a profiler slows the runs it watches. The trace is bounded (a minute of a small model
+is millions of node events): node spans from the profiled runs only, run spans for the first
+``MAX_RUN_SPANS`` plain runs. Memory-pool counters become counter tracks when pools are configured
+(``hybrid.init``).
 """
 
 from __future__ import annotations
@@ -34,7 +37,9 @@ __all__ = ["OpStat", "ProfileReport", "profile", "sample_inputs"]
 
 logger = logging.getLogger("hybrid")
 
-_RUN, _SUBGRAPH, _NODE = 1, 2, 3  # trace thread ids (tracks)
+_RUN, _SUBGRAPH, _NODE, _PROFILED = 1, 2, 3, 4  # trace thread ids (tracks)
+MAX_RUN_SPANS = 20_000  # plain runs drawn in the trace (about 2.5 MB); later runs count in the statistics only
+MAX_NODE_EVENTS = 200_000  # node spans in the trace (about 30 MB)
 _LOCAL_OPTIONS = ("optimized_model_path", "profile", "cache_dir", "engine_cache_path")
 
 
@@ -55,9 +60,9 @@ class ProfileReport:
 
     Attributes:
         model, backend, device: What ran.
-        runs: Timed runs (after ``warmup``); node_runs: how many of them have node spans.
+        runs: Timed plain runs (after ``warmup``); node_runs: profiled runs (node spans) before them.
         wall_s: Wall time of the timed loop.
-        latency_ms: 'p50', 'p90', 'p99', 'mean', 'min', 'max' of ``cm.run``.
+        latency_ms: 'p50', 'p90', 'p99', 'mean', 'min', 'max' of ``cm.run`` over the plain runs.
         throughput: Inferences per second: runs / time spent in runs (one stream, batch as given).
         items_per_s: ``throughput`` times the batch size.
         top_ops: Operator types by total time; top_nodes: single nodes by total time.
@@ -83,7 +88,7 @@ class ProfileReport:
     def summary(self, top: int = 10) -> str:
         lat = self.latency_ms
         lines = [f"profile of {self.model!r} on {self.backend}:{self.device}: {self.runs} runs in {self.wall_s:.2f} s"
-                 + (f" (node spans from the first {self.node_runs})" if self.node_runs else ""),
+                 + (f" (and {self.node_runs} profiled runs before them for node spans)" if self.node_runs else ""),
                  f"latency ms: p50 {lat['p50']:.3f}  p90 {lat['p90']:.3f}  p99 {lat['p99']:.3f}  "
                  f"mean {lat['mean']:.3f}  min {lat['min']:.3f}  max {lat['max']:.3f}",
                  f"throughput: {self.throughput:.1f} inferences/s ({self.items_per_s:.1f} items/s)"]
@@ -121,23 +126,75 @@ class _TimedExecutable(Executable):
         self.inner.close()
 
 
-def sample_inputs(signature: Any, batch: int = 1, seed: int = 0) -> dict[str, np.ndarray]:
-    """Inputs from a signature: symbolic dims become ``batch``; floats uniform in [0, 1), ints in [0, 10)."""
+def _auto_api(name: str) -> Any:
+    """``name`` from auto-selection's package, wherever this version keeps it (None: not there)."""
+    import importlib
+
+    for module in ("hybrid.runtime.auto", "hybrid.runtime.auto.samples", "hybrid.runtime.auto.shapes",
+                   "hybrid.runtime.autotune"):
+        try:
+            found = getattr(importlib.import_module(module), name, None)
+        except ImportError:
+            continue
+        if found is not None:
+            return found
+    return None
+
+
+def _legacy_samples(signature: Any, batch: int, seed: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     feeds: dict[str, np.ndarray] = {}
     for spec in signature.inputs:
         shape = tuple(d if isinstance(d, int) else batch for d in (spec.shape or ()))
         dtype = spec.dtype if spec.dtype is not None else np.dtype(np.float32)
         if dtype.kind == "f":
-            feeds[spec.name] = rng.random(shape).astype(dtype)
+            feeds[spec.name] = rng.standard_normal(shape).astype(dtype)
         elif dtype.kind in "iu":
-            feeds[spec.name] = rng.integers(0, 10, shape).astype(dtype)
+            feeds[spec.name] = rng.integers(1, 3, shape).astype(dtype)
         elif dtype.kind == "b":
             feeds[spec.name] = rng.random(shape) > 0.5
         else:
-            raise RunError("HYB-406", f"input {spec.name!r}: cannot generate {dtype} data for profiling",
-                           "pass inputs=... to hybrid.profile")
+            raise RunError("HYB-406", f"input {spec.name!r}: cannot generate {dtype} data",
+                           "pass the inputs (inputs=... or --input NAME=FILE.npy)")
     return feeds
+
+
+def sample_inputs(model: Any, batch: int = 1, seed: int = 0,
+                  shapes: Mapping[str, tuple[int, ...]] | None = None) -> dict[str, np.ndarray]:
+    """Inputs generated the way ``target='auto'`` makes its samples (``make_samples``), so that profile,
+    bench and auto-selection run a model on the same kind of data: floats standard normal, integers
+    that index a constant table inside it, other integers 1 or 2.
+
+    Args:
+        model: A hybrid.Model or CompiledModel (a bare Signature is accepted too, without the index
+            bounds only the graph can tell).
+        batch: Size of symbolic dims not given by ``shapes``.
+        seed: Random seed.
+        shapes: Concrete shapes of some inputs (``--shapes``); inputs sharing a symbolic dim's name follow.
+
+    Raises:
+        RunError: HYB-406 for an input that cannot be generated (sequences, maps, unknown dtype or rank).
+    """
+    source = getattr(model, "model", model)
+    if not hasattr(source, "graph"):  # a Signature
+        return _legacy_samples(source, batch, seed)
+    make = _auto_api("make_samples")
+    concrete = None
+    if shapes:
+        normalize, concrete_of = _auto_api("normalize_shapes"), _auto_api("concrete_shapes")
+        if normalize is not None and concrete_of is not None:
+            concrete = concrete_of(source.signature, normalize(source.signature, shapes), "opt", default=batch)
+    try:
+        feeds = make(source, seed=seed, symbolic_size=batch, **({"shapes": concrete} if concrete else {}))
+    except TypeError:  # a make_samples without shapes=
+        feeds = make(source, seed=seed, symbolic_size=batch)
+    if feeds is None:
+        raise RunError("HYB-406", f"model {source.name!r}: cannot generate inputs for its signature "
+                       f"{source.signature}", "pass the inputs (inputs=... or --input NAME=FILE.npy)")
+    for name, shape in (shapes or {}).items():
+        if name in feeds and tuple(np.shape(feeds[name])) != tuple(shape):  # same values, the shape asked for
+            feeds[name] = np.resize(np.asarray(feeds[name]), tuple(shape))
+    return {k: np.asarray(v) for k, v in feeds.items()}
 
 
 def _resolve(model_or_path: Any, target: str) -> CompiledModel:
@@ -258,103 +315,167 @@ def _stats(events: list[dict[str, Any]], key: str, node_runs: int) -> tuple[OpSt
                  for k, v in sorted(total.items(), key=lambda kv: -kv[1]))
 
 
+def _check_output(output: str | os.PathLike | None) -> None:
+    if output is None:
+        return
+    folder = Path(output).parent
+    if not folder.is_dir():
+        raise ConfigError("HYB-102", f"profile output: the folder {str(folder)!r} of {str(output)!r} does not exist",
+                          f"create it first (mkdir -p {folder}) or write the trace elsewhere")
+    if Path(output).is_dir():
+        raise ConfigError("HYB-102", f"profile output: {str(output)!r} is a folder, expected a file name",
+                          "e.g. --output profile.json")
+
+
+def _warm(run: Any, feeds: Mapping[str, Any], warmup: int, seconds: float) -> int:
+    """Untimed runs: at least ``warmup``, and (when warmup > 0) until ``seconds`` have passed."""
+    until, done = time.perf_counter() + seconds, 0
+    while done < warmup or (warmup and time.perf_counter() < until):
+        run(feeds)
+        done += 1
+    return done
+
+
 def profile(model_or_path: Any, duration: float = 10.0, output: str | os.PathLike | None = "profile.json", *,
             target: str = "auto", inputs: Mapping[str, Any] | None = None, batch: int = 1, warmup: int = 3,
             node_runs: int = 100, quiet: bool = False) -> ProfileReport:
     """Run a model repeatedly for ``duration`` seconds; write a Chrome trace and return the statistics.
 
+    Two phases: first ``node_runs`` runs with the backend's profiler on (node spans, drawn on their own
+    "profiled runs" track), then ``duration`` seconds of plain runs, which give the latency percentiles
+    and throughput (a profiler slows the runs it watches). The trace stays bounded: node spans come
+    from the profiled runs only (at most :data:`MAX_NODE_EVENTS`), run and subgraph spans from the first
+    :data:`MAX_RUN_SPANS` plain runs; every plain run counts in the statistics.
+
     Args:
         model_or_path: A CompiledModel, a .hybrid bundle, or a model (path, bytes, proto, hybrid.Model).
-        duration: Seconds of timed runs (at least one run happens).
-        output: Trace file (Chrome trace JSON, written atomically); None writes none.
+        duration: Seconds of timed plain runs (> 0; at least one run happens).
+        output: Trace file (Chrome trace JSON, written atomically; its folder must exist); None writes none.
         target: Target for models and bundles ('auto' by default).
-        inputs: Feeds; generated from the signature (symbolic dims = ``batch``) when not given.
+        inputs: Feeds; generated from the signature (symbolic dims = ``batch``) as target='auto' does
+            (:func:`sample_inputs`) when not given.
         batch: Size of symbolic dimensions in generated inputs, and the items per inference.
         warmup: Untimed runs first (continued until 5% of ``duration`` has passed, at most 3 s; 0: none).
-        node_runs: How many timed runs get node spans.
+        node_runs: How many runs get node spans (0: none, and the backend's profiler is not turned on).
         quiet: Do not print the summary.
 
     Raises:
-        ConfigError: HYB-102 for a bad duration, batch, warmup or node_runs.
+        ConfigError: HYB-102 for a bad duration, batch, warmup or node_runs, or an output folder that
+            does not exist.
         HybridError: whatever loading, compiling or running the model raises.
     """
     for key, value, low in (("duration", duration, 0), ("batch", batch, 1), ("warmup", warmup, 0),
                             ("node_runs", node_runs, 0)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < low:
-            raise ConfigError("HYB-102", f"profile {key}: expected a number >= {low}, got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < low or \
+                (key == "duration" and value <= 0):
+            rel = "> 0" if key == "duration" else f">= {low}"
+            raise ConfigError("HYB-102", f"profile {key}: expected a number {rel}, got {value!r}")
+    _check_output(output)
     base = _resolve(model_or_path, target)
-    with tempfile.TemporaryDirectory(prefix="hybrid-profile-") as tmp:
-        cm, notes = _profiling_model(base, tmp)
-        timed = _TimedExecutable(cm.executable)
-        run_cm = CompiledModel(cm.model, timed, cm.plan, cm.backend, cm.device, cm.options, cm.target)
-        feeds = dict(inputs) if inputs is not None else sample_inputs(cm.signature, batch)
-        # a freshly compiled model runs slow at first (lazy allocations, cold weights); warm it for at
-        # least ``warmup`` runs and 5% of the duration (at most 3 s) so the numbers describe steady state
-        warm_until, warmed = time.perf_counter() + min(0.05 * duration, 3.0), 0
-        while warmed < warmup or (warmup and time.perf_counter() < warm_until):
-            run_cm.run(feeds)
-            warmed += 1
-        timed.spans.clear()
-        session = getattr(cm.executable, "session", None) if cm.backend == "onnxruntime" and \
-            "profile" in cm.options else None
-        per_layer = None if session is not None or "profile" not in cm.options else \
-            getattr(cm.executable, "profiling_info", None)
-        runs: list[tuple[int, int]] = []
-        nodes: list[dict[str, Any]] = []
-        counters: list[dict[str, Any]] = []
+    feeds = dict(inputs) if inputs is not None else sample_inputs(base.model, batch)
+    notes: list[str] = []
+    nodes: list[dict[str, Any]] = []
+    profiled: list[tuple[int, int]] = []
+    t_base = time.perf_counter_ns()
+    if node_runs:
+        with tempfile.TemporaryDirectory(prefix="hybrid-profile-") as tmp:
+            cm, notes = _profiling_model(base, tmp)
+            if cm is not base:
+                t_base, profiled, nodes = _node_phase(cm, feeds, warmup, node_runs)
+                cm.executable.close()
+    timed = _TimedExecutable(base.executable)
+    run_cm = CompiledModel(base.model, timed, base.plan, base.backend, base.device, base.options, base.target)
+    # a freshly compiled model runs slow at first (lazy allocations, cold weights); warm it for at
+    # least ``warmup`` runs and 5% of the duration (at most 3 s) so the numbers describe steady state
+    _warm(run_cm.run, feeds, warmup, min(0.05 * duration, 3.0))
+    timed.spans.clear()
+    if not profiled:
         t_base = time.perf_counter_ns()
-        deadline, next_sample = t_base + int(duration * 1e9), t_base
-        while True:
-            t0 = time.perf_counter_ns()
-            run_cm.run(feeds)
-            t1 = time.perf_counter_ns()
+    lat_ns: list[int] = []
+    runs: list[tuple[int, int]] = []
+    counters: list[dict[str, Any]] = []
+    t_start = time.perf_counter_ns()
+    deadline, next_sample = t_start + int(duration * 1e9), t_start
+    while True:
+        t0 = time.perf_counter_ns()
+        run_cm.run(feeds)
+        t1 = time.perf_counter_ns()
+        lat_ns.append(t1 - t0)
+        if len(runs) < MAX_RUN_SPANS:
             runs.append((t0, t1))
-            if per_layer is not None and len(runs) <= node_runs:
-                start, end = timed.spans[-1]
-                nodes += _per_layer(per_layer(), (start - t_base) / 1e3, (end - start) / 1e3)
-            if session is not None and len(runs) == node_runs:
-                nodes += _ort_nodes(session, runs, warmed, t_base)  # stops ORT's profiler: later runs are plain
-                session = None
-            if t1 >= next_sample:
-                counters += _pool_counters((t1 - t_base) / 1e3)
-                next_sample = t1 + 10_000_000
-            if t1 >= deadline:
-                break
-        wall = (time.perf_counter_ns() - t_base) / 1e9
-        if session is not None:
-            nodes += _ort_nodes(session, runs, warmed, t_base)
-    return _finish(cm, runs, timed.spans, nodes, counters, t_base, wall, min(node_runs, len(runs)) if nodes else 0,
-                   batch, output, notes, quiet)
+        else:
+            timed.spans.pop()
+        if t1 >= next_sample:
+            counters += _pool_counters((t1 - t_base) / 1e3)
+            next_sample = t1 + 10_000_000
+        if t1 >= deadline:
+            break
+    wall = (time.perf_counter_ns() - t_start) / 1e9
+    if len(lat_ns) > len(runs):
+        notes.append(f"the trace draws the first {len(runs)} of {len(lat_ns)} runs; the statistics use all")
+    return _finish(base, lat_ns, runs, timed.spans, profiled, nodes, counters, t_base, wall,
+                   len(profiled) if nodes else 0, batch, output, notes, quiet)
 
 
-def _finish(cm: CompiledModel, runs: list[tuple[int, int]], subgraphs: list[tuple[int, int]],
-            nodes: list[dict[str, Any]], counters: list[dict[str, Any]], t_base: int, wall: float, node_runs: int,
-            batch: int, output: str | os.PathLike | None, notes: list[str], quiet: bool) -> ProfileReport:
-    lat = np.array([(e - s) / 1e6 for s, e in runs])
+def _node_phase(cm: CompiledModel, feeds: Mapping[str, Any], warmup: int,
+                node_runs: int) -> tuple[int, list[tuple[int, int]], list[dict[str, Any]]]:
+    """Runs of the profiling build of the model, with node spans: (time base, run spans, node events)."""
+    timed = _TimedExecutable(cm.executable)
+    run_cm = CompiledModel(cm.model, timed, cm.plan, cm.backend, cm.device, cm.options, cm.target)
+    warmed = _warm(run_cm.run, feeds, min(warmup, 3), 0.0)
+    timed.spans.clear()
+    session = getattr(cm.executable, "session", None) if cm.backend == "onnxruntime" else None
+    per_layer = None if session is not None else getattr(cm.executable, "profiling_info", None)
+    runs: list[tuple[int, int]] = []
+    nodes: list[dict[str, Any]] = []
+    t_base = time.perf_counter_ns()
+    while len(runs) < node_runs and len(nodes) < MAX_NODE_EVENTS:
+        t0 = time.perf_counter_ns()
+        run_cm.run(feeds)
+        runs.append((t0, time.perf_counter_ns()))
+        if per_layer is not None:
+            start, end = timed.spans[-1]
+            nodes += _per_layer(per_layer(), (start - t_base) / 1e3, (end - start) / 1e3)
+        elif session is not None and len(runs) * max(len(cm.model.graph), 1) >= MAX_NODE_EVENTS:
+            break
+    if session is not None:
+        nodes += _ort_nodes(session, runs, warmed, t_base)
+    return t_base, runs, nodes
+
+
+def _finish(cm: CompiledModel, lat_ns: list[int], runs: list[tuple[int, int]], subgraphs: list[tuple[int, int]],
+            profiled: list[tuple[int, int]], nodes: list[dict[str, Any]], counters: list[dict[str, Any]],
+            t_base: int, wall: float, node_runs: int, batch: int, output: str | os.PathLike | None,
+            notes: list[str], quiet: bool) -> ProfileReport:
+    lat = np.asarray(lat_ns, dtype=np.float64) / 1e6
     latency = {"p50": float(np.percentile(lat, 50)), "p90": float(np.percentile(lat, 90)),
                "p99": float(np.percentile(lat, 99)), "mean": float(lat.mean()), "min": float(lat.min()),
                "max": float(lat.max())}
-    throughput = len(runs) / (lat.sum() / 1e3)
+    throughput = len(lat) / (lat.sum() / 1e3)
     label = f"{cm.backend}:{cm.device}" if len(cm.plan.segments) == 1 else "partitioned graph"
     events: list[dict[str, Any]] = [
         {"name": "process_name", "ph": "M", "pid": 1, "args": {"name": f"hybrid: {cm.model.name}"}},
         *({"name": "thread_name", "ph": "M", "pid": 1, "tid": t, "args": {"name": n}}
-          for t, n in ((_RUN, "runs"), (_SUBGRAPH, "subgraphs"), (_NODE, f"nodes ({cm.backend})")))]
+          for t, n in ((_PROFILED, "profiled runs (backend profiler on)"), (_NODE, f"nodes ({cm.backend})"),
+                       (_RUN, "runs"), (_SUBGRAPH, "subgraphs")))]
+    events += [{"name": f"profiled run {i}", "cat": "profiled run", "ph": "X", "pid": 1, "tid": _PROFILED,
+                "ts": round((s - t_base) / 1e3, 3), "dur": round((e - s) / 1e3, 3)}
+               for i, (s, e) in enumerate(profiled)]
     events += [{"name": f"run {i}", "cat": "run", "ph": "X", "pid": 1, "tid": _RUN,
                 "ts": round((s - t_base) / 1e3, 3), "dur": round((e - s) / 1e3, 3)} for i, (s, e) in enumerate(runs)]
     events += [{"name": label, "cat": "subgraph", "ph": "X", "pid": 1, "tid": _SUBGRAPH,
                 "ts": round((s - t_base) / 1e3, 3), "dur": round((e - s) / 1e3, 3)} for s, e in subgraphs]
     events += nodes + counters
-    if not nodes and not notes:
+    if not nodes and not notes and node_runs:
         notes.append(f"{cm.backend} reported no node timings")
-    report = ProfileReport(cm.model.name, cm.backend, cm.device, len(runs), node_runs, wall, latency, throughput,
+    report = ProfileReport(cm.model.name, cm.backend, cm.device, len(lat), node_runs, wall, latency, throughput,
                            throughput * batch, _stats(nodes, "op", node_runs), _stats(nodes, "node", node_runs)[:50],
                            None if output is None else str(output), len(events), tuple(notes))
     if output is not None:
         from hybrid.ir import atomic_write_bytes
 
         doc = {"traceEvents": events, "displayTimeUnit": "ms",
-               "otherData": {"model": cm.model.name, "backend": cm.backend, "device": cm.device, "runs": len(runs),
+               "otherData": {"model": cm.model.name, "backend": cm.backend, "device": cm.device, "runs": len(lat),
                              "node_runs": node_runs, "latency_ms": latency, "throughput": throughput,
                              "batch": batch, "notes": list(notes)}}
         atomic_write_bytes(Path(output), json.dumps(doc).encode("utf-8"))

@@ -1,0 +1,166 @@
+"""``pyasc quantize MODEL --calibration data.npz --method static --min-cosine 0.995 -o model.int8.onnx``.
+
+A thin command over :func:`hybrid.quantize`: reads the calibration samples, quantizes, writes the model
+and prints the accuracy report (cosine, SNR, max error per output against fp32 on held-out samples)
+as a table, or as JSON with ``--json``.
+
+Calibration data: an ``.npz`` whose arrays are named after the model's inputs, N samples stacked along
+a new first axis (or along the batch axis, one sample per row), or a folder of ``.npz`` files (one
+sample each, same names) or of ``.npy`` files (single-input models).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import numpy as np
+import typer
+from rich.table import Table
+
+from hybrid.cli._console import console, err_console, progress, report_errors, settings
+from hybrid.errors import QuantizationError
+
+__all__ = ["read_calibration", "register"]
+
+_METHODS = ("static", "dynamic")
+_PRECISIONS = ("int8", "uint8", "fp16", "bf16")
+
+
+def _npz(path: Path) -> dict[str, np.ndarray]:
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            return {k: z[k] for k in z.files}
+    except (ValueError, OSError) as e:
+        raise QuantizationError("HYB-602", f"--calibration: {str(path)!r} is not a readable .npz ({e})",
+                                "save samples with numpy.savez(path, input_name=array)") from e
+
+
+def read_calibration(path: Path, signature: Any) -> list[dict[str, np.ndarray]]:
+    """Calibration samples from an ``.npz`` or a folder (see the module docstring).
+
+    Raises:
+        QuantizationError: HYB-602 when the path holds no samples or cannot be read, HYB-603 when an
+            array is named after no input.
+    """
+    names = [s.name for s in signature.inputs]
+    ranks = {s.name: None if s.shape is None else len(s.shape) for s in signature.inputs}
+    if path.is_dir():
+        files = sorted(p for p in path.iterdir() if p.suffix in (".npz", ".npy"))
+        if not files:
+            raise QuantizationError("HYB-602", f"--calibration: folder {str(path)!r} has no .npz or .npy files",
+                                    "one sample per file: numpy.savez(f'{i}.npz', input_name=array)")
+        samples = []
+        for f in files:
+            if f.suffix == ".npz":
+                samples.append(_npz(f))
+            elif len(names) == 1:
+                samples.append({names[0]: np.load(f, allow_pickle=False)})
+            else:
+                raise QuantizationError("HYB-602", f"--calibration: {f.name} is a .npy, but the model has "
+                                        f"{len(names)} inputs ({', '.join(names)})", "use .npz files named by input")
+        return samples
+    if not path.is_file():
+        raise QuantizationError("HYB-602", f"--calibration: {str(path)!r} does not exist",
+                                "give an .npz file or a folder of .npz files")
+    arrays = _npz(path)
+    unknown = [k for k in arrays if k not in names]
+    if unknown:
+        raise QuantizationError("HYB-603", f"--calibration: arrays {unknown} are named after no input; the "
+                                f"model's inputs: {', '.join(names)}", "name each array after the input it feeds")
+    if not arrays:
+        raise QuantizationError("HYB-602", f"--calibration: {str(path)!r} holds no arrays",
+                                "save samples with numpy.savez(path, input_name=array)")
+    counts = set()
+    split: dict[str, list[np.ndarray]] = {}
+    for name, arr in arrays.items():
+        stacked = ranks[name] is not None and arr.ndim == ranks[name] + 1
+        split[name] = list(arr) if stacked else [arr[i:i + 1] for i in range(arr.shape[0])]
+        counts.add(len(split[name]))
+    if len(counts) != 1:
+        raise QuantizationError("HYB-603", f"--calibration: the arrays hold different numbers of samples "
+                                f"({ {k: len(v) for k, v in split.items()} })", "stack the same N samples per input")
+    return [{k: v[i] for k, v in split.items()} for i in range(counts.pop())]
+
+
+def quantize_command(
+    model: Annotated[Path, typer.Argument(help="The float model: an .onnx file.")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Quantized model to write (.onnx).")],
+    calibration: Annotated[Path | None, typer.Option("--calibration", help="Samples: an .npz (arrays named by "
+                                                     "input, samples stacked) or a folder of .npz files. Needed "
+                                                     "for --method static.")] = None,
+    method: Annotated[str, typer.Option("--method", help="static (calibrated activation ranges) or dynamic "
+                                        "(activations quantized at run time).")] = "static",
+    precision: Annotated[str, typer.Option("--precision", "-p", help="int8 or uint8 (static/dynamic), or fp16 / "
+                                           "bf16 (a float conversion; --method is ignored).")] = "int8",
+    min_cosine: Annotated[float | None, typer.Option("--min-cosine", help="Accuracy budget: keep the most "
+                                                     "sensitive layers in float until every output's cosine "
+                                                     "against fp32 reaches this.")] = None,
+    calibration_method: Annotated[str, typer.Option("--calibration-method", help="minmax, entropy or "
+                                                    "percentile.")] = "minmax",
+    samples: Annotated[int, typer.Option("--samples", help="Samples to calibrate on (the next 16 are held "
+                                         "back for the report).", min=1)] = 64,
+    per_channel: Annotated[bool, typer.Option("--per-channel/--per-tensor", help="Weight scales per output "
+                                              "channel (default) or per tensor.")] = True,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the accuracy report as JSON on stdout.")] = False,
+) -> None:
+    """Quantize MODEL to int8 (static or dynamic) or fp16/bf16 and report the accuracy it kept.
+
+    Writes the model to --output and prints cosine, SNR and max error per output against fp32 on held-out
+    samples. Exits 1 when --min-cosine cannot be met."""
+    import hybrid
+    from hybrid.ir import Model
+
+    with report_errors():
+        if method not in _METHODS:
+            raise QuantizationError("HYB-601", f"--method: expected static or dynamic, got {method!r}",
+                                    "static needs --calibration; dynamic does not")
+        if precision not in _PRECISIONS:
+            raise QuantizationError("HYB-601", f"--precision: expected one of {', '.join(_PRECISIONS)}, got "
+                                    f"{precision!r}", "int8 is the usual choice")
+        float_mode = precision in ("fp16", "bf16")
+        if method == "static" and not float_mode and calibration is None:
+            raise QuantizationError("HYB-602", "--method static needs --calibration (an .npz or a folder of "
+                                    "samples)", "or use --method dynamic, which needs no samples")
+        source = Model.load(model)
+        cfg: dict[str, Any] = {"quant_mode": precision if float_mode else method,
+                               "progress": not settings.quiet and err_console.is_terminal}
+        if not float_mode:
+            cfg.update(activation_dtype=precision, weight_dtype=precision, per_channel=per_channel)
+            if method == "static":
+                cfg["calibration_method"] = calibration_method
+        if calibration is not None:
+            cfg["calibration_dataset"] = read_calibration(calibration, source.signature)
+            cfg["num_calibration_samples"] = samples
+        if min_cosine is not None:
+            cfg["accuracy"] = {"min_cosine": min_cosine}
+        with progress(f"quantizing {model.name} ({cfg['quant_mode']})"):
+            quantized = hybrid.quantize(source, cfg)
+        quantized.save(output)
+    report = quantized.metadata.get("quantization_report")
+    doc = {"model": str(model), "output": str(output), **(report.to_dict() if report is not None else {})}
+    if as_json:
+        typer.echo(json.dumps(doc, indent=2, default=str))
+        return
+    if report is None:
+        console.print(f"wrote {output}")
+        return
+    console.print(f"wrote {output}: {report.mode} ({report.scheme}); {report.fp32_bytes / 1e6:.2f} MB -> "
+                  f"{report.quantized_bytes / 1e6:.2f} MB", soft_wrap=True)
+    table = Table(title=f"accuracy against fp32 on {report.eval_samples} {report.eval_source} samples")
+    for col in ("output", "cosine min", "cosine mean", "SNR dB", "max abs error", "top-1 agreement"):
+        table.add_column(col, justify="right" if col != "output" else "left")
+    for o in report.outputs:
+        table.add_row(o.name, f"{o.cosine_min:.5f}", f"{o.cosine_mean:.5f}", f"{o.snr_db:.1f}",
+                      f"{o.max_abs_error:.3g}", "-" if o.top1_agreement is None else f"{o.top1_agreement:.1%}")
+    console.print(table)
+    if report.budget is not None:
+        console.print(f"budget min_cosine={min_cosine}: {'met' if report.budget_met else 'NOT met'}")
+    if report.kept_float:
+        console.print(f"kept in float ({len(report.kept_float)}): {', '.join(report.kept_float)}", soft_wrap=True)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``quantize`` to the pyasc app."""
+    app.command("quantize")(quantize_command)
