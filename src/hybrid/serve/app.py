@@ -2,10 +2,7 @@
 
 ``create_app(registry, options)`` is the one factory for both the single-machine server (uvicorn) and
 the Ray Serve replicas. Routes: ``GET /v2``, ``/v2/health/live``, ``/v2/health/ready``,
-``/v2/models/{m}[/versions/{v}]``, ``.../ready``, ``POST .../infer`` and ``GET /metrics``, Triton's
-extensions (:mod:`hybrid.serve.triton_http`: config, stats, repository index/load/unload), and, when
-``ServeOptions.grpc_address`` is set, the gRPC service on the same event loop
-(:mod:`hybrid.serve.grpc_server`). Every error
+``/v2/models/{m}[/versions/{v}]``, ``.../ready``, ``POST .../infer`` and ``GET /metrics``. Every error
 is ``{"error": "[HYB-7xx] ...", "code": ..., "hint": ...}`` with a 4xx/5xx status.
 """
 
@@ -16,7 +13,7 @@ import logging
 import threading
 import time
 import zlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,9 +30,8 @@ from hybrid._version import __version__
 from hybrid.errors import HybridError, ServingError
 from hybrid.runtime.validate import InputValidator
 from hybrid.serve.metrics import CONTENT_TYPE, ServerMetrics
-from hybrid.serve.protocol import Limits, encode_response, parse_request
+from hybrid.serve.protocol import Limits, Precheck, check_head, encode_response, parse_request
 from hybrid.serve.repository import ModelRegistry
-from hybrid.serve.triton_http import EXTENSIONS, add_triton_routes, request_rows
 
 __all__ = ["ServeOptions", "ServerState", "create_app", "http_status"]
 
@@ -44,7 +40,7 @@ logger = logging.getLogger("hybrid.serve")
 LIVE_PATH = "/v2/health/live"
 _PARSE_INLINE = 64 << 10  # a body above this is decoded in a worker thread, not on the event loop
 _STATUS = {"HYB-701": 404, "HYB-702": 400, "HYB-703": 401, "HYB-704": 413, "HYB-705": 503, "HYB-706": 503,
-           "HYB-707": 400, "HYB-709": 403, "HYB-411": 504, "HYB-412": 503, "HYB-414": 503, "HYB-415": 503}
+           "HYB-411": 504, "HYB-412": 503, "HYB-414": 503, "HYB-415": 503}
 _INPUT_CODES = {f"HYB-40{i}" for i in range(1, 8)}
 
 
@@ -56,15 +52,11 @@ class ServeOptions:
         auth_token: When set, every endpoint but liveness needs ``Authorization: Bearer <token>``.
         limits: Body size (after decompression) and JSON nesting limits.
         drain_timeout: Longest time in seconds the models take to run their queues at shutdown.
-        grpc_address: 'host:port' of the gRPC service (port 0: a free one); None: no gRPC.
-        model_control: Allow the repository load and unload endpoints (off: HYB-709).
     """
 
     auth_token: str | None = None
     limits: Limits = field(default_factory=Limits)
     drain_timeout: float = 30.0
-    grpc_address: str | None = None
-    model_control: bool = False
 
 
 def http_status(code: str) -> int:
@@ -91,7 +83,6 @@ class ServerState:
         for model in registry:
             model.observer = self.metrics.observe_batch
         self.draining = False
-        self.grpc_port: int | None = None  # the bound gRPC port once the app has started
         self._drained = threading.Event()
 
     def begin_drain(self) -> None:
@@ -144,11 +135,18 @@ def _too_large(limit: int) -> ServingError:
                         "send a smaller batch, or start the server with a larger --max-body")
 
 
-async def read_body(request: Request, limit: int) -> bytes:
+async def read_body(request: Request, limit: int,
+                    head: tuple[int, Callable[[bytes], object]] | None = None) -> bytes:
     """The request body, decompressed (gzip/deflate Content-Encoding), refused past ``limit`` bytes.
 
     The limit applies to the bytes received and to the decompressed bytes as they are produced, so
     neither a long upload nor a compression bomb is ever held in memory beyond it.
+
+    Args:
+        request: The request.
+        limit: Most bytes accepted.
+        head: ``(n, check)``: for an uncompressed body, ``check`` gets its first ``n`` bytes as soon as they
+            have arrived, and its errors stop the reading (a request refused from its header is not read).
 
     Raises:
         ServingError: HYB-704 past the limit, HYB-702 for a bad or unsupported encoding.
@@ -175,6 +173,10 @@ async def read_body(request: Request, limit: int) -> bytes:
                 raise _too_large(limit)
             if decoder is None:
                 parts.append(chunk)
+                if head is not None and received >= head[0]:
+                    parts = [b"".join(parts)]
+                    head[1](parts[0][:head[0]])
+                    head = None
                 continue
             data = chunk
             while data:
@@ -217,23 +219,29 @@ def _header_length(request: Request) -> int | None:
     return byte_count("Inference-Header-Content-Length", request.headers.get("inference-header-content-length"))
 
 
+def _head_check(request: Request, header_length: int | None, limits: Limits,
+                precheck: Precheck) -> tuple[int, Callable[[bytes], object]] | None:
+    """For a binary-extension request with a small JSON header: the check of that header alone."""
+    if header_length is None or header_length > _PARSE_INLINE:
+        return None
+    if request.headers.get("content-encoding", "identity").strip().lower() not in ("", "identity"):
+        return None
+    total = byte_count("Content-Length", request.headers.get("content-length"))
+    binary = total - header_length if total is not None and total >= header_length else None
+    return header_length, lambda header: check_head(header, binary, limits, precheck)
+
+
 def _client(request: Request) -> str:
     return f"{request.client.host}:{request.client.port}" if request.client else "a client"
 
 
 def _add_routes(app: FastAPI, state: ServerState) -> None:
     registry, metrics, limits = state.registry, state.metrics, state.options.limits
-    prechecks = {(m.name, m.version): (m, InputValidator(m.signature).feeds) for m in registry}
-
-    def precheck(model: Any) -> Any:  # a model loaded later (model control) gets its checks then
-        found = prechecks.get((model.name, model.version))
-        if found is None or found[0] is not model:
-            found = prechecks[(model.name, model.version)] = (model, InputValidator(model.signature).feeds)
-        return found[1]
+    prechecks = {(m.name, m.version): InputValidator(m.signature).feeds for m in registry}
 
     @app.get("/v2")
     async def server_metadata() -> dict[str, Any]:
-        return {"name": "pyasc", "version": __version__, "extensions": EXTENSIONS}
+        return {"name": "pyasc", "version": __version__, "extensions": ["binary_tensor_data"]}
 
     @app.get(LIVE_PATH)
     async def live() -> dict[str, Any]:
@@ -272,29 +280,25 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
         key = (model.name, model.version)
         metrics.requests.labels(*key).inc()
         t0 = time.perf_counter()
-        ok, rows = False, 1
         try:
             header_length = _header_length(request)
-            body = await read_body(request, limits.max_body)
+            body = await read_body(request, limits.max_body,
+                                   _head_check(request, header_length, limits, prechecks[key]))
             # the inputs are checked against the model before their data is decoded; decoding a large
             # body (JSON, BYTES elements) runs in a worker thread so the event loop keeps answering
             if len(body) > _PARSE_INLINE:
-                parsed = await run_in_threadpool(parse_request, body, header_length, limits, precheck(model))
+                parsed = await run_in_threadpool(parse_request, body, header_length, limits, prechecks[key])
             else:
-                parsed = parse_request(body, header_length, limits, precheck(model))
+                parsed = parse_request(body, header_length, limits, prechecks[key])
             del body
-            rows = request_rows(model, parsed.inputs)
             outputs = await model.infer(parsed.inputs, parsed.timeout_s)
             parsed.inputs.clear()  # the request's arrays (views of the body) are not kept while answering
             content, json_length = encode_response(model.name, model.version, parsed, outputs)
-            ok = True
         except HybridError as e:
             metrics.failures.labels(*key, e.code).inc()
             raise
         finally:
-            elapsed = time.perf_counter() - t0
-            metrics.latency.labels(*key).observe(elapsed)
-            metrics.request_done(model, ok, elapsed, rows)
+            metrics.latency.labels(*key).observe(time.perf_counter() - t0)
         if await request.is_disconnected():  # gone while its request ran: nobody to answer
             raise ClientDisconnect()
         if json_length is None:
@@ -353,23 +357,12 @@ def create_app(registry: ModelRegistry, options: ServeOptions | None = None) -> 
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        grpc_server = None
-        if options.grpc_address:
-            from hybrid.serve.grpc_server import start_grpc
-
-            grpc_server, state.grpc_port = await start_grpc(state, options.grpc_address)
-        try:
-            yield
-        finally:
-            if grpc_server is not None:  # in-flight calls finish (the drain has begun), new ones are refused
-                state.begin_drain()
-                await grpc_server.stop(options.drain_timeout)
-            await run_in_threadpool(state.close)
+        yield
+        await run_in_threadpool(state.close)
 
     app = FastAPI(title="pyasc inference server", version=__version__, lifespan=lifespan,
                   docs_url=None, redoc_url=None, openapi_url=None)
     app.state.hybrid = state
-    add_triton_routes(app, state)  # first: /v2/models/stats must not match /v2/models/{model_name}
     _add_routes(app, state)
     _add_error_handlers(app, state.metrics)
     if options.auth_token:

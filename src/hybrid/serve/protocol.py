@@ -31,6 +31,7 @@ __all__ = [
     "Limits",
     "Precheck",
     "RequestedOutput",
+    "check_head",
     "check_json_depth",
     "datatype_of",
     "encode_response",
@@ -363,8 +364,11 @@ class _Declared:
     size: int  # binary: its binary_data_size
 
 
-def _declared_inputs(inputs: Any, binary_size: int, limits: Limits) -> list[_Declared]:
-    """Check every input's name, datatype, shape and byte size; decode nothing."""
+def _declared_inputs(inputs: Any, binary_size: int | None, limits: Limits) -> list[_Declared]:
+    """Check every input's name, datatype, shape and byte size; decode nothing.
+
+    ``binary_size`` is the length of the binary part; None when it is not known yet (its checks are skipped).
+    """
     if not isinstance(inputs, list):
         raise _bad("the request needs an 'inputs' list")
     found: list[_Declared] = []
@@ -393,13 +397,13 @@ def _declared_inputs(inputs: Any, binary_size: int, limits: Limits) -> list[_Dec
             raise _bad(f"input {name!r} has both 'data' and 'parameters.binary_data_size'")
         if type(size) is not int or size < 0:
             raise _bad(f"input {name!r}: binary_data_size must be a non-negative integer, got {size!r}")
-        if offset + size > binary_size:
+        if binary_size is not None and offset + size > binary_size:
             raise _bad(f"input {name!r}: binary_data_size {size} runs past the {binary_size} bytes of binary "
                        "data after the JSON header", "set Inference-Header-Content-Length to the JSON size")
         _check_binary_size(name, datatype, dtype, shape, count, size)
         found.append(_Declared(name, datatype, dtype, shape, count, None, offset, size))
         offset += size
-    if offset != binary_size:
+    if binary_size is not None and offset != binary_size:
         raise _bad(f"the body carries {binary_size} bytes of binary data, the inputs declare {offset}")
     return found
 
@@ -407,6 +411,28 @@ def _declared_inputs(inputs: Any, binary_size: int, limits: Limits) -> list[_Dec
 # checks a request's inputs against the model before their data is decoded: given input name ->
 # placeholder array (right dtype and shape, no data), it raises a HybridError for what the model refuses
 Precheck = Callable[[Mapping[str, np.ndarray]], object]
+
+
+def check_head(header: bytes, binary_size: int | None, limits: Limits, precheck: Precheck | None = None) -> None:
+    """Check a binary-extension request from its JSON header alone, before its binary data is read.
+
+    The server calls it as soon as the first ``Inference-Header-Content-Length`` bytes of a body have
+    arrived, so a request whose declared inputs cannot be served is refused without reading (or holding)
+    the rest. :func:`parse_request` checks everything again on the whole body.
+
+    Args:
+        header: The JSON header.
+        binary_size: Bytes of binary data that follow it, when the body's length is known; else None.
+        limits: Size and nesting limits.
+        precheck: As for :func:`parse_request`.
+
+    Raises:
+        ServingError: HYB-702 naming what is malformed; ``precheck``'s errors propagate.
+    """
+    doc, _ = _header(header, None, limits)
+    declared = _declared_inputs(doc.get("inputs"), binary_size, limits)
+    if precheck is not None:
+        precheck({d.name: placeholder(d.dtype, d.shape) for d in declared})
 
 
 def parse_request(body: bytes, header_length: int | None, limits: Limits,
