@@ -77,6 +77,9 @@ CATALOG: dict[str, ErrorInfo] = {
                          "rewrite. The message names the node that pins the batch size."),
     "HYB-210": ErrorInfo("invalid export arguments",
                          "hybrid.export was given arguments it cannot use (shapes, names, dynamic axes)."),
+    "HYB-211": ErrorInfo("unknown zoo model",
+                         "hybrid.zoo.build was given a name the zoo does not have. The message lists the "
+                         "names (hybrid.zoo.NAMES)."),
     # 3xx device / backend / compile
     "HYB-301": ErrorInfo("unknown target",
                          "A target is 'auto', a device ('cpu', 'gpu', 'cuda:1', 'npu'), a backend "
