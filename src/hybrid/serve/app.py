@@ -2,7 +2,10 @@
 
 ``create_app(registry, options)`` is the one factory for both the single-machine server (uvicorn) and
 the Ray Serve replicas. Routes: ``GET /v2``, ``/v2/health/live``, ``/v2/health/ready``,
-``/v2/models/{m}[/versions/{v}]``, ``.../ready``, ``POST .../infer`` and ``GET /metrics``. Every error
+``/v2/models/{m}[/versions/{v}]``, ``.../ready``, ``POST .../infer`` and ``GET /metrics``, Triton's
+extensions (:mod:`hybrid.serve.triton_http`: config, stats, repository index/load/unload), and, when
+``ServeOptions.grpc_address`` is set, the gRPC service on the same event loop
+(:mod:`hybrid.serve.grpc_server`). Every error
 is ``{"error": "[HYB-7xx] ...", "code": ..., "hint": ...}`` with a 4xx/5xx status.
 """
 
@@ -32,6 +35,7 @@ from hybrid.runtime.validate import InputValidator
 from hybrid.serve.metrics import CONTENT_TYPE, ServerMetrics
 from hybrid.serve.protocol import Limits, Precheck, check_head, encode_response, parse_request
 from hybrid.serve.repository import ModelRegistry
+from hybrid.serve.triton_http import EXTENSIONS, add_triton_routes, request_rows
 
 __all__ = ["ServeOptions", "ServerState", "create_app", "http_status"]
 
@@ -40,7 +44,7 @@ logger = logging.getLogger("hybrid.serve")
 LIVE_PATH = "/v2/health/live"
 _PARSE_INLINE = 64 << 10  # a body above this is decoded in a worker thread, not on the event loop
 _STATUS = {"HYB-701": 404, "HYB-702": 400, "HYB-703": 401, "HYB-704": 413, "HYB-705": 503, "HYB-706": 503,
-           "HYB-411": 504, "HYB-412": 503, "HYB-414": 503, "HYB-415": 503}
+           "HYB-707": 400, "HYB-709": 403, "HYB-411": 504, "HYB-412": 503, "HYB-414": 503, "HYB-415": 503}
 _INPUT_CODES = {f"HYB-40{i}" for i in range(1, 8)}
 
 
@@ -52,11 +56,15 @@ class ServeOptions:
         auth_token: When set, every endpoint but liveness needs ``Authorization: Bearer <token>``.
         limits: Body size (after decompression) and JSON nesting limits.
         drain_timeout: Longest time in seconds the models take to run their queues at shutdown.
+        grpc_address: 'host:port' of the gRPC service (port 0: a free one); None: no gRPC.
+        model_control: Allow the repository load and unload endpoints (off: HYB-709).
     """
 
     auth_token: str | None = None
     limits: Limits = field(default_factory=Limits)
     drain_timeout: float = 30.0
+    grpc_address: str | None = None
+    model_control: bool = False
 
 
 def http_status(code: str) -> int:
@@ -83,6 +91,7 @@ class ServerState:
         for model in registry:
             model.observer = self.metrics.observe_batch
         self.draining = False
+        self.grpc_port: int | None = None  # the bound gRPC port once the app has started
         self._drained = threading.Event()
 
     def begin_drain(self) -> None:
@@ -237,11 +246,17 @@ def _client(request: Request) -> str:
 
 def _add_routes(app: FastAPI, state: ServerState) -> None:
     registry, metrics, limits = state.registry, state.metrics, state.options.limits
-    prechecks = {(m.name, m.version): InputValidator(m.signature).feeds for m in registry}
+    prechecks = {(m.name, m.version): (m, InputValidator(m.signature).feeds) for m in registry}
+
+    def precheck(model: Any) -> Any:  # a model loaded later (model control) gets its checks then
+        found = prechecks.get((model.name, model.version))
+        if found is None or found[0] is not model:
+            found = prechecks[(model.name, model.version)] = (model, InputValidator(model.signature).feeds)
+        return found[1]
 
     @app.get("/v2")
     async def server_metadata() -> dict[str, Any]:
-        return {"name": "pyasc", "version": __version__, "extensions": ["binary_tensor_data"]}
+        return {"name": "pyasc", "version": __version__, "extensions": EXTENSIONS}
 
     @app.get(LIVE_PATH)
     async def live() -> dict[str, Any]:
@@ -280,25 +295,30 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
         key = (model.name, model.version)
         metrics.requests.labels(*key).inc()
         t0 = time.perf_counter()
+        ok, rows = False, 1
         try:
             header_length = _header_length(request)
             body = await read_body(request, limits.max_body,
-                                   _head_check(request, header_length, limits, prechecks[key]))
+                                   _head_check(request, header_length, limits, precheck(model)))
             # the inputs are checked against the model before their data is decoded; decoding a large
             # body (JSON, BYTES elements) runs in a worker thread so the event loop keeps answering
             if len(body) > _PARSE_INLINE:
-                parsed = await run_in_threadpool(parse_request, body, header_length, limits, prechecks[key])
+                parsed = await run_in_threadpool(parse_request, body, header_length, limits, precheck(model))
             else:
-                parsed = parse_request(body, header_length, limits, prechecks[key])
+                parsed = parse_request(body, header_length, limits, precheck(model))
             del body
+            rows = request_rows(model, parsed.inputs)
             outputs = await model.infer(parsed.inputs, parsed.timeout_s)
             parsed.inputs.clear()  # the request's arrays (views of the body) are not kept while answering
             content, json_length = encode_response(model.name, model.version, parsed, outputs)
+            ok = True
         except HybridError as e:
             metrics.failures.labels(*key, e.code).inc()
             raise
         finally:
-            metrics.latency.labels(*key).observe(time.perf_counter() - t0)
+            elapsed = time.perf_counter() - t0
+            metrics.latency.labels(*key).observe(elapsed)
+            metrics.request_done(model, ok, elapsed, rows)
         if await request.is_disconnected():  # gone while its request ran: nobody to answer
             raise ClientDisconnect()
         if json_length is None:
@@ -357,12 +377,23 @@ def create_app(registry: ModelRegistry, options: ServeOptions | None = None) -> 
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        yield
-        await run_in_threadpool(state.close)
+        grpc_server = None
+        if options.grpc_address:
+            from hybrid.serve.grpc_server import start_grpc
+
+            grpc_server, state.grpc_port = await start_grpc(state, options.grpc_address)
+        try:
+            yield
+        finally:
+            if grpc_server is not None:  # in-flight calls finish (the drain has begun), new ones are refused
+                state.begin_drain()
+                await grpc_server.stop(options.drain_timeout)
+            await run_in_threadpool(state.close)
 
     app = FastAPI(title="pyasc inference server", version=__version__, lifespan=lifespan,
                   docs_url=None, redoc_url=None, openapi_url=None)
     app.state.hybrid = state
+    add_triton_routes(app, state)  # first: /v2/models/stats must not match /v2/models/{model_name}
     _add_routes(app, state)
     _add_error_handlers(app, state.metrics)
     if options.auth_token:
