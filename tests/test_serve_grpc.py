@@ -302,6 +302,48 @@ def test_asyncio_clients_grpc_and_http(server):
     asyncio.run(run())
 
 
+def poison_model(path):
+    """g = table[i]: ONNX Runtime raises for an index out of range (only for the request that sends one)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    i = helper.make_tensor_value_info("i", TensorProto.INT64, ["N", 1])
+    g = helper.make_tensor_value_info("g", TensorProto.FLOAT, ["N", 1, 4])
+    table = numpy_helper.from_array(np.arange(40, dtype=np.float32).reshape(10, 4), "table")
+    graph = helper.make_graph([helper.make_node("Gather", ["table", "i"], ["g"], axis=0)], "poison", [i], [g],
+                              [table])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+    return path
+
+
+def test_a_request_that_makes_the_model_raise_fails_alone_in_its_batch(tmp_path):
+    registry = build_registry([poison_model(tmp_path / "poison.onnx")], target="onnxruntime",
+                              overrides={"max_batch": 8, "batch_timeout": 0.2})
+    app = create_app(registry, ServeOptions(grpc_address="127.0.0.1:0"))
+    with BackgroundServer(app) as srv:
+        async def send():
+            g = tga.InferenceServerClient(f"127.0.0.1:{app.state.hybrid.grpc_port}")
+            try:
+                calls = []
+                for k in range(8):
+                    inp = tga.InferInput("i", [1, 1], "INT64")
+                    inp.set_data_from_numpy(np.array([[50 if k == 3 else k]], np.int64))
+                    calls.append(g.infer("poison", [inp]))
+                return await asyncio.gather(*calls, return_exceptions=True)
+            finally:
+                await g.close()
+
+        results = asyncio.run(send())
+        assert isinstance(results[3], InferenceServerException) and "[HYB-408]" in results[3].message()
+        assert results[3].status() == "StatusCode.INTERNAL"
+        table = np.arange(40, dtype=np.float32).reshape(10, 4)
+        for k, r in enumerate(results):
+            if k != 3:
+                np.testing.assert_array_equal(r.as_numpy("g"), table[[k]][None])
+        assert tg.InferenceServerClient(f"127.0.0.1:{app.state.hybrid.grpc_port}").is_server_live()
+        del srv
+
+
 def _metric(text, name, model):
     found = re.search(rf'^{name}{{model="{model}",version="1"}} ([0-9.e+]+)$', text, re.M)
     assert found, f"{name} for {model} missing"

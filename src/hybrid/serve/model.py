@@ -216,12 +216,27 @@ class ServedModel:
             try:
                 outs = self._run_group(group)
             except Exception as e:
-                outs = [self._error_for_one(e, len(group)) for _ in group]
+                outs = self._isolate(group, e)
             for i, out in zip(idx, outs):
                 results[i] = out
         if self.observer is not None:
             self.observer(self, len(items), [t0 - it.enqueued for it in items], time.monotonic() - t0)
         return results
+
+    def _isolate(self, group: list[_Item], error: Exception) -> list[dict[str, np.ndarray] | Exception]:
+        """After a joined run failed: run each request alone, so only the requests that fail on their own
+        get an error (one bad request must not fail the requests it was batched with)."""
+        if len(group) == 1:
+            return [self._error_for_one(error, 1)]
+        logger.warning("model %s:%s failed on a batch of %d (%s); running its requests one by one", self.name,
+                       self.version, len(group), str(error).splitlines()[0][:200] if str(error) else type(error))
+        outs: list[dict[str, np.ndarray] | Exception] = []
+        for item in group:
+            try:
+                outs.append(self.compiled.run(item.feeds))
+            except Exception as e:
+                outs.append(self._error_for_one(e, 1))
+        return outs
 
     def _error_for_one(self, e: Exception, size: int) -> Exception:
         """A fresh error per caller (tracebacks never mix across threads), chained to the batch's own."""
