@@ -298,9 +298,21 @@ def test_default_folder_is_the_hybrid_cache(tmp_path, monkeypatch):
     assert not list(m.path.parent.glob(".*"))  # no temp files left behind
 
 
-def test_builds_are_deterministic(built, tmp_path):
-    first, second = built("neg_dim"), zoo.build("neg_dim", folder=tmp_path)  # trained in-process, yet same bytes
+def test_builds_are_deterministic(built, tmp_path, monkeypatch):
+    first = built("neg_dim")
+    monkeypatch.setattr(zoo, "_BUILT", {})  # forget the copy in the session folder: build again
+    second = zoo.build("neg_dim", folder=tmp_path)  # trained in-process, yet the same bytes
     assert first.path.read_bytes() == second.path.read_bytes()
+
+
+def test_another_folder_gets_a_copy_not_a_rebuild(built, tmp_path, monkeypatch):
+    first = built("external_data")
+    monkeypatch.setattr(zoo, "_write", lambda *a: pytest.fail("rebuilt although this process has a copy"))
+    again = zoo.build("external_data", folder=tmp_path)
+    assert again.path != first.path and again.path.read_bytes() == first.path.read_bytes()
+    data = again.path.with_name(again.path.name + ".data")
+    assert data.read_bytes() == first.path.with_name(first.path.name + ".data").read_bytes()
+    onnx.checker.check_model(str(again.path))
 
 
 def test_unknown_name_and_missing_torch(monkeypatch, tmp_path):

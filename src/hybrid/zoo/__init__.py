@@ -62,6 +62,7 @@ NAMES: tuple[str, ...] = tuple(RECIPES)
 ZOO_VERSION = 1  # bump when a builder changes what it writes: it is part of the cache key
 
 _LOCK = threading.Lock()  # one build at a time in a process (threads of a test run would race otherwise)
+_BUILT: dict[str, Path] = {}  # key folder name -> a complete copy this process made or found
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,7 +145,9 @@ def build(name: str, folder: str | os.PathLike[str] | None = None) -> ZooModel:
         name: one of :data:`NAMES`.
         folder: where to keep the files; default ``hybrid.hal.machine.cache_root() / 'zoo'`` (which follows
             ``HYBRID_CACHE_DIR``). Files are keyed by name, :data:`ZOO_VERSION` and the torch version, and
-            written atomically, so concurrent builders never see half a file.
+            written atomically, so concurrent builders never see half a file. A model this process already
+            built or found in another folder is copied from there rather than built again (tests that give
+            each test its own ``HYBRID_CACHE_DIR`` stay fast).
 
     Raises:
         ModelError: HYB-211 for an unknown name; HYB-207 when torch is not installed.
@@ -166,7 +169,12 @@ def build(name: str, folder: str | os.PathLike[str] | None = None) -> ZooModel:
     path = root / f"{name}-v{ZOO_VERSION}-torch{version}" / f"{name}.onnx"
     with _LOCK:
         if not _complete(path, recipe):
-            _write(recipe, path)
+            source = _BUILT.get(path.parent.name)
+            if source is not None and _complete(source, recipe):
+                _copy(recipe, source, path)  # another cache folder (a test's own) already has it: no rebuild
+            else:
+                _write(recipe, path)
+        _BUILT[path.parent.name] = path
     return ZooModel(name, path, {k: tuple(v) for k, v in recipe.shapes.items()},
                     {k: dict(v) for k, v in recipe.ranges.items()}, recipe.quirks, recipe.description, recipe)
 
@@ -177,6 +185,15 @@ def _data_path(path: Path) -> Path:
 
 def _complete(path: Path, recipe: Recipe) -> bool:
     return path.is_file() and (not recipe.external_data or _data_path(path).is_file())
+
+
+def _copy(recipe: Recipe, source: Path, path: Path) -> None:
+    from hybrid.ir import atomic_write_bytes
+
+    if recipe.external_data:
+        atomic_write_bytes(_data_path(path), _data_path(source).read_bytes())
+    atomic_write_bytes(path, source.read_bytes())  # the model last: its presence means complete
+    logger.info("zoo: copied %s from %s", recipe.name, source.parent)
 
 
 def _write(recipe: Recipe, path: Path) -> None:
