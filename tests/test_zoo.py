@@ -301,8 +301,14 @@ def test_default_folder_is_the_hybrid_cache(tmp_path, monkeypatch):
 def test_builds_are_deterministic(built, tmp_path, monkeypatch):
     first = built("neg_dim")
     monkeypatch.setattr(zoo, "_BUILT", {})  # forget the copy in the session folder: build again
+    import torch
+
+    torch.manual_seed(7)
+    expected = torch.rand(3)
+    torch.manual_seed(7)
     second = zoo.build("neg_dim", folder=tmp_path)  # trained in-process, yet the same bytes
     assert first.path.read_bytes() == second.path.read_bytes()
+    assert torch.equal(torch.rand(3), expected)  # the caller's torch RNG is left as it was
 
 
 def test_another_folder_gets_a_copy_not_a_rebuild(built, tmp_path, monkeypatch):

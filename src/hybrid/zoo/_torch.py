@@ -22,13 +22,15 @@ OPSET = 17
 @contextlib.contextmanager
 def deterministic(seed: int) -> Iterator[Any]:
     """Seed torch and train on one thread (summation order, hence the weights and the file bytes, do not
-    depend on the machine's core count); yields the torch module."""
+    depend on the machine's core count); yields the torch module. The caller's RNG state and thread count
+    are restored afterwards."""
     torch = require_torch()
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    torch.manual_seed(seed)
     try:
-        yield torch
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            yield torch
     finally:
         torch.set_num_threads(threads)
 
