@@ -153,7 +153,7 @@ def test_accuracy_budget_keeps_the_measured_most_sensitive_layers_in_float(outli
     assert _report(plain).cosine_min < 0.9  # the outlier channel ruins per-tensor int8
 
     q = hybrid.quantize(outlier, {"quant_mode": "static", "calibration_dataset": vectors,
-                                  "accuracy": {"min_cosine": 0.99}})
+                                  "accuracy": {"min_cosine": 0.99}, "speed_check": False})
     report = _report(q)
     assert report.budget_met is True and report.cosine_min >= 0.99
     ranked = [name for name, _ in report.sensitivity]
@@ -167,19 +167,25 @@ def test_accuracy_budget_keeps_the_measured_most_sensitive_layers_in_float(outli
     assert "kept in float" in str(report)
 
 
-def test_unreachable_budget_is_hyb_605(vectors):
+def test_a_budget_only_float_meets_returns_float_or_raises_hyb_605(vectors):
     class Residual(nn.Module):
         def __init__(self) -> None:
             super().__init__()
             self.fc = nn.Linear(16, 16)
 
         def forward(self, x):
-            return torch.relu(self.fc(x)) + x  # the Add stays quantized whatever layer is kept
+            return torch.relu(self.fc(x)) + x
 
     model = hybrid.export(Residual().eval(), input_shape=(4, 16))
+    cfg = {"calibration_dataset": vectors, "accuracy": {"max_abs_error": 0.0, "on_unmet": "raise"}}
     with pytest.raises(QuantizationError) as e:
-        hybrid.quantize(model, {"calibration_dataset": vectors, "accuracy": {"max_abs_error": 0.0}})
-    assert e.value.code == "HYB-605"
+        hybrid.quantize(model, cfg)
+    assert e.value.code == "HYB-605" and "only float meets" in e.value.message and "max abs error" in e.value.message
+    q = hybrid.quantize(model, {**cfg, "accuracy": {"max_abs_error": 0.0}})  # on_unmet='float' is the default
+    report = _report(q)
+    assert report.result == "float" and report.budget_met is True and "only float meets" in report.note
+    assert not {"QuantizeLinear", "DequantizeLinear"} & {n.op_type for n in q.to_onnx().graph.node}
+    assert {g.reason for g in report.float_groups} == {"float"} and report.float_groups
 
 
 # ------------------------------------------------------------------ quantized models run everywhere

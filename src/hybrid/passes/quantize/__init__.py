@@ -14,13 +14,21 @@ from typing import Any
 
 from hybrid.errors import QuantizationError
 from hybrid.ir import Model
+from hybrid.passes.quantize import speed
 from hybrid.passes.quantize.config import Budget, QuantConfig, parse_config
 from hybrid.passes.quantize.data import Samples, collect, synthetic
 from hybrid.passes.quantize.engine import Engine, workdir
-from hybrid.passes.quantize.report import Evaluator, OutputAccuracy, QuantizationReport, budget_failures
+from hybrid.passes.quantize.report import (
+    Evaluator,
+    FloatGroup,
+    OutputAccuracy,
+    QuantizationReport,
+    budget_failures,
+)
+from hybrid.passes.quantize.search import Outcome, Recipe, search
 from hybrid.passes.quantize.sensitivity import rank_layers, smallest_exclusion
 
-__all__ = ["Budget", "OutputAccuracy", "QuantConfig", "QuantizationReport", "quantize"]
+__all__ = ["Budget", "FloatGroup", "OutputAccuracy", "QuantConfig", "QuantizationReport", "quantize"]
 
 logger = logging.getLogger("hybrid")
 
@@ -65,34 +73,69 @@ def quantize(model_or_path: Any, quant_config: Mapping[str, Any] | None = None, 
     cfg = parse_config({**(quant_config or {}), **overrides})
     model = Model.load(model_or_path)
     samples = _samples(cfg, model)
+    fp32 = model.to_bytes()
+    budget = cfg.accuracy
     with workdir() as scratch:
         engine = Engine(model.to_onnx(), cfg, samples.calibration, scratch)
         evaluator = _evaluator(model, samples)
-        data = engine.run()
-        outputs = evaluator.evaluate(data) if evaluator else ()
-        kept: tuple[str, ...] = ()
-        sensitivity: tuple[tuple[str, float], ...] = ()
-        budget = cfg.accuracy
-        if budget is not None:
-            if evaluator is None:
-                raise QuantizationError("HYB-601", "quant_config['accuracy'] needs samples to measure against, and "
-                                        "none could be made for this model", "pass a calibration_dataset")
-            if budget_failures(outputs, budget):
-                ranked = rank_layers(engine, evaluator, engine.candidates(), budget, cfg.progress)
-                sensitivity = tuple(ranked)
-                best = smallest_exclusion(engine, evaluator, [n for n, _ in ranked], budget, cfg.progress)
-                data, outputs, kept = best.model, best.outputs, best.excluded
+        if budget is not None and evaluator is None:
+            raise QuantizationError("HYB-601", "quant_config['accuracy'] needs samples to measure against, and none "
+                                    "could be made for this model", "pass a calibration_dataset")
+        if budget is not None and cfg.quant_mode == "static" and cfg.quant_format == "qdq":
+            assert evaluator is not None
+            outcome = search(engine, evaluator, cfg, fp32)
+        else:
+            outcome = _plain(engine, evaluator, cfg, fp32)
+    data = outcome.model if outcome.model is not None else fp32
+    outputs = outcome.outputs
+    if outcome.model is None and evaluator is not None and not outputs:
+        outputs = evaluator.evaluate(fp32)
     report = QuantizationReport(
-        mode=cfg.quant_mode, scheme=_scheme(cfg, samples), eval_samples=len(samples.evaluation) if evaluator else 0,
-        eval_source=samples.source if evaluator else "none", outputs=outputs, kept_float=kept,
-        sensitivity=sensitivity, budget=budget,
+        mode=cfg.quant_mode, scheme=_scheme(cfg, samples, outcome.recipe.name),
+        eval_samples=len(samples.evaluation) if evaluator else 0,
+        eval_source=samples.source if evaluator else "none", outputs=outputs, kept_float=outcome.kept,
+        sensitivity=outcome.sensitivity, budget=budget,
         budget_met=None if budget is None else not budget_failures(outputs, budget),
-        fp32_bytes=len(model.to_bytes()), quantized_bytes=len(data))
+        fp32_bytes=len(fp32), quantized_bytes=len(data), result="quantized" if outcome.model is not None else "float",
+        note=outcome.note, float_groups=outcome.float_groups, recipes=outcome.recipes, speedup=outcome.speedup,
+        trials=outcome.trials)
     result = Model.load(data)
-    result.name = f"{model.name}-{cfg.quant_mode}"
+    result.name = f"{model.name}-{cfg.quant_mode if outcome.model is not None else 'float'}"
     _annotate(result, report)
     logger.info("%s", report)
     return result
+
+
+def _plain(engine: Engine, evaluator: Evaluator | None, cfg: QuantConfig, fp32: bytes) -> Outcome:
+    """One quantization (the configured recipe); with a budget (modes other than static QDQ), the most
+    sensitive layers are kept in float; with the speed check, fp32 is returned if it is faster."""
+    recipe = Recipe(engine.method, dict(cfg.extra_options))
+    data = engine.run()
+    outputs = evaluator.evaluate(data) if evaluator else ()
+    kept: tuple[str, ...] = ()
+    sensitivity: tuple[tuple[str, float], ...] = ()
+    budget = cfg.accuracy
+    if budget is not None and evaluator is not None and budget_failures(outputs, budget):
+        ranked = rank_layers(engine, evaluator, engine.candidates(), budget, cfg.progress)
+        sensitivity = tuple(ranked)
+        try:
+            best = smallest_exclusion(engine, evaluator, [n for n, _ in ranked], budget, cfg.progress)
+        except QuantizationError as e:
+            if budget.on_unmet == "raise" or e.code != "HYB-605":
+                raise
+            logger.warning("%s; returning the float model", e.message)
+            return Outcome(None, (), recipe, sensitivity=sensitivity, note=f"only float meets the budget: {e.message}")
+        data, outputs, kept = best.model, best.outputs, best.excluded
+    speedup = None
+    if cfg.speed_check and evaluator is not None:
+        times = speed.TIMER({"fp32": fp32, "int8": data}, evaluator.samples[0])
+        speedup = times["fp32"] / times["int8"]
+        if speedup <= 1.0:
+            note = (f"returned fp32: the quantized model runs at {speedup:.2f}x fp32 on ONNX Runtime's CPU provider "
+                    "(speed_check=False returns it anyway)")
+            logger.warning("%s", note)
+            return Outcome(None, (), recipe, kept=kept, sensitivity=sensitivity, speedup=1.0, note=note)
+    return Outcome(data, outputs, recipe, kept=kept, sensitivity=sensitivity, speedup=speedup)
 
 
 def _samples(cfg: QuantConfig, model: Model) -> Samples:
@@ -120,7 +163,7 @@ def _evaluator(model: Model, samples: Samples) -> Evaluator | None:
         return None
 
 
-def _scheme(cfg: QuantConfig, samples: Samples) -> str:
+def _scheme(cfg: QuantConfig, samples: Samples, recipe: str) -> str:
     if cfg.quant_mode in ("fp16", "bf16"):
         return ("float16 weights and compute, float32 inputs/outputs" if cfg.quant_mode == "fp16"
                 else "bfloat16 weights (Cast to float32 before use)")
@@ -128,7 +171,7 @@ def _scheme(cfg: QuantConfig, samples: Samples) -> str:
     if cfg.quant_mode == "dynamic":
         return f"{cfg.weight_dtype} {per} weights, uint8 activations quantized at run time"
     return (f"{cfg.quant_format.upper()}, {cfg.weight_dtype} {per} weights, {cfg.activation_dtype} activations, "
-            f"{cfg.calibration_method} calibration on {len(samples.calibration)} samples")
+            f"{recipe.split(',')[0]} calibration on {len(samples.calibration)} samples")
 
 
 def _annotate(model: Model, report: QuantizationReport) -> None:

@@ -13,8 +13,11 @@ __all__ = ["MODES", "Budget", "QuantConfig", "parse_config"]
 MODES = ("dynamic", "static", "fp16", "bf16")
 INT_DTYPES = ("int8", "uint8")
 CALIBRATION_METHODS = ("minmax", "entropy", "percentile")
+CALIBRATION_CHOICES = ("auto", *CALIBRATION_METHODS)
 FORMATS = ("qdq", "qoperator")
-BUDGET_KEYS = ("min_cosine", "min_snr_db", "min_top1_agreement", "max_abs_error", "outputs")
+BUDGET_LIMITS = ("min_cosine", "min_snr_db", "min_top1_agreement", "max_abs_error")
+BUDGET_KEYS = (*BUDGET_LIMITS, "outputs", "on_unmet")
+ON_UNMET = ("float", "raise")
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +30,8 @@ class Budget:
         min_top1_agreement: Lowest share of samples whose top-1 class matches fp32 (classifiers).
         max_abs_error: Largest absolute difference allowed.
         outputs: Outputs the budget applies to (None: all).
+        on_unmet: When no int8 model meets the budget (only float does): 'float' returns the float
+            model (the report says so, with the best int8 figures), 'raise' raises HYB-605.
     """
 
     min_cosine: float | None = None
@@ -34,6 +39,7 @@ class Budget:
     min_top1_agreement: float | None = None
     max_abs_error: float | None = None
     outputs: tuple[str, ...] | None = None
+    on_unmet: str = "float"
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +51,7 @@ class QuantConfig:
     weight_dtype: str = "int8"
     per_channel: bool = True
     calibration_dataset: Any = None
-    calibration_method: str = "minmax"
+    calibration_method: str = "auto"
     num_calibration_samples: int = 64
     num_eval_samples: int = 16
     quant_format: str = "qdq"
@@ -55,6 +61,7 @@ class QuantConfig:
     accuracy: Budget | None = None
     preprocess: bool = True
     progress: bool | None = None
+    speed_check: bool = False
     extra_options: dict[str, Any] = field(default_factory=dict)
 
 
@@ -103,7 +110,7 @@ def _budget(value: Any) -> Budget | None:
         raise QuantizationError("HYB-601", f"quant_config['accuracy']: unknown keys {unknown}; valid keys: "
                                 f"{list(BUDGET_KEYS)}", "e.g. {'accuracy': {'min_cosine': 0.99}}")
     nums: dict[str, float] = {}
-    for key in BUDGET_KEYS[:-1]:
+    for key in BUDGET_LIMITS:
         if key in value:
             v = value[key]
             if isinstance(v, bool) or not isinstance(v, (int, float)):
@@ -115,12 +122,15 @@ def _budget(value: Any) -> Budget | None:
     outputs = value.get("outputs")
     if outputs is not None and (isinstance(outputs, str) or not all(isinstance(o, str) for o in outputs)):
         raise _err("accuracy.outputs", "a list of output names", outputs)
-    return Budget(**nums, outputs=tuple(outputs) if outputs is not None else None)
+    on_unmet = value.get("on_unmet", "float")
+    if on_unmet not in ON_UNMET:
+        raise _err("accuracy.on_unmet", f"one of {list(ON_UNMET)}", on_unmet)
+    return Budget(**nums, outputs=tuple(outputs) if outputs is not None else None, on_unmet=on_unmet)
 
 
 _KEYS = ("quant_mode", "activation_dtype", "weight_dtype", "per_channel", "calibration_dataset",
          "calibration_method", "num_calibration_samples", "num_eval_samples", "quant_format", "reduce_range",
-         "op_types", "nodes_to_exclude", "accuracy", "preprocess", "progress", "extra_options")
+         "op_types", "nodes_to_exclude", "accuracy", "preprocess", "progress", "extra_options", "speed_check")
 
 
 def parse_config(config: Mapping[str, Any] | None) -> QuantConfig:
@@ -147,21 +157,23 @@ def parse_config(config: Mapping[str, Any] | None) -> QuantConfig:
     extra = cfg.get("extra_options") or {}
     if not isinstance(extra, Mapping):
         raise _err("extra_options", "a mapping passed to onnxruntime.quantization", extra)
+    budget = _budget(cfg.get("accuracy"))
     return QuantConfig(
         quant_mode=mode,
         activation_dtype=_choice(cfg, "activation_dtype", INT_DTYPES, "int8"),
         weight_dtype=_choice(cfg, "weight_dtype", INT_DTYPES, "int8"),
         per_channel=bool(_flag(cfg, "per_channel", True)),
         calibration_dataset=data,
-        calibration_method=_choice(cfg, "calibration_method", CALIBRATION_METHODS, "minmax"),
+        calibration_method=_choice(cfg, "calibration_method", CALIBRATION_CHOICES, "auto"),
         num_calibration_samples=_count(cfg, "num_calibration_samples", 64),
         num_eval_samples=_count(cfg, "num_eval_samples", 16),
         quant_format=_choice(cfg, "quant_format", FORMATS, "qdq"),
         reduce_range=bool(_flag(cfg, "reduce_range", False)),
         op_types=_names(cfg, "op_types"),
         nodes_to_exclude=_names(cfg, "nodes_to_exclude") or (),
-        accuracy=_budget(cfg.get("accuracy")),
+        accuracy=budget,
         preprocess=bool(_flag(cfg, "preprocess", True)),
         progress=_flag(cfg, "progress", None),
+        speed_check=bool(_flag(cfg, "speed_check", budget is not None and mode in ("static", "dynamic"))),
         extra_options=dict(extra),
     )

@@ -50,7 +50,8 @@ class Engine:
         self.proto = _named_nodes(_prepare(model, cfg, self.workdir) if cfg.preprocess else model)
         self.source = self.workdir / "float.onnx"
         onnx.save_model(self.proto, str(self.source), save_as_external_data=self.proto.ByteSize() > 1_800_000_000)
-        self._cache = self.workdir / "calibration.json"
+        self.method = "minmax" if cfg.calibration_method == "auto" else cfg.calibration_method
+        self.extra: dict[str, Any] = dict(cfg.extra_options)
         self._runs = 0
 
     # ------------------------------------------------------------------ what can be kept in float
@@ -79,8 +80,13 @@ class Engine:
         return out
 
     # ------------------------------------------------------------------ quantizing
-    def run(self, *, exclude: Iterable[str] = (), only: Sequence[str] | None = None) -> bytes:
+    def run(self, *, exclude: Iterable[str] = (), only: Sequence[str] | None = None, method: str | None = None,
+            extra: dict[str, Any] | None = None) -> bytes:
         """Quantize; nodes in ``exclude`` stay float; with ``only``, just those nodes are quantized.
+
+        ``method`` and ``extra`` (static mode) override the calibration method and the extra options
+        (``self.method``, ``self.extra``) for this run; each method calibrates once, then its ranges
+        are reused from a cache file.
 
         Raises:
             QuantizationError: HYB-606 with the quantizer's message when it fails.
@@ -99,7 +105,8 @@ class Engine:
                 if mode == "dynamic":
                     self._dynamic(out, excluded, only)
                 else:
-                    self._static(out, excluded, only)
+                    self._static(out, excluded, only, method or self.method,
+                                 self.extra if extra is None else extra)
             data = _load_bytes(out)
             _remove_model(out)
             return data
@@ -123,13 +130,15 @@ class Engine:
                          weight_type=self._dtype(self.cfg.weight_dtype), nodes_to_quantize=list(only or []) or None,
                          nodes_to_exclude=excluded, extra_options=dict(self.cfg.extra_options))
 
-    def _static(self, out: Path, excluded: list[str], only: Sequence[str] | None) -> None:
+    def _static(self, out: Path, excluded: list[str], only: Sequence[str] | None, method_name: str,
+                extra: dict[str, Any]) -> None:
         from onnxruntime.quantization import CalibrationMethod, QuantFormat, quantize_static
 
         method = {"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
-                  "percentile": CalibrationMethod.Percentile}[self.cfg.calibration_method]
+                  "percentile": CalibrationMethod.Percentile}[method_name]
+        cache = self.workdir / f"calibration-{method_name}.json"
         fmt = QuantFormat.QDQ if self.cfg.quant_format == "qdq" else QuantFormat.QOperator
-        reader = None if self._cache.is_file() else _Reader(self.calibration, self.cfg.progress)
+        reader = None if cache.is_file() else _Reader(self.calibration, self.cfg.progress)
         with reader or contextlib.nullcontext():
             quantize_static(str(self.source), str(out), reader, quant_format=fmt,
                             op_types_to_quantize=list(self.cfg.op_types) if self.cfg.op_types else None,
@@ -137,8 +146,8 @@ class Engine:
                             activation_type=self._dtype(self.cfg.activation_dtype),
                             weight_type=self._dtype(self.cfg.weight_dtype),
                             nodes_to_quantize=list(only or []) or None, nodes_to_exclude=excluded,
-                            calibrate_method=method, extra_options=dict(self.cfg.extra_options),
-                            calibration_cache_path=str(self._cache))
+                            calibrate_method=method, extra_options=dict(extra),
+                            calibration_cache_path=str(cache))
 
     def _fp16(self, excluded: list[str], only: Sequence[str] | None) -> bytes:
         from onnxruntime.transformers.float16 import convert_float_to_float16

@@ -18,7 +18,7 @@ import numpy as np
 from hybrid.errors import QuantizationError
 from hybrid.passes.quantize.config import Budget
 
-__all__ = ["Evaluator", "OutputAccuracy", "QuantizationReport", "budget_failures", "worst_cosine"]
+__all__ = ["Evaluator", "FloatGroup", "OutputAccuracy", "QuantizationReport", "budget_failures", "worst_cosine"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +39,35 @@ class OutputAccuracy:
 
 
 @dataclass(frozen=True, slots=True)
+class FloatGroup:
+    """Ops the quantizer would put in int8 that the returned model keeps in float, and why.
+
+    Attributes:
+        label: The group's name (its first Conv/Gemm/MatMul, else its first node).
+        nodes: Its node names.
+        kind: 'se' (a squeeze-excitation block) or its op types joined with '+' ('Conv+HardSwish').
+        reason: 'budget' (among the most sensitive groups, needed to meet the accuracy budget),
+            'region' (joined a float region so as not to leave an int8 island or a lone int8 Add/pool),
+            'float' (the float model was returned: see the report's ``note``).
+        sensitivity: ``1 - min cosine`` when this group alone is quantized.
+        speed_cost: Measured slowdown of keeping it in float: run time of the returned model over the
+            same model with this group quantized (1.10: 10% slower); None when not measured.
+    """
+
+    label: str
+    nodes: tuple[str, ...]
+    kind: str
+    reason: str
+    sensitivity: float
+    speed_cost: float | None = None
+
+    def line(self) -> str:
+        cost = "" if self.speed_cost is None else f", costs {self.speed_cost:.2f}x time"
+        return (f"{self.label} ({self.kind}, {len(self.nodes)} ops): {self.reason}, "
+                f"sensitivity {self.sensitivity:.2e}{cost}")
+
+
+@dataclass(frozen=True, slots=True)
 class QuantizationReport:
     """What a quantization did and what accuracy it kept (``model.metadata['quantization_report']``).
 
@@ -55,6 +84,15 @@ class QuantizationReport:
         budget_met: Whether the returned model meets it (None without a budget).
         fp32_bytes: Serialized size of the float model.
         quantized_bytes: Serialized size of the quantized model.
+        result: 'quantized', or 'float' when the float model was returned (no int8 model met the
+            budget, or none was faster than fp32: ``note`` says which, with the figures).
+        note: Why the result is what it is, in words (empty when nothing needs saying).
+        float_groups: The quantizable op groups kept in float, with the reason and speed cost of each.
+        recipes: ``(recipe, min cosine of the fully quantized model)`` for each recipe measured
+            (calibration method, symmetric or not), best first; the search starts from the first.
+        speedup: Measured speed of the returned model over fp32 on ONNX Runtime's CPU provider
+            (None when the speed check did not run).
+        trials: Quantizations tried.
     """
 
     mode: str
@@ -68,6 +106,12 @@ class QuantizationReport:
     budget_met: bool | None = None
     fp32_bytes: int = 0
     quantized_bytes: int = 0
+    result: str = "quantized"
+    note: str = ""
+    float_groups: tuple[FloatGroup, ...] = ()
+    recipes: tuple[tuple[str, float], ...] = ()
+    speedup: float | None = None
+    trials: int = 0
 
     @property
     def cosine_min(self) -> float:
@@ -92,6 +136,13 @@ class QuantizationReport:
             lines.append(f"budget {_budget_text(self.budget)}: {'met' if self.budget_met else 'NOT met'}")
         if self.kept_float:
             lines.append(f"kept in float ({len(self.kept_float)}): {', '.join(self.kept_float)}")
+        lines += [f"  {g.line()}" for g in self.float_groups]
+        if self.speedup is not None:
+            lines.append(f"speed vs fp32 (ONNX Runtime CPU): {self.speedup:.2f}x")
+        if self.result != "quantized":
+            lines.append(f"returned the {self.result} model")
+        if self.note:
+            lines.append(self.note)
         return "\n".join(lines)
 
 
