@@ -124,14 +124,13 @@ class ZooModel:
         return dims
 
     def _follow_batch(self, chosen: dict[str, tuple[int, ...]], given: set[str]) -> None:
-        # state inputs follow the batch of the data input when only the data input was given (vad_lstm)
-        if self.name == "vad_lstm" and "audio" in given:
-            n = chosen["audio"][0]
-            for state in ("h", "c"):
-                if state not in given:
-                    chosen[state] = (chosen[state][0], n, chosen[state][2])
-        if self.name == "encoder" and len(given) == 1:
-            chosen["input_ids" if "attention_mask" in given else "attention_mask"] = chosen[next(iter(given))]
+        # a dim tied to a given input's dim follows it unless the tied input was given too (vad_lstm's state
+        # follows the audio's batch; the encoder's mask follows the ids)
+        for src, src_axis, dst, dst_axis in self._recipe.links:
+            if src in given and dst not in given:
+                dims = list(chosen[dst])
+                dims[dst_axis] = chosen[src][src_axis]
+                chosen[dst] = tuple(dims)
 
 
 def _spell(template: tuple[int | None, ...]) -> str:

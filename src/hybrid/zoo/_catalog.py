@@ -20,7 +20,8 @@ Feeder = Callable[[np.random.Generator, Mapping[str, Shape], int], dict[str, np.
 @dataclass(frozen=True, slots=True)
 class Recipe:
     """One zoo model. ``inputs`` maps each input to (dtype, template); ``None`` in a template marks a dim
-    the model lets vary, an int one it fixes."""
+    the model lets vary, an int one it fixes. ``links`` name dims that must agree across inputs: when
+    ``feeds(shapes=...)`` gives the first input and not the follower, the follower's dim follows."""
 
     name: str
     module: str
@@ -31,6 +32,7 @@ class Recipe:
     ranges: Mapping[str, Mapping[str, Shape]]
     feeder: Feeder
     external_data: bool = False
+    links: tuple[tuple[str, int, str, int], ...] = ()  # (input, axis, follower, axis): dims that must agree
 
 
 def _range(lo: Shape, opt: Shape, hi: Shape) -> dict[str, Shape]:
@@ -129,7 +131,8 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in (
            {"audio": (F32, (None, None)), "h": (F32, (2, None, 64)), "c": (F32, (2, None, 64))},
            {"audio": (1, 512), "h": (2, 1, 64), "c": (2, 1, 64)},
            {"audio": _range((1, 256), (1, 512), (8, 1536)), "h": _range((2, 1, 64), (2, 1, 64), (2, 8, 64)),
-            "c": _range((2, 1, 64), (2, 1, 64), (2, 8, 64))}, _vad),
+            "c": _range((2, 1, 64), (2, 1, 64), (2, 8, 64))}, _vad,
+           links=(("audio", 0, "h", 1), ("audio", 0, "c", 1))),
     Recipe("unet", "_vision",
            "U-Net segmentation with U2-Net-style deep supervision: 7 outputs d0..d6 [N, 1, H, W] (fused mask, then "
            "the side masks from full resolution to the bottleneck); every upsampling is a Resize whose sizes come "
@@ -143,7 +146,8 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in (
            {"input_ids": (I64, (None, None)), "attention_mask": (I64, (None, None))},
            {"input_ids": (1, 128), "attention_mask": (1, 128)},
            {"input_ids": _range((1, 8), (1, 128), (8, 256)), "attention_mask": _range((1, 8), (1, 128), (8, 256))},
-           _encoder),
+           _encoder, links=(("input_ids", 0, "attention_mask", 0), ("input_ids", 1, "attention_mask", 1),
+                            ("attention_mask", 0, "input_ids", 0), ("attention_mask", 1, "input_ids", 1))),
     Recipe("if_model", "_graphs",
            "Day/night shape classifier: a torch-exported CNN backbone, then an If on the data (mean pixel > 0.45) "
            "between a linear head and a two-layer head; the branches answer [N, 5] and [N, 1, 5], so the If's "
