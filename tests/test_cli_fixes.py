@@ -67,6 +67,24 @@ def test_bundle_inspect_shows_bracketed_shapes(tmp_path):
         assert text.replace(" ", "") in r.output.replace(" ", "")
 
 
+def test_shared_consoles_never_parse_markup():
+    # pyasc serve's startup table and every other command print through these two consoles
+    from rich.table import Table
+
+    from hybrid.cli._console import console, err_console
+
+    for con in (console, err_console):
+        table = Table(title="serving at http://127.0.0.1:8000 [/v2]")
+        table.add_column("signature")
+        table.add_row("x: float32[batchx64] -> y: float32[batchx64]")
+        with con.capture() as cap:
+            con.print(table)
+            con.print("model[/v2].onnx [bold]not bold[/]")
+        text = cap.get()
+        assert "x: float32[batchx64] -> y: float32[batchx64]" in text and "[/v2]" in text
+        assert "model[/v2].onnx [bold]not bold[/]" in text
+
+
 # 2. the precision that ran, as the backend reports it
 def test_openvino_reports_the_precision_it_runs(tmp_path):
     pytest.importorskip("openvino")

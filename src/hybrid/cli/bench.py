@@ -151,10 +151,10 @@ def _interleave(runs: Mapping[str, Callable[[], Any]], timing: Timing,
     per: dict[str, int] = {}
     seconds = None if timing.duration is None else timing.duration / timing.blocks
     for name in names:  # warm up, and size each block to about half a second for slow contenders
-        t0 = time.perf_counter()
-        for _ in range(max(timing.warmup, 1)):
-            runs[name]()
-        each = (time.perf_counter() - t0) / max(timing.warmup, 1)
+        # warmed the way it is timed: with N callers, each caller's first calls (per-thread requests,
+        # arenas grown for concurrent runs) happen before the clock starts
+        warm, wall = _block(runs[name], max(timing.warmup, 1), None, timing.concurrency)
+        each = wall / max(len(warm) / timing.concurrency, 1)
         if timing.iterations is not None:
             per[name] = max(1, math.ceil(timing.iterations / timing.blocks / timing.concurrency))
         else:

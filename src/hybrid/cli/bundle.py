@@ -12,7 +12,7 @@ from rich.text import Text
 
 from hybrid.cli import _serving_options as so
 from hybrid.cli import _vision_options as vo
-from hybrid.cli._console import console, err_console, report_errors, styled
+from hybrid.cli._console import console, err_console, progress, report_errors, styled
 from hybrid.errors import HybridError
 
 __all__ = ["register"]
@@ -74,13 +74,14 @@ def create(
     with report_errors():
         task_options = vo.task_options(fmt, classes, conf_threshold, iou_threshold, max_det, agnostic, resize,
                                        input_size, color, scale, mean, std, task_option)
-        manifest = create_bundle(
-            model, out, platform=platform, target=target, precision=precision, optimize_level=optimize_level,
-            caches=not no_cache, calibration=calibration, include_libs=include_libs, python_version=python_version,
-            requirements=requirement or None, wheels=wheel or (), include_hybrid=not no_hybrid_wheel, name=name,
-            task=task, platforms_file=platforms_file, task_options=task_options,
-            serving=so.serving_settings(max_batch, batch_timeout, max_queue, request_timeout, concurrency,
-                                        zero_means_off=False) or None)
+        with progress(f"bundling {model.name}" + (" (fetching wheels)" if include_libs else "")):
+            manifest = create_bundle(
+                model, out, platform=platform, target=target, precision=precision, optimize_level=optimize_level,
+                caches=not no_cache, calibration=calibration, include_libs=include_libs, python_version=python_version,
+                requirements=requirement or None, wheels=wheel or (), include_hybrid=not no_hybrid_wheel, name=name,
+                task=task, platforms_file=platforms_file, task_options=task_options,
+                serving=so.serving_settings(max_batch, batch_timeout, max_queue, request_timeout, concurrency,
+                                            zero_means_off=False) or None)
     console.print(Text.assemble(f"wrote {out} ({_size(out.stat().st_size)}) for platform ",
                                 (manifest.platform.name, "bold")), soft_wrap=True)
     if manifest.caches:
