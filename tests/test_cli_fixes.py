@@ -349,3 +349,38 @@ def test_json_on_run_and_demo(tmp_path):
     assert r.exit_code == 0, r.output
     rows = json.loads(r.stdout)["rows"]
     assert any(row["ran_on"] == "onnxruntime:cpu" and row["ok"] for row in rows)
+
+
+def test_progress_only_on_a_terminal_and_not_quiet(monkeypatch):
+    import io
+    import sys
+
+    from rich.console import Console
+
+    from hybrid.cli import _console
+
+    buf = io.StringIO()
+    monkeypatch.setattr(_console, "err_console", Console(file=buf, force_terminal=True, markup=False))
+    monkeypatch.setattr(sys, "stderr", type("Tty", (io.StringIO,), {"isatty": lambda self: True})())
+    monkeypatch.setattr(_console.settings, "quiet", False)
+    with _console.progress("compiling m[/x].onnx") as update:
+        update("still compiling")
+    assert list(_console.progress_iter(["a", "b"], "steps", total=2)) == ["a", "b"]
+    assert buf.getvalue()  # drawn on the (fake) terminal
+    buf.seek(0)
+    buf.truncate()
+    monkeypatch.setattr(_console.settings, "quiet", True)
+    with _console.progress("compiling") as update:
+        update("x")
+    assert list(_console.progress_iter(["a"], "steps")) == ["a"] and buf.getvalue() == ""
+    monkeypatch.setattr(_console.settings, "quiet", False)
+    monkeypatch.setattr(sys, "stderr", io.StringIO())  # not a terminal: nothing drawn
+    with _console.progress("compiling"):
+        pass
+    assert buf.getvalue() == ""
+
+
+def test_quiet_flag_is_accepted_and_json_stays_clean(tmp_path):
+    onnx.save(matmul_add(), tmp_path / "m.onnx")
+    r = invoke("-q", "compile", tmp_path / "m.onnx", "-t", "onnxruntime", "--json")
+    assert r.exit_code == 0 and json.loads(r.stdout)["backend"] == "onnxruntime"
