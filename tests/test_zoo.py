@@ -105,6 +105,23 @@ def test_builds_a_valid_small_model(built, name):
             assert r["min"][i] <= r["opt"][i] <= r["max"][i] and r["min"][i] <= dim <= r["max"][i]
 
 
+@pytest.mark.parametrize("name", zoo.NAMES)
+def test_shapes_and_ranges_fit_the_declared_inputs(built, name):
+    m = built(name)
+    declared = {i.name: i for i in onnx.load(str(m.path), load_external_data=False).graph.input}
+    for inp, shape in m.shapes.items():
+        dims = declared[inp].type.tensor_type.shape.dim
+        named = [d.dim_param for d in dims if d.dim_param]
+        for r in [shape, *m.ranges.get(inp, {}).values()]:
+            assert len(r) == len(dims)
+            for d, size in zip(dims, r):
+                assert d.dim_param or d.dim_value in (size, -1), (inp, r)
+        if named or any(d.dim_value == -1 for d in dims):
+            assert inp in m.ranges  # every input with a dynamic dim has a range
+        else:
+            assert inp not in m.ranges
+
+
 def test_full_check_flags_only_the_wrong_declared_shape(built):
     # strict shape inference passes on every model but legacy_ir3, whose declared output shape lies by design
     for name in zoo.NAMES:
