@@ -65,7 +65,7 @@ def outvote(trials: list[Trial], search: Search, name: str) -> None:
 
 def deviation(trial: Trial, search: Search) -> float:
     """How far ``trial``'s answers are from the reference's (0.0 for the reference itself; infinity
-    when nothing was compared), in the units of :func:`hybrid.runtime.checks.deviation`."""
+    when nothing was compared), in the units of :func:`hybrid.runtime.auto.tolerance.deviation`."""
     verifier = search.verifier
     if verifier.reference is not None and trial.executable is verifier.reference:
         return 0.0

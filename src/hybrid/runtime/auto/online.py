@@ -54,7 +54,7 @@ logger = logging.getLogger("hybrid")
 Bucket = tuple[tuple[str, tuple[int, ...]], ...]
 PRUNE_AFTER = 3  # calls after which a clearly slower candidate stops taking turns
 PRUNE_RATIO = 1.5
-FIRST_RUN_RATIO = 4.0  # a candidate whose checked run took this much longer than the fastest's is not tried
+WARM_RUN_RATIO = 3.0  # a candidate whose warm run took this much longer than the fastest's is not tried
 MAX_PAUSE_S = 2.0
 
 
@@ -91,6 +91,7 @@ class _Slot:
     times: dict[str, list[float]] = field(default_factory=dict)
     pruned: set[str] = field(default_factory=set)
     failed: dict[str, str] = field(default_factory=dict)
+    rejected: str = ""
     turn: int = 0
     calls: int = 0
     settled_after: int | None = None
@@ -173,12 +174,14 @@ class OnlineTuner(Executable):
     def _new_slot(self, key: Bucket) -> _Slot:
         with self._lock:
             slot = self._slots.get(key)
-            if slot is None:
-                slot = _Slot(key, (self._start.label, self._start.executable))
-                if key in self._cached:
-                    slot.state = "installing"
-                    self._submit("install", slot)
-                self._slots[key] = slot
+            if slot is not None:
+                return slot
+            slot = _Slot(key, (self._start.label, self._start.executable))
+            if key in self._cached:
+                slot.state = "installing"
+            self._slots[key] = slot
+        if slot.state == "installing":
+            self._submit("install", slot)
         return slot
 
     def _tuning_call(self, slot: _Slot, feeds: Mapping[str, Any]) -> list[Any]:
@@ -237,12 +240,14 @@ class OnlineTuner(Executable):
 
     def _install(self, slot: _Slot, label: str, why: str) -> None:
         slot.serving = (label, self._compiled[label])
-        slot.state, slot.settled_after = "settled", slot.calls
         note = f"bucket {_fmt(slot.key)}: {why}"
-        logger.info("auto (online): %s: %s", self._model.name, note)
+        if slot.rejected:
+            note += "; " + slot.rejected
         with self._lock:
             self._bucket_notes[slot.key] = note
+        logger.info("auto (online): %s: %s", self._model.name, note)
         self._switched(label, why)
+        slot.state, slot.settled_after = "settled", slot.calls  # last: the plan already says what serves
         self._submit("persist", slot)
 
     def _switched(self, label: str, reason: str) -> None:
@@ -299,7 +304,7 @@ class OnlineTuner(Executable):
 
     # ------------------------------------------------------------------ background work
     def _submit(self, job: str, slot: _Slot) -> None:
-        if self._closed.is_set():
+        if self._closed.is_set() and job != "persist":
             return
         self._jobs.put((job, slot))
         with self._lock:
@@ -310,9 +315,11 @@ class OnlineTuner(Executable):
     def _work(self) -> None:
         while True:
             item = self._jobs.get()
-            if item is None or self._closed.is_set():
+            if item is None:
                 return
             job, slot = item
+            if self._closed.is_set() and job != "persist":  # closing: decisions made are still written
+                continue
             try:
                 {"check": self._check, "install": self._install_cached, "persist": self._persist}[job](slot)
             except Exception as e:  # the tuner must never take the model down: the bucket keeps its executable
@@ -343,13 +350,16 @@ class OnlineTuner(Executable):
         judge.outvote(tried, search, self._model.name)
         passed = [t for t in tried if t.rejected is None]
         pool = [t for t in passed if t.backend != FALLBACK_BACKEND] or passed
-        runs = [t.first_run_s for t in pool if t.first_run_s]
-        if runs:
-            pool = [t for t in pool if not t.first_run_s or t.first_run_s <= FIRST_RUN_RATIO * min(runs)]
+        warm = {t.label: self._warm_run(t, search.verifier.samples) for t in pool} if len(pool) > 1 else {}
+        if warm:  # a candidate far slower than the fastest on a warm run does not take turns with real calls
+            best = min(warm.values())
+            slow = {lb for lb, sec in warm.items() if sec > WARM_RUN_RATIO * best}
+            pool = [t for t in pool if t.label not in slow]
+        rejected = "; ".join(f"rejected {t.label}: {t.rejected}" for t in tried if t.rejected)
         with slot.lock:
+            slot.rejected = rejected
             if not pool:
-                reasons = "; ".join(f"{t.label}: {t.rejected}" for t in tried)
-                self._install(slot, slot.serving[0], f"no candidate passed the check on a real input ({reasons})")
+                self._install(slot, slot.serving[0], f"no candidate passed the check on a real input ({rejected})")
                 return
             labels = [t.label for t in pool]
             current = slot.serving[0]
@@ -365,6 +375,18 @@ class OnlineTuner(Executable):
                 self._install(slot, slot.serving[0], "the only candidate that passed the check on a real input")
             else:
                 slot.state = "exploring"
+
+    def _warm_run(self, trial: Trial, feeds: Mapping[str, Any] | None) -> float:
+        """Seconds of one more run of a checked candidate on the bucket's sample (its first run also
+        paid for lazy initialisation); infinity when it fails."""
+        t0 = time.perf_counter()
+        try:
+            trial.executable.run(feeds or {})
+        except Exception:
+            return float("inf")
+        busy = time.perf_counter() - t0
+        self._pause(busy)
+        return busy
 
     def _install_cached(self, slot: _Slot) -> None:
         from hybrid.runtime.auto.search import trial_of

@@ -13,6 +13,7 @@ reference backend (or, tuning online, the first accelerated candidate) and the p
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -27,6 +28,8 @@ from hybrid.runtime.auto.samples import SAMPLE_STYLES, make_samples
 from hybrid.runtime.auto.shapes import ShapeRange, concrete_shapes
 
 __all__ = ["Verdict", "Verifier"]
+
+logger = logging.getLogger("hybrid")
 
 REFERENCE = "reference"
 MORE_SAMPLES_BELOW_S = 0.5  # more samples are checked when the reference answers faster than this
@@ -137,6 +140,7 @@ class Verifier:
                 continue
             self.samples, self.ok = samples, True
             self.cases.append(case)
+            self._note_wrong_declarations(case.expected)
             for shapes in self._shapes[1:]:  # the rest of a declared range: min and max
                 more = make_samples(self.model, style=style, seed=len(self.cases), shapes=shapes)
                 answer = self._answer(more) if more is not None else "no sample"
@@ -151,6 +155,21 @@ class Verifier:
             return
         self.notes.append(f"the reference backend failed on every sample input ({failure}): results not checked, "
                           "candidates not timed; pass sample_inputs= to check and time them")
+
+    def _note_wrong_declarations(self, outputs: list[Any]) -> None:
+        """Say so when an output's declared shape (rank or static dims) is not what the model computes:
+        such models are common and run fine; the answer the model computes is what counts."""
+        for spec, value in zip(self.model.signature.outputs, outputs):
+            got = getattr(value, "shape", None)
+            if spec.shape is None or got is None:
+                continue
+            wrong = len(spec.shape) != len(got) or any(
+                isinstance(d, int) and d >= 0 and d != n for d, n in zip(spec.shape, got))
+            if wrong:
+                note = (f"output {spec.name!r} is declared {spec.shape} but the model computes shape {tuple(got)}: "
+                        "the declaration is wrong; the computed shape is used")
+                logger.warning("auto: %s (model %r)", note, self.model.name)
+                self.notes.append(note)
 
     def _more_cases(self, style: int) -> None:
         """Widen the check with other values: longer integers (window lengths, sequence lengths,

@@ -1,0 +1,162 @@
+"""target='auto' with nothing declared about a dynamic model: start sound, tune online per shape bucket."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+from tests.test_auto_shapes import _Fake, _registered, _SmallOnly, conv_net
+
+import hybrid
+from hybrid.runtime.auto import OnlineTuner, trials
+
+
+@pytest.fixture(autouse=True)
+def _quick_tuning():
+    hybrid.init({"autotune": {"calls_per_bucket": 2, "overhead_cap": 1.0}})
+
+
+def reference(x):
+    return hybrid.compile(conv_net(), target="reference")(x)
+
+
+def images(n, h, w, seed=0):
+    return np.random.default_rng(seed).random((n, 3, h, w), np.float32)
+
+
+def call_until_settled(cm, x, limit_s=120.0):
+    """Call ``cm`` on ``x`` until every bucket seen has settled; check every answer; return the calls made."""
+    expected = reference(x)
+    deadline, calls = time.monotonic() + limit_s, 0
+    while True:
+        np.testing.assert_allclose(cm(x), expected, rtol=1e-3, atol=1e-4)
+        calls += 1
+        if all(s.state == "settled" for s in cm.executable.status()):
+            return calls
+        assert time.monotonic() < deadline, f"not settled after {calls} calls: {cm.executable.status()}"
+        time.sleep(0.005)
+
+
+def test_a_dynamic_model_starts_accelerated_and_settles_on_real_calls():
+    cm = hybrid.compile(conv_net(), target="auto")  # 1x1 samples cannot run a 3x3 conv: nothing checked yet
+    assert isinstance(cm.executable, OnlineTuner)
+    assert cm.backend != "reference"
+    assert any("online tuning" in n for n in cm.plan.notes)
+    calls = call_until_settled(cm, images(2, 24, 32))
+    (status,) = cm.executable.status()
+    assert status.bucket == (("x", (2, 3, 32, 32)),)  # dynamic dims rounded up to powers of two
+    assert status.settled_after is not None and calls >= status.settled_after
+    assert status.serving != "reference:cpu"  # never the reference while an accelerated backend is right
+    assert any(n.startswith("bucket x: 2x3x32x32: ") for n in cm.plan.notes)
+    assert cm.backend == status.serving.split(":")[0]
+
+
+def test_each_bucket_decides_for_itself():
+    cm = hybrid.compile(conv_net(), target="auto")
+    call_until_settled(cm, images(1, 16, 16))
+    call_until_settled(cm, images(4, 40, 40, seed=1))
+    assert sorted(s.bucket for s in cm.executable.status()) == [(("x", (1, 3, 16, 16)),), (("x", (4, 3, 64, 64)),)]
+    np.testing.assert_allclose(cm(images(1, 15, 13)), reference(images(1, 15, 13)), rtol=1e-3, atol=1e-4)
+
+
+def test_bucket_decisions_are_cached_and_read_back_without_checks(monkeypatch):
+    first = hybrid.compile(conv_net(), target="auto")
+    call_until_settled(first, images(2, 24, 32))
+    winner = first.executable.status()[0].serving
+    first.close()
+
+    def boom(*args, **kwargs):
+        raise AssertionError("checked although the decision is cached")
+
+    monkeypatch.setattr(trials.Search, "check", boom)
+    second = hybrid.compile(conv_net(), target="auto")
+    call_until_settled(second, images(2, 24, 32))
+    (status,) = second.executable.status()
+    assert status.serving == winner
+    assert any("decision read from the autotune cache" in n and n.startswith("bucket") for n in second.plan.notes)
+
+
+class _RightOnlyAtBatchOne(_Fake):
+    """Fast and right on the generated batch-1 sample, wrong (+1) on real batches."""
+
+    name = "batchone"
+
+    @staticmethod
+    def post(feeds, outs):
+        return outs if next(iter(feeds.values())).shape[0] == 1 else [o + 1.0 for o in outs]
+
+
+def _pool_model():
+    # a model the generated 1x1 sample can run, so the start is checked (and passes) at batch 1
+    from onnx import TensorProto, helper
+
+    g = helper.make_graph([helper.make_node("GlobalAveragePool", ["x"], ["p"]), helper.make_node("Relu", ["p"], ["y"])],
+                          "pool", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, "H", "W"])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3, 1, 1])])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_a_start_that_fails_the_check_on_real_inputs_is_replaced():
+    gen = _registered(_RightOnlyAtBatchOne)
+    next(gen)
+    try:
+        cm = hybrid.compile(_pool_model(), target="auto")
+        assert cm.executable.status() == [] and cm.backend == "batchone"  # checked at batch 1: it passed
+        x = np.random.default_rng(0).standard_normal((4, 3, 8, 8)).astype(np.float32)
+        expected = np.maximum(x.mean(axis=(2, 3), keepdims=True), 0)
+        deadline = time.monotonic() + 60
+        while cm.executable.status()[0].state == "checking" if cm.executable.status() else True:
+            cm(x)
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        for _ in range(10):  # from the check on: only right answers
+            np.testing.assert_allclose(cm(x), expected, rtol=1e-5, atol=1e-6)
+        assert cm.executable.status()[0].serving != "batchone:cpu"
+    finally:
+        next(gen, None)
+
+
+def test_a_call_the_serving_backend_cannot_run_is_answered_by_the_next_candidate():
+    gen = _registered(_SmallOnly)
+    next(gen)
+    try:
+        cm = hybrid.compile(conv_net(), target="auto")
+        assert cm.backend == "smallonly"  # first by priority; the 1x1 sample could not be checked
+        x = images(8, 16, 16)
+        np.testing.assert_allclose(cm(x), reference(x), rtol=1e-3, atol=1e-4)  # batch 8: smallonly raises
+        assert cm.executable.status()[0].serving != "smallonly:cpu"
+        call_until_settled(cm, x)
+    finally:
+        next(gen, None)
+
+
+def test_sixteen_callers_each_get_their_own_answer_while_the_bucket_switches():
+    cm = hybrid.compile(conv_net(), target="auto")
+    inputs = [images(2, 24, 32, seed=k) for k in range(16)]
+    expected = [reference(x) for x in inputs]
+    errors: list[str] = []
+    start = threading.Barrier(16)
+
+    def caller(k):
+        start.wait()
+        for _ in range(12):
+            got = cm(inputs[k])
+            if not np.allclose(got, expected[k], rtol=1e-3, atol=1e-4):
+                errors.append(f"caller {k} got another answer")
+
+    threads = [threading.Thread(target=caller, args=(k,)) for k in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert not errors
+    call_until_settled(cm, inputs[0])
+    assert cm.executable.status()[0].calls >= 16 * 12
+
+
+def test_online_tuning_can_be_switched_off():
+    hybrid.init({"autotune": {"online": False}})
+    cm = hybrid.compile(conv_net(), target="auto")
+    assert not isinstance(cm.executable, OnlineTuner)
