@@ -59,7 +59,7 @@ __all__ = ["NAMES", "ZOO_VERSION", "ZooModel", "build"]
 logger = logging.getLogger("hybrid.zoo")
 
 NAMES: tuple[str, ...] = tuple(RECIPES)
-ZOO_VERSION = 1  # bump when a builder changes what it writes: it is part of the cache key
+ZOO_VERSION = 2  # bump when a builder changes what it writes: it is part of the cache key
 
 _LOCK = threading.Lock()  # one build at a time in a process (threads of a test run would race otherwise)
 _BUILT: dict[str, Path] = {}  # key folder name -> a complete copy this process made or found

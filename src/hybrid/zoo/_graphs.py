@@ -106,7 +106,7 @@ def build_if_model() -> onnx.ModelProto:
     with deterministic(6):
         rng = np.random.default_rng(6)
         model = _DayNight()
-        train(model, _shape_batch(rng, 16, 48), _cls_loss, steps=100, lr=1e-2)
+        train(model, _shape_batch(rng, 16, 48), _cls_loss, steps=150, lr=5e-3)
         x = torch.rand(1, 3, 64, 64)
         backbone = export(_Embed(model.backbone), (x,), ["x"], ["feat"],
                           {"x": {0: "batch", 2: "height", 3: "width"}, "feat": {0: "batch"}})
