@@ -384,3 +384,23 @@ def test_quiet_flag_is_accepted_and_json_stays_clean(tmp_path):
     onnx.save(matmul_add(), tmp_path / "m.onnx")
     r = invoke("-q", "compile", tmp_path / "m.onnx", "-t", "onnxruntime", "--json")
     assert r.exit_code == 0 and json.loads(r.stdout)["backend"] == "onnxruntime"
+
+
+def test_big_models_are_checked_without_their_weights(tmp_path, monkeypatch):
+    from hybrid.ir import checker
+
+    monkeypatch.setattr(checker, "SKELETON_ABOVE_BYTES", 0)  # every model takes the big-model path
+    hybrid.Model.load(matmul_add().SerializeToString())  # initializers become inputs: still valid
+    bad = matmul_add()
+    bad.graph.input[0].type.tensor_type.shape.dim[1].dim_value = 5  # x [N, 5] @ W [4, 3]
+    with pytest.raises(ModelError) as info:
+        hybrid.Model.load(bad.SerializeToString())
+    assert info.value.code == "HYB-205" and "MatMul" in info.value.message
+    # external data: checked the same way (the weights stay in their file)
+    onnx.save(bad, tmp_path / "ext.onnx", save_as_external_data=True, all_tensors_to_one_file=True,
+              location="w.bin", size_threshold=0)
+    with pytest.raises(ModelError):
+        hybrid.Model.load(tmp_path / "ext.onnx")
+    onnx.save(matmul_add(), tmp_path / "ok.onnx", save_as_external_data=True, all_tensors_to_one_file=True,
+              location="w2.bin", size_threshold=0)
+    assert hybrid.Model.load(tmp_path / "ok.onnx").signature.input_names == ["x"]

@@ -1,5 +1,9 @@
-"""The load-time model check: ``onnx.checker`` (with shape inference where the model is small enough),
-and a precise message for the most common broken graph, a node that reads a value nothing defines.
+"""The load-time model check: ``onnx.checker`` with shape inference (``full_check``), and a precise message
+for the most common broken graph, a node that reads a value nothing defines.
+
+Big models (and models with external data) are checked without their weights: each initializer becomes
+a graph input of the same type and shape, so the checker sees the same graph and shapes without parsing
+hundreds of megabytes again.
 
 Custom domains are not checked (``check_custom_domain=False``): a node of an unregistered domain is
 accepted as it is, so models with custom ops (``@hybrid.custom_op``, contrib ops) load as before.
@@ -18,10 +22,10 @@ __all__ = ["check_graph", "undefined_inputs"]
 
 logger = logging.getLogger("hybrid")
 
-# shape inference over every node costs about as much as parsing; above this size only the structure
-# (names, topological order, attributes, opsets) is checked
-FULL_CHECK_MAX_BYTES = 256 << 20
-
+# models above this many bytes are not handed to onnx.checker whole: it would parse and walk the
+# weights (about 3 ms per MB); the graph is checked with each initializer declared as a graph input of
+# the same type and shape instead, which checks the same structure and shapes at the cost of the graph
+SKELETON_ABOVE_BYTES = 16 << 20
 
 def _graph_names(graph: onnx.GraphProto) -> set[str]:
     names = {v.name for v in graph.input} | {t.name for t in graph.initializer}
@@ -47,6 +51,29 @@ def undefined_inputs(graph: onnx.GraphProto, outer: frozenset[str] = frozenset()
             yield "<graph output>", "", out.name
 
 
+def _skeleton(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """``proto`` without its top-level initializers' data: each becomes a graph input of its type and shape."""
+    out = onnx.ModelProto()
+    for field in ("ir_version", "producer_name", "producer_version", "domain", "model_version", "doc_string"):
+        setattr(out, field, getattr(proto, field))
+    out.opset_import.extend(proto.opset_import)
+    out.functions.extend(proto.functions)
+    src, graph = proto.graph, out.graph
+    graph.name = src.name
+    graph.node.extend(src.node)
+    graph.input.extend(src.input)
+    graph.output.extend(src.output)
+    graph.value_info.extend(src.value_info)
+    declared = {v.name for v in src.input}
+    for t in src.initializer:
+        if t.name not in declared:
+            graph.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+    for t in src.sparse_initializer:
+        if t.values.name not in declared:
+            graph.input.append(onnx.helper.make_tensor_value_info(t.values.name, t.values.data_type, list(t.dims)))
+    return out
+
+
 def check_graph(proto: onnx.ModelProto, data: bytes | None, where: str) -> None:
     """Check a freshly parsed model; raise a coded ModelError when it is broken.
 
@@ -65,13 +92,13 @@ def check_graph(proto: onnx.ModelProto, data: bytes | None, where: str) -> None:
         raise ModelError("HYB-205", f"{where}: {what} value {value!r}, which no graph input, initializer or "
                          "earlier node defines", "fix the exporter or the graph edit that dropped the producer of "
                          f"{value!r} (onnx.checker.check_model reports the same)")
-    if any(t.data_location == onnx.TensorProto.EXTERNAL for t in proto.graph.initializer):
-        return  # the checker resolves external files against the working folder; Model.load checks them
-    blob = data if data is not None else proto.SerializeToString()
-    if len(blob) > onnx.checker.MAXIMUM_PROTOBUF:
-        return
+    external = any(t.data_location == onnx.TensorProto.EXTERNAL for t in proto.graph.initializer)
+    if external or data is None or len(data) > SKELETON_ABOVE_BYTES:
+        blob = _skeleton(proto).SerializeToString()
+    else:
+        blob = data
     try:
-        onnx.checker.check_model(blob, full_check=len(blob) <= FULL_CHECK_MAX_BYTES)
+        onnx.checker.check_model(blob, full_check=True)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
         lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
         raise ModelError("HYB-205", f"{where}: the model breaks an ONNX rule: {' '.join(lines)[:600]}",
