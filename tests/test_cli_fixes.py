@@ -266,10 +266,10 @@ def test_profile_trace_is_bounded_and_latency_excludes_profiled_runs(tmp_path, m
 def test_generated_inputs_are_auto_selections_samples():
     from hybrid.cli._inputs import generated_inputs
     from hybrid.cli.bench import bench
-    from hybrid.runtime.profiler import _auto_api, sample_inputs
+    from hybrid.runtime.auto import make_samples
+    from hybrid.runtime.profiler import sample_inputs
 
     model = hybrid.Model.load(matmul_add())
-    make_samples = _auto_api("make_samples")
     expected = make_samples(model, symbolic_size=2)
     for got in (generated_inputs(model, None, 2), sample_inputs(model, 2)):
         assert got.keys() == expected.keys()

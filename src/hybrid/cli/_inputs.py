@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from hybrid.errors import ConfigError, RunError
+from hybrid.errors import RunError
 
 __all__ = ["generated_inputs", "load_inputs", "parse_shapes"]
 
@@ -32,22 +32,6 @@ def load_inputs(specs: list[str] | None) -> dict[str, np.ndarray] | None:
     return feeds
 
 
-def _auto_api(name: str) -> Any:
-    """``name`` from hybrid.runtime.auto (auto-selection's own sample and shape code), wherever this
-    version keeps it; None when it has no such function."""
-    import importlib
-
-    for module in ("hybrid.runtime.auto", "hybrid.runtime.auto.samples", "hybrid.runtime.auto.shapes",
-                   "hybrid.runtime.autotune"):
-        try:
-            found = getattr(importlib.import_module(module), name, None)
-        except ImportError:
-            continue
-        if found is not None:
-            return found
-    return None
-
-
 def parse_shapes(text: str | None) -> dict[str, tuple[int, ...]]:
     """``--shapes x:1x3x480x640,mask:1x128`` (trtexec's spelling) to ``{'x': (1, 3, 480, 640), ...}``.
 
@@ -56,21 +40,9 @@ def parse_shapes(text: str | None) -> dict[str, tuple[int, ...]]:
     """
     if not text:
         return {}
-    shared = _auto_api("parse_shapes")
-    if shared is not None:
-        return dict(shared(text))
-    out: dict[str, tuple[int, ...]] = {}
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        name, sep, dims = part.rpartition(":")
-        try:
-            shape = tuple(int(d) for d in dims.lower().split("x"))
-        except ValueError:
-            shape = ()
-        if not sep or not name or not shape or min(shape) < 1:
-            raise ConfigError("HYB-102", f"--shapes: expected NAME:DIMS such as x:1x3x480x640, got {part!r}",
-                              "separate inputs with commas: x:1x3x480x640,mask:1x128")
-        out[name] = shape
-    return out
+    from hybrid.runtime.auto import parse_shapes as parse
+
+    return dict(parse(text))
 
 
 def _check_shapes(signature: Any, shapes: Mapping[str, tuple[int, ...]]) -> None:

@@ -126,21 +126,6 @@ class _TimedExecutable(Executable):
         self.inner.close()
 
 
-def _auto_api(name: str) -> Any:
-    """``name`` from auto-selection's package, wherever this version keeps it (None: not there)."""
-    import importlib
-
-    for module in ("hybrid.runtime.auto", "hybrid.runtime.auto.samples", "hybrid.runtime.auto.shapes",
-                   "hybrid.runtime.autotune"):
-        try:
-            found = getattr(importlib.import_module(module), name, None)
-        except ImportError:
-            continue
-        if found is not None:
-            return found
-    return None
-
-
 def _legacy_samples(signature: Any, batch: int, seed: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     feeds: dict[str, np.ndarray] = {}
@@ -178,22 +163,15 @@ def sample_inputs(model: Any, batch: int = 1, seed: int = 0,
     source = getattr(model, "model", model)
     if not hasattr(source, "graph"):  # a Signature
         return _legacy_samples(source, batch, seed)
-    make = _auto_api("make_samples")
-    concrete = None
-    if shapes:
-        normalize, concrete_of = _auto_api("normalize_shapes"), _auto_api("concrete_shapes")
-        if normalize is not None and concrete_of is not None:
-            concrete = concrete_of(source.signature, normalize(source.signature, shapes), "opt", default=batch)
-    try:
-        feeds = make(source, seed=seed, symbolic_size=batch, **({"shapes": concrete} if concrete else {}))
-    except TypeError:  # a make_samples without shapes=
-        feeds = make(source, seed=seed, symbolic_size=batch)
+    from hybrid.runtime.auto import make_samples, normalize_shapes
+    from hybrid.runtime.auto.shapes import concrete_shapes
+
+    concrete = concrete_shapes(source.signature, normalize_shapes(source.signature, shapes), "opt", default=batch) \
+        if shapes else None
+    feeds = make_samples(source, seed=seed, symbolic_size=batch, shapes=concrete)
     if feeds is None:
         raise RunError("HYB-406", f"model {source.name!r}: cannot generate inputs for its signature "
                        f"{source.signature}", "pass the inputs (inputs=... or --input NAME=FILE.npy)")
-    for name, shape in (shapes or {}).items():
-        if name in feeds and tuple(np.shape(feeds[name])) != tuple(shape):  # same values, the shape asked for
-            feeds[name] = np.resize(np.asarray(feeds[name]), tuple(shape))
     return {k: np.asarray(v) for k, v in feeds.items()}
 
 
