@@ -17,8 +17,8 @@ import hybrid
 
 # pyright --verifytypes hybrid --ignoreexternal, measured when this check was added (docs/typing.md);
 # raise these when the surface improves, never lower them to let a change through
-COMPLETENESS_FLOOR = 0.85 - 0.01  # measured 0.853 (1932 of 2264 exported symbols fully known)
-TOP_LEVEL_KNOWN_FLOOR = 29  # names of hybrid.__all__ whose type pyright knows completely (of 46)
+COMPLETENESS_FLOOR = 0.85  # measured 0.864 (2314 of 2677 exported symbols fully known), less a margin
+TOP_LEVEL_KNOWN_FLOOR = 35  # names of hybrid.__all__ whose type pyright knows completely (of 45 + __version__)
 
 EAGER = {"HybridError", "ConfigError", "ModelError", "BackendError", "RunError", "BundleError", "QuantizationError",
          "ServingError", "__version__"}

@@ -108,7 +108,9 @@ class JitFunction:
                  dynamic_batch: bool, cache_size_limit: int, optimize: str | None,
                  opset_version: int | None) -> None:
         self.fn = fn
-        self.target, self.precision, self.config = target, precision, config
+        self.target: str = target
+        self.precision: str = precision
+        self.config: dict[str, Any] = config
         self.dynamic_batch = dynamic_batch
         self.cache_size_limit = cache_size_limit
         self.optimize_level = optimize

@@ -38,7 +38,7 @@ __all__ = ["BatchStats", "Batcher", "RequestFuture", "dynamic_batch"]
 _ids = itertools.count(1)
 
 
-class RequestFuture(Future):
+class RequestFuture(Future[Any]):
     """A ``concurrent.futures.Future`` whose cancellation surfaces as HYB-414 from ``result()``."""
 
     def result(self, timeout: float | None = None) -> Any:
@@ -145,10 +145,10 @@ class Batcher:
         functools.update_wrapper(self, fn)
         self.fn = fn
         self.max_batch = max_batch
-        self.timeout = float(timeout)
+        self.timeout: float = float(timeout)
         self.max_queue = max_queue
         self.max_concurrent_batches = max_concurrent_batches
-        self.name = name or getattr(fn, "__name__", "batched")
+        self.name: str = name or getattr(fn, "__name__", "batched")
         self._is_async = inspect.iscoroutinefunction(fn)
         self._cond = threading.Condition()  # guards the queue, the counters and the lifecycle
         self._queue: deque[_Request] = deque()

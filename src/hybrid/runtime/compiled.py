@@ -36,7 +36,7 @@ class CompiledModel:
         self.plan = plan
         self.backend = backend
         self.device = device
-        self.options = dict(options or {})
+        self.options: dict[str, Any] = dict(options or {})
         self.target = target
         self._validator = InputValidator(self.signature)
         self._output_names = self.signature.output_names

@@ -98,7 +98,7 @@ class _Item:
 
     def __init__(self, value: Any) -> None:
         self.value = value
-        self.future: Future = Future()
+        self.future: Future[Any] = Future()
         self.error: BaseException | None = None
 
 
@@ -193,7 +193,7 @@ class Pipeline:
                 self._threads.append(t)
                 t.start()
 
-    def submit(self, item: Any, timeout: float | None = None) -> Future:
+    def submit(self, item: Any, timeout: float | None = None) -> Future[Any]:
         """Put one item into the pipeline; return a future for its result (or its stage's error).
 
         Blocks while the first stage's queue is full (back-pressure).

@@ -47,7 +47,7 @@ class StreamResult:
 
     __slots__ = ("_future", "_stream")
 
-    def __init__(self, future: Future, stream: StreamContext) -> None:
+    def __init__(self, future: Future[Any], stream: StreamContext) -> None:
         self._future = future
         self._stream = stream
 
@@ -99,8 +99,8 @@ class StreamContext:
     """
 
     def __init__(self, device: str | None = None) -> None:
-        self.device = resolve_device(device, "StreamContext")
-        self.name = f"stream{next(_ids)}:{self.device}"
+        self.device: str = resolve_device(device, "StreamContext")
+        self.name: str = f"stream{next(_ids)}:{self.device}"
         self._cond = threading.Condition()
         self._work: deque[tuple[Callable[..., Any], tuple, dict, Future] | None] = deque()
         self._thread: threading.Thread | None = None
