@@ -404,3 +404,16 @@ def test_big_models_are_checked_without_their_weights(tmp_path, monkeypatch):
     onnx.save(matmul_add(), tmp_path / "ok.onnx", save_as_external_data=True, all_tensors_to_one_file=True,
               location="w2.bin", size_threshold=0)
     assert hybrid.Model.load(tmp_path / "ok.onnx").signature.input_names == ["x"]
+
+
+@pytest.mark.parametrize("command", [["run", "missing.onnx", "--random"], ["compile", "missing.onnx"],
+                                     ["bench", "missing.onnx"], ["profile", "missing.onnx", "-d", "0.1"],
+                                     ["quantize", "missing.onnx", "--method", "dynamic", "-o", "q.onnx"],
+                                     ["bundle", "inspect", "missing.hybrid"]])
+def test_json_commands_put_their_error_on_stdout_too(command, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    r = invoke(*command, "--json")
+    assert r.exit_code == 1
+    doc = json.loads(r.stdout)
+    assert doc["ok"] is False and doc["code"] in ("HYB-201", "HYB-501", "HYB-502") and doc["message"]
+    assert "error[" in r.stderr

@@ -80,8 +80,15 @@ def progress(description: str) -> Iterator[Any]:
         yield lambda text: bar.update(task, description=text)
 
 
-def fail(err: HybridError, code: int = 1) -> None:
-    """Print a HybridError the way every command does (stderr), then exit with status ``code``."""
+def fail(err: HybridError, code: int = 1, as_json: bool = False) -> None:
+    """Print a HybridError the way every command does (stderr), then exit with status ``code``.
+
+    With ``as_json`` (the command's ``--json``) stdout also gets ``{"ok": false, "code", "message", "hint"}``,
+    so a script reading stdout sees why there is no result."""
+    if as_json:
+        import json
+
+        typer.echo(json.dumps({"ok": False, "code": err.code, "message": err.message, "hint": err.hint}))
     line = Text.assemble(styled(f"error[{err.code}]", "bold red"), ": ", err.message)
     err_console.print(line, soft_wrap=True)
     if err.hint:
@@ -91,12 +98,13 @@ def fail(err: HybridError, code: int = 1) -> None:
 
 
 @contextmanager
-def report_errors() -> Iterator[None]:
-    """Turn HybridErrors raised inside the block into a clean message and exit code 1."""
+def report_errors(as_json: bool = False) -> Iterator[None]:
+    """Turn HybridErrors raised inside the block into a clean message and exit code 1 (``as_json``: also a
+    JSON error document on stdout)."""
     try:
         yield
     except HybridError as e:
-        fail(e)
+        fail(e, as_json=as_json)
 
 
 class _StderrHandler(logging.StreamHandler):

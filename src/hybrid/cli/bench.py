@@ -330,7 +330,7 @@ def bench_command(
     from hybrid.cli._inputs import load_inputs, parse_shapes
     from hybrid.ir import atomic_write_bytes
 
-    with report_errors():
+    with report_errors(as_json):
         opt.apply_device_fallback(device_fallback)
         _positive("--duration", duration)
         _positive("--iterations", iterations, integer=True)

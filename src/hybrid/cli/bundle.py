@@ -111,7 +111,7 @@ def inspect(
     """Show a bundle's manifest: signature, platform, compile choice, caches, wheels, member sizes."""
     from hybrid.bundle import inspect_bundle
 
-    with report_errors():
+    with report_errors(as_json):
         doc = inspect_bundle(bundle)
     if as_json:
         typer.echo(json.dumps(doc, indent=2))
@@ -219,7 +219,7 @@ def platforms(
     """List the platform profiles: built-in and user-defined (TOML)."""
     from hybrid.bundle.platforms import BUILTIN_PLATFORMS, detect_platform, get_platform, list_platforms
 
-    with report_errors():
+    with report_errors(as_json):
         if show:
             profile = get_platform(show, platforms_file)
             typer.echo(json.dumps(profile.model_dump(mode="json"), indent=2))

@@ -57,7 +57,7 @@ def compile_command(
     """Compile MODEL for a target and print the plan: segments, backends, and how they were chosen."""
     import hybrid
 
-    with report_errors():
+    with report_errors(as_json):
         opt.apply_device_fallback(device_fallback)
         accuracy = {"min_cosine": min_cosine} if min_cosine is not None else None
         with progress(f"compiling {model} for {target} ({precision})"):

@@ -118,7 +118,7 @@ def run(
     as_json: opt.Json = False,
 ) -> None:
     """Compile MODEL for TARGET, run it once, print the outputs' names, shapes, dtypes and stats."""
-    with report_errors():
+    with report_errors(as_json):
         opt.apply_device_fallback(device_fallback)
         with progress(f"compiling {model.name} for {target}"):
             cm = _load_compiled(model, target)
@@ -172,7 +172,7 @@ def demo(
     from hybrid.hal import resolve_target
     from hybrid.samples import LIGHT_MODELS, LIGHT_RTOL, light_expected, light_input, light_model_path
 
-    with report_errors():
+    with report_errors(as_json):
         if model not in LIGHT_MODELS:
             raise ConfigError("HYB-102", f"--model: expected one of the onnx package's light models "
                               f"({', '.join(LIGHT_MODELS)}), got {model!r}", "e.g. pyasc demo --model squeezenet")

@@ -38,7 +38,7 @@ def profile(
     runs give the latency and throughput. The trace is bounded in size."""
     from hybrid.runtime.profiler import profile as run_profile
 
-    with report_errors():
+    with report_errors(as_json):
         opt.apply_device_fallback(device_fallback)
         feeds = load_inputs(inputs)
         source = model

@@ -112,7 +112,7 @@ def quantize_command(
     import hybrid
     from hybrid.ir import Model
 
-    with report_errors():
+    with report_errors(as_json):
         if method not in _METHODS:
             raise QuantizationError("HYB-601", f"--method: expected static or dynamic, got {method!r}",
                                     "static needs --calibration; dynamic does not")
