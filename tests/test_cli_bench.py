@@ -133,3 +133,16 @@ def test_quantize_errors(tmp_path, model_path):
     r = invoke("quantize", tmp_path / "two.onnx", "--calibration", folder, "-o", out)
     assert r.exit_code == 1 and "HYB-602" in r.output
     assert not out.exists()
+
+
+def test_markdown_never_drops_a_target_that_was_asked_for():
+    from hybrid.cli.bench import BenchRow, markdown
+
+    rows = [BenchRow("a:cpu", "fp32", "ok", 0.1, 1.0, 1.1, 900.0, 0.0, 0.0, 1.0, "", 1.2, 1.0, "fp32", 10),
+            BenchRow("a:cpu", "fp16", "n/a", note="[HYB-304] no fp16"),
+            BenchRow("b:cpu", "fp32", "n/a", note="[HYB-304] cannot compile"),
+            BenchRow("c:cpu", "fp16", "ok", 0.1, 1.0, 1.1, 900.0, 0.0, 0.0, 1.0, "", 1.2, 1.0, "bf16", 10)]
+    text = markdown(rows, "reference:cpu", ok_only=True)
+    assert "| a:cpu | fp16 |" not in text and "| b:cpu | fp32 | n/a |" in text
+    assert "| c:cpu | bf16 (asked fp16) |" in text
+    assert "| a:cpu | fp16 | n/a |" in markdown(rows, "reference:cpu")
