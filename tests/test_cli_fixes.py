@@ -122,7 +122,7 @@ def test_absent_device_fails_unless_fallback_is_asked_for(tmp_path):
         pytest.skip("this machine has a GPU")
     onnx.save(matmul_add(), tmp_path / "m.onnx")
     r = invoke("run", tmp_path / "m.onnx", "--random", "-t", "cuda")
-    assert r.exit_code == 1 and "HYB-307" in r.output
+    assert r.exit_code == 1 and "HYB-307" in r.output and "--device-fallback warn" in r.output
     r = invoke("run", tmp_path / "m.onnx", "--random", "-t", "cuda", "--device-fallback", "warn")
     assert r.exit_code == 0, r.output
     r = invoke("bench", tmp_path / "m.onnx", "--targets", "onnxruntime,cuda", "--blocks", "1", "--per-block", "1")

@@ -80,6 +80,10 @@ def progress(description: str) -> Iterator[Any]:
         yield lambda text: bar.update(task, description=text)
 
 
+# the library's hints name Python settings; where a flag does the same, say so
+_CLI_HINTS = {"HYB-307": "--device-fallback warn runs on the CPU instead (with a warning)"}
+
+
 def fail(err: HybridError, code: int = 1, as_json: bool = False) -> None:
     """Print a HybridError the way every command does (stderr), then exit with status ``code``.
 
@@ -93,6 +97,8 @@ def fail(err: HybridError, code: int = 1, as_json: bool = False) -> None:
     err_console.print(line, soft_wrap=True)
     if err.hint:
         err_console.print(f"  hint: {err.hint}", soft_wrap=True)
+    if err.code in _CLI_HINTS:
+        err_console.print(f"  on the command line: {_CLI_HINTS[err.code]}", soft_wrap=True)
     err_console.print(f"  more: pyasc explain {err.code}")
     raise typer.Exit(code)
 
