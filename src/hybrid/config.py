@@ -49,6 +49,7 @@ class AutotuneSettings(BaseModel):
         calls_per_bucket: Real calls each candidate serves in a bucket before the bucket's decision.
         overhead_cap: Share of wall time the background checks of online tuning may use.
         rtol: Model-level relative tolerance of the fp32 parity check (ONNX's model tests use 1e-3).
+        check_process: Run online tuning's checks in a separate low-priority process (False: in a thread).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
@@ -59,6 +60,7 @@ class AutotuneSettings(BaseModel):
     calls_per_bucket: int = Field(8, ge=2, le=10_000)
     overhead_cap: float = Field(0.25, gt=0.0, le=1.0)
     rtol: float = Field(1e-3, ge=0.0, lt=1.0)
+    check_process: bool = True
 
 
 AUTOTUNE_KEYS = tuple(AutotuneSettings.model_fields)

@@ -11,6 +11,7 @@ from hybrid.hal.registry import (
     backend_names,
     backend_status,
     get_backend,
+    is_installed_backend,
     register_backend,
     reset_discovery,
 )
@@ -29,6 +30,7 @@ __all__ = [
     "backend_status",
     "devices",
     "get_backend",
+    "is_installed_backend",
     "register_backend",
     "reset_discovery",
     "resolve_target",

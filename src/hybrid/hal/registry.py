@@ -24,6 +24,7 @@ __all__ = [
     "backend_names",
     "backend_status",
     "get_backend",
+    "is_installed_backend",
     "register_backend",
     "reset_discovery",
 ]
@@ -59,6 +60,7 @@ _classes: dict[str, type[Backend]] = {}
 _instances: dict[str, Backend] = {}
 _status: dict[str, BackendStatus] = {}
 _entry_points_loaded = False
+_registered_here: set[str] = set()  # registered with register_backend in this process (not installed)
 
 
 def _load_entry_points() -> None:
@@ -92,6 +94,15 @@ def register_backend(backend: type[Backend] | str, name: str | None = None) -> N
             _paths[key] = f"{backend.__module__}:{backend.__qualname__}"
         _instances.pop(name or getattr(backend, "name", ""), None)
         _status.pop(name or getattr(backend, "name", ""), None)
+        _registered_here.add(name or getattr(backend, "name", ""))
+
+
+def is_installed_backend(name: str) -> bool:
+    """Whether another Python process would find backend ``name`` too: a built-in or one installed through
+    the ``hybrid.backends`` entry points, not one registered at run time with :func:`register_backend`."""
+    with _LOCK:
+        _load_entry_points()
+        return name in _paths and name not in _registered_here
 
 
 def backend_names() -> list[str]:

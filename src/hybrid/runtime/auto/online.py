@@ -37,10 +37,10 @@ import numpy as np
 
 from hybrid.config import AutotuneSettings
 from hybrid.errors import HybridError, first_line
-from hybrid.hal import Candidate
+from hybrid.hal import Candidate, is_installed_backend
 from hybrid.hal.backend import Executable
 from hybrid.ir import Model
-from hybrid.runtime.auto import cache, judge
+from hybrid.runtime.auto import cache, judge, worker
 from hybrid.runtime.auto.decision import decision_from_json
 from hybrid.runtime.auto.shapes import bucket_of
 from hybrid.runtime.auto.tolerance import OutputRule
@@ -145,6 +145,10 @@ class OnlineTuner(Executable):
         self._cm: Any = None
         self._index_key, self._index_material = cache.decision_key({**key_base, "online_buckets": True})
         self._cached: dict[Bucket, Any] = self._read_index()
+        # the worker process sees the built-in and installed backends and the standard op domains only
+        self._portable = settings.check_process and all(
+            n.domain in ("", "ai.onnx", "ai.onnx.ml", "com.microsoft") for n in model.graph.all_nodes()) and all(
+            is_installed_backend(c.backend) for c in order)
 
     # ------------------------------------------------------------------ wiring
     def attach(self, cm: Any, plan_of: Callable[[Trial, list[str], str], Any]) -> None:
@@ -335,36 +339,27 @@ class OnlineTuner(Executable):
             self._closed.wait(min(MAX_PAUSE_S, busy_s * (1.0 / cap - 1.0)))
 
     def _check(self, slot: _Slot) -> None:
-        search = Search(self._model, self._order, self._options_of, "fp32", None, slot.sample, rtol=self._rtol,
-                        rules=self._rules, compiled=self._compiled)
-        tried: list[Trial] = []
-        for trial in trials(search, autotune=True):
-            if self._closed.is_set():
-                return
-            t0 = time.perf_counter()
-            why = search.check(trial)
-            trial.rejected = why
-            tried.append(trial)
-            self._trials.setdefault(trial.label, trial)
-            self._pause(time.perf_counter() - t0)
-        judge.outvote(tried, search, self._model.name)
-        passed = [t for t in tried if t.rejected is None]
-        pool = [t for t in passed if t.backend != FALLBACK_BACKEND] or passed
-        warm = {t.label: self._warm_run(t, search.verifier.samples) for t in pool} if len(pool) > 1 else {}
-        if warm:  # a candidate far slower than the fastest on a warm run does not take turns with real calls
-            best = min(warm.values())
-            slow = {lb for lb, sec in warm.items() if sec > WARM_RUN_RATIO * best}
-            pool = [t for t in pool if t.label not in slow]
-        rejected = "; ".join(f"rejected {t.label}: {t.rejected}" for t in tried if t.rejected)
+        verdicts = worker.check_elsewhere(self._request(slot.sample)) if self._portable else None
+        if verdicts is None or any(partitioned for *_, partitioned in verdicts.results):
+            verdicts = self._check_here(slot)
+        if verdicts is None:
+            return
+        passed = [(label, warm) for label, why, warm, _ in verdicts.results if why is None]
+        accelerated = [(lb, w) for lb, w in passed if not lb.startswith(f"{FALLBACK_BACKEND}:")]
+        pool = accelerated or passed
+        timed = [w for _, w in pool if w is not None]
+        if len(pool) > 1 and timed:  # far slower than the fastest on a warm run: does not take turns with real calls
+            pool = [(lb, w) for lb, w in pool if w is None or w <= WARM_RUN_RATIO * min(timed)]
+        labels = [lb for lb, _ in pool if self._executable(lb) is not None]
+        rejected = "; ".join(f"rejected {lb}: {why}" for lb, why, _, _ in verdicts.results if why)
         with slot.lock:
             slot.rejected = rejected
-            if not pool:
+            if not labels:
                 self._install(slot, slot.serving[0], f"no candidate passed the check on a real input ({rejected})")
                 return
-            labels = [t.label for t in pool]
             current = slot.serving[0]
             if current not in labels:
-                why = next((t.rejected for t in tried if t.label == current), "not checked")
+                why = next((w for lb, w, _, _ in verdicts.results if lb == current), "not checked")
                 slot.serving = (labels[0], self._compiled[labels[0]])
                 logger.warning("auto (online): %s for %r failed the check on a real input (%s); %s serves",
                                current, self._model.name, why, labels[0])
@@ -375,6 +370,32 @@ class OnlineTuner(Executable):
                 self._install(slot, slot.serving[0], "the only candidate that passed the check on a real input")
             else:
                 slot.state = "exploring"
+
+    def _request(self, sample: Mapping[str, Any] | None) -> worker.CheckRequest:
+        return worker.CheckRequest(
+            self._model.to_bytes(), self._model.name, tuple(str(c) for c in self._order),
+            {str(c): self._options_of(c, "fp32") for c in self._order}, self._rtol,
+            {k: {f: getattr(r, f) for f in r.__slots__} for k, r in self._rules.items()}, dict(sample or {}))
+
+    def _check_here(self, slot: _Slot) -> worker.Verdicts | None:
+        """The check in this process's background thread (custom ops or backends the worker cannot see)."""
+        search = Search(self._model, self._order, self._options_of, "fp32", None, slot.sample, rtol=self._rtol,
+                        rules=self._rules, compiled=self._compiled)
+        tried: list[Trial] = []
+        for trial in trials(search, autotune=True):
+            if self._closed.is_set():
+                return None
+            t0 = time.perf_counter()
+            trial.rejected = search.check(trial)
+            tried.append(trial)
+            self._trials.setdefault(trial.label, trial)
+            self._compiled.setdefault(trial.label, trial.executable)
+            self._pause(time.perf_counter() - t0)
+        judge.outvote(tried, search, self._model.name)
+        many = sum(t.rejected is None for t in tried) > 1
+        return worker.Verdicts(tuple((t.label, t.rejected, self._warm_run(t, search.verifier.samples)
+                                      if many and t.rejected is None else None, False) for t in tried),
+                               tuple(search.notes))
 
     def _warm_run(self, trial: Trial, feeds: Mapping[str, Any] | None) -> float:
         """Seconds of one more run of a checked candidate on the bucket's sample (its first run also

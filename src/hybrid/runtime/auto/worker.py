@@ -1,0 +1,195 @@
+"""The background check of online tuning, in a separate low-priority process.
+
+Checking candidates on a copy of a real input means running the numpy reference and every candidate:
+seconds of CPU on a real model, and Python code that would hold the interpreter lock the caller's
+thread needs. Done in one shared worker process started with the lowest scheduling priority
+(``nice 19``), it only takes the cores when the callers leave them idle, so tuning stays off the
+callers' critical path. The worker runs one thread per session (it must not crowd the callers' cores).
+
+The worker is ``python -m hybrid.runtime.auto.worker``, spoken to with length-prefixed pickles over its
+standard input and output: a plain subprocess, which (unlike multiprocessing's spawn) never re-runs
+the caller's main script. It cannot see what exists only in the calling process (a backend registered
+with ``register_backend`` at run time, a custom op defined with ``hybrid.custom_op``): then, or when
+the worker fails, the caller checks in its own background thread instead.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import os
+import pickle
+import struct
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+logger = logging.getLogger("hybrid")
+
+__all__ = ["CheckRequest", "Verdicts", "check", "check_elsewhere", "shutdown"]
+
+WORKER_NICE = 19
+
+
+@dataclass(frozen=True, slots=True)
+class CheckRequest:
+    """What the worker needs to check candidates on one sample (all picklable)."""
+
+    model: bytes
+    name: str
+    order: tuple[str, ...]
+    options: dict[str, dict[str, Any]]
+    rtol: float
+    rules: dict[str, dict[str, Any]]
+    sample: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Verdicts:
+    """The worker's answer: per trial label in check order, why it was rejected (None: it passed), the
+    seconds of one warm run (None when not measured) and whether it is a partition; the search's notes."""
+
+    results: tuple[tuple[str, str | None, float | None, bool], ...]
+    notes: tuple[str, ...]
+
+
+class _Worker:
+    """The worker process and the lock that keeps one request at a time on its pipes."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "hybrid.runtime.auto.worker"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE)
+        self.lock = threading.Lock()
+
+    def ask(self, request: CheckRequest) -> Any:
+        with self.lock:
+            assert self.proc.stdin is not None and self.proc.stdout is not None
+            _send(self.proc.stdin, request)
+            return _receive(self.proc.stdout)
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.proc.kill()
+            self.proc.wait(timeout=5)
+
+
+_WORKER: _Worker | None = None
+_WORKER_LOCK = threading.Lock()
+
+
+def _lower_priority() -> None:
+    with contextlib.suppress(OSError):  # not permitted here: still correct, only less polite to the callers
+        os.nice(WORKER_NICE)
+
+
+def _send(stream: Any, obj: Any) -> None:
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    stream.write(struct.pack("<Q", len(data)) + data)
+    stream.flush()
+
+
+def _receive(stream: Any) -> Any:
+    head = stream.read(8)
+    if len(head) < 8:
+        raise EOFError("the check process ended")
+    (size,) = struct.unpack("<Q", head)
+    return pickle.loads(stream.read(size))  # our own child process, over a private pipe
+
+
+def shutdown() -> None:
+    """Stop the worker process (at exit, or after it failed)."""
+    global _WORKER
+    with _WORKER_LOCK:
+        w, _WORKER = _WORKER, None
+    if w is not None:
+        w.close()
+
+
+def check_elsewhere(request: CheckRequest) -> Verdicts | None:
+    """Run :func:`check` in the worker process; None when it cannot (the caller then checks itself)."""
+    global _WORKER
+    try:
+        with _WORKER_LOCK:
+            if _WORKER is None or _WORKER.proc.poll() is not None:
+                if _WORKER is None:
+                    atexit.register(shutdown)
+                _WORKER = _Worker()
+            w = _WORKER
+        answer = w.ask(request)
+    except Exception as e:  # a broken or missing worker must never fail the model
+        logger.info("auto (online): the check process is unavailable (%s); checking in a thread", e)
+        shutdown()
+        return None
+    if not isinstance(answer, Verdicts):
+        logger.info("auto (online): the check process could not check (%s); checking in a thread", answer)
+        return None
+    return answer
+
+
+def check(request: CheckRequest) -> Verdicts | None:
+    """Check every candidate on the request's sample, as the offline search does (runs in the worker)."""
+    import hybrid
+    from hybrid.hal import Candidate, backend_names
+    from hybrid.ir import Model
+    from hybrid.runtime.auto import judge
+    from hybrid.runtime.auto.tolerance import OutputRule
+    from hybrid.runtime.auto.trials import Search, trials
+
+    known = set(backend_names())
+    if any(label.partition(":")[0] not in known for label in request.order):
+        return None
+    hybrid.init({"num_threads": 1})
+    model = Model.load(request.model)
+    model.name = request.name
+    order = [Candidate(*label.split(":", 1)) for label in request.order]
+    rules = {k: OutputRule(**v) for k, v in request.rules.items()}
+    search = Search(model, order, lambda c, p: dict(request.options[str(c)]), "fp32", None, request.sample,
+                    rtol=request.rtol, rules=rules)
+    tried = []
+    for trial in trials(search, autotune=True):
+        trial.rejected = search.check(trial)
+        tried.append(trial)
+    judge.outvote(tried, search, model.name)
+    results = []
+    for t in tried:
+        warm = None
+        if t.rejected is None:
+            t0 = time.perf_counter()
+            try:
+                t.executable.run(search.verifier.samples or {})
+                warm = time.perf_counter() - t0
+            except Exception as e:
+                t.rejected = f"failed on a second run: {e}"
+        results.append((t.label, t.rejected, warm, t.partitioned))
+    judge.close_all(tried, None, search)
+    return Verdicts(tuple(results), tuple(search.notes))
+
+
+def _serve() -> None:
+    """The worker's loop: answer each request on stdin with its verdicts (or why not) on stdout."""
+    logging.basicConfig(level=logging.ERROR)
+    if hasattr(os, "nice"):
+        _lower_priority()
+    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    sys.stdout = sys.stderr  # nothing else may write into the answer stream
+    while True:
+        try:
+            request = _receive(stdin)
+        except EOFError:
+            return
+        try:
+            answer: Any = check(request)
+        except Exception as e:
+            answer = f"{type(e).__name__}: {e}"
+        _send(stdout, answer)
+
+
+if __name__ == "__main__":
+    # run the importable module's loop, so that what it pickles names hybrid.runtime.auto.worker, not __main__
+    from hybrid.runtime.auto.worker import _serve as serve
+
+    serve()
