@@ -228,6 +228,8 @@ def test_explain_says_it_once_for_a_whole_graph(tmp_path):
     assert "all 2 nodes run on onnxruntime:cpu" in r.output and "where each node runs" not in r.output
     r = invoke("compile", tmp_path / "m.onnx", "-t", "onnxruntime", "--explain", "--per-node")
     assert r.exit_code == 0 and "where each node runs" in r.output and "mm" in r.output
+    r = invoke("compile", tmp_path / "m.onnx", "-t", "onnxruntime", "--per-node")
+    assert r.exit_code == 0 and "where each node runs" in r.output
     doc = json.loads(invoke("compile", tmp_path / "m.onnx", "-t", "onnxruntime", "--json").stdout)
     assert doc["backend"] == "onnxruntime" and doc["split"] is False and doc["segments"][0]["nodes"] == 2
 

@@ -45,7 +45,7 @@ def compile_command(
     precision: Annotated[str, typer.Option("--precision", "-p", help="fp32, fp16, bf16 or auto.")] = "fp32",
     explain: Annotated[bool, typer.Option("--explain", help="Say where the graph runs and why: one line when one "
                                           "backend runs it all, a row per node where it is split.")] = False,
-    per_node: Annotated[bool, typer.Option("--per-node", help="With --explain: a row per node even when one "
+    per_node: Annotated[bool, typer.Option("--per-node", help="--explain with a row per node even when one "
                                            "backend runs the whole graph.")] = False,
     min_cosine: Annotated[float | None, typer.Option("--min-cosine",
                                                      help="Accuracy budget for --precision auto.")] = None,
@@ -62,7 +62,8 @@ def compile_command(
         accuracy = {"min_cosine": min_cosine} if min_cosine is not None else None
         with progress(f"compiling {model} for {target} ({precision})"):
             cm = hybrid.compile(model, target=target, precision=precision, autotune=autotune, accuracy=accuracy)
-    doc = plan_doc(cm, per_node=explain and per_node)
+    explain = explain or per_node
+    doc = plan_doc(cm, per_node=per_node)
     if as_json:
         typer.echo(json.dumps(doc, indent=2))
         return
