@@ -207,6 +207,9 @@ class OnnxRuntimeBackend(Backend):
             found[name] = ProbedDevice(name, kind, 0, prov, (("providers", provs),))
         return list(found.values())
 
+    def shared_options(self) -> dict[str, Any]:
+        return {"allow_spinning": False}
+
     def _precisions(self, device: str) -> tuple[str, ...]:
         # fp16 through the TensorRT execution provider (unverified here: no GPU)
         on_cuda = device.startswith("cuda") and "TensorrtExecutionProvider" in self.available_providers

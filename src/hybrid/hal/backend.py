@@ -163,6 +163,13 @@ class Backend(abc.ABC):
         """Hook: options for a precision listed by :meth:`_precisions`."""
         raise NotImplementedError(f"{self.name} lists {precision} but does not say how to select it")
 
+    # ---------------------------------------------------------------- sharing the machine
+    def shared_options(self) -> dict[str, Any]:
+        """Options for a part of a graph that runs beside other backends' parts in one process (the
+        user's own options still win). Default: none. ONNX Runtime turns off its spinning threads, which
+        would starve the other runtimes on few cores (DESIGN 4)."""
+        return {}
+
     # ---------------------------------------------------------------- compile
     def compile(self, model: Model, device: str, options: Mapping[str, Any] | None = None) -> Executable:
         """Compile ``model`` for ``device`` with validated options merged over the defaults.

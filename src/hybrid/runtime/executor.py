@@ -114,7 +114,8 @@ def compile_partitioned(model: Model, typed: ir.Model, able: list[tuple[Candidat
 
     A backend that fails to compile its part loses those nodes, which are partitioned again (at most
     :data:`MAX_ATTEMPTS` times); what happened is appended to ``notes``. When ONNX Runtime shares the
-    process with other partitions, its sessions do not spin (DESIGN 4) unless the user said otherwise.
+    process with other partitions, its sessions do not spin (DESIGN 4) unless the user said otherwise:
+    each backend's :meth:`~hybrid.hal.Backend.shared_options` apply under the user's options.
 
     Raises:
         BackendError: HYB-305 when a node has no backend left, HYB-304 when compiling keeps failing.
@@ -123,13 +124,11 @@ def compile_partitioned(model: Model, typed: ir.Model, able: list[tuple[Candidat
     for _ in range(MAX_ATTEMPTS):
         partition = partition_graph(typed.graph, able, order)
         parts = partition.parts
-        mixed = len(parts) > 1 and any(p.label.backend == "onnxruntime" for p in parts)
+        mixed = len(parts) > 1
 
         def opts(c: Candidate, mixed: bool = mixed) -> dict[str, Any]:
-            o = dict(options_of(c))
-            if mixed and c.backend == "onnxruntime":
-                o.setdefault("allow_spinning", False)
-            return o
+            shared = get_backend(c.backend).shared_options() if mixed else {}
+            return {**shared, **options_of(c)}
 
         try:
             compiled = compile_parts(model, typed, partition, opts)
