@@ -39,6 +39,20 @@ def plan_doc(cm: Any, per_node: bool = False) -> dict[str, Any]:
     return doc
 
 
+def _declared_shapes(shapes: str | None, min_s: str | None, opt_s: str | None,
+                     max_s: str | None) -> dict[str, Any] | None:
+    """``--shapes`` and trtexec's ``--minShapes/--optShapes/--maxShapes`` as ``compile(shapes=...)``."""
+    from hybrid.runtime.auto import parse_shapes
+
+    out: dict[str, Any] = dict(parse_shapes(shapes)) if shapes else {}
+    for key, text in (("min", min_s), ("opt", opt_s), ("max", max_s)):
+        for name, dims in (parse_shapes(text) if text else {}).items():
+            current = out.get(name)
+            rng = current if isinstance(current, dict) else ({"opt": current} if current else {})
+            out[name] = {**rng, key: dims}
+    return out or None
+
+
 def compile_command(
     model: Annotated[str, typer.Argument(help="An .onnx file.")],
     target: opt.Target = "auto",
@@ -51,6 +65,11 @@ def compile_command(
                                                      help="Accuracy budget for --precision auto.")] = None,
     autotune: Annotated[bool | None, typer.Option("--autotune/--no-autotune",
                                                   help="Time the candidates (default: for 'auto').")] = None,
+    shapes: Annotated[str | None, typer.Option("--shapes", help="The shapes users run, where auto checks and "
+                                               "times: NAME:1x3x480x640[,NAME2:1x128] (trtexec's spelling).")] = None,
+    min_shapes: Annotated[str | None, typer.Option("--min-shapes", help="Smallest shapes of a range.")] = None,
+    opt_shapes: Annotated[str | None, typer.Option("--opt-shapes", help="Typical shapes of a range (timed).")] = None,
+    max_shapes: Annotated[str | None, typer.Option("--max-shapes", help="Largest shapes of a range.")] = None,
     device_fallback: opt.DeviceFallback = "error",
     as_json: opt.Json = False,
 ) -> None:
@@ -60,8 +79,10 @@ def compile_command(
     with report_errors(as_json):
         opt.apply_device_fallback(device_fallback)
         accuracy = {"min_cosine": min_cosine} if min_cosine is not None else None
+        declared = _declared_shapes(shapes, min_shapes, opt_shapes, max_shapes)
         with progress(f"compiling {model} for {target} ({precision})"):
-            cm = hybrid.compile(model, target=target, precision=precision, autotune=autotune, accuracy=accuracy)
+            cm = hybrid.compile(model, target=target, precision=precision, autotune=autotune, accuracy=accuracy,
+                                shapes=declared)
     explain = explain or per_node
     doc = plan_doc(cm, per_node=per_node)
     if as_json:
