@@ -47,7 +47,8 @@ class AutotuneSettings(BaseModel):
         online: With nothing declared about a dynamic-shape model's inputs, tune on real calls per
             shape bucket (False: decide once on generated samples).
         calls_per_bucket: Real calls each candidate serves in a bucket before the bucket's decision.
-        overhead_cap: Share of wall time the background checks of online tuning may use.
+        overhead_cap: Share of a busy core the background checks of online tuning may take (their process's
+            nice level; in a thread, the share of wall time they run).
         rtol: Model-level relative tolerance of the fp32 parity check (ONNX's model tests use 1e-3).
         check_process: Run online tuning's checks in a separate low-priority process (False: in a thread).
     """
@@ -58,7 +59,7 @@ class AutotuneSettings(BaseModel):
     tie_us: float = Field(20.0, ge=0.0, lt=1e6)
     online: bool = True
     calls_per_bucket: int = Field(8, ge=2, le=10_000)
-    overhead_cap: float = Field(0.25, gt=0.0, le=1.0)
+    overhead_cap: float = Field(0.1, gt=0.0, le=1.0)
     rtol: float = Field(1e-3, ge=0.0, lt=1.0)
     check_process: bool = True
 

@@ -136,8 +136,9 @@ def _first_that_compiles(model: Model, target: str, candidates: list[Candidate],
             continue
         nodes = tuple(n.name or f"{n.op_type}#{i}" for i, n in enumerate(model.graph))
         reason = "only candidate" if len(candidates) == 1 else "first candidate by priority that compiled"
+        ran = executable.precision or precision  # what the backend says it runs (OpenVINO: bf16 for f16)
         plan = Plan((Segment(cand.backend, cand.device, nodes, tuple(model.signature.input_names),
-                             tuple(model.signature.output_names), reason, precision),))
+                             tuple(model.signature.output_names), reason, ran),))
         return CompiledModel(model, executable, plan, cand.backend, cand.device, options, target)
     raise BackendError("HYB-304", f"no candidate of target {target!r} could compile {model.name!r}: "
                        + "; ".join(e.message for e in errors), "see the backends' messages above")

@@ -351,7 +351,8 @@ class OnlineTuner(Executable):
             self._closed.wait(min(MAX_PAUSE_S, busy_s * (1.0 / cap - 1.0)))
 
     def _check(self, slot: _Slot) -> None:
-        verdicts = worker.check_elsewhere(self._request(slot.sample)) if self._portable else None
+        verdicts = (worker.check_elsewhere(self._request(slot.sample), self._settings.overhead_cap)
+                    if self._portable else None)
         if verdicts is None or any(partitioned for *_, partitioned in verdicts.results):
             verdicts = self._check_here(slot)
         if verdicts is None:

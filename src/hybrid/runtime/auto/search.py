@@ -56,8 +56,9 @@ def single_plan(model: Model, trial: Trial, notes: list[str] | tuple[str, ...], 
     if trial.plan is not None:
         return Plan(trial.plan.segments, tuple(notes), trial.plan.placements)
     sig = model.signature
+    ran = trial.executable.precision or trial.precision  # what the backend says it runs (OpenVINO: bf16 for f16)
     return Plan((Segment(trial.backend, trial.device, _node_names(model), tuple(sig.input_names),
-                         tuple(sig.output_names), reason, trial.precision),), tuple(notes))
+                         tuple(sig.output_names), reason, ran),), tuple(notes))
 
 
 def _compiled(model: Model, trial: Trial, target: str, notes: list[str], reason: str) -> CompiledModel:

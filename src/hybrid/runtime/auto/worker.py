@@ -2,9 +2,10 @@
 
 Checking candidates on a copy of a real input means running the numpy reference and every candidate:
 seconds of CPU on a real model, and Python code that would hold the interpreter lock the caller's
-thread needs. Done in one shared worker process started with the lowest scheduling priority
-(``nice 19``), it only takes the cores when the callers leave them idle, so tuning stays off the
-callers' critical path. The worker runs one thread per session (it must not crowd the callers' cores).
+thread needs. Done in one shared worker process started at a low scheduling priority (the nice
+level whose CPU share matches ``autotune.overhead_cap``: nice 10, about 10 % of a busy core, by
+default), it mostly takes the cores the callers leave idle, so tuning stays off their critical path.
+The worker runs one thread per session (it must not crowd the callers' cores).
 
 The worker is ``python -m hybrid.runtime.auto.worker``, spoken to with length-prefixed pickles over its
 standard input and output: a plain subprocess, which (unlike multiprocessing's spawn) never re-runs
@@ -32,7 +33,17 @@ logger = logging.getLogger("hybrid")
 
 __all__ = ["CheckRequest", "Verdicts", "check", "check_elsewhere", "shutdown"]
 
-WORKER_NICE = 19
+# Linux CFS weights of nice 0..19: a thread at nice n gets weight[n] / (weight[n] + 1024) of a core that a
+# nice-0 thread also wants
+_CFS_WEIGHTS = (1024, 820, 655, 526, 423, 335, 272, 215, 172, 137, 110, 87, 70, 56, 45, 36, 29, 23, 18, 15)
+
+
+def nice_for(share: float) -> int:
+    """The nice level at which the worker takes at most ``share`` of a core the callers also want."""
+    for level, weight in enumerate(_CFS_WEIGHTS):
+        if weight / (weight + 1024) <= share:
+            return level
+    return len(_CFS_WEIGHTS) - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,9 +71,10 @@ class Verdicts:
 class _Worker:
     """The worker process and the lock that keeps one request at a time on its pipes."""
 
-    def __init__(self) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "hybrid.runtime.auto.worker"], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE)
+    def __init__(self, nice: int) -> None:
+        self.nice = nice
+        self.proc = subprocess.Popen([sys.executable, "-m", "hybrid.runtime.auto.worker", str(nice)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         self.lock = threading.Lock()
 
     def ask(self, request: CheckRequest) -> Any:
@@ -81,9 +93,9 @@ _WORKER: _Worker | None = None
 _WORKER_LOCK = threading.Lock()
 
 
-def _lower_priority() -> None:
+def _lower_priority(nice: int) -> None:
     with contextlib.suppress(OSError):  # not permitted here: still correct, only less polite to the callers
-        os.nice(WORKER_NICE)
+        os.nice(nice)
 
 
 def _send(stream: Any, obj: Any) -> None:
@@ -109,15 +121,19 @@ def shutdown() -> None:
         w.close()
 
 
-def check_elsewhere(request: CheckRequest) -> Verdicts | None:
-    """Run :func:`check` in the worker process; None when it cannot (the caller then checks itself)."""
+def check_elsewhere(request: CheckRequest, share: float) -> Verdicts | None:
+    """Run :func:`check` in the worker process, at the priority that gives it at most ``share`` of a busy
+    core; None when it cannot (the caller then checks itself)."""
     global _WORKER
+    nice = nice_for(share)
     try:
         with _WORKER_LOCK:
+            if _WORKER is not None and _WORKER.nice != nice:
+                _WORKER.close()
+                _WORKER = None
             if _WORKER is None or _WORKER.proc.poll() is not None:
-                if _WORKER is None:
-                    atexit.register(shutdown)
-                _WORKER = _Worker()
+                atexit.register(shutdown)  # registering twice is harmless
+                _WORKER = _Worker(nice)
             w = _WORKER
         answer = w.ask(request)
     except Exception as e:  # a broken or missing worker must never fail the model
@@ -172,8 +188,8 @@ def check(request: CheckRequest) -> Verdicts | None:
 def _serve() -> None:
     """The worker's loop: answer each request on stdin with its verdicts (or why not) on stdout."""
     logging.basicConfig(level=logging.ERROR)
-    if hasattr(os, "nice"):
-        _lower_priority()
+    if hasattr(os, "nice") and len(sys.argv) > 1:
+        _lower_priority(int(sys.argv[1]))
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr  # nothing else may write into the answer stream
     while True:
