@@ -20,8 +20,11 @@ against a local run of the same input, except that with probability ``--disconne
 instead sends it from a raw socket and hangs up mid-request, cycling through three ways: half the body
 then close, the whole body then close before the answer, and the request then close after the first
 bytes of the answer. Reported: requests by outcome and HTTP status, disconnects made and the server's
-``pyasc_connections_dropped_total`` counter, log lines and tracebacks per disconnect, and the server's
-RSS at start (after a warm-up), at 1 minute, at the end and at its peak.
+``pyasc_connections_dropped_total`` counter (a client gone after its answer was sent is not a drop for
+the server), log lines and tracebacks per disconnect, and the server's RSS, sampled every 2 s: at the
+start (after a warm-up), around 1 minute (median of 45-75 s), at the end (median of the last 30 s), its
+peak, and 10 s after the load stopped. ``--no-malloc-limit`` runs the server with glibc's dynamic mmap
+threshold, as before issue 17, for comparison.
 
 Run: ``flock /tmp/bench.lock python benchmarks/soak.py [--minutes 10] [--clients 32] [--no-probes]``.
 """
@@ -32,6 +35,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import random
 import re
 import socket
@@ -55,9 +59,12 @@ import onnx
 from hybrid.samples import light_model_batch_dynamic
 from hybrid.serve import build_registry, create_app
 from hybrid.serve.repository import configure_backends
+import hybrid.serve.server as server
 from hybrid.serve.server import ConnectionLimits, run
 
 path, header_timeout = sys.argv[1], float(sys.argv[2])
+if sys.argv[3] == "0":  # --no-malloc-limit: glibc's dynamic mmap threshold, as before issue 17
+    server.limit_allocator_retention = lambda *args, **kwargs: False
 onnx.save(light_model_batch_dynamic("squeezenet"), path)
 logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
 logging.getLogger("hybrid").setLevel(logging.INFO)
@@ -68,17 +75,21 @@ run(create_app(registry), host="127.0.0.1", port=0, log_level="info",
     connections=ConnectionLimits(header_timeout=header_timeout))
 """
 INPUT, OUTPUT = "data_0", "softmaxout_1"
+DISCONNECTS = ("half the body", "whole body, gone before the answer", "gone after 16 bytes of the answer")
 
 
 # ------------------------------------------------------------------------------------------------ server
 class Server:
     """The server process; its log goes to ``log``."""
 
-    def __init__(self, folder: Path, header_timeout: float) -> None:
+    def __init__(self, folder: Path, header_timeout: float, env: dict[str, str] | None = None,
+                 malloc_limit: bool = True) -> None:
         self.log = folder / "server.log"
         self._log = self.log.open("w")
-        self.proc = subprocess.Popen([sys.executable, "-c", SERVER, str(folder / "squeezenet.onnx"),
-                                      str(header_timeout)], stdout=self._log, stderr=subprocess.STDOUT, text=True)
+        argv = [sys.executable, "-c", SERVER, str(folder / "squeezenet.onnx"), str(header_timeout),
+                str(int(malloc_limit))]
+        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, text=True,
+                                     env={**os.environ, **(env or {})})
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
             m = re.search(r"Uvicorn running on http://(127\.0\.0\.1):(\d+)", self.log.read_text())
@@ -274,6 +285,7 @@ async def soak(server: Server, clients: int, seconds: float, rows: int, p_discon
 
     outcomes: Counter[str] = Counter()
     disconnects = [0]
+    kinds: Counter[str] = Counter()
     bodies = {}
     for seed, x in inputs.items():
         bodies[seed] = binary_body([{"name": INPUT, "shape": list(x.shape), "datatype": "FP32",
@@ -285,7 +297,7 @@ async def soak(server: Server, clients: int, seconds: float, rows: int, p_discon
     async def sampler() -> None:
         while time.monotonic() < deadline:
             rss.append((time.monotonic() - t_start, server.rss_mb()))
-            await asyncio.sleep(5)
+            await asyncio.sleep(2)
 
     async def client(i: int) -> None:
         rng = random.Random(i)
@@ -294,9 +306,11 @@ async def soak(server: Server, clients: int, seconds: float, rows: int, p_discon
             while time.monotonic() < deadline:
                 seed = rng.choice(list(inputs))
                 if rng.random() < p_disconnect:
+                    kind = disconnects[0] % 3
+                    disconnects[0] += 1  # before the await: the other clients take the next kinds
+                    kinds[DISCONNECTS[kind]] += 1
                     with contextlib.suppress(OSError, TimeoutError):
-                        await disconnecting_request(server, *bodies[seed], disconnects[0] % 3)
-                    disconnects[0] += 1
+                        await disconnecting_request(server, *bodies[seed], kind)
                     continue
                 inp = tha.InferInput(INPUT, list(inputs[seed].shape), "FP32")
                 inp.set_data_from_numpy(inputs[seed], binary_data=True)
@@ -315,11 +329,14 @@ async def soak(server: Server, clients: int, seconds: float, rows: int, p_discon
 
     await asyncio.gather(sampler(), *(client(i) for i in range(clients)))
     rss.append((time.monotonic() - t_start, server.rss_mb()))
-    return {"outcomes": outcomes, "disconnects": disconnects[0], "rss": rss, "seconds": time.monotonic() - t_start}
+    return {"outcomes": outcomes, "disconnects": disconnects[0], "kinds": kinds, "rss": rss,
+            "seconds": time.monotonic() - t_start}
 
 
-def rss_at(samples: list[tuple[float, float]], t: float) -> float:
-    return min(samples, key=lambda s: abs(s[0] - t))[1]
+def rss_around(samples: list[tuple[float, float]], lo: float, hi: float) -> float:
+    """The median RSS sampled between ``lo`` and ``hi`` seconds (requests in flight make single samples noisy)."""
+    window = [r for t, r in samples if lo <= t <= hi] or [min(samples, key=lambda s: abs(s[0] - lo))[1]]
+    return statistics.median(window)
 
 
 # ------------------------------------------------------------------------------------------------ main
@@ -331,13 +348,22 @@ def main() -> None:
     parser.add_argument("--disconnect", type=float, default=0.05, help="fraction of requests that hang up")
     parser.add_argument("--header-timeout", type=float, default=10.0, help="the server's --header-timeout")
     parser.add_argument("--no-probes", action="store_true", help="skip the hostile probes")
+    parser.add_argument("--server-env", action="append", default=[], metavar="NAME=VALUE",
+                        help="environment of the server process (e.g. MALLOC_ARENA_MAX=2); repeatable")
+    parser.add_argument("--no-malloc-limit", action="store_true",
+                        help="leave glibc's dynamic mmap threshold alone (the server's behaviour before issue 17)")
     args = parser.parse_args()
+    env = dict(item.split("=", 1) for item in args.server_env)
 
     import onnxruntime as ort
 
     print(machine_info())
+    if env:
+        print("server environment: " + " ".join(f"{k}={v}" for k, v in env.items()))
+    print("allocator: " + ("glibc's dynamic mmap threshold (--no-malloc-limit)" if args.no_malloc_limit
+                           else "mmap threshold pinned at 256 KiB (hybrid.serve.server.limit_allocator_retention)"))
     with tempfile.TemporaryDirectory() as tmp:
-        server = Server(Path(tmp), args.header_timeout)
+        server = Server(Path(tmp), args.header_timeout, env, not args.no_malloc_limit)
         try:
             if not args.no_probes:
                 print("\n### Hostile requests (the health check polled every 10 ms meanwhile)\n")
@@ -355,14 +381,16 @@ def main() -> None:
             drops_before = dropped(server.url, "client_disconnect")
             result = asyncio.run(soak(server, args.clients, args.minutes * 60, args.rows, args.disconnect,
                                       reference, inputs))
-            time.sleep(2)
+            time.sleep(10)
+            idle_rss = server.rss_mb()
             lines = server.log_lines()[log_before:]
             drops = dropped(server.url, "client_disconnect") - drops_before
             alive = http(server.url, "GET", "/v2/health/live")[0]
         finally:
             server.stop()
     samples = result["rss"]
-    start, one, end = rss_at(samples, 0), rss_at(samples, 60), samples[-1][1]
+    last = samples[-1][0]
+    start, one, end = samples[0][1], rss_around(samples, 45, 75), rss_around(samples, last - 30, last)
     peak = max(r for _, r in samples)
     n = result["disconnects"]
     tracebacks = sum("Traceback" in line for line in lines)
@@ -370,16 +398,18 @@ def main() -> None:
           f"{args.disconnect:.0%} of requests hang up mid-request\n")
     outcomes = result["outcomes"]
     rows = [[k, str(v)] for k, v in sorted(outcomes.items())]
-    rows += [["disconnects made (raw sockets)", str(n)],
+    rows += [["disconnects made (raw sockets)", f"{n} (" + ", ".join(f"{k}: {v}" for k, v in
+                                                                 result["kinds"].items()) + ")"],
              ["server's pyasc_connections_dropped_total{reason=\"client_disconnect\"}", f"{drops:.0f}"],
              ["server log lines during the soak", f"{len(lines)} ({len(lines) / max(n, 1):.2f} per disconnect)"],
              ["tracebacks in the log", str(tracebacks)],
              ["requests per second (all)", f"{(sum(outcomes.values()) + n) / result['seconds']:.1f}"],
              ["RSS start / 1 min / end / peak (MB)", f"{start:.0f} / {one:.0f} / {end:.0f} / {peak:.0f}"],
              ["RSS end vs 1 min", f"{(end - one) / one:+.1%}"],
+             ["RSS 10 s after the soak, idle (MB)", f"{idle_rss:.0f}"],
              ["/v2/health/live after", str(alive)]]
     print(table(["measure", "value"], rows))
-    print("\nRSS samples (s, MB): " + ", ".join(f"{t:.0f}:{r:.0f}" for t, r in samples[::6]))
+    print("\nRSS samples (s, MB): " + ", ".join(f"{t:.0f}:{r:.0f}" for t, r in samples[::15]))
 
 
 if __name__ == "__main__":

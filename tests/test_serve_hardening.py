@@ -8,6 +8,7 @@ import concurrent.futures as cf
 import json
 import logging
 import os
+import platform
 import re
 import socket
 import subprocess
@@ -372,3 +373,16 @@ def test_a_request_refused_by_its_header_is_answered_before_its_data_arrives(ser
             raw += chunk
     status_line, _, rest = raw.partition(b"\r\n")
     assert status_line.startswith(b"HTTP/1.1 400") and b'"code":"HYB-403"' in rest
+
+
+# ------------------------------------------------------------------------------------------------ 6. memory
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
+def test_allocator_retention_limit_is_set_unless_the_user_set_it():
+    code = "from hybrid.serve.server import limit_allocator_retention as f; print(f())"
+    env = {k: v for k, v in os.environ.items() if k != "MALLOC_MMAP_THRESHOLD_"}
+    expected = "True" if platform.libc_ver()[0] == "glibc" else "False"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert out.stdout.strip() == expected, out.stderr
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         env={**env, "MALLOC_MMAP_THRESHOLD_": "1048576"})
+    assert out.stdout.strip() == "False", out.stderr

@@ -12,13 +12,22 @@ hold its connection forever. Each connection therefore gets a deadline for a com
 (``header_timeout``, from the connection's opening or the first byte of its next request), and past
 ``max_connections`` open connections the oldest idle one (no request in progress) is closed. HTTP parse
 errors answer the documented JSON error (HYB-702) instead of uvicorn's plain text.
+
+Memory: request bodies and batches are large, short-lived buffers allocated from many threads. glibc's
+malloc raises its mmap threshold each time such a buffer is freed (up to 32 MiB), after which they come
+from the heap arenas, which keep the freed pages: the server's RSS then grows under churn and is not
+given back. :func:`run` pins the threshold (:func:`limit_allocator_retention`) so that large buffers are
+mapped and unmapped and RSS returns to its steady state (benchmarks/soak.py measures both).
 """
 
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import json
 import logging
+import os
+import platform
 import signal
 import threading
 import time
@@ -34,7 +43,7 @@ if TYPE_CHECKING:
 
     from hybrid.serve.app import ServerState
 
-__all__ = ["BackgroundServer", "ConnectionLimits", "HybridServer", "make_server", "run"]
+__all__ = ["BackgroundServer", "ConnectionLimits", "HybridServer", "limit_allocator_retention", "make_server", "run"]
 
 logger = logging.getLogger("hybrid.serve")
 
@@ -68,6 +77,30 @@ class ConnectionLimits:
             raise ConfigError("HYB-102", f"keep_alive_timeout must be an int >= 1, got {self.keep_alive_timeout!r}")
         if not (isinstance(self.max_connections, int) and self.max_connections >= 1):
             raise ConfigError("HYB-102", f"max_connections must be an int >= 1, got {self.max_connections!r}")
+
+
+_M_MMAP_THRESHOLD = -3  # glibc mallopt parameter
+
+
+def limit_allocator_retention(mmap_threshold: int = 256 << 10) -> bool:
+    """Have glibc's malloc map every allocation of ``mmap_threshold`` bytes or more (returned on free).
+
+    This turns off glibc's dynamic threshold, which otherwise climbs to the largest buffer freed so far
+    and leaves request-sized buffers in the heap arenas, kept after use. It changes the whole process:
+    :func:`run` calls it for the server process it owns, tests and notebooks (``BackgroundServer``) do not.
+    Nothing happens off glibc, or when ``MALLOC_MMAP_THRESHOLD_`` is set in the environment (the user's
+    own setting wins).
+
+    Returns:
+        True when the threshold was set.
+    """
+    if os.environ.get("MALLOC_MMAP_THRESHOLD_") or platform.libc_ver()[0] != "glibc":
+        return False
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        return bool(libc.mallopt(_M_MMAP_THRESHOLD, ctypes.c_int(mmap_threshold)))
+    except (OSError, AttributeError):
+        return False
 
 
 def _bad_request(message: str) -> bytes:
@@ -200,6 +233,7 @@ def run(app: FastAPI, host: str = "127.0.0.1", port: int = 8000, drain_timeout: 
     if host not in LOOPBACK and not app.state.hybrid.options.auth_token:
         logger.warning("serving on %s without --auth-token: anyone who reaches this address can run the models",
                        host)
+    limit_allocator_retention()
     make_server(app, host, port, drain_timeout, log_level, connections).run()
 
 
