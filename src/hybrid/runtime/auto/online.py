@@ -5,7 +5,7 @@ its shapes, starts on the first candidate by priority that passed the check (nev
 reference while an accelerated backend can run the graph) and is served by an :class:`OnlineTuner`.
 Per shape bucket (:func:`~.shapes.bucket_of`):
 
-1. The first call of a bucket is answered by the current executable, and a copy of its inputs goes
+1. The calls of a bucket are answered by the current executable; a copy of the third one's inputs goes
    to a background thread, which compiles every candidate once and checks them on that copy against
    the reference at model-level tolerance (the same check as ``compile(shapes=...)``), using at most
    ``overhead_cap`` of the wall time (it sleeps between runs). A start that fails the check on the
@@ -29,6 +29,7 @@ import queue
 import statistics
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,6 +57,8 @@ PRUNE_AFTER = 3  # calls after which a clearly slower candidate stops taking tur
 PRUNE_RATIO = 1.5
 WARM_RUN_RATIO = 3.0  # a candidate whose warm run took this much longer than the fastest's is not tried
 MAX_PAUSE_S = 2.0
+CHECK_AT_CALL = 3  # a bucket is checked from its third call: shapes called once or twice are not worth tuning
+IDLE_POLL_S = 5.0
 MAX_ROUTES = 4096  # exact shape combinations remembered on the hot path (more still work, through bucket_of)
 
 
@@ -203,7 +206,7 @@ class OnlineTuner(Executable):
     def _tuning_call(self, slot: _Slot, feeds: Mapping[str, Any]) -> list[Any]:
         with slot.lock:
             slot.calls += 1
-            if slot.state == "new":
+            if slot.state == "new" and slot.calls >= CHECK_AT_CALL:
                 slot.sample, slot.state = _copy(feeds), "checking"
                 self._submit("check", slot)
             label, exe = self._pick(slot)
@@ -325,24 +328,20 @@ class OnlineTuner(Executable):
         self._jobs.put((job, slot))
         with self._lock:
             if self._worker is None:
-                self._worker = threading.Thread(target=self._work, name="hybrid-online-tuner", daemon=True)
+                self._worker = threading.Thread(target=_work, args=(weakref.ref(self), self._jobs),
+                                                name="hybrid-online-tuner", daemon=True)
                 self._worker.start()
 
-    def _work(self) -> None:
-        while True:
-            item = self._jobs.get()
-            if item is None:
-                return
-            job, slot = item
-            if self._closed.is_set() and job != "persist":  # closing: decisions made are still written
-                continue
-            try:
-                {"check": self._check, "install": self._install_cached, "persist": self._persist}[job](slot)
-            except Exception as e:  # the tuner must never take the model down: the bucket keeps its executable
-                logger.warning("auto (online): %s of bucket %s failed: %s", job, _fmt(slot.key), first_line(e))
-                with slot.lock:
-                    if slot.state in ("checking", "installing"):
-                        slot.state, slot.settled_after = "settled", slot.calls
+    def _do(self, job: str, slot: _Slot) -> None:
+        if self._closed.is_set() and job != "persist":  # closing: decisions made are still written
+            return
+        try:
+            {"check": self._check, "install": self._install_cached, "persist": self._persist}[job](slot)
+        except Exception as e:  # the tuner must never take the model down: the bucket keeps its executable
+            logger.warning("auto (online): %s of bucket %s failed: %s", job, _fmt(slot.key), first_line(e))
+            with slot.lock:
+                if slot.state in ("checking", "installing"):
+                    slot.state, slot.settled_after = "settled", slot.calls
 
     def _pause(self, busy_s: float) -> None:
         """Sleep so that background work stays within ``overhead_cap`` of the wall time."""
@@ -466,3 +465,20 @@ class OnlineTuner(Executable):
         for exe in {id(e): e for e in self._compiled.values()}.values():
             exe.close()
         self._compiled.clear()
+
+
+def _work(ref: weakref.ReferenceType[OnlineTuner], jobs: queue.SimpleQueue[tuple[str, _Slot] | None]) -> None:
+    """The background thread of one tuner. It holds the tuner weakly: a model nobody uses any more is
+    collected, and its pending checks are dropped with it."""
+    while True:
+        try:
+            item = jobs.get(timeout=IDLE_POLL_S)
+        except queue.Empty:
+            if ref() is None:
+                return
+            continue
+        tuner = ref()
+        if item is None or tuner is None:
+            return
+        tuner._do(*item)
+        del tuner
