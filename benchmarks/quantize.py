@@ -206,17 +206,141 @@ def bench_cnn(args: argparse.Namespace) -> tuple[list[list[object]], str]:
     return rows, f"CNN trained {steps} steps, accuracy {acc:.1%} on its own held-out set"
 
 
+# ------------------------------------------------------------------ accuracy budgets on the CNN zoo
+# (kind, width, input size, channel-range spread, training steps): hybrid.samples_quant builds and caches them
+ZOO = {"MobileNetV3-like": ("mobilenet", 16, 64, 40.0, 200), "ResNet-like": ("resnet", 64, 32, 300.0, 120),
+       "Detector (concat)": ("detector", 16, 64, 100.0, 200)}
+QUICK_ZOO = {"MobileNetV3-like": ("mobilenet", 8, 32, 40.0, 60), "ResNet-like": ("resnet", 16, 32, 300.0, 60),
+             "Detector (concat)": ("detector", 8, 32, 100.0, 60)}
+BUDGETS = (0.999, 0.995, 0.99)
+PLAIN = ("minmax", "entropy", "percentile")
+
+
+def _plain_ort(model: Any, calibration: list[np.ndarray], method: str, workdir: Path) -> Any:
+    """onnxruntime.quantization as a user would run it: quant_pre_process, then quantize_static (QDQ,
+    per-channel int8 weights, int8 activations) on the same calibration batches."""
+    import contextlib
+    import io
+
+    import onnx
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        CalibrationMethod,
+        QuantFormat,
+        QuantType,
+        quant_pre_process,
+        quantize_static,
+    )
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self._it = iter(calibration)
+
+        def get_next(self) -> dict[str, np.ndarray] | None:
+            x = next(self._it, None)
+            return None if x is None else {"input": x}
+
+    src, pre, out = workdir / "fp32.onnx", workdir / "pre.onnx", workdir / f"plain-{method}.onnx"
+    onnx.save_model(model.to_onnx(), str(src))
+    with contextlib.redirect_stdout(io.StringIO()):
+        quant_pre_process(str(src), str(pre), skip_symbolic_shape=True)
+        quantize_static(str(pre), str(out), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
+                        activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
+                        calibrate_method={"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
+                                          "percentile": CalibrationMethod.Percentile}[method])
+    return hybrid.load(str(out))
+
+
+def _accuracy(session: Any, reference: list[np.ndarray], batches: list[np.ndarray]) -> tuple[float, float | None]:
+    """Min per-sample cosine against fp32 over the held-back batches, and top-1 agreement (classifiers)."""
+    worst, agree, total = 1.0, 0, 0
+    for x, ref in zip(batches, reference):
+        got = session.run(None, {"input": x})[0]
+        a, b = got.reshape(len(x), -1).astype(np.float64), ref.reshape(len(x), -1).astype(np.float64)
+        worst = min(worst, float(_cosine(a, b).min()))
+        if ref.ndim == 2:
+            agree += int((got.argmax(1) == ref.argmax(1)).sum())
+            total += len(x)
+    return worst, (agree / total if total else None)
+
+
+def bench_zoo(args: argparse.Namespace) -> tuple[list[list[object]], list[str]]:
+    import tempfile
+
+    from hybrid import samples_quant
+
+    rows: list[list[object]] = []
+    notes = []
+    zoo = QUICK_ZOO if args.quick else ZOO
+    n_cal, n_eval, n_test, batch = (8, 4, 8, 8) if args.quick else (16, 16, 32, 8)
+    for label, (kind, width, size, spread, steps) in zoo.items():
+        t0 = time.perf_counter()
+        model = samples_quant.build(kind, width=width, size=size, steps=steps, spread=spread)
+        build_s = time.perf_counter() - t0
+        x = samples_quant.images(kind, (n_cal + n_eval) * batch, seed=11, size=size)
+        data = [x[i:i + batch] for i in range(0, len(x), batch)]
+        xt = samples_quant.images(kind, n_test * batch, seed=12, size=size)  # held back from everything
+        test = [xt[i:i + batch] for i in range(0, len(xt), batch)]
+        fp32 = _session(model)
+        reference = [fp32.run(None, {"input": b})[0] for b in test]
+        contenders: dict[str, Any] = {"fp32": fp32}
+        info: dict[str, tuple[str, str, float, float | None, str]] = {"fp32": ("fp32", "-", 1.0, 1.0, "reference")}
+        with tempfile.TemporaryDirectory() as tmp:
+            for method in PLAIN:
+                q = _plain_ort(model, data[:n_cal], method, Path(tmp))
+                session = _session(q)
+                cos, top1 = _accuracy(session, reference, test)
+                name = f"ORT quantize_static {method}"
+                contenders[name] = session
+                info[name] = (name, "-", cos, top1, "QDQ per-channel s8s8 after quant_pre_process")
+        for budget in BUDGETS:
+            t1 = time.perf_counter()
+            q = hybrid.quantize(model, {"quant_mode": "static", "calibration_dataset": data,
+                                        "num_calibration_samples": n_cal, "num_eval_samples": n_eval,
+                                        "accuracy": {"min_cosine": budget}})
+            took = time.perf_counter() - t1
+            report = q.metadata["quantization_report"]
+            session = _session(q)
+            cos, top1 = _accuracy(session, reference, test)
+            name = f"hybrid {budget}"
+            kept = (f"{len(report.kept_float)} of {len(report.sensitivity)} groups float" if report.sensitivity
+                    else "all quantized")
+            what = "fp32 returned" if report.result == "float" else kept
+            recipe = report.recipes[0][0] if report.recipes else ""
+            contenders[name] = session
+            info[name] = (f"hybrid, min_cosine {budget}", str(budget), cos, top1,
+                          f"{what}; {recipe}; {report.trials} trials, {took:.0f} s")
+        feed = {"input": test[0]}
+        times = interleave(_callables(contenders, feed), blocks=3 if args.quick else 8,
+                           per_block=3 if args.quick else 8)
+        base = median_ms(times["fp32"])
+        for name, (shown, _, cos, top1, note) in info.items():
+            rows.append([label, shown, f"{cos:.5f}", "-" if top1 is None else f"{top1:.1%}",
+                         base / median_ms(times[name]), note])
+        notes.append(f"{label}: width {width}, input 3x{size}x{size}, trained {steps} SGD steps, channel-range "
+                     f"spread {spread:g}, built in {build_s:.0f} s (cached afterwards); timed at batch {batch}")
+    return rows, notes
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer samples and repeats (smoke run)")
-    parser.add_argument("--only", choices=("bert", "cnn"), help="run one part")
+    parser.add_argument("--only", choices=("zoo", "bert", "cnn"),
+                        help="run one part (default: zoo, the accuracy budgets on trained CNNs)")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
+    if args.only in (None, "zoo"):
+        zoo_rows, zoo_notes = bench_zoo(args)
+        print(f"\n{machine_info()}\n")
+        print("\n".join(zoo_notes))
+        print(table(["model", "contender", "min cosine (held back)", "top-1 agreement", "speed vs fp32", "note"],
+                    zoo_rows))
+        return
     rows: list[list[object]] = []
     notes = []
-    if args.only in (None, "bert"):
+    if args.only == "bert":
         rows += bench_bert(args)
-    if args.only in (None, "cnn"):
+    if args.only == "cnn":
         cnn_rows, note = bench_cnn(args)
         rows += cnn_rows
         notes.append(note)

@@ -45,17 +45,24 @@ def quantize(model_or_path: Any, quant_config: Mapping[str, Any] | None = None, 
         quant_mode: 'dynamic' (int8 weights, activations quantized at run time), 'static' (int8 with
             calibrated activation ranges), 'fp16' or 'bf16'. Default: 'static' with a
             calibration_dataset, else 'dynamic'.
-        activation_dtype / weight_dtype: 'int8' (default) or 'uint8'. Dynamic mode's run-time
-            activations are uint8 whatever this says (ONNX's DynamicQuantizeLinear).
+        activation_dtype / weight_dtype: 'int8' (default) or 'uint8'; activation_dtype 'auto' (the
+            default) is int8, except with an accuracy budget in static QDQ mode, where uint8 and int8
+            (asymmetric and symmetric) are measured. Dynamic mode's run-time activations are uint8
+            whatever this says (ONNX's DynamicQuantizeLinear).
         per_channel: Per-output-channel weight scales (default True: more accurate, slightly slower).
         calibration_dataset: Any iterable of samples (dicts ``{input: array}``, arrays, torch tensors,
             tuples with one array per input; a torch DataLoader works, trailing labels are dropped).
-        calibration_method: 'minmax' (default), 'entropy' or 'percentile'.
+        calibration_method: 'minmax', 'entropy', 'percentile' or 'auto' (the default: minmax, except
+            with an accuracy budget in static QDQ mode, where all three are measured).
         num_calibration_samples: Samples to calibrate on (default 64); the next ``num_eval_samples``
             (default 16) are held back for the accuracy report.
         accuracy: A budget such as ``{'min_cosine': 0.99}`` (also ``min_snr_db``,
-            ``min_top1_agreement``, ``max_abs_error``, ``outputs``): the most sensitive layers are
-            kept in float until it is met.
+            ``min_top1_agreement``, ``max_abs_error``, ``outputs``): the most sensitive op groups are
+            kept in float until it is met; ``on_unmet`` ('float', default, or 'raise') says what to
+            do when only the float model meets it.
+        speed_check: Time the result against fp32 on ONNX Runtime's CPU provider and return fp32
+            when int8 is not faster; with a budget, the fastest model that meets it is returned.
+            Default: on with an accuracy budget in int8 modes, else off.
         quant_format: 'qdq' (default; standard ONNX, fastest on ORT's CPU kernels, runs on OpenVINO)
             or 'qoperator'.
         op_types, nodes_to_exclude, reduce_range, extra_options: passed to onnxruntime.quantization.
@@ -91,7 +98,7 @@ def quantize(model_or_path: Any, quant_config: Mapping[str, Any] | None = None, 
     if outcome.model is None and evaluator is not None and not outputs:
         outputs = evaluator.evaluate(fp32)
     report = QuantizationReport(
-        mode=cfg.quant_mode, scheme=_scheme(cfg, samples, outcome.recipe.name),
+        mode=cfg.quant_mode, scheme=_scheme(cfg, samples, outcome.recipe),
         eval_samples=len(samples.evaluation) if evaluator else 0,
         eval_source=samples.source if evaluator else "none", outputs=outputs, kept_float=outcome.kept,
         sensitivity=outcome.sensitivity, budget=budget,
@@ -109,7 +116,7 @@ def quantize(model_or_path: Any, quant_config: Mapping[str, Any] | None = None, 
 def _plain(engine: Engine, evaluator: Evaluator | None, cfg: QuantConfig, fp32: bytes) -> Outcome:
     """One quantization (the configured recipe); with a budget (modes other than static QDQ), the most
     sensitive layers are kept in float; with the speed check, fp32 is returned if it is faster."""
-    recipe = Recipe(engine.method, dict(cfg.extra_options))
+    recipe = Recipe(engine.method, engine.activation, dict(cfg.extra_options))
     data = engine.run()
     outputs = evaluator.evaluate(data) if evaluator else ()
     kept: tuple[str, ...] = ()
@@ -163,15 +170,15 @@ def _evaluator(model: Model, samples: Samples) -> Evaluator | None:
         return None
 
 
-def _scheme(cfg: QuantConfig, samples: Samples, recipe: str) -> str:
+def _scheme(cfg: QuantConfig, samples: Samples, recipe: Recipe) -> str:
     if cfg.quant_mode in ("fp16", "bf16"):
         return ("float16 weights and compute, float32 inputs/outputs" if cfg.quant_mode == "fp16"
                 else "bfloat16 weights (Cast to float32 before use)")
     per = "per-channel" if cfg.per_channel else "per-tensor"
     if cfg.quant_mode == "dynamic":
         return f"{cfg.weight_dtype} {per} weights, uint8 activations quantized at run time"
-    return (f"{cfg.quant_format.upper()}, {cfg.weight_dtype} {per} weights, {cfg.activation_dtype} activations, "
-            f"{recipe.split(',')[0]} calibration on {len(samples.calibration)} samples")
+    return (f"{cfg.quant_format.upper()}, {cfg.weight_dtype} {per} weights, {recipe.activations}, "
+            f"{recipe.method} calibration on {len(samples.calibration)} samples")
 
 
 def _annotate(model: Model, report: QuantizationReport) -> None:

@@ -12,6 +12,7 @@ __all__ = ["MODES", "Budget", "QuantConfig", "parse_config"]
 
 MODES = ("dynamic", "static", "fp16", "bf16")
 INT_DTYPES = ("int8", "uint8")
+ACTIVATION_DTYPES = ("auto", *INT_DTYPES)
 CALIBRATION_METHODS = ("minmax", "entropy", "percentile")
 CALIBRATION_CHOICES = ("auto", *CALIBRATION_METHODS)
 FORMATS = ("qdq", "qoperator")
@@ -47,7 +48,7 @@ class QuantConfig:
     """A validated quantization config. See :func:`hybrid.quantize` for what each key does."""
 
     quant_mode: str
-    activation_dtype: str = "int8"
+    activation_dtype: str = "auto"
     weight_dtype: str = "int8"
     per_channel: bool = True
     calibration_dataset: Any = None
@@ -160,7 +161,7 @@ def parse_config(config: Mapping[str, Any] | None) -> QuantConfig:
     budget = _budget(cfg.get("accuracy"))
     return QuantConfig(
         quant_mode=mode,
-        activation_dtype=_choice(cfg, "activation_dtype", INT_DTYPES, "int8"),
+        activation_dtype=_choice(cfg, "activation_dtype", ACTIVATION_DTYPES, "auto"),
         weight_dtype=_choice(cfg, "weight_dtype", INT_DTYPES, "int8"),
         per_channel=bool(_flag(cfg, "per_channel", True)),
         calibration_dataset=data,

@@ -51,6 +51,7 @@ class Engine:
         self.source = self.workdir / "float.onnx"
         onnx.save_model(self.proto, str(self.source), save_as_external_data=self.proto.ByteSize() > 1_800_000_000)
         self.method = "minmax" if cfg.calibration_method == "auto" else cfg.calibration_method
+        self.activation = "int8" if cfg.activation_dtype == "auto" else cfg.activation_dtype
         self.extra: dict[str, Any] = dict(cfg.extra_options)
         self._runs = 0
 
@@ -81,12 +82,12 @@ class Engine:
 
     # ------------------------------------------------------------------ quantizing
     def run(self, *, exclude: Iterable[str] = (), only: Sequence[str] | None = None, method: str | None = None,
-            extra: dict[str, Any] | None = None) -> bytes:
+            extra: dict[str, Any] | None = None, activation: str | None = None) -> bytes:
         """Quantize; nodes in ``exclude`` stay float; with ``only``, just those nodes are quantized.
 
-        ``method`` and ``extra`` (static mode) override the calibration method and the extra options
-        (``self.method``, ``self.extra``) for this run; each method calibrates once, then its ranges
-        are reused from a cache file.
+        ``method``, ``extra`` and ``activation`` (static mode) override the calibration method, the extra
+        options and the activation dtype (``self.method``, ``self.extra``, ``self.activation``) for this
+        run; each method calibrates once, then its ranges are reused from a cache file.
 
         Raises:
             QuantizationError: HYB-606 with the quantizer's message when it fails.
@@ -106,7 +107,7 @@ class Engine:
                     self._dynamic(out, excluded, only)
                 else:
                     self._static(out, excluded, only, method or self.method,
-                                 self.extra if extra is None else extra)
+                                 self.extra if extra is None else extra, activation or self.activation)
             data = _load_bytes(out)
             _remove_model(out)
             return data
@@ -131,7 +132,7 @@ class Engine:
                          nodes_to_exclude=excluded, extra_options=dict(self.cfg.extra_options))
 
     def _static(self, out: Path, excluded: list[str], only: Sequence[str] | None, method_name: str,
-                extra: dict[str, Any]) -> None:
+                extra: dict[str, Any], activation: str) -> None:
         from onnxruntime.quantization import CalibrationMethod, QuantFormat, quantize_static
 
         method = {"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
@@ -143,7 +144,7 @@ class Engine:
             quantize_static(str(self.source), str(out), reader, quant_format=fmt,
                             op_types_to_quantize=list(self.cfg.op_types) if self.cfg.op_types else None,
                             per_channel=self.cfg.per_channel, reduce_range=self.cfg.reduce_range,
-                            activation_type=self._dtype(self.cfg.activation_dtype),
+                            activation_type=self._dtype(activation),
                             weight_type=self._dtype(self.cfg.weight_dtype),
                             nodes_to_quantize=list(only or []) or None, nodes_to_exclude=excluded,
                             calibrate_method=method, extra_options=dict(extra),

@@ -7,8 +7,10 @@ tensors too. They are grouped so that keeping a group in float removes whole Q/D
 
 - a chain: an op with one data input joins its producer's group when it is that producer's only
   consumer (Conv + its activation, Add + ReLU, Conv + pooling);
-- a squeeze-excitation block: the branch from a global pooling of ``x`` to the Mul that rescales
-  ``x`` (pool, two 1x1 Convs, their activations, the Mul) is one group;
+- a gate ``Mul(x, f(x))`` with ``f`` a short chain of one-input ops: a squeeze-excitation block (``f``
+  starts with a global pooling: pool, two 1x1 Convs, their activations and the Mul are one group), or
+  an activation exported as a gate (HardSwish as ``x * HardSigmoid(x)``, SiLU as ``x * Sigmoid(x)``:
+  they join the group of the op producing ``x``);
 - everything else (residual Adds, Concat) is a group of its own.
 """
 
@@ -19,7 +21,7 @@ from dataclasses import dataclass
 
 import onnx
 
-__all__ = ["Group", "group_nodes", "quantized_nodes", "smooth"]
+__all__ = ["Group", "group_nodes", "neighbours", "quantized_nodes", "smooth"]
 
 HEAVY_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul", "Attention", "LSTM", "GRU"})
 _POOLS = frozenset({"GlobalAveragePool", "ReduceMean", "AveragePool"})
@@ -34,18 +36,13 @@ class Group:
         label: The group's name: its first weighted op (Conv, Gemm, ...), else its first node.
         nodes: Node names, in graph order.
         op_types: Their op types, in the same order.
+        kind: 'se' (a squeeze-excitation block), else the op types joined with '+'.
     """
 
     label: str
     nodes: tuple[str, ...]
     op_types: tuple[str, ...]
-
-    @property
-    def kind(self) -> str:
-        """'se' (squeeze-excitation), the op types joined with '+' otherwise."""
-        if "Mul" in self.op_types and any(op in _POOLS for op in self.op_types):
-            return "se"
-        return "+".join(dict.fromkeys(self.op_types))
+    kind: str = ""
 
 
 def quantized_nodes(float_model: onnx.ModelProto, quantized: onnx.ModelProto) -> list[str]:
@@ -106,16 +103,25 @@ def group_nodes(model: onnx.ModelProto, quantized: Sequence[str]) -> list[Group]
             p = g.producer[ins[0]]
             if p in inside and g.children(p) == [name]:
                 union(name, p)
-    for name in members:  # squeeze-excitation: x -> pool -> ... -> Mul(x, scale)
+    excite: set[str] = set()  # the Mul of each squeeze-excitation block
+    for name in members:  # gates: Mul(x, f(x))
         node = g.nodes[name]
         if node.op_type != "Mul" or len(g.data_inputs[name]) != 2:
             continue
         for x, scale in (g.data_inputs[name], g.data_inputs[name][::-1]):
             path = _branch_to(g, scale, x)
-            if path is not None and all(p in inside for p in path):
-                for p in path:
+            if path is None:
+                continue
+            for p in path:
+                if p in inside:
                     union(name, p)
-                break
+            pooled = any(g.nodes[p].op_type in _POOLS for p in path)
+            if pooled:
+                excite.add(name)
+            source = g.producer.get(x)
+            if not pooled and source in inside and set(g.consumers.get(x, [])) <= {name, *path}:
+                union(name, source)
+            break
     groups: dict[str, list[str]] = {}
     for name in members:
         groups.setdefault(find(name), []).append(name)
@@ -124,12 +130,13 @@ def group_nodes(model: onnx.ModelProto, quantized: Sequence[str]) -> list[Group]
         nodes.sort(key=g.order.__getitem__)
         ops = tuple(g.nodes[n].op_type for n in nodes)
         label = next((n for n, op in zip(nodes, ops) if op in HEAVY_OPS), nodes[0])
-        out.append(Group(label, tuple(nodes), ops))
+        kind = "se" if excite & set(nodes) else "+".join(dict.fromkeys(ops))
+        out.append(Group(label, tuple(nodes), ops, kind))
     return out
 
 
 def _branch_to(g: _Graph, tensor: str, source: str) -> list[str] | None:
-    """The single-input chain producing ``tensor`` that starts with a pooling of ``source``, if any."""
+    """The chain of one-input ops (a pooling may have more: axes) producing ``tensor`` from ``source``."""
     path = []
     for _ in range(_SE_DEPTH):
         node = g.producer.get(tensor)
@@ -137,10 +144,10 @@ def _branch_to(g: _Graph, tensor: str, source: str) -> list[str] | None:
             return None
         path.append(node)
         ins = g.data_inputs[node]
-        if g.nodes[node].op_type in _POOLS:
-            return path if ins and ins[0] == source else None
-        if len(ins) != 1:
+        if not ins or (len(ins) != 1 and g.nodes[node].op_type not in _POOLS):
             return None
+        if ins[0] == source:
+            return path
         tensor = ins[0]
     return None
 

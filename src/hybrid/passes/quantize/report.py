@@ -223,6 +223,7 @@ def _compare(name: str, ref: Sequence[np.ndarray], got: Sequence[np.ndarray]) ->
     norms = np.linalg.norm(r, axis=1) * np.linalg.norm(g, axis=1)
     both_zero = norms == 0
     cos = np.where(both_zero, np.where(np.abs(r - g).max(axis=1) == 0, 1.0, 0.0), dot / np.where(both_zero, 1, norms))
+    cos = np.where((r == g).all(axis=1), 1.0, np.minimum(cos, 1.0))  # identical rows: exactly 1, not 1 - 1 ulp
     noise = float(((r - g) ** 2).sum())
     signal = float((r**2).sum())
     snr = math.inf if noise == 0 else (10 * math.log10(signal / noise) if signal > 0 else -math.inf)

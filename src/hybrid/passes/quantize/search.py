@@ -1,9 +1,12 @@
 """Accuracy- and speed-aware static int8 (QDQ): the fastest model that meets the budget.
 
 1. Recipes: the fully quantized model under each calibration method (minmax, entropy, percentile;
-   only the configured one unless ``calibration_method='auto'``) with asymmetric and symmetric int8
-   activations (zero point 0; the calibration is shared, only the scales differ). Each is measured on
-   the held-back samples; the search starts from the most accurate.
+   only the configured one unless ``calibration_method='auto'``) with uint8 activations and int8 ones,
+   asymmetric and symmetric (zero point 0); only the configured dtype unless
+   ``activation_dtype='auto'``. A method calibrates once; the dtypes share its ranges. Each recipe is
+   measured on the held-back samples (and timed, with the speed check on: on x86 ORT runs uint8
+   activations in fused QLinearConv kernels where int8 ones at a branch point stay in float Convs);
+   the search starts from the most accurate recipe and, when another one is faster, from that too.
 2. When none meets the budget, every op the quantizer put in int8 is grouped (``groups``), each group
    is quantized alone to score its sensitivity (``1 - min cosine``), and the fewest most sensitive
    groups whose exclusion meets the budget are found (doubling, then bisecting). The same set grown
@@ -41,15 +44,20 @@ _COSTED_GROUPS = 6  # kept-float groups whose speed cost is measured one by one
 
 @dataclass(frozen=True, slots=True)
 class Recipe:
-    """A plain quantization recipe: calibration method and extra options."""
+    """A plain quantization recipe: calibration method, activation dtype and extra options."""
 
     method: str
+    activation: str = "int8"
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
+    def activations(self) -> str:
+        sym = self.activation == "int8" and self.extra.get("ActivationSymmetric", False)
+        return f"{self.activation}{' symmetric' if sym else ''} activations"
+
+    @property
     def name(self) -> str:
-        sym = self.extra.get("ActivationSymmetric", False)
-        return f"{self.method}, {'symmetric' if sym else 'asymmetric'} activations"
+        return f"{self.method}, {self.activations}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,14 +103,16 @@ class _Search:
         key = (recipe.name, frozenset(excluded))
         if key not in self._tried:
             nodes = [n for label in key[1] for n in self.groups[label].nodes]
-            data = self.engine.run(exclude=nodes, method=recipe.method, extra=recipe.extra)
+            data = self.engine.run(exclude=nodes, method=recipe.method, extra=recipe.extra,
+                                   activation=recipe.activation)
             self.runs += 1
             outputs = self.evaluator.evaluate(data)
             self._tried[key] = Trial(recipe, key[1], data, outputs, tuple(budget_failures(outputs, self.budget)))
         return self._tried[key]
 
     def sensitivity(self, recipe: Recipe, group: Group) -> float:
-        data = self.engine.run(only=list(group.nodes), method=recipe.method, extra=recipe.extra)
+        data = self.engine.run(only=list(group.nodes), method=recipe.method, extra=recipe.extra,
+                               activation=recipe.activation)
         self.runs += 1
         return max(0.0, 1.0 - worst_cosine(self.evaluator.evaluate(data), self.budget))
 
@@ -113,15 +123,16 @@ class _Search:
 def recipes(cfg: QuantConfig) -> list[Recipe]:
     """The plain recipes to measure first (see the module docstring)."""
     methods = CALIBRATION_METHODS if cfg.calibration_method == "auto" else (cfg.calibration_method,)
-    fixed = "ActivationSymmetric" in cfg.extra_options or cfg.activation_dtype != "int8"
-    syms = (None,) if fixed else (False, True)
+    dtypes = ("uint8", "int8") if cfg.activation_dtype == "auto" else (cfg.activation_dtype,)
     out = []
     for method in methods:
-        for sym in syms:
-            extra = dict(cfg.extra_options)
-            if sym is not None:
-                extra["ActivationSymmetric"] = sym
-            out.append(Recipe(method, extra))
+        for dtype in dtypes:
+            fixed = "ActivationSymmetric" in cfg.extra_options or dtype != "int8"
+            for sym in (None,) if fixed else (False, True):
+                extra = dict(cfg.extra_options)
+                if sym is not None:
+                    extra["ActivationSymmetric"] = sym
+                out.append(Recipe(method, dtype, extra))
     return out
 
 
@@ -132,31 +143,36 @@ def search(engine: Engine, evaluator: Evaluator, cfg: QuantConfig, fp32: bytes) 
         QuantizationError: HYB-605 when only float meets the budget and ``on_unmet`` is 'raise'.
     """
     s = _Search(engine, evaluator, cfg)
-    full = [s.trial(r) for r in recipes(cfg)]
+    full: list[Trial] = []
+    failed: list[QuantizationError] = []
+    for r in recipes(cfg):
+        try:
+            full.append(s.trial(r))
+        except QuantizationError as e:  # e.g. a histogram calibrator with no tensor to calibrate
+            logger.info("recipe %s failed: %s", r.name, e.message)
+            failed.append(e)
+    if not full:
+        raise failed[0]
     full.sort(key=lambda t: worst_cosine(t.outputs, s.budget), reverse=True)
     measured = tuple((t.recipe.name, worst_cosine(t.outputs, s.budget)) for t in full)
     best = full[0]
+    bases = [best]
+    if cfg.speed_check and len(full) > 1:
+        times = speed.TIMER({str(i): t.model for i, t in enumerate(full)}, evaluator.samples[0])
+        fastest = full[min(range(len(full)), key=lambda i: times[str(i)])]
+        logger.info("recipes (min cosine, ms): %s", "; ".join(f"{t.recipe.name} ({worst_cosine(t.outputs):.5f}, "
+                                                              f"{times[str(i)]:.2f})" for i, t in enumerate(full)))
+        if fastest is not best:
+            bases.append(fastest)
     finalists = [t for t in full if t.ok]
     ranked: list[tuple[str, float]] = []
     all_groups: list[Group] = []
-    if not finalists:
-        all_groups = group_nodes(engine.proto, quantized_nodes(engine.proto, onnx.load_from_string(best.model)))
-        s.groups = {g.label: g for g in all_groups}
-        with progress("measuring sensitivity", len(all_groups), cfg.progress) as bar:
-            for g in all_groups:
-                ranked.append((g.label, s.sensitivity(best.recipe, g)))
-                bar.advance()
-        ranked.sort(key=lambda r: r[1], reverse=True)
-        logger.info("most sensitive groups: %s", ", ".join(f"{n} ({v:.2e})" for n, v in ranked[:5]))
-        k = _smallest_k(s, best.recipe, [n for n, _ in ranked])
-        if k is not None:
-            top = s.trial(best.recipe, [n for n, _ in ranked[:k]])
-            finalists.append(top)
-            grown = smooth(all_groups, neighbours(engine.proto, all_groups), top.excluded)
-            if grown != top.excluded and len(grown) < len(all_groups):
-                region = s.trial(best.recipe, grown)
-                if region.ok:
-                    finalists.append(region)
+    for base in bases:
+        if base.ok:
+            continue
+        groups, scored = _search_from(s, base, cfg, finalists)
+        if base is best:
+            all_groups, ranked = groups, scored
     scores = dict(ranked)
     if not finalists:
         return _unmet(s, best, measured, tuple(ranked), len(all_groups))
@@ -177,6 +193,31 @@ def search(engine: Engine, evaluator: Evaluator, cfg: QuantConfig, fp32: bytes) 
                        float_groups=_float_groups(s, chosen, scores, "float", {}))
     costs = _costs(s, chosen, scores, evaluator) if chosen.excluded else {}
     return _outcome(s, chosen, measured, tuple(ranked), scores, ratio, costs)
+
+
+def _search_from(s: _Search, base: Trial, cfg: QuantConfig,
+                 finalists: list[Trial]) -> tuple[list[Group], list[tuple[str, float]]]:
+    """Rank the op groups of ``base`` by sensitivity, then add to ``finalists`` the fewest most sensitive
+    groups kept in float that meet the budget, and the same grown into contiguous regions."""
+    groups = group_nodes(s.engine.proto, quantized_nodes(s.engine.proto, onnx.load_from_string(base.model)))
+    s.groups.update({g.label: g for g in groups})
+    ranked = []
+    with progress(f"measuring sensitivity ({base.recipe.name})", len(groups), cfg.progress) as bar:
+        for g in groups:
+            ranked.append((g.label, s.sensitivity(base.recipe, g)))
+            bar.advance()
+    ranked.sort(key=lambda r: r[1], reverse=True)
+    logger.info("most sensitive groups: %s", ", ".join(f"{n} ({v:.2e})" for n, v in ranked[:5]))
+    k = _smallest_k(s, base.recipe, [n for n, _ in ranked])
+    if k is not None:
+        top = s.trial(base.recipe, [n for n, _ in ranked[:k]])
+        finalists.append(top)
+        grown = smooth(groups, neighbours(s.engine.proto, groups), top.excluded)
+        if grown != top.excluded and len(grown) < len(groups):
+            region = s.trial(base.recipe, grown)
+            if region.ok:
+                finalists.append(region)
+    return groups, ranked
 
 
 def _smallest_k(s: _Search, recipe: Recipe, ranked: Sequence[str]) -> int | None:
