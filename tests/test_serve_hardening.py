@@ -299,6 +299,8 @@ def test_slow_header_senders_are_closed_and_others_are_served(model_path):
                         return time.monotonic() - t0
                 except TimeoutError:
                     pass
+                except OSError:  # reset by the server
+                    return time.monotonic() - t0
             return float("inf")
 
     try:
@@ -351,7 +353,8 @@ def test_idle_connections_past_the_cap_are_closed_oldest_first(model_path):
 def test_cli_connection_options_are_checked(model_path):
     support = Path(__file__).with_name("_serve_support.py")
     env = {**os.environ, "PYTHONPATH": str(support.parent.parent) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    for option, value in (("--header-timeout", "0"), ("--max-connections", "0"), ("--keep-alive-timeout", "0")):
+    for option, value in (("--header-timeout", "0"), ("--max-connections", "0"), ("--keep-alive-timeout", "0"),
+                          ("--body-timeout", "-1")):
         proc = subprocess.run([sys.executable, str(support), "serve", str(model_path), "--port", "0", option, value],
                               capture_output=True, text=True, env=env, timeout=120)
         assert proc.returncode != 0 and "HYB-102" in proc.stdout + proc.stderr, (option, proc.stdout, proc.stderr)
@@ -386,3 +389,44 @@ def test_allocator_retention_limit_is_set_unless_the_user_set_it():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                          env={**env, "MALLOC_MMAP_THRESHOLD_": "1048576"})
     assert out.stdout.strip() == "False", out.stderr
+
+
+def test_slow_bodies_are_cut_at_the_body_deadline_and_timely_ones_pass(model_path):
+    srv = start(model_path, connections=ConnectionLimits(header_timeout=5, body_timeout=1.5))
+    host, _, port = srv.url.rpartition(":")
+    body = v2_json(feeds(7))
+    head = (b"POST /v2/models/tiny/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n" % len(body))
+    try:
+        with socket.create_connection((host, int(port)), timeout=10) as s:  # two halves 0.5 s apart: in time
+            s.sendall(head + body[:len(body) // 2])
+            time.sleep(0.5)
+            s.sendall(body[len(body) // 2:])
+            raw = b""
+            while b"\r\n\r\n" not in raw or not raw.rstrip().endswith(b"}"):
+                raw += s.recv(65536)
+            assert raw.startswith(b"HTTP/1.1 200")
+        with socket.create_connection((host, int(port)), timeout=10) as s:  # a byte every 0.25 s: cut
+            s.sendall(head)
+            t0 = time.monotonic()
+            closed_after = None
+            for byte in body[:60]:
+                try:
+                    s.sendall(bytes([byte]))
+                    s.settimeout(0.25)
+                    if s.recv(1) == b"":
+                        closed_after = time.monotonic() - t0
+                        break
+                except TimeoutError:
+                    continue
+                except OSError:
+                    closed_after = time.monotonic() - t0
+                    break
+        assert closed_after is not None and 1.0 < closed_after < 1.5 + 5.0, closed_after
+        deadline = time.monotonic() + 10
+        while metric(srv.url, "pyasc_connections_dropped_total", 'reason="body_timeout"') < 1:
+            assert time.monotonic() < deadline, "the body timeout was not counted"
+            time.sleep(0.05)
+        assert metric(srv.url, "pyasc_connections_dropped_total", 'reason="client_disconnect"') == 0
+    finally:
+        srv.stop()

@@ -81,6 +81,8 @@ def serve(
                                                          "open.")] = 5,
     max_connections: Annotated[int, typer.Option(help="Open connections past which the oldest idle one "
                                                       "is closed.")] = 1024,
+    body_timeout: Annotated[float, typer.Option(help="Seconds a request has to send its whole body once its "
+                                                     "head is complete; 0 turns the limit off.")] = 60.0,
     log_level: Annotated[str, typer.Option(help="Server log level.")] = "info",
     use_ray: Annotated[bool, typer.Option("--ray", help="Deploy on Ray Serve instead of this process.")] = False,
     replicas: Annotated[int, typer.Option(help="--ray: number of replicas.")] = 1,
@@ -106,7 +108,7 @@ def serve(
         if max_json_depth < 1:
             raise ConfigError("HYB-102", f"--max-json-depth must be >= 1, got {max_json_depth}")
         limits = Limits(max_body=parse_size(max_body, "--max-body"), max_json_depth=max_json_depth)
-        connections = ConnectionLimits(header_timeout, keep_alive_timeout, max_connections)
+        connections = ConnectionLimits(header_timeout, keep_alive_timeout, max_connections, body_timeout or None)
         connections.check()
         if not 0 <= grpc_port <= 65535:
             raise ConfigError("HYB-102", f"--grpc-port must be a port number (0 turns gRPC off), got {grpc_port}")

@@ -42,6 +42,9 @@ __all__ = ["ServeOptions", "ServerState", "create_app", "http_status"]
 logger = logging.getLogger("hybrid.serve")
 
 LIVE_PATH = "/v2/health/live"
+# set in a request's ASGI scope by the server (hybrid.serve.server) when it closed the connection because the
+# body did not arrive in time: the disconnect is then reported with reason "body_timeout"
+BODY_TIMEOUT_SCOPE_KEY = "pyasc.body_timeout"
 _PARSE_INLINE = 64 << 10  # a body above this is decoded in a worker thread, not on the event loop
 _STATUS = {"HYB-701": 404, "HYB-702": 400, "HYB-703": 401, "HYB-704": 413, "HYB-705": 503, "HYB-706": 503,
            "HYB-707": 400, "HYB-709": 403, "HYB-411": 504, "HYB-412": 503, "HYB-414": 503, "HYB-415": 503}
@@ -353,9 +356,14 @@ def _add_error_handlers(app: FastAPI, metrics: ServerMetrics) -> None:
     @app.exception_handler(ClientDisconnect)
     async def client_gone(request: Request, e: ClientDisconnect) -> Response:
         # one line, no traceback: a client that hangs up is routine, not a server fault
-        metrics.dropped.labels("client_disconnect").inc()
-        logger.info("client %s disconnected before the answer to %s %s", _client(request), request.method,
-                    request.url.path)
+        timeout = request.scope.get(BODY_TIMEOUT_SCOPE_KEY)
+        metrics.dropped.labels("body_timeout" if timeout else "client_disconnect").inc()
+        if timeout:
+            logger.info("closed the connection of %s: the body of %s %s did not arrive within %g s",
+                        _client(request), request.method, request.url.path, timeout)
+        else:
+            logger.info("client %s disconnected before the answer to %s %s", _client(request), request.method,
+                        request.url.path)
         return Response(status_code=499)  # never sent: the connection is closed
 
     @app.exception_handler(Exception)

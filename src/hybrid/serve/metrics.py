@@ -73,7 +73,8 @@ class ServerMetrics:
         self.http_errors = Counter("pyasc_http_errors", "Error responses of any endpoint, by error code",
                                    ["code"], registry=self.registry)
         self.dropped = Counter("pyasc_connections_dropped", "Requests and connections that ended without an "
-                               "answer, by reason (client_disconnect, header_timeout, connection_limit)",
+                               "answer, by reason (client_disconnect, body_timeout, header_timeout, "
+                               "connection_limit)",
                                ["reason"], registry=self.registry)
         self.latency = Histogram("pyasc_request_duration_seconds", "Inference request time in the server",
                                  labels, buckets=_LATENCY_BUCKETS, registry=self.registry)

@@ -9,7 +9,8 @@ after a graceful drain.
 Connections are guarded below the application (:class:`ConnectionLimits`): uvicorn's keep-alive timeout
 only runs between requests and restarts on every byte, so a client trickling a request's headers would
 hold its connection forever. Each connection therefore gets a deadline for a complete request head
-(``header_timeout``, from the connection's opening or the first byte of its next request), and past
+(``header_timeout``, from the connection's opening or the first byte of its next request) and each
+request a deadline for its whole body once its head is complete (``body_timeout``), and past
 ``max_connections`` open connections the oldest idle one (no request in progress) is closed. HTTP parse
 errors answer the documented JSON error (HYB-702) instead of uvicorn's plain text.
 
@@ -38,6 +39,8 @@ from typing import TYPE_CHECKING, Any
 
 import uvicorn
 
+from hybrid.serve.app import BODY_TIMEOUT_SCOPE_KEY
+
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
@@ -59,6 +62,8 @@ class ConnectionLimits:
             headers), counted from its opening or from the first byte of its next request; then it is closed.
         keep_alive_timeout: Seconds an idle kept-alive connection stays open between requests (uvicorn's
             ``timeout_keep_alive``).
+        body_timeout: Seconds a request has to deliver its whole body once its head is complete; then the
+            connection is closed (a slow upload is a disconnect with reason ``body_timeout``). None: no limit.
         max_connections: Open connections past which the oldest idle one (no request in progress) is
             closed to make room; with none idle, the new connection is closed.
     """
@@ -66,6 +71,7 @@ class ConnectionLimits:
     header_timeout: float = 10.0
     keep_alive_timeout: int = 5
     max_connections: int = 1024
+    body_timeout: float | None = 60.0
 
     def check(self) -> None:
         """Raise HYB-102 for a value out of range."""
@@ -77,6 +83,8 @@ class ConnectionLimits:
             raise ConfigError("HYB-102", f"keep_alive_timeout must be an int >= 1, got {self.keep_alive_timeout!r}")
         if not (isinstance(self.max_connections, int) and self.max_connections >= 1):
             raise ConfigError("HYB-102", f"max_connections must be an int >= 1, got {self.max_connections!r}")
+        if self.body_timeout is not None and not self.body_timeout > 0:
+            raise ConfigError("HYB-102", f"body_timeout must be seconds > 0 or None, got {self.body_timeout!r}")
 
 
 _M_MMAP_THRESHOLD = -3  # glibc mallopt parameter
@@ -115,13 +123,15 @@ def guarded_protocol(base: type[asyncio.Protocol], limits: ConnectionLimits,
                      on_drop: Callable[[str], None] = lambda reason: None) -> type[asyncio.Protocol]:
     """uvicorn's HTTP protocol class ``base`` (httptools or h11) with a header deadline and a connection cap.
 
-    Both uvicorn protocols make a new ``cycle`` when a request's headers are complete, which is all this
-    relies on. ``on_drop(reason)`` is called for each connection closed ('header_timeout',
-    'connection_limit').
+    Both uvicorn protocols make a new ``cycle`` when a request's headers are complete and clear its
+    ``more_body`` when its body is complete, which is all this relies on. ``on_drop(reason)`` is called for
+    each connection closed without a request in progress ('header_timeout', 'connection_limit'); a body
+    deadline marks the request's scope (:data:`BODY_TIMEOUT_SCOPE_KEY`) and the application reports it.
     """
 
     class Guarded(base):  # type: ignore[valid-type, misc]
         _deadline: asyncio.TimerHandle | None = None
+        _body_deadline: asyncio.TimerHandle | None = None
         _opened = 0.0
 
         def _idle(self) -> bool:
@@ -134,6 +144,17 @@ def guarded_protocol(base: type[asyncio.Protocol], limits: ConnectionLimits,
             if self._deadline is not None:
                 self._deadline.cancel()
                 self._deadline = None
+
+        def _disarm_body(self) -> None:
+            if self._body_deadline is not None:
+                self._body_deadline.cancel()
+                self._body_deadline = None
+
+        def _body_expired(self, cycle: Any) -> None:
+            self._body_deadline = None
+            if self.cycle is cycle and cycle.more_body and not self.transport.is_closing():
+                cycle.scope[BODY_TIMEOUT_SCOPE_KEY] = limits.body_timeout
+                self.transport.close()
 
         def _close(self, reason: str) -> None:
             if not self.transport.is_closing():
@@ -168,9 +189,16 @@ def guarded_protocol(base: type[asyncio.Protocol], limits: ConnectionLimits,
             super().data_received(data)
             if self.cycle is not cycle:  # its headers are complete: the request belongs to the app now
                 self._disarm()
+                self._disarm_body()
+                if limits.body_timeout is not None and self.cycle.more_body:
+                    self._body_deadline = self.loop.call_later(limits.body_timeout, self._body_expired,
+                                                               self.cycle)
+            elif self._body_deadline is not None and not self.cycle.more_body:
+                self._disarm_body()
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
+            self._disarm_body()
             super().connection_lost(exc)
 
         def send_400_response(self, msg: str) -> None:
