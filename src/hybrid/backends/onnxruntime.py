@@ -14,7 +14,7 @@ import tempfile
 from collections.abc import Mapping
 from typing import Any
 
-from hybrid.errors import BackendError
+from hybrid.errors import BackendError, first_line
 from hybrid.hal.backend import Backend, Executable, Option, ProbedDevice
 
 __all__ = ["OnnxRuntimeBackend", "OnnxRuntimeExecutable", "provider_chain", "session_options"]
@@ -256,7 +256,7 @@ class OnnxRuntimeBackend(Backend):
                                  providers=[p for p, _ in providers], provider_options=[o for _, o in providers])
         except Exception as e:
             logger.debug("onnxruntime lacks %s (%s) on %s: %s", node.name or node.op_type, node.op_type, device,
-                         str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__)
+                         first_line(e, 200))
             return False
         return True
 
@@ -271,7 +271,7 @@ class OnnxRuntimeBackend(Backend):
                                            providers=[p for p, _ in providers],
                                            provider_options=[o for _, o in providers])
         except Exception as e:
-            first = str(e).strip().splitlines()[0][:500] if str(e).strip() else type(e).__name__
+            first = first_line(e, 500)
             raise BackendError("HYB-304", f"onnxruntime could not compile model {model.name!r} for "
                                f"{device}: {first}", "try target='auto' or another backend") from e
         return OnnxRuntimeExecutable(session)

@@ -18,7 +18,7 @@ from typing import Any
 
 import onnx
 
-from hybrid.errors import HybridError, ModelError
+from hybrid.errors import HybridError, ModelError, first_line
 from hybrid.frontends._common import describe_module, failing_module_path, flatten_outputs, quiet_torch, require_torch
 from hybrid.ir import Model
 
@@ -309,8 +309,7 @@ def _first_line(e: BaseException) -> str:
         summary = text.split("## Exception summary", 1)[1].strip().splitlines()
         lines = [ln.strip() for ln in summary if ln.strip() and not ln.startswith(("(Refer", "⬆"))]
         text = " <- ".join(lines[:2]) if lines else text
-    text = text.strip().splitlines()[0] if text.strip() else type(e).__name__
-    return text[:600]
+    return first_line(RuntimeError(text) if text.strip() else e, 600)
 
 
 def _export_error(what: str, err: BaseException, module: Any, torch: Any, extra: str = "") -> HybridError:

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from hybrid.config import get_config
-from hybrid.errors import BackendError, ConfigError
+from hybrid.errors import BackendError, ConfigError, first_line
 from hybrid.hal.pool import Block, MemoryPool, PoolStats, format_bytes
 
 __all__ = [
@@ -138,7 +138,7 @@ def _reserve(kind: str, capacity: int, found: tuple[Any, str] | None) -> MemoryP
                 pool = MemoryPool(kind, device, capacity, torch_buffer=buf)
     except (MemoryError, RuntimeError) as e:
         raise ConfigError("HYB-102", f"memory_pool.{kind}: could not reserve {format_bytes(capacity)}: "
-                          f"{str(e).splitlines()[0] if str(e) else type(e).__name__}",
+                          f"{first_line(e)}",
                           "lower the pool size") from e
     with _STATE_LOCK:
         _arena_allocations += 1

@@ -14,7 +14,7 @@ import threading
 from dataclasses import dataclass
 from importlib import metadata
 
-from hybrid.errors import BackendError
+from hybrid.errors import BackendError, first_line
 from hybrid.hal.backend import Backend, ProbedDevice
 
 __all__ = [
@@ -177,7 +177,7 @@ def backend_status(name: str) -> BackendStatus:
                 _instances[name] = inst
                 status = BackendStatus(name, True, version, devices, priority=cls.priority)
         except Exception as e:
-            reason = f"{type(e).__name__}: {e}".strip().splitlines()[0][:300]
+            reason = f"{type(e).__name__}: {first_line(e)}"
             status = BackendStatus(name, False, reason=reason, priority=cls.priority)
         _status[name] = status
         logger.debug("backend %s: %s", name, status)

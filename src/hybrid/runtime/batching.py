@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from hybrid.errors import ConfigError, RunError
+from hybrid.errors import ConfigError, RunError, first_line
 
 __all__ = ["BatchStats", "Batcher", "RequestFuture", "dynamic_batch"]
 
@@ -313,7 +313,7 @@ class Batcher:
                 if self._is_async:
                     out = asyncio.run(out)
             except Exception as e:
-                first = str(e).splitlines()[0][:300] if str(e) else ""
+                first = first_line(e)
                 self._fail(batch, "HYB-408", f"dynamic_batch {self.name!r}: the function raised "
                            f"{type(e).__name__} on a batch of {len(batch)}: {first}",
                            "return an exception instance at a request's position to fail only that request", e)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from hybrid.errors import HybridError, RunError
+from hybrid.errors import HybridError, RunError, first_line
 from hybrid.runtime.validate import InputValidator
 
 if TYPE_CHECKING:
@@ -56,7 +56,7 @@ class CompiledModel:
         except HybridError:
             raise
         except Exception as e:
-            first = str(e).strip().splitlines()[0][:500] if str(e).strip() else type(e).__name__
+            first = first_line(e, 500)
             raise RunError("HYB-408", f"{self.backend} failed running {self.model.name!r} on {self.device}: "
                            f"{first}", "check the inputs' values, or try another target") from e
         return dict(zip(self._output_names, outs))

@@ -17,7 +17,7 @@ from hybrid.backends.reference.conv_algorithms import ALGORITHMS
 from hybrid.backends.reference.fallback import onnx_reference_has
 from hybrid.backends.reference.interpreter import Program, compile_graph, node_runner
 from hybrid.backends.reference.parallel import set_threads
-from hybrid.errors import BackendError, HybridError
+from hybrid.errors import BackendError, HybridError, first_line
 from hybrid.hal.backend import Backend, Executable, Option, ProbedDevice
 
 __all__ = ["ReferenceBackend", "ReferenceExecutable", "evaluate_node"]
@@ -207,7 +207,7 @@ def evaluate_node(node: ir.Node, inputs: list[np.ndarray | None],
             opsets[node.domain] = node.version
     opsets = dict(opsets)
     opsets.setdefault("", onnx.defs.onnx_opset_version())
-    from hybrid.backends.reference.interpreter import Step, _describe, _first_line, compile_graph, free_names
+    from hybrid.backends.reference.interpreter import Step, _describe, compile_graph, free_names
 
     subgraphs = [a.value for a in node.attributes.values() if a.type is ir.AttributeType.GRAPH]
     outer = [n for g in subgraphs for n in free_names(g)]
@@ -229,6 +229,6 @@ def evaluate_node(node: ir.Node, inputs: list[np.ndarray | None],
 
         step = Step(run, (), (), (), node.name or node.op_type, node.op_type, kind)
         raise RunError("HYB-409", f"node {step.label!r} ({node.op_type}) rejected its inputs "
-                       f"{_describe(list(inputs))}: {_first_line(e)}",
+                       f"{_describe(list(inputs))}: {first_line(e)}",
                        "check the input shapes and dtypes against the operator's definition") from e
     return [np.asarray(v) if isinstance(v, np.generic) else v for v in out]

@@ -25,7 +25,7 @@ import onnx_ir as ir
 from hybrid.backends.reference import registry
 from hybrid.backends.reference.fallback import fallback_kernel, onnx_reference_has
 from hybrid.backends.reference.fusion import fuse_steps
-from hybrid.errors import BackendError, HybridError, RunError
+from hybrid.errors import BackendError, HybridError, RunError, first_line
 from hybrid.hal import memory
 
 __all__ = ["Program", "Step", "compile_graph", "convert_attr", "free_names", "node_runner"]
@@ -187,7 +187,7 @@ class Program:
             if workspace is not None:
                 workspace.release_all()
             raise RunError("HYB-409", f"node {step.label!r} ({step.op_type}) rejected its inputs "
-                           f"{described}: {_first_line(e)}",
+                           f"{described}: {first_line(e)}",
                            "check the input shapes and dtypes against the operator's definition") from e
         out = [values[s] for s in self._output_slots]
         if workspace is not None:
@@ -201,9 +201,6 @@ class Program:
         return out
 
 
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return (text.splitlines()[0][:300] if text else type(e).__name__)
 
 
 def _describe(values: list[Any]) -> str:

@@ -19,7 +19,7 @@ import torch
 from torch import fx
 
 from hybrid.backends.torch.lowering import Lowering, lookup, torch_dtype
-from hybrid.errors import BackendError
+from hybrid.errors import BackendError, first_line
 
 __all__ = ["Unsupported", "build_module", "graph_opsets", "unsupported_reason"]
 
@@ -375,7 +375,7 @@ def build_module(graph: ir.Graph, opsets: dict[str, int], device: torch.device,
         raise
     except Exception as e:  # a lowering rejected constant inputs while folding
         where = f" at node {current.name!r} ({current.op_type})" if current is not None else ""
-        first = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
+        first = first_line(e)
         raise BackendError("HYB-304", f"torch could not build model {model_name!r}{where}: {first}",
                            "try target='auto' so another backend runs it") from e
     return fx.GraphModule(root, builder.fx, class_name=f"Hybrid_{_ident(model_name)}")

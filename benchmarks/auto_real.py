@@ -1,0 +1,126 @@
+"""target='auto' on realistic models (hybrid.zoo) at the shapes users run, against the raw runtimes.
+
+For each zoo model at its realistic shapes, in one process, on the same inputs, interleaved in blocks:
+
+- raw ONNX Runtime (default CPU session) and raw OpenVINO (f32, LATENCY hint), as a user would run them;
+- ``hybrid.compile(path, 'auto', shapes=m.shapes)`` (decided offline at the declared shapes);
+- ``hybrid.compile(path, 'auto')`` with nothing declared, after its online warm-up: the calls until every
+  bucket settled, and the latency of the calls made while it tuned (p50/p99) against the same model's
+  settled latency.
+
+Every compile starts from an empty decision cache. Crashes are counted, not raised.
+
+Run (alone on the machine; a few minutes):
+    python benchmarks/auto_real.py [--models detector,crnn] [--blocks 5 --per-block 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _harness import interleave, machine_info, median_ms, percentile, table
+
+
+def warm_up_online(cm, feeds, limit_s: float = 180.0) -> tuple[int, list[float]]:
+    """Call an online-tuning model until every bucket settled (at most ``limit_s``); return the calls and
+    their latencies."""
+    lat: list[float] = []
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        t0 = time.perf_counter()
+        cm.run(feeds)
+        lat.append(time.perf_counter() - t0)
+        status = cm.executable.status() if hasattr(cm.executable, "status") else []
+        if status and all(s.state == "settled" for s in status):
+            break
+    return len(lat), lat
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", default="")
+    ap.add_argument("--blocks", type=int, default=5)
+    ap.add_argument("--per-block", type=int, default=5)
+    args = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="hybrid-bench-auto-real-"))
+
+    import numpy as np
+    import onnxruntime as ort
+    import openvino as ov
+
+    import hybrid
+    from hybrid import zoo
+
+    names = args.models.split(",") if args.models else list(zoo.NAMES)
+    core = ov.Core()
+    print(machine_info(), flush=True)
+    rows, notes = [], []
+    for name in names:
+        m = zoo.build(name, folder=work / "zoo")
+        feeds = m.feeds(seed=0)
+        shapes = {k: v.shape for k, v in feeds.items()}
+        row = [name, ", ".join(f"{k} {'x'.join(map(str, s))}" for k, s in shapes.items())]
+        try:
+            sess = ort.InferenceSession(str(m.path), providers=["CPUExecutionProvider"])
+            contenders = {"onnxruntime": lambda s=sess, f=feeds: s.run(None, f)}
+            try:
+                req = core.compile_model(str(m.path), "CPU", {"INFERENCE_PRECISION_HINT": "f32",
+                                                              "PERFORMANCE_HINT": "LATENCY"}).create_infer_request()
+                req.infer(feeds)
+                contenders["openvino f32"] = lambda r=req, f=feeds: r.infer(f, share_inputs=True)
+            except Exception as e:  # the raw runtime cannot run it: compared with the ones that can
+                notes.append(f"{name}: raw OpenVINO cannot run it: {' '.join(str(e).split())[:160]}")
+            os.environ["HYBRID_CACHE_DIR"] = str(work / f"cache-{name}-shapes")
+            declared = hybrid.compile(m.path, target="auto", shapes=shapes)
+            contenders["auto shapes="] = lambda c=declared, f=feeds: c.run(f)
+            os.environ["HYBRID_CACHE_DIR"] = str(work / f"cache-{name}-online")
+            online = hybrid.compile(m.path, target="auto")
+            calls, tuning = warm_up_online(online, feeds)
+            contenders["auto online"] = lambda c=online, f=feeds: c.run(f)
+            times = interleave(contenders, blocks=args.blocks, per_block=args.per_block)
+            med = {k: median_ms(v) for k, v in times.items()}
+            best = min(med["onnxruntime"], med.get("openvino f32", float("inf")))
+            settled = times["auto online"]
+            p50 = percentile(tuning, 50) / percentile(settled, 50)
+            p99 = percentile(tuning, 99) / percentile(settled, 99)
+            status = online.executable.status() if hasattr(online.executable, "status") else []
+            picked_online = ", ".join(sorted({s.serving for s in status})) or online.backend
+            ov = f"{med['openvino f32']:.2f}" if "openvino f32" in med else "n/a"
+            row += [f"{med['onnxruntime']:.2f}", ov, f"{med['auto shapes=']:.2f}",
+                    f"{med['auto online']:.2f}", f"{med['auto shapes='] / best:.3f}",
+                    f"{med['auto online'] / best:.3f}",
+                    f"{declared.backend}:{declared.device}", picked_online, str(calls), f"{p50:.2f} / {p99:.2f}"]
+            ref = sess.run(None, feeds)
+            got = list(declared.run(feeds).values())
+            err = max(float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))) /
+                          max(float(np.max(np.abs(np.asarray(a, np.float64)))), 1e-12)) for a, b in zip(ref, got)
+                      if np.asarray(a).dtype.kind == "f" and np.asarray(a).size)
+            row.append(f"{err:.1e}")
+            declared.close()
+            online.close()
+        except Exception as e:  # a crash is a result: counted and shown
+            notes.append(f"{name}: {type(e).__name__}: {e}")
+            traceback.print_exc()
+            row += ["crash"] * (13 - len(row))
+        rows.append(row)
+        print(" | ".join(row), flush=True)
+    print()
+    print(table(["model", "shapes", "ORT ms", "OV f32 ms", "auto shapes= ms", "auto online ms",
+                 "shapes= / best raw", "online / best raw", "picked (shapes=)", "picked (online)",
+                 "calls to settle", "tuning p50 / p99 vs settled", "max rel err vs ORT"], rows))
+    within = sum(1 for r in rows if r[6] != "crash" and float(r[6]) <= 1.05 and float(r[7]) <= 1.05)
+    crashes = sum(1 for r in rows if "crash" in r)
+    print(f"\n{within} of {len(rows)} models within 1.05x of the best raw runtime both ways; {crashes} crashes")
+    for n in notes:
+        print("  " + n)
+
+
+if __name__ == "__main__":
+    main()
