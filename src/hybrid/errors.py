@@ -181,8 +181,8 @@ CATALOG: dict[str, ErrorInfo] = {
     "HYB-604": ErrorInfo("calibration sample has NaN or Inf",
                          "Calibration ranges would be meaningless; the message names the sample index."),
     "HYB-605": ErrorInfo("accuracy budget not met",
-                         "Even with every sensitive layer kept in float, the quantized model misses the "
-                         "accuracy budget."),
+                         "No int8 model meets the accuracy budget (only the float model does) and "
+                         "accuracy={'on_unmet': 'raise'} was given; the message has the best int8 figures."),
     "HYB-606": ErrorInfo("quantization failed",
                          "The quantizer raised; the message carries its error."),
     # 7xx serving
