@@ -6,7 +6,9 @@ For each zoo model at its realistic shapes, in one process, on the same inputs, 
 - ``hybrid.compile(path, 'auto', shapes=m.shapes)`` (decided offline at the declared shapes);
 - ``hybrid.compile(path, 'auto')`` with nothing declared, after its online warm-up: the calls until every
   bucket settled, and the latency of the calls made while it tuned (p50/p99) against the same model's
-  settled latency.
+  settled latency;
+- hybrid on one backend (``target='onnxruntime'``, ``'openvino'``) against that raw runtime: what hybrid
+  costs on top of the backend it runs.
 
 Every compile starts from an empty decision cache. Crashes are counted, not raised.
 
@@ -61,7 +63,7 @@ def main() -> None:
     names = args.models.split(",") if args.models else list(zoo.NAMES)
     core = ov.Core()
     print(machine_info(), flush=True)
-    rows, notes = [], []
+    rows, notes, backend_rows = [], [], []
     for name in names:
         m = zoo.build(name, folder=work / "zoo")
         feeds = m.feeds(seed=0)
@@ -77,6 +79,11 @@ def main() -> None:
                 contenders["openvino f32"] = lambda r=req, f=feeds: r.infer(f, share_inputs=True)
             except Exception as e:  # the raw runtime cannot run it: compared with the ones that can
                 notes.append(f"{name}: raw OpenVINO cannot run it: {' '.join(str(e).split())[:160]}")
+            on_ort = hybrid.compile(m.path, target="onnxruntime")
+            contenders["hybrid on ORT"] = lambda c=on_ort, f=feeds: c.run(f)
+            if "openvino f32" in contenders:
+                on_ov = hybrid.compile(m.path, target="openvino")
+                contenders["hybrid on OV"] = lambda c=on_ov, f=feeds: c.run(f)
             os.environ["HYBRID_CACHE_DIR"] = str(work / f"cache-{name}-shapes")
             declared = hybrid.compile(m.path, target="auto", shapes=shapes)
             contenders["auto shapes="] = lambda c=declared, f=feeds: c.run(f)
@@ -103,6 +110,9 @@ def main() -> None:
                           max(float(np.max(np.abs(np.asarray(a, np.float64)))), 1e-12)) for a, b in zip(ref, got)
                       if np.asarray(a).dtype.kind == "f" and np.asarray(a).size)
             row.append(f"{err:.1e}")
+            same = [f"{med['hybrid on ORT'] / med['onnxruntime']:.3f}"]
+            same.append(f"{med['hybrid on OV'] / med['openvino f32']:.3f}" if "hybrid on OV" in med else "n/a")
+            backend_rows.append([name, *same])
             declared.close()
             online.close()
         except Exception as e:  # a crash is a result: counted and shown
@@ -115,6 +125,8 @@ def main() -> None:
     print(table(["model", "shapes", "ORT ms", "OV f32 ms", "auto shapes= ms", "auto online ms",
                  "shapes= / best raw", "online / best raw", "picked (shapes=)", "picked (online)",
                  "calls to settle", "tuning p50 / p99 vs settled", "max rel err vs ORT"], rows))
+    print()
+    print(table(["model", "hybrid on ORT / raw ORT", "hybrid on OV / raw OV f32"], backend_rows))
     within = sum(1 for r in rows if r[6] != "crash" and float(r[6]) <= 1.05 and float(r[7]) <= 1.05)
     crashes = sum(1 for r in rows if "crash" in r)
     print(f"\n{within} of {len(rows)} models within 1.05x of the best raw runtime both ways; {crashes} crashes")

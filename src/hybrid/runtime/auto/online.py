@@ -11,8 +11,9 @@ Per shape bucket (:func:`~.shapes.bucket_of`):
    ``overhead_cap`` of the wall time (it sleeps between runs). A start that fails the check on the
    real input is replaced at once by the first candidate that passes.
 2. The checked candidates then take turns answering real calls, each timed as it runs for the
-   caller: the configuration that serves is the one measured. A candidate more than 1.5x slower
-   than the best after three calls stops taking turns.
+   caller: the configuration that serves is the one measured. A candidate whose checked warm run was
+   more than 1.5x the fastest's does not take turns (serving it would cost the callers latency), and
+   one more than 1.2x slower than the best after two calls stops.
 3. After ``calls_per_bucket`` calls each, the fastest median serves the bucket (the current one keeps
    it when within the tie bounds); the switch is one reference assignment, so concurrent callers
    each get a whole answer from one executable. The decision is written to the decision cache per
@@ -53,9 +54,9 @@ __all__ = ["BucketStatus", "OnlineTuner"]
 logger = logging.getLogger("hybrid")
 
 Bucket = tuple[tuple[str, tuple[int, ...]], ...]
-PRUNE_AFTER = 3  # calls after which a clearly slower candidate stops taking turns
-PRUNE_RATIO = 1.5
-WARM_RUN_RATIO = 3.0  # a candidate whose warm run took this much longer than the fastest's is not tried
+PRUNE_AFTER = 2  # calls after which a clearly slower candidate stops taking turns
+PRUNE_RATIO = 1.2
+WARM_RUN_RATIO = 1.5  # a candidate whose warm run took this much longer than the fastest's is not tried
 MAX_PAUSE_S = 2.0
 CHECK_AT_CALL = 3  # a bucket is checked from its third call: shapes called once or twice are not worth tuning
 IDLE_POLL_S = 5.0
