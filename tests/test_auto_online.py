@@ -160,3 +160,20 @@ def test_online_tuning_can_be_switched_off():
     hybrid.init({"autotune": {"online": False}})
     cm = hybrid.compile(conv_net(), target="auto")
     assert not isinstance(cm.executable, OnlineTuner)
+
+
+def test_the_check_process_answers_like_the_search_and_runs_below_the_callers():
+    from hybrid.runtime.auto import worker
+
+    assert worker.nice_for(1.0) == 0 and worker.nice_for(0.1) == 10 and worker.nice_for(0.001) == 19
+    model = hybrid.Model.load(conv_net())
+    x = images(2, 16, 16)
+    request = worker.CheckRequest(model.to_bytes(), "conv_net", ("onnxruntime:cpu", "reference:cpu"),
+                                  {"onnxruntime:cpu": {}, "reference:cpu": {}}, 1e-3, {}, {"x": x})
+    verdicts = worker.check_elsewhere(request, share=0.1)
+    assert verdicts is not None
+    assert {label: why for label, why, _, _ in verdicts.results} == {"onnxruntime:cpu": None, "reference:cpu": None}
+    assert all(warm is not None and warm > 0 for _, _, warm, _ in verdicts.results)
+    unknown = worker.CheckRequest(model.to_bytes(), "conv_net", ("nosuchbackend:cpu",), {"nosuchbackend:cpu": {}},
+                                  1e-3, {}, {"x": x})
+    assert worker.check_elsewhere(unknown, share=0.1) is None  # the caller then checks in a thread
