@@ -132,6 +132,7 @@ class ServedModel:
         self.signature = compiled.signature
         self.batch_symbol = _batch_symbol(compiled)
         self.observer = observer
+        self.model_config: Any = None  # Triton's ModelConfig from the folder's config.pbtxt (triton_config)
         self._validator = InputValidator(self.signature)
         self._output_names = self.signature.output_names
         self._in_flight = 0  # unbatched mode's queue
