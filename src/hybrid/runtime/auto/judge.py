@@ -4,6 +4,8 @@
   other, the reference is outvoted (:func:`outvote`).
 - Timings within noise of the fastest tie, and the tie goes to the answer closest to the reference
   (:func:`fastest_or_most_exact`); the bounds are ``hybrid.init({'autotune': {'tie_rel', 'tie_us'}})``.
+  A candidate exact to the dtype's tolerance also wins over a faster one that is only within the
+  model-level tolerance when it is within :data:`EXACT_PREMIUM_S` (0.2 ms) of it.
 """
 
 from __future__ import annotations
@@ -19,6 +21,11 @@ from hybrid.runtime.partition import FALLBACK_BACKEND
 __all__ = ["close_all", "deviation", "fastest_or_most_exact", "outvote", "tie_bounds"]
 
 logger = logging.getLogger("hybrid")
+
+# A candidate exact to the dtype's tolerance wins over a faster one that passed only the model-level
+# tolerance when it is at most this much slower (or within tie_rel): timing differences of a fraction of a
+# millisecond are noise on a shared machine, the difference in the answers is not.
+EXACT_PREMIUM_S = 200e-6
 
 
 def tie_bounds() -> tuple[float, float]:
@@ -84,8 +91,11 @@ def fastest_or_most_exact(survivors: list[Trial], times: Mapping[str, float],
     fastest = min(survivors, key=lambda t: times[t.label])
     best = times[fastest.label]
     rel, abs_s = tie_bounds()
-    ties = [t for t in survivors if times[t.label] <= best + max(rel * best, abs_s)]
     reason = f"fastest of {len(survivors)} checked candidates"
+    exact = _exact_within_premium(survivors, fastest, times, search)
+    if exact is not None:
+        return exact, "exact to the dtype's tolerance and within 0.2 ms of the fastest"
+    ties = [t for t in survivors if times[t.label] <= best + max(rel * best, abs_s)]
     if len(ties) < 2:
         return fastest, reason
     dev = {t.label: deviation(t, search) for t in ties}
@@ -96,6 +106,28 @@ def fastest_or_most_exact(survivors: list[Trial], times: Mapping[str, float],
         f"{exact.label} is as fast as {fastest.label} (within {rel:.0%} or {abs_s * 1e6:.0f} us) and closer "
         f"to the reference: deviation {dev[exact.label]:.3g} vs {dev[fastest.label]:.3g} tolerance units")
     return exact, f"closest to the reference of {len(ties)} candidates as fast as the fastest"
+
+
+def _exact_within_premium(survivors: list[Trial], fastest: Trial, times: Mapping[str, float],
+                          search: Search) -> Trial | None:
+    """When the fastest passed only the model-level tolerance (its answer is further from the reference
+    than the dtype's own tolerance), the fastest candidate that is exact to the dtype's tolerance, if it
+    is within :data:`EXACT_PREMIUM_S` (or ``tie_rel``) of the fastest: below a fraction of a
+    millisecond, timing on a shared machine cannot rank candidates, but exactness still can."""
+    dev = {t.label: deviation(t, search) for t in survivors}
+    if dev[fastest.label] <= 1.0:
+        return None
+    exact = [t for t in survivors if dev[t.label] <= 1.0]
+    if not exact:
+        return None
+    best_exact = min(exact, key=lambda t: times[t.label])
+    gap = times[best_exact.label] - times[fastest.label]
+    if gap > max(tie_bounds()[0] * times[best_exact.label], EXACT_PREMIUM_S):
+        return None
+    search.notes.append(
+        f"{best_exact.label} is exact to the dtype's tolerance and {gap * 1e6:.0f} us slower than {fastest.label}, "
+        f"whose answer is {dev[fastest.label]:.3g} tolerance units from the reference: the exact one wins")
+    return best_exact
 
 
 def close_all(trials: list[Trial], keep: Trial | None, search: Search) -> None:

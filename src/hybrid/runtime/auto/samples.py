@@ -85,7 +85,7 @@ def make_samples(model: Any, given: Any = None, seed: int = 0, symbolic_size: in
             return None
         declared = (shapes or {}).get(spec.name)
         shape = declared if declared is not None else tuple(
-            d if isinstance(d, int) and d > 0 else symbolic_size for d in spec.shape)
+            d if isinstance(d, int) and d >= 0 else symbolic_size for d in spec.shape)
         dt = np.dtype(spec.dtype)
         if dt.kind in "fcV":
             real = rng.standard_normal if style in (0, 3) else rng.random

@@ -87,7 +87,7 @@ def _check_against(spec: TensorSpec, shape: Shape, what: str) -> None:
         raise ConfigError("HYB-102", f"shapes[{spec.name!r}]{what}: the model's input has rank {len(spec.shape)} "
                           f"{spec.shape}, got rank {len(shape)} {shape}", "give one size per dim")
     for i, (want, got) in enumerate(zip(spec.shape, shape)):
-        if isinstance(want, int) and want > 0 and want != got:
+        if isinstance(want, int) and want >= 0 and want != got:
             raise ConfigError("HYB-102", f"shapes[{spec.name!r}]{what}: dim {i} is fixed at {want} in the model, "
                               f"got {got} (shape {shape})", f"use {want} for dim {i}")
 
@@ -151,14 +151,14 @@ def concrete_shapes(signature: Signature, ranges: Mapping[str, ShapeRange], whic
         elif spec.shape is None:
             out[spec.name] = None
         else:
-            out[spec.name] = tuple(d if isinstance(d, int) and d > 0 else named.get(d, default) if isinstance(d, str)
+            out[spec.name] = tuple(d if isinstance(d, int) and d >= 0 else named.get(d, default) if isinstance(d, str)
                                    else default for d in spec.shape)
     return out
 
 
 def has_dynamic_inputs(signature: Signature) -> bool:
     """Whether any tensor input has a symbolic or unknown dim (or an unknown rank)."""
-    return any(s.kind == "tensor" and (s.shape is None or any(not isinstance(d, int) or d < 1 for d in s.shape))
+    return any(s.kind == "tensor" and (s.shape is None or any(not isinstance(d, int) or d < 0 for d in s.shape))
                for s in signature.inputs)
 
 
@@ -176,6 +176,6 @@ def bucket_of(signature: Signature, feeds: Mapping[str, Any]) -> tuple[tuple[str
         if shape is None:
             continue
         fixed = spec.shape if spec.shape is not None and len(spec.shape) == len(shape) else (None,) * len(shape)
-        out.append((spec.name, tuple(int(n) if isinstance(d, int) and d > 0 else _round_up(n)
+        out.append((spec.name, tuple(int(n) if isinstance(d, int) and d >= 0 else _round_up(n)
                                      for d, n in zip(fixed, shape))))
     return tuple(out)
