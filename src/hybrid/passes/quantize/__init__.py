@@ -137,9 +137,9 @@ def _plain(engine: Engine, evaluator: Evaluator | None, cfg: QuantConfig, fp32: 
     if cfg.speed_check and evaluator is not None:
         times = speed.TIMER({"fp32": fp32, "int8": data}, evaluator.samples[0])
         speedup = times["fp32"] / times["int8"]
-        if speedup <= 1.0:
+        if speedup < speed.MIN_SPEEDUP:
             note = (f"returned fp32: the quantized model runs at {speedup:.2f}x fp32 on ONNX Runtime's CPU provider "
-                    "(speed_check=False returns it anyway)")
+                    f"(int8 is returned from {speed.MIN_SPEEDUP:.2f}x; speed_check=False returns it anyway)")
             logger.warning("%s", note)
             return Outcome(None, (), recipe, kept=kept, sensitivity=sensitivity, speedup=1.0, note=note)
     return Outcome(data, outputs, recipe, kept=kept, sensitivity=sensitivity, speedup=speedup)

@@ -183,10 +183,11 @@ def search(engine: Engine, evaluator: Evaluator, cfg: QuantConfig, fp32: bytes) 
     i_best = min(range(len(finalists)), key=lambda i: times[str(i)])
     chosen = finalists[i_best]
     ratio = times["fp32"] / times[str(i_best)]
-    if ratio <= 1.0:
+    if ratio < speed.MIN_SPEEDUP:
         note = (f"returned fp32: the fastest int8 model that meets the budget ({chosen.recipe.name}, "
                 f"{len(chosen.excluded)} groups in float, cosine {worst_cosine(chosen.outputs, s.budget):.5f}) "
-                f"runs at {ratio:.2f}x fp32 on ONNX Runtime's CPU provider")
+                f"runs at {ratio:.2f}x fp32 on ONNX Runtime's CPU provider (int8 is returned from "
+                f"{speed.MIN_SPEEDUP:.2f}x)")
         logger.warning("%s", note)
         return Outcome(None, evaluator.evaluate(fp32), chosen.recipe, recipes=measured, sensitivity=tuple(ranked),
                        speedup=1.0, note=note, trials=s.runs,
