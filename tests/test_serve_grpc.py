@@ -279,6 +279,21 @@ def test_bearer_token_guards_grpc_but_liveness(models):
         srv.stop()
 
 
+def test_a_draining_server_refuses_grpc_calls_with_unavailable(models):
+    srv = start([models["repo"]])
+    try:
+        g = tg.InferenceServerClient(srv.grpc_url)
+        x, scale = feeds(8)
+        assert g.infer("tiny", tiny_inputs(tg, x, scale)).as_numpy("y").shape == (2, 3)
+        srv.server.state.begin_drain()  # what SIGTERM does first
+        assert g.is_server_live() and not g.is_server_ready() and not g.is_model_ready("tiny")
+        with pytest.raises(InferenceServerException) as info:
+            g.infer("tiny", tiny_inputs(tg, x, scale))
+        assert info.value.status() == "StatusCode.UNAVAILABLE" and "[HYB-706]" in info.value.message()
+    finally:
+        srv.stop()
+
+
 def test_asyncio_clients_grpc_and_http(server):
     async def run():
         g = tga.InferenceServerClient(server.grpc_url)
