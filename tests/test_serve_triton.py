@@ -4,6 +4,7 @@ the fields that map applied, the model checked against it, every field that does
 from __future__ import annotations
 
 import logging
+import socket
 
 import numpy as np
 import pytest
@@ -174,7 +175,16 @@ def test_cli_grpc_port_option(tmp_path, monkeypatch):
     result = runner.invoke(app, ["serve", str(model), "--target", "onnxruntime", "--grpc-port", "0"])
     assert result.exit_code == 0, result.output
     assert seen["options"].grpc_address is None and not seen["options"].model_control
-    result = runner.invoke(app, ["serve", str(model), "--target", "onnxruntime", "--model-control"])
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        port = taken.getsockname()[1]
+    result = runner.invoke(app, ["serve", str(model), "--target", "onnxruntime", "--model-control",
+                                 "--grpc-port", str(port)])
     assert result.exit_code == 0, result.output
-    assert seen["options"].grpc_address == "127.0.0.1:8001" and seen["options"].model_control
+    assert seen["options"].grpc_address == f"127.0.0.1:{port}" and seen["options"].model_control
     assert ServeOptions().grpc_address is None
+    with socket.socket() as taken:  # a port in use is refused before any model loads
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        result = runner.invoke(app, ["serve", str(model), "--grpc-port", str(taken.getsockname()[1])])
+    assert result.exit_code == 1 and "HYB-102" in result.output and "--grpc-port" in result.output

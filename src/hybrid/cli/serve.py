@@ -34,6 +34,21 @@ def _json_object(option: str, text: str | None, example: str) -> dict[str, Any] 
     return doc
 
 
+def _check_port_free(host: str, port: int, option: str) -> None:
+    """Fail before the models load (which takes time) when ``port`` is taken, with a HYB-102 naming it."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as e:
+            raise ConfigError("HYB-102", f"{option} {port}: cannot listen on {host}:{port} ({e.strerror or e})",
+                              f"choose another {option}" + (" (0 turns gRPC off)" if "grpc" in option else "")) \
+                from e
+
+
 def _print_models(registry: Any, url: str) -> None:
     table = Table(title=f"serving at {url}")
     for col in ("model", "version", "runs on", "signature", "max_batch", "batches"):
@@ -125,6 +140,8 @@ def serve(
             _serve_on_ray(models, target, overrides, options, backends, replicas, scaling, replica_cpus,
                           host, port, ray_address)
             return
+        if options.grpc_address:
+            _check_port_free(host, grpc_port, "--grpc-port")
         configure_backends(backends)
         registry = build_registry(models, target, overrides)
         _print_models(registry, f"http://{host}:{port}" + (f" and grpc://{grpc_address}" if grpc_port else ""))
