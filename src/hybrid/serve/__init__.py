@@ -1,8 +1,12 @@
-"""``hybrid.serve``: a KServe v2 / Open Inference Protocol server for hybrid models, and its Ray Serve form.
+"""``hybrid.serve``: a KServe v2 / Open Inference Protocol server (HTTP and Triton's gRPC service) for hybrid
+models, and its Ray Serve form.
 
 Layout, lowest first: ``protocol`` (the v2 JSON/binary codec and its checks), ``model`` (one served model:
-validation and dynamic batching), ``repository`` (finding and loading models), ``metrics`` (Prometheus),
-``app`` (the FastAPI routes), ``server`` (uvicorn with graceful drain), ``ray`` (Ray Serve deployment).
+validation and dynamic batching), ``triton_config`` (config.pbtxt and the ModelConfig a model reports),
+``repository`` (finding and loading models), ``statistics`` (Triton's per-model statistics), ``metrics``
+(Prometheus, Triton's names too), ``triton_http`` (config, stats and repository routes), ``grpc_server``
+(the gRPC service on the app's event loop), ``app`` (the FastAPI routes), ``server`` (uvicorn with graceful
+drain), ``ray`` (Ray Serve deployment).
 Names resolve lazily so that ``import hybrid.serve`` needs neither FastAPI nor Ray until used.
 
 Example::
