@@ -89,8 +89,12 @@ class ServerMetrics:
         self._stats: dict[tuple[str, str], ModelStats] = {}
         self._stats_lock = threading.Lock()
         self.registry.register(_LiveCollector(models))
-        self.registry.register(TritonCollector(lambda: list(self._stats.values()),
+        self.registry.register(TritonCollector(self._all_stats,
                                                lambda: [(m.name, m.version, m.queued) for m in models]))
+
+    def _all_stats(self) -> list[ModelStats]:
+        with self._stats_lock:  # a batcher thread may add a model's entry meanwhile
+            return list(self._stats.values())
 
     def stats(self, model: ServedModel) -> ModelStats:
         """The Triton statistics of ``model`` (kept after an unload, as Triton's counters are)."""
