@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from hybrid.hal import Backend
+import contextlib
+from collections.abc import Iterator
+
+from hybrid.hal import Backend, register_backend, reset_discovery
 
 
 class BrokenBackend(Backend):
@@ -19,3 +22,17 @@ class BrokenBackend(Backend):
 
     def _compile(self, model, device, options):
         raise AssertionError("never compiled")
+
+
+def registered(cls: type[Backend]) -> Iterator[None]:
+    """Register backend class ``cls`` for one test, then forget it (use with ``yield from`` in a fixture)."""
+    register_backend(cls)
+    yield
+    from hybrid.hal import registry
+
+    registry._paths.pop(cls.name, None)
+    registry._classes.pop(cls.name, None)
+    reset_discovery()
+
+
+backend_registered = contextlib.contextmanager(registered)  # ``with backend_registered(cls): ...``

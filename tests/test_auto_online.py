@@ -7,7 +7,8 @@ import time
 
 import numpy as np
 import pytest
-from tests.test_auto_shapes import _Fake, _registered, _SmallOnly, conv_net
+from tests._backends import backend_registered
+from tests.test_auto_shapes import _Fake, _SmallOnly, conv_net
 
 import hybrid
 from hybrid.runtime.auto import OnlineTuner, trials
@@ -99,9 +100,7 @@ def _pool_model():
 
 
 def test_a_start_that_fails_the_check_on_real_inputs_is_replaced():
-    gen = _registered(_RightOnlyAtBatchOne)
-    next(gen)
-    try:
+    with backend_registered(_RightOnlyAtBatchOne):
         cm = hybrid.compile(_pool_model(), target="auto")
         assert cm.executable.status() == [] and cm.backend == "batchone"  # checked at batch 1: it passed
         x = np.random.default_rng(0).standard_normal((4, 3, 8, 8)).astype(np.float32)
@@ -114,22 +113,16 @@ def test_a_start_that_fails_the_check_on_real_inputs_is_replaced():
         for _ in range(10):  # from the check on: only right answers
             np.testing.assert_allclose(cm(x), expected, rtol=1e-5, atol=1e-6)
         assert cm.executable.status()[0].serving != "batchone:cpu"
-    finally:
-        next(gen, None)
 
 
 def test_a_call_the_serving_backend_cannot_run_is_answered_by_the_next_candidate():
-    gen = _registered(_SmallOnly)
-    next(gen)
-    try:
+    with backend_registered(_SmallOnly):
         cm = hybrid.compile(conv_net(), target="auto")
         assert cm.backend == "smallonly"  # first by priority; the 1x1 sample could not be checked
         x = images(8, 16, 16)
         np.testing.assert_allclose(cm(x), reference(x), rtol=1e-3, atol=1e-4)  # batch 8: smallonly raises
         assert cm.executable.status()[0].serving != "smallonly:cpu"
         call_until_settled(cm, x)
-    finally:
-        next(gen, None)
 
 
 def test_sixteen_callers_each_get_their_own_answer_while_the_bucket_switches():

@@ -9,10 +9,11 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from tests._backends import backend_registered, registered
 
 import hybrid
 from hybrid.errors import ConfigError
-from hybrid.hal import Backend, Executable, ProbedDevice, get_backend, register_backend, reset_discovery
+from hybrid.hal import Backend, Executable, ProbedDevice, get_backend
 from hybrid.runtime.auto import cache, parse_shapes, timing
 from hybrid.runtime.auto import tolerance as checks
 
@@ -43,16 +44,6 @@ def conv_net(k: int = 3) -> onnx.ModelProto:
 
 def reference_answer(model, x):
     return hybrid.compile(model, target="reference")(x)
-
-
-def _registered(cls):
-    register_backend(cls)
-    yield
-    from hybrid.hal import registry
-
-    registry._paths.pop(cls.name, None)
-    registry._classes.pop(cls.name, None)
-    reset_discovery()
 
 
 class _Wrap(Executable):
@@ -143,7 +134,7 @@ class _SmallOnly(_Fake):
 
 @pytest.fixture
 def smallonly():
-    yield from _registered(_SmallOnly)
+    yield from registered(_SmallOnly)
 
 
 def test_a_range_is_checked_at_min_opt_and_max(smallonly):
@@ -213,29 +204,21 @@ class _Transposed(_Fake):
 
 @pytest.mark.parametrize("cls", [_Perturbed, _WrongClass, _Transposed])
 def test_wrong_backends_still_lose_at_model_level_tolerance(cls, caplog):
-    gen = _registered(cls)
-    next(gen)
-    try:
+    with backend_registered(cls):
         with caplog.at_level(logging.WARNING, logger="hybrid"):
             cm = hybrid.compile(conv_net(), target="auto", shapes={"x": (5, 3, 16, 16)})
         assert cm.backend != cls.name
         assert f"rejected {cls.name}:cpu" in caplog.text
-    finally:
-        next(gen, None)
 
 
 def test_rounding_level_differences_pass_the_model_level_check():
-    gen = _registered(_Drift)
-    next(gen)
-    try:
+    with backend_registered(_Drift):
         cm = hybrid.compile(conv_net(), target="auto", shapes={"x": (2, 3, 16, 16)}, autotune=False)
         assert cm.backend == "drift"  # first by priority, and within rtol 1e-3
         strict = hybrid.compile(conv_net(), target="auto", shapes={"x": (2, 3, 16, 16)}, autotune=False,
                                 accuracy={"rtol": 1e-5})
         assert strict.backend != "drift"  # a user who needs bit-level agreement says so
         assert any(n.startswith("rejected drift:cpu") for n in strict.plan.notes)
-    finally:
-        next(gen, None)
 
 
 def test_per_output_rules():

@@ -8,11 +8,12 @@ import logging
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from tests._backends import registered
 from tests._models import matmul_add
 
 import hybrid
 from hybrid.errors import ConfigError, RunError
-from hybrid.hal import Backend, Executable, ProbedDevice, get_backend, register_backend, reset_discovery
+from hybrid.hal import Backend, Executable, ProbedDevice, get_backend
 from hybrid.runtime.auto import cache, judge, samples, search, timing, trials
 from hybrid.runtime.auto import tolerance as checks
 
@@ -129,20 +130,9 @@ class _OffByOne(Backend):
         return _Shifted(get_backend("onnxruntime").compile(model, "cpu"))
 
 
-def _registered(cls):
-    """Register backend class ``cls`` for one test, then forget it."""
-    register_backend(cls)
-    yield
-    from hybrid.hal import registry
-
-    registry._paths.pop(cls.name, None)
-    registry._classes.pop(cls.name, None)
-    reset_discovery()
-
-
 @pytest.fixture
 def offbyone():
-    yield from _registered(_OffByOne)
+    yield from registered(_OffByOne)
 
 
 @pytest.mark.parametrize("autotune_flag", [True, False])
@@ -192,7 +182,7 @@ class _Nudged(_OffByOne):
 
 @pytest.fixture
 def nudged():
-    yield from _registered(_Nudged)
+    yield from registered(_Nudged)
 
 
 @pytest.mark.parametrize(("times_us", "winner", "tie"), [
@@ -331,16 +321,20 @@ class _Twin(_OffByOne):
 
 @pytest.fixture
 def twin():
-    yield from _registered(_Twin)
+    yield from registered(_Twin)
 
 
-def test_independent_backends_outvote_the_reference_when_it_alone_differs(twin, monkeypatch):
-    # the reference answers 1 % off (as rounding-decided outputs do, e.g. a Softmax over equal logits
-    # near 1e10); ONNX Runtime and an independent backend agree with each other: they outvote it
+@pytest.fixture
+def reference_one_percent_off(monkeypatch):
+    """The reference answers 1 % off, as rounding-decided outputs do (a Softmax over equal logits near 1e10)."""
     reference = type(get_backend("reference"))
     honest = reference._compile
     monkeypatch.setattr(reference, "_compile", lambda self, model, device, options: _Scaled(
         honest(self, model, device, options), 1.01))
+
+
+def test_independent_backends_outvote_the_reference_when_it_alone_differs(twin, reference_one_percent_off):
+    # ONNX Runtime and an independent backend agree with each other: they outvote the reference
     cm = hybrid.compile(matmul_add(), target="auto")
     assert cm.backend in ("onnxruntime", "twin")
     assert any("reference backend was outvoted" in n for n in cm.plan.notes)
@@ -348,12 +342,8 @@ def test_independent_backends_outvote_the_reference_when_it_alone_differs(twin, 
     np.testing.assert_allclose(cm(x), hybrid.compile(matmul_add(), target="onnxruntime")(x), rtol=1e-6)
 
 
-def test_a_lone_dissenter_is_not_reinstated_by_the_vote(offbyone, monkeypatch):
+def test_a_lone_dissenter_is_not_reinstated_by_the_vote(offbyone, reference_one_percent_off):
     # offbyone disagrees with everyone: even with the reference outvoted it stays rejected
-    reference = type(get_backend("reference"))
-    honest = reference._compile
-    monkeypatch.setattr(reference, "_compile", lambda self, model, device, options: _Scaled(
-        honest(self, model, device, options), 1.01))
     cm = hybrid.compile(matmul_add(), target="auto")
     assert cm.backend != "offbyone"
 
