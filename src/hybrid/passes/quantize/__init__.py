@@ -184,7 +184,8 @@ def _scheme(cfg: QuantConfig, samples: Samples, recipe: Recipe) -> str:
 def _annotate(model: Model, report: QuantizationReport) -> None:
     model.metadata["quantization_report"] = report
     summary = {"mode": report.mode, "scheme": report.scheme, "eval_samples": report.eval_samples,
-               "eval_source": report.eval_source, "kept_float": list(report.kept_float),
+               "eval_source": report.eval_source, "kept_float": list(report.kept_float), "result": report.result,
+               "speedup": report.speedup, "note": report.note,
                "outputs": [{"name": o.name, "cosine_min": o.cosine_min, "snr_db": o.snr_db,
                             "max_abs_error": o.max_abs_error, "top1_agreement": o.top1_agreement}
                            for o in report.outputs]}
