@@ -430,3 +430,46 @@ def test_slow_bodies_are_cut_at_the_body_deadline_and_timely_ones_pass(model_pat
         assert metric(srv.url, "pyasc_connections_dropped_total", 'reason="client_disconnect"') == 0
     finally:
         srv.stop()
+
+
+def test_the_guard_works_on_uvicorns_h11_parser_too():
+    import asyncio
+
+    import uvicorn
+    from fastapi import FastAPI
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    from hybrid.serve.server import guarded_protocol
+
+    app = FastAPI()
+
+    @app.get("/ok")
+    async def ok() -> dict:
+        return {"ok": True}
+
+    drops: list[str] = []
+    protocol = guarded_protocol(H11Protocol, ConnectionLimits(header_timeout=1.0, body_timeout=1.0), drops.append)
+    server = uvicorn.Server(uvicorn.Config(app, port=0, http=protocol, log_level="error", lifespan="off"))
+    thread = threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not server.started:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        port = server.servers[0].sockets[0].getsockname()[1]
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            t0 = time.monotonic()
+            s.sendall(b"GET /ok HTTP/1.1\r\nHo")
+            assert s.recv(10) == b"" and time.monotonic() - t0 < 1.0 + 5.0
+        assert drops == ["header_timeout"]
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            s.sendall(b"NOT HTTP\r\n\r\n")
+            raw = b""
+            while chunk := s.recv(65536):
+                raw += chunk
+        assert raw.startswith(b"HTTP/1.1 400") and error_of(raw.partition(b"\r\n\r\n")[2]) == "HYB-702"
+        assert request(f"127.0.0.1:{port}", "GET", "/ok")[2] == b'{"ok":true}'
+    finally:
+        server.should_exit = True
+        thread.join(30)
