@@ -12,7 +12,7 @@ Per shape bucket (:func:`~.shapes.bucket_of`):
    real input is replaced at once by the first candidate that passes.
 2. The checked candidates then take turns answering real calls, each timed as it runs for the
    caller: the configuration that serves is the one measured. A candidate whose checked warm run was
-   more than 1.5x the fastest's does not take turns (serving it would cost the callers latency), and
+   more than 2x the fastest's does not take turns (serving it would cost the callers latency), and
    one more than 1.2x slower than the best after two calls stops.
 3. After ``calls_per_bucket`` calls each, the fastest median serves the bucket (the current one keeps
    it when within the tie bounds); the switch is one reference assignment, so concurrent callers
@@ -56,7 +56,7 @@ logger = logging.getLogger("hybrid")
 Bucket = tuple[tuple[str, tuple[int, ...]], ...]
 PRUNE_AFTER = 2  # calls after which a clearly slower candidate stops taking turns
 PRUNE_RATIO = 1.2
-WARM_RUN_RATIO = 1.5  # a candidate whose warm run took this much longer than the fastest's is not tried
+WARM_RUN_RATIO = 2.0  # a candidate whose warm run took this much longer than the fastest's is not tried
 MAX_PAUSE_S = 2.0
 CHECK_AT_CALL = 3  # a bucket is checked from its third call: shapes called once or twice are not worth tuning
 IDLE_POLL_S = 5.0
@@ -361,8 +361,10 @@ class OnlineTuner(Executable):
         accelerated = [(lb, w) for lb, w in passed if not lb.startswith(f"{FALLBACK_BACKEND}:")]
         pool = accelerated or passed
         timed = [w for _, w in pool if w is not None]
+        serving = slot.serving[0]
         if len(pool) > 1 and timed:  # far slower than the fastest on a warm run: does not take turns with real calls
-            pool = [(lb, w) for lb, w in pool if w is None or w <= WARM_RUN_RATIO * min(timed)]
+            # (the serving candidate stays: the check's one-thread timing is a hint, real calls decide)
+            pool = [(lb, w) for lb, w in pool if w is None or lb == serving or w <= WARM_RUN_RATIO * min(timed)]
         labels = [lb for lb, _ in pool if self._executable(lb) is not None]
         rejected = "; ".join(f"rejected {lb}: {why}" for lb, why, _, _ in verdicts.results if why)
         with slot.lock:
