@@ -97,8 +97,8 @@ def quantize_command(
     min_cosine: Annotated[float | None, typer.Option("--min-cosine", help="Accuracy budget: keep the most "
                                                      "sensitive layers in float until every output's cosine "
                                                      "against fp32 reaches this.")] = None,
-    calibration_method: Annotated[str, typer.Option("--calibration-method", help="minmax, entropy or "
-                                                    "percentile.")] = "minmax",
+    calibration_method: Annotated[str, typer.Option("--calibration-method", help="auto (chosen by measurement "
+                                                    "under --min-cosine), minmax, entropy or percentile.")] = "auto",
     samples: Annotated[int, typer.Option("--samples", help="Samples to calibrate on (the next 16 are held "
                                          "back for the report).", min=1)] = 64,
     per_channel: Annotated[bool, typer.Option("--per-channel/--per-tensor", help="Weight scales per output "
@@ -127,7 +127,9 @@ def quantize_command(
         cfg: dict[str, Any] = {"quant_mode": precision if float_mode else method,
                                "progress": not settings.quiet and err_console.is_terminal}
         if not float_mode:
-            cfg.update(activation_dtype=precision, weight_dtype=precision, per_channel=per_channel)
+            # int8: the activation type (uint8 or int8, symmetric or not) is measured like the calibration
+            cfg.update(activation_dtype="auto" if precision == "int8" else precision, weight_dtype=precision,
+                       per_channel=per_channel)
             if method == "static":
                 cfg["calibration_method"] = calibration_method
         if calibration is not None:
