@@ -91,7 +91,10 @@ def main() -> None:
             online = hybrid.compile(m.path, target="auto")
             calls, tuning = warm_up_online(online, feeds)
             contenders["auto online"] = lambda c=online, f=feeds: c.run(f)
-            times = interleave(contenders, blocks=args.blocks, per_block=args.per_block)
+            t0 = time.perf_counter()
+            contenders["onnxruntime"]()
+            per_block = min(2000, max(args.per_block, int(0.1 / max(time.perf_counter() - t0, 1e-6))))
+            times = interleave(contenders, blocks=args.blocks, per_block=per_block)  # ~0.1 s a block for fast ones
             med = {k: median_ms(v) for k, v in times.items()}
             best = min(med["onnxruntime"], med.get("openvino f32", float("inf")))
             settled = times["auto online"]
