@@ -39,7 +39,9 @@ def warm_up_online(cm, feeds, limit_s: float = 180.0) -> tuple[int, list[float]]
         t0 = time.perf_counter()
         cm.run(feeds)
         lat.append(time.perf_counter() - t0)
-        status = cm.executable.status() if hasattr(cm.executable, "status") else []
+        if not hasattr(cm.executable, "status"):  # a static model: decided at compile, nothing to tune
+            break
+        status = cm.executable.status()
         if status and all(s.state == "settled" for s in status):
             break
     return len(lat), lat
@@ -101,7 +103,9 @@ def main() -> None:
             p50 = percentile(tuning, 50) / percentile(settled, 50)
             p99 = percentile(tuning, 99) / percentile(settled, 99)
             status = online.executable.status() if hasattr(online.executable, "status") else []
-            picked_online = ", ".join(sorted({s.serving for s in status})) or online.backend
+            picked_online = ", ".join(sorted({s.serving for s in status})) or f"{online.backend}:{online.device}"
+            if not status:  # static shapes: decided offline like shapes=, no tuning window
+                calls, p50, p99 = 0, float("nan"), float("nan")
             ov = f"{med['openvino f32']:.2f}" if "openvino f32" in med else "n/a"
             row += [f"{med['onnxruntime']:.2f}", ov, f"{med['auto shapes=']:.2f}",
                     f"{med['auto online']:.2f}", f"{med['auto shapes='] / best:.3f}",

@@ -11,9 +11,9 @@ Per shape bucket (:func:`~.shapes.bucket_of`):
    ``overhead_cap`` of the wall time (it sleeps between runs). A start that fails the check on the
    real input is replaced at once by the first candidate that passes.
 2. The checked candidates then take turns answering real calls, each timed as it runs for the
-   caller: the configuration that serves is the one measured. A candidate whose checked warm run was
-   more than 2x the fastest's does not take turns (serving it would cost the callers latency), and
-   one more than 1.2x slower than the best after two calls stops.
+   caller: the configuration that serves is the one measured. A candidate whose warm run in the check
+   took more than 1.25x the serving one's is not compiled here nor tried (serving it would cost the
+   callers latency), and one more than 1.2x slower than the best after two calls stops.
 3. After ``calls_per_bucket`` calls each, the fastest median serves the bucket (the current one keeps
    it when within the tie bounds); the switch is one reference assignment, so concurrent callers
    each get a whole answer from one executable. The decision is written to the decision cache per
@@ -56,7 +56,8 @@ logger = logging.getLogger("hybrid")
 Bucket = tuple[tuple[str, tuple[int, ...]], ...]
 PRUNE_AFTER = 2  # calls after which a clearly slower candidate stops taking turns
 PRUNE_RATIO = 1.2
-WARM_RUN_RATIO = 2.0  # a candidate whose warm run took this much longer than the fastest's is not tried
+WARM_RUN_RATIO = 1.25  # a candidate whose warm run in the check took this much longer than the serving one's
+# is not tried on real calls
 MAX_PAUSE_S = 2.0
 CHECK_AT_CALL = 3  # a bucket is checked from its third call: shapes called once or twice are not worth tuning
 IDLE_POLL_S = 5.0
@@ -362,9 +363,13 @@ class OnlineTuner(Executable):
         pool = accelerated or passed
         timed = [w for _, w in pool if w is not None]
         serving = slot.serving[0]
-        if len(pool) > 1 and timed:  # far slower than the fastest on a warm run: does not take turns with real calls
-            # (the serving candidate stays: the check's one-thread timing is a hint, real calls decide)
-            pool = [(lb, w) for lb, w in pool if w is None or lb == serving or w <= WARM_RUN_RATIO * min(timed)]
+        serving_warm = dict(pool).get(serving)
+        if len(pool) > 1 and timed:
+            # Only candidates that may beat the serving one take turns with real calls (compiling and serving a
+            # slower one costs the callers latency): within WARM_RUN_RATIO of its warm run in the check, or of
+            # the fastest when it failed the check. The serving candidate stays: real calls decide.
+            limit = WARM_RUN_RATIO * (serving_warm if serving_warm else min(timed))
+            pool = [(lb, w) for lb, w in pool if w is None or lb == serving or w <= limit]
         labels = [lb for lb, _ in pool if self._executable(lb) is not None]
         rejected = "; ".join(f"rejected {lb}: {why}" for lb, why, _, _ in verdicts.results if why)
         with slot.lock:
