@@ -33,7 +33,7 @@ from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from hybrid._version import __version__
 from hybrid.errors import ConfigError, HybridError, ServingError
-from hybrid.serve.protocol import DATATYPES, Limits, datatype_of
+from hybrid.serve.protocol import DATATYPES, Limits, binary_of, datatype_of
 
 if TYPE_CHECKING:
     from hybrid.serve.app import ServerState
@@ -164,16 +164,6 @@ def decode_inputs(request: pb.ModelInferRequest, limits: Limits) -> dict[str, np
     return arrays
 
 
-def _raw_of(arr: np.ndarray, datatype: str) -> bytes:
-    if datatype != "BYTES":
-        return np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<")).tobytes()
-    parts = []
-    for v in arr.reshape(-1):
-        b = v if isinstance(v, bytes) else str(v).encode("utf-8")
-        parts += [len(b).to_bytes(4, "little"), b]
-    return b"".join(parts)
-
-
 def encode_outputs(model: ServedModel, request: pb.ModelInferRequest,
                    outputs: dict[str, np.ndarray]) -> pb.ModelInferResponse:
     """The ModelInferResponse with the outputs the request asked for (all when it names none), as raw
@@ -195,7 +185,7 @@ def encode_outputs(model: ServedModel, request: pb.ModelInferRequest,
         arr = np.asarray(outputs[name])
         datatype = datatype_of(arr.dtype)
         response.outputs.add(name=name, datatype=datatype, shape=list(arr.shape))
-        response.raw_output_contents.append(_raw_of(arr, datatype))
+        response.raw_output_contents.append(binary_of(arr, datatype))
     return response
 
 

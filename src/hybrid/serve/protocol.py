@@ -31,6 +31,7 @@ __all__ = [
     "Limits",
     "Precheck",
     "RequestedOutput",
+    "binary_of",
     "check_head",
     "check_json_depth",
     "datatype_of",
@@ -479,7 +480,9 @@ def parse_request(body: bytes, header_length: int | None, limits: Limits,
 
 
 # ------------------------------------------------------------------------------------------------ encoding
-def _binary_of(name: str, arr: np.ndarray, datatype: str) -> bytes:
+def binary_of(arr: np.ndarray, datatype: str) -> bytes:
+    """A tensor in the KServe v2 binary layout (and gRPC's raw contents): little-endian elements, BYTES
+    elements each prefixed by its 4-byte length."""
     if datatype != "BYTES":
         return np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<")).tobytes()
     parts = []
@@ -524,7 +527,7 @@ def encode_response(model_name: str, model_version: str, request: InferRequest,
         datatype = datatype_of(arr.dtype)
         entry: dict[str, Any] = {"name": out.name, "datatype": datatype, "shape": list(arr.shape)}
         if out.binary:
-            raw = _binary_of(out.name, arr, datatype)
+            raw = binary_of(arr, datatype)
             entry["parameters"] = {"binary_data_size": len(raw)}
             chunks.append(raw)
         else:
