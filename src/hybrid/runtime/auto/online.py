@@ -145,8 +145,8 @@ class OnlineTuner(Executable):
         self._worker: threading.Thread | None = None
         self._closed = threading.Event()
         self._notes = [*notes, f"online tuning: {start.label} serves every shape bucket until real calls decide "
-                       f"({settings.calls_per_bucket} calls per candidate, background checks <= "
-                       f"{settings.overhead_cap:.0%} of the time)"]
+                       f"({settings.calls_per_bucket} calls per candidate; the checks take at most "
+                       f"{settings.overhead_cap:.0%} of a busy core)"]
         self._bucket_notes: dict[Bucket, str] = {}
         self._on_switch: Callable[[Trial, list[str], str], Any] | None = None
         self._cm: Any = None
