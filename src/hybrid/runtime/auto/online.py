@@ -46,7 +46,7 @@ from hybrid.runtime.auto import cache, judge, worker
 from hybrid.runtime.auto.decision import decision_from_json
 from hybrid.runtime.auto.shapes import bucket_of
 from hybrid.runtime.auto.tolerance import OutputRule
-from hybrid.runtime.auto.trials import OptionsOf, Search, Trial, trials
+from hybrid.runtime.auto.trials import OptionsOf, Search, Trial, trial_of, trials
 from hybrid.runtime.partition import FALLBACK_BACKEND
 
 __all__ = ["BucketStatus", "OnlineTuner"]
@@ -430,8 +430,6 @@ class OnlineTuner(Executable):
         return busy
 
     def _install_cached(self, slot: _Slot) -> None:
-        from hybrid.runtime.auto.search import trial_of
-
         decision = self._cached[slot.key]
         label = decision.label
         if label not in self._compiled:

@@ -26,17 +26,17 @@ from hybrid.hal import Candidate, backend_status
 from hybrid.ir import Model
 from hybrid.runtime.auto import cache, judge
 from hybrid.runtime.auto import tolerance as checks
-from hybrid.runtime.auto.decision import Decision, SingleDecision, decision_from_json
+from hybrid.runtime.auto.decision import decision_from_json
 from hybrid.runtime.auto.online import OnlineTuner
 from hybrid.runtime.auto.samples import make_samples
 from hybrid.runtime.auto.shapes import has_dynamic_inputs, normalize_shapes
 from hybrid.runtime.auto.timing import time_candidates
-from hybrid.runtime.auto.trials import OptionsOf, Search, Trial, build_partition, trials
+from hybrid.runtime.auto.trials import OptionsOf, Search, Trial, build_partition, trial_of, trials
 from hybrid.runtime.compiled import CompiledModel
 from hybrid.runtime.partition import FALLBACK_BACKEND, node_label, supporters, typed_model
 from hybrid.runtime.plan import Plan, Segment
 
-__all__ = ["partition_compiled", "select", "single_plan", "trial_of"]
+__all__ = ["partition_compiled", "select", "single_plan"]
 
 logger = logging.getLogger("hybrid")
 
@@ -64,23 +64,6 @@ def single_plan(model: Model, trial: Trial, notes: list[str] | tuple[str, ...], 
 def _compiled(model: Model, trial: Trial, target: str, notes: list[str], reason: str) -> CompiledModel:
     return CompiledModel(model, trial.executable, single_plan(model, trial, notes, reason), trial.backend,
                          trial.device, trial.options, target)
-
-
-def trial_of(model: Model, decision: Decision, order: list[Candidate], options_of: OptionsOf,
-             sample_inputs: Any = None) -> Trial | None:
-    """Compile a decision again (from the cache); None when it no longer applies here."""
-    if isinstance(decision, SingleDecision):
-        if decision.candidate not in order:
-            return None
-        return Search(model, order, options_of, "fp32", None, sample_inputs).single(decision.candidate,
-                                                                                    decision.precision)
-    typed = typed_model(model, make_samples(model, sample_inputs))
-    if len(decision.assignment) != len(typed.graph):
-        return None
-    able = [(c,) for c in decision.candidates]
-    if any(a[0] not in order for a in able):
-        return None
-    return build_partition(model, typed, able, order, lambda c: options_of(c, "fp32"), [])
 
 
 def _from_record(model: Model, record: dict[str, Any], order: list[Candidate], options_of: OptionsOf,

@@ -19,13 +19,14 @@ from hybrid.hal.backend import Executable
 from hybrid.ir import Model
 from hybrid.runtime.auto import tolerance as checks
 from hybrid.runtime.auto.decision import Decision, PartitionDecision, SingleDecision
+from hybrid.runtime.auto.samples import make_samples
 from hybrid.runtime.auto.shapes import ShapeRange
 from hybrid.runtime.auto.verify import Verifier
 from hybrid.runtime.executor import compile_partitioned
 from hybrid.runtime.partition import FALLBACK_BACKEND, supporters, typed_model
 from hybrid.runtime.plan import Plan
 
-__all__ = ["OptionsOf", "Search", "Trial", "build_partition", "offered_precisions", "trials"]
+__all__ = ["OptionsOf", "Search", "Trial", "build_partition", "offered_precisions", "trial_of", "trials"]
 
 OptionsOf = Callable[[Candidate, str], dict[str, Any]]
 
@@ -176,3 +177,20 @@ def trials(search: Search, autotune: bool) -> Iterator[Trial]:
                 for p in reduced[c]:
                     if t := search.single(c, p):
                         yield t
+
+
+def trial_of(model: Model, decision: Decision, order: list[Candidate], options_of: OptionsOf,
+             sample_inputs: Any = None) -> Trial | None:
+    """Compile a decision again (from the cache); None when it no longer applies here."""
+    if isinstance(decision, SingleDecision):
+        if decision.candidate not in order:
+            return None
+        return Search(model, order, options_of, "fp32", None, sample_inputs).single(decision.candidate,
+                                                                                    decision.precision)
+    typed = typed_model(model, make_samples(model, sample_inputs))
+    if len(decision.assignment) != len(typed.graph):
+        return None
+    able = [(c,) for c in decision.candidates]
+    if any(a[0] not in order for a in able):
+        return None
+    return build_partition(model, typed, able, order, lambda c: options_of(c, "fp32"), [])
