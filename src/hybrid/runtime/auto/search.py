@@ -67,7 +67,7 @@ def _compiled(model: Model, trial: Trial, target: str, notes: list[str], reason:
 
 
 def _from_record(model: Model, record: dict[str, Any], order: list[Candidate], options_of: OptionsOf,
-                 sample_inputs: Any, target: str) -> tuple[Trial, list[str]] | None:
+                 sample_inputs: Any) -> tuple[Trial, list[str]] | None:
     notes = [f"decision read from the autotune cache {record['path']}", *record.get("notes", [])]
     try:
         trial = trial_of(model, decision_from_json(record["decision"]), order, options_of, sample_inputs)
@@ -110,7 +110,7 @@ def select(model: Model, target: str, order: list[Candidate], options_of: Option
     inputs = {k: [r.min, r.opt, r.max] for k, r in ranges.items()} if ranges else (_shapes(samples) or str(sig))
     key, material = cache.decision_key({**base, "inputs": inputs, "autotune": autotune, "online": online})
     record = cache.load_decision(key, material)
-    found = _from_record(model, record, order, options_of, sample_inputs, target) if record else None
+    found = _from_record(model, record, order, options_of, sample_inputs) if record else None
     if found is not None:
         (trial, notes), reason = found, "chosen by autotune (cached)"
     else:
