@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from google.protobuf import json_format, text_format
+from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 from tritonclient.grpc import model_config_pb2 as mc
 
@@ -232,6 +233,35 @@ def model_config(model: ServedModel) -> mc.ModelConfig:
 
 def config_json(message: Message) -> dict[str, Any]:
     """A protobuf message as the JSON Triton's HTTP API returns: proto field names, defaults printed,
-    64-bit integers as numbers."""
-    return json_format.MessageToDict(message, preserving_proto_field_name=True,
-                                     always_print_fields_with_no_presence=True, unquote_int64_if_possible=True)
+    64-bit integers as numbers (protobuf's JSON mapping quotes them; older protobuf releases have no option
+    to keep them numbers, so they are turned back here)."""
+    data = json_format.MessageToDict(message, preserving_proto_field_name=True,
+                                     always_print_fields_with_no_presence=True)
+    return _int64_unquoted(message.DESCRIPTOR, data)
+
+
+_INT64_TYPES = {FieldDescriptor.TYPE_INT64, FieldDescriptor.TYPE_UINT64, FieldDescriptor.TYPE_SINT64,
+                FieldDescriptor.TYPE_FIXED64, FieldDescriptor.TYPE_SFIXED64}
+
+
+def _int64_unquoted(descriptor: Any, data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` (MessageToDict of a message of ``descriptor``) with its 64-bit integer fields as ints."""
+    for name, value in data.items():
+        field = descriptor.fields_by_name.get(name)
+        if field is None:
+            continue
+        if field.type == FieldDescriptor.TYPE_MESSAGE:
+            entry = field.message_type
+            if entry.GetOptions().map_entry:  # a map: convert its values
+                value_field = entry.fields_by_name["value"]
+                if value_field.type == FieldDescriptor.TYPE_MESSAGE:
+                    data[name] = {k: _int64_unquoted(value_field.message_type, v) for k, v in value.items()}
+                elif value_field.type in _INT64_TYPES:
+                    data[name] = {k: int(v) for k, v in value.items()}
+            elif isinstance(value, list):
+                data[name] = [_int64_unquoted(entry, v) for v in value]
+            elif isinstance(value, dict):
+                data[name] = _int64_unquoted(entry, value)
+        elif field.type in _INT64_TYPES:
+            data[name] = [int(v) for v in value] if isinstance(value, list) else int(value)
+    return data
