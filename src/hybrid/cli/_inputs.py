@@ -58,7 +58,7 @@ def _check_shapes(signature: Any, shapes: Mapping[str, tuple[int, ...]]) -> None
             raise RunError("HYB-404", f"--shapes {name}: the input has rank {len(spec.shape)} "
                            f"{tuple(spec.shape)}, got {len(shape)} dims {shape}", "give one size per dim")
         for i, (want, got) in enumerate(zip(spec.shape, shape)):
-            if isinstance(want, int) and want > 0 and want != got:
+            if isinstance(want, int) and want >= 0 and want != got:  # a static 0 dim is fixed too
                 raise RunError("HYB-405", f"--shapes {name}: dim {i} is fixed at {want} in the model, got {got}",
                                "only symbolic dims can be chosen")
 
