@@ -8,14 +8,16 @@ listed as unverified in the README.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from hybrid.errors import BackendError, first_line
-from hybrid.hal.backend import Backend, Executable, Option, ProbedDevice
+from hybrid.hal.backend import Backend, CacheStrategy, Executable, NodeSpan, Option, ProbedDevice
 
 __all__ = ["OnnxRuntimeBackend", "OnnxRuntimeExecutable", "provider_chain", "session_options"]
 
@@ -38,15 +40,30 @@ _PROVIDER_KINDS = {
 class OnnxRuntimeExecutable(Executable):
     """An ``onnxruntime.InferenceSession`` behind the Executable contract."""
 
-    def __init__(self, session: Any, run_options: Any = None) -> None:
+    def __init__(self, session: Any, run_options: Any = None, profiling: bool = False) -> None:
         self.session = session
         self.input_names = [i.name for i in session.get_inputs()]
         self.output_names = [o.name for o in session.get_outputs()]
         self._run = _direct_run(session) or session.run
         self._run_options = run_options
+        self._profiling = profiling
 
     def run(self, feeds: Mapping[str, Any]) -> list[Any]:
         return self._run(self.output_names, feeds, self._run_options)
+
+    def node_spans(self, calls: Sequence[tuple[int, int]]) -> list[NodeSpan]:
+        """ORT's node events of the last ``len(calls)`` runs (its profiler ends here), each run's
+        ``model_run`` centred in its call (the difference is Python-side overhead)."""
+        if not self._profiling or self.session is None or not calls:
+            return []
+        path = self.session.end_profiling()
+        self._profiling = False
+        try:
+            with open(path, encoding="utf-8") as f:
+                events = json.load(f)
+        finally:
+            Path(path).unlink(missing_ok=True)
+        return ort_node_spans(events, calls)
 
     def close(self) -> None:
         self.session = None
@@ -67,6 +84,35 @@ def _direct_run(session: Any) -> Any:
     if capture is not None and capture():
         return None
     return native.run
+
+
+def ort_node_spans(events: list[dict[str, Any]], calls: Sequence[tuple[int, int]]) -> list[NodeSpan]:
+    """Node spans from ORT's profile (its Chrome-trace events): the ``*_kernel_time`` node events inside
+    each of the last ``len(calls)`` ``model_run`` events, timed from the start of the matching call."""
+    model_runs = sorted((e for e in events if e.get("cat") == "Session" and e.get("name") == "model_run"),
+                        key=lambda e: e["ts"])
+    nodes = sorted((e for e in events if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time")),
+                   key=lambda e: e["ts"])
+    count = min(len(calls), len(model_runs))
+    first = len(calls) - count
+    out: list[NodeSpan] = []
+    k = 0
+    for i, mr in enumerate(model_runs[len(model_runs) - count:]):
+        start, end = calls[first + i]
+        # centre ORT's model_run inside the call
+        lead = max(0.0, ((end - start) / 1e3 - mr["dur"]) / 2)
+        while k < len(nodes) and nodes[k]["ts"] < mr["ts"]:
+            k += 1
+        while k < len(nodes) and nodes[k]["ts"] <= mr["ts"] + mr["dur"]:
+            ev, args = nodes[k], nodes[k].get("args", {})
+            keep = {"provider": args.get("provider", "")}
+            for key in ("input_type_shape", "output_type_shape"):
+                if key in args:
+                    keep[key] = args[key]
+            out.append(NodeSpan(ev["name"][:-len("_kernel_time")], args.get("op_name", "?"), first + i,
+                                ev["ts"] - mr["ts"] + lead, ev.get("dur", 0), keep))
+            k += 1
+    return out
 
 
 def session_options(ort: Any, options: Mapping[str, Any], threads: int | None = None) -> Any:
@@ -227,6 +273,17 @@ class OnnxRuntimeBackend(Backend):
     def shared_options(self) -> dict[str, Any]:
         return {"allow_spinning": False}
 
+    @classmethod
+    def profiling_options(cls, workdir: str) -> dict[str, Any]:
+        return {"profile": os.path.join(workdir, "ort")}  # ORT's trace files stay in the profiler's folder
+
+    @classmethod
+    def cache_strategy(cls, device: str, options: Mapping[str, Any]) -> CacheStrategy | None:
+        if device.startswith("cuda") and options.get("tensorrt"):
+            # ORT cannot serialize a graph with TensorRT-compiled nodes; the engines are the cache
+            return CacheStrategy("directory", "engine_cache_path")
+        return CacheStrategy("optimized-model", "optimized_model_path")
+
     def _precisions(self, device: str) -> tuple[str, ...]:
         # fp16 through the TensorRT execution provider (unverified here: no GPU)
         on_cuda = device.startswith("cuda") and "TensorrtExecutionProvider" in self.available_providers
@@ -291,4 +348,4 @@ class OnnxRuntimeBackend(Backend):
             first = first_line(e, 500)
             raise BackendError("HYB-304", f"onnxruntime could not compile model {model.name!r} for "
                                f"{device}: {first}", "try target='auto' or another backend") from e
-        return OnnxRuntimeExecutable(session)
+        return OnnxRuntimeExecutable(session, profiling=bool(options.get("profile")))

@@ -7,13 +7,15 @@ backends; bf16/f16 are an explicit choice (``inference_precision``) or found by 
 
 from __future__ import annotations
 
+import collections
+import datetime
 import re
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hybrid.errors import BackendError
-from hybrid.hal.backend import Backend, Executable, Option, ProbedDevice
+from hybrid.hal.backend import Backend, Executable, NodeSpan, Option, ProbedDevice
 
 __all__ = ["OpenVINOBackend", "OpenVINOExecutable", "compile_reason", "ov_config"]
 
@@ -69,11 +71,41 @@ def compile_reason(error: BaseException, limit: int = 600) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
+_MAX_PROFILED_RUNS = 4096  # per-layer counters kept (the last runs) by a model compiled with profile=True
+
+
+def layer_spans(info: Any, call: int, span_us: float) -> list[NodeSpan]:
+    """Node spans of one call from per-layer counters (OpenVINO ProfilingInfo or the same duck type).
+
+    OpenVINO reports durations, not start times: the layers are laid end to end from the call's start.
+    Their sum can exceed the call (layers that overlap on the worker threads); then the spans are shrunk
+    in proportion to fit in the call, and ``args.real_us`` keeps the reported time.
+    """
+    layers = []
+    for rec in info:
+        status = str(getattr(rec, "status", "EXECUTED"))
+        real = getattr(rec, "real_time", 0)
+        dur = real.total_seconds() * 1e6 if isinstance(real, datetime.timedelta) else float(real) * 1e6
+        if dur > 0 and "NOT_RUN" not in status and "OPTIMIZED_OUT" not in status:
+            layers.append((rec, dur))
+    total = sum(d for _, d in layers)
+    scale = min(1.0, span_us / total) if total else 1.0
+    spans, cursor = [], 0.0
+    for rec, dur in layers:
+        args: dict[str, Any] = {"real_us": round(dur, 3)}
+        if getattr(rec, "exec_type", None):
+            args["exec_type"] = str(rec.exec_type)
+        spans.append(NodeSpan(str(getattr(rec, "node_name", "?")), str(getattr(rec, "node_type", "?")), call,
+                              cursor, dur * scale, args))
+        cursor += dur * scale
+    return spans
+
+
 class OpenVINOExecutable(Executable):
     """An OpenVINO ``CompiledModel`` with one infer request per calling thread."""
 
     def __init__(self, compiled: Any, input_names: list[str], output_names: list[str],
-                 share_inputs: bool = True) -> None:
+                 share_inputs: bool = True, profiling: bool = False) -> None:
         self.compiled = compiled
         self.input_names = input_names
         self.output_names = output_names
@@ -85,6 +117,9 @@ class OpenVINOExecutable(Executable):
         self._unused = [n for n in input_names if n not in ov_inputs]
         self._local = threading.local()
         self._share = share_inputs
+        # per-layer counters of each run, read right after it (the request keeps the last run's only)
+        self._layers: collections.deque[list[Any]] | None = \
+            collections.deque(maxlen=_MAX_PROFILED_RUNS) if profiling else None
 
     def _request(self) -> Any:
         req = getattr(self._local, "req", None)
@@ -98,6 +133,8 @@ class OpenVINOExecutable(Executable):
             feeds = {k: v for k, v in feeds.items() if k not in self._unused}
         # share_outputs=False: results are copied out, so the next run cannot overwrite them
         results = req.infer(dict(feeds), share_inputs=self._share, share_outputs=False)
+        if self._layers is not None:
+            self._layers.append(list(req.profiling_info))
         return [results[p] for p in self._ports]
 
     @property
@@ -110,9 +147,30 @@ class OpenVINOExecutable(Executable):
             return None
         return _OV_PRECISIONS.get(name, name)
 
+    @property
+    def loaded_from_cache(self) -> bool | None:
+        """OpenVINO's LOADED_FROM_CACHE: whether it imported its blob from ``cache_dir``."""
+        try:
+            return bool(self.compiled.get_property("LOADED_FROM_CACHE"))
+        except Exception:  # a device without the property, or a closed model
+            return None
+
     def profiling_info(self) -> list[Any]:
         """Per-layer counters of the last run on this thread (needs option profile=True)."""
         return list(self._request().profiling_info)
+
+    def node_spans(self, calls: Sequence[tuple[int, int]]) -> list[NodeSpan]:
+        """The per-layer counters (``PERF_COUNT``) of the last ``len(calls)`` runs, laid end to end in
+        their calls (:func:`layer_spans`)."""
+        if not self._layers or not calls:
+            return []
+        count = min(len(calls), len(self._layers))
+        first = len(calls) - count
+        out: list[NodeSpan] = []
+        for i, info in enumerate(list(self._layers)[len(self._layers) - count:]):
+            start, end = calls[first + i]
+            out += layer_spans(info, first + i, (end - start) / 1e3)
+        return out
 
     def close(self) -> None:
         self.compiled = None
@@ -190,4 +248,4 @@ class OpenVINOBackend(Backend):
         sig = model.signature
         # zero-copy input sharing misreads ml_dtypes arrays (bfloat16, float8...) as float16
         share = not any(s.dtype is not None and s.dtype.kind == "V" for s in sig.inputs)
-        return OpenVINOExecutable(compiled, sig.input_names, sig.output_names, share)
+        return OpenVINOExecutable(compiled, sig.input_names, sig.output_names, share, bool(options.get("profile")))

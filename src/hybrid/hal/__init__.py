@@ -3,7 +3,7 @@
 Importing this package imports no backend library; backends are probed on first use.
 """
 
-from hybrid.hal.backend import Backend, Executable, Option, ProbedDevice
+from hybrid.hal.backend import Backend, CacheStrategy, Executable, NodeSpan, Option, ProbedDevice
 from hybrid.hal.device import Device
 from hybrid.hal.registry import (
     BackendStatus,
@@ -20,9 +20,11 @@ from hybrid.hal.target import Candidate, devices, resolve_target, statuses
 __all__ = [
     "Backend",
     "BackendStatus",
+    "CacheStrategy",
     "Candidate",
     "Device",
     "Executable",
+    "NodeSpan",
     "Option",
     "ProbedDevice",
     "backend_class",

@@ -8,9 +8,9 @@ use, answers ``supports(node)``, and compiles a model (or a partition of one) in
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from hybrid.errors import BackendError
 
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
     from hybrid.ir import Model
 
-__all__ = ["Backend", "Executable", "Option", "ProbedDevice"]
+__all__ = ["Backend", "CacheStrategy", "Executable", "NodeSpan", "Option", "ProbedDevice"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +50,44 @@ class ProbedDevice:
     properties: tuple[tuple[str, Any], ...] = ()
 
 
+@dataclass(frozen=True, slots=True)
+class NodeSpan:
+    """One node's time in one profiled call, as the backend's own profiler reports it.
+
+    Attributes:
+        name: The node (or the backend's layer) name.
+        op_type: Its operator type in the backend's words ('Conv', 'Convolution').
+        call: Which of the calls given to :meth:`Executable.node_spans` it ran in (index into them).
+        offset_us: Its start, in microseconds after that call's start.
+        dur_us: Its duration in microseconds, as drawn (within the call).
+        args: Extra facts shown with the span (provider, shapes); ``real_us`` is the time the backend
+            reported when it differs from ``dur_us``, and is what the profile's statistics add up.
+    """
+
+    name: str
+    op_type: str
+    call: int
+    offset_us: float
+    dur_us: float
+    args: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class CacheStrategy:
+    """How a backend's compiled artifact is captured into a bundle and given back to it.
+
+    Attributes:
+        kind: 'optimized-model': the backend writes an optimized ONNX graph to the file that ``option``
+            names, and compiling that graph with graph optimizations off skips its optimizer;
+            'directory': the backend writes its own cache files into the folder ``option`` names, and
+            reads them back (validating them) when compiled again with the same option.
+        option: The backend option that names the file or folder.
+    """
+
+    kind: Literal["optimized-model", "directory"]
+    option: str
+
+
 class Executable(abc.ABC):
     """A compiled model or subgraph, ready to run on one device."""
 
@@ -68,6 +106,22 @@ class Executable(abc.ABC):
         """The precision the backend actually runs ('fp32', 'fp16', 'bf16'), read back from it where it can
         say (OpenVINO's INFERENCE_PRECISION_HINT); None: the precision that was requested."""
         return None
+
+    @property
+    def loaded_from_cache(self) -> bool | None:
+        """Whether the backend imported its compiled artifact from the cache its options named (True) or
+        compiled afresh (False; a cache it rejected); None: it cannot say."""
+        return None
+
+    def node_spans(self, calls: Sequence[tuple[int, int]]) -> list[NodeSpan]:
+        """Per-node timings of the last ``len(calls)`` calls of :meth:`run`, from the backend's profiler
+        (compiled with :meth:`Backend.profiling_options`). Called once, after those calls; a backend may
+        stop its profiler then. Default: none (no profiler).
+
+        Args:
+            calls: (start, end) of each profiled call, ``time.perf_counter_ns()``; earlier calls were warm-up.
+        """
+        return []
 
 
 class Backend(abc.ABC):
@@ -169,6 +223,25 @@ class Backend(abc.ABC):
         user's own options still win). Default: none. ONNX Runtime turns off its spinning threads, which
         would starve the other runtimes on few cores (DESIGN 4)."""
         return {}
+
+    # ---------------------------------------------------------------- profiling and caches
+    @classmethod
+    def profiling_options(cls, workdir: str) -> dict[str, Any]:
+        """Options that turn the backend's per-node profiler on ({}: it has none); its files, if any, go
+        under ``workdir``. Default: ``{'profile': True}`` when the backend declares a ``profile`` option."""
+        return {"profile": True} if "profile" in cls.options else {}
+
+    @classmethod
+    def cache_strategy(cls, device: str, options: Mapping[str, Any]) -> CacheStrategy | None:
+        """How a compile on ``device`` with ``options`` captures its artifact (None: no cache). Default,
+        from the declared options: ``optimized_model_path`` -> 'optimized-model'; ``cache_dir`` or
+        ``engine_cache_path`` -> 'directory'."""
+        if "optimized_model_path" in cls.options:
+            return CacheStrategy("optimized-model", "optimized_model_path")
+        for option in ("cache_dir", "engine_cache_path"):
+            if option in cls.options:
+                return CacheStrategy("directory", option)
+        return None
 
     # ---------------------------------------------------------------- compile
     def compile(self, model: Model, device: str, options: Mapping[str, Any] | None = None) -> Executable:

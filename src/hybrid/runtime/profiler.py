@@ -1,13 +1,12 @@
 """``hybrid.profile``: run a model for a while and write a Chrome trace (opens in Perfetto).
 
-The trace has four tracks of spans. Profiled runs (the first ``node_runs``, with the backend's profiler
-on) and their nodes, from the backend's own profiler: ONNX Runtime's (``enable_profiling``, the same
-Chrome-trace events ORT writes, re-timed onto hybrid's clock run by run), OpenVINO's per-layer counters
-(``PERF_COUNT``; OpenVINO reports durations, not start times, so a run's layers are laid end to end from
-the run's start), or any executable with a ``profiling_info()`` giving ``node_name``, ``node_type`` and
-``real_time``. Then plain runs (``cm.run``, validation included) and their subgraphs (the backend
-executable's call), timed for ``duration`` seconds: the latency percentiles and throughput come from
-these alone, as a profiler slows the runs it watches. The trace is bounded (a minute of a small model
+The trace has four tracks of spans. Profiled runs (the first ``node_runs``, compiled with the backend's
+``Backend.profiling_options``) and their nodes, from the backend's own profiler through
+``Executable.node_spans`` (ONNX Runtime's events re-timed onto hybrid's clock run by run; OpenVINO's
+per-layer counters laid end to end in each call; any backend's that implements the hook). Then plain
+runs (``cm.run``, validation included) and their subgraphs (the backend executable's call), timed for
+``duration`` seconds: the latency percentiles and throughput come from these alone, as a profiler slows
+the runs it watches. The trace is bounded (a minute of a small model
 is millions of node events): node spans from the profiled runs only, run spans for the first
 ``MAX_RUN_SPANS`` plain runs. Memory-pool counters become counter tracks when pools are configured
 (``hybrid.init``).
@@ -15,7 +14,6 @@ is millions of node events): node spans from the profiled runs only, run spans f
 
 from __future__ import annotations
 
-import datetime
 import json
 import logging
 import os
@@ -30,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from hybrid.errors import ConfigError, RunError
-from hybrid.hal.backend import Executable
+from hybrid.hal.backend import Executable, NodeSpan
 from hybrid.runtime.compiled import CompiledModel
 
 __all__ = ["OpStat", "ProfileReport", "profile", "sample_inputs"]
@@ -202,70 +200,21 @@ def _profiling_model(cm: CompiledModel, tmp: str) -> tuple[CompiledModel, list[s
 
     if len(cm.plan.segments) != 1:
         return cm, [f"the plan has {len(cm.plan.segments)} segments; node spans need a single-backend plan"]
-    declared = backend_class(cm.backend).options
-    if "profile" not in declared:
+    profiling = backend_class(cm.backend).profiling_options(tmp)
+    if not profiling:
         return cm, [f"backend {cm.backend!r} has no profiler; the trace has run and subgraph spans only"]
     options = {k: v for k, v in cm.options.items() if k not in _LOCAL_OPTIONS}
-    options["profile"] = os.path.join(tmp, "ort") if cm.backend == "onnxruntime" else True
+    options.update(profiling)
     precision = getattr(cm.plan.segments[0], "precision", "fp32")
     return compile_model(cm.model, target=f"{cm.backend}:{cm.device}", precision=precision,
                          config={cm.backend: options}), []
 
 
-def _per_layer(info: Any, start_us: float, span_us: float) -> list[dict[str, Any]]:
-    """Node spans from per-layer counters (OpenVINO ProfilingInfo or the same duck type), end to end.
-
-    The counters' sum can exceed the call (layers that overlap on the worker threads); then the spans
-    are shrunk in proportion to fit in the subgraph span, and ``args.real_us`` keeps the reported time.
-    """
-    layers = []
-    for rec in info:
-        status = str(getattr(rec, "status", "EXECUTED"))
-        real = getattr(rec, "real_time", 0)
-        dur = real.total_seconds() * 1e6 if isinstance(real, datetime.timedelta) else float(real) * 1e6
-        if dur > 0 and "NOT_RUN" not in status and "OPTIMIZED_OUT" not in status:
-            layers.append((rec, dur))
-    total = sum(d for _, d in layers)
-    scale = min(1.0, span_us / total) if total else 1.0
-    events, cursor = [], start_us
-    for rec, dur in layers:
-        args = {"op_type": str(getattr(rec, "node_type", "?")), "real_us": round(dur, 3)}
-        if getattr(rec, "exec_type", None):
-            args["exec_type"] = str(rec.exec_type)
-        events.append({"name": str(getattr(rec, "node_name", "?")), "cat": "node", "ph": "X", "pid": 1,
-                       "tid": _NODE, "ts": round(cursor, 3), "dur": round(dur * scale, 3), "args": args})
-        cursor += dur * scale
-    return events
-
-
-def _ort_nodes(session: Any, runs: list[tuple[int, int]], warmup: int, t_base: int) -> list[dict[str, Any]]:
-    """ORT's node events of the profiled runs, re-timed run by run onto hybrid's clock."""
-    path = session.end_profiling()
-    try:
-        with open(path, encoding="utf-8") as f:
-            events = json.load(f)
-    finally:
-        Path(path).unlink(missing_ok=True)
-    model_runs = sorted((e for e in events if e.get("cat") == "Session" and e.get("name") == "model_run"),
-                        key=lambda e: e["ts"])[warmup:]
-    nodes = sorted((e for e in events if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time")),
-                   key=lambda e: e["ts"])
-    out, k = [], 0
-    for (start, end), mr in zip(runs, model_runs):
-        # centre ORT's model_run inside hybrid's run span (the difference is Python-side overhead)
-        shift = (start - t_base) / 1e3 + max(0.0, ((end - start) / 1e3 - mr["dur"]) / 2) - mr["ts"]
-        while k < len(nodes) and nodes[k]["ts"] < mr["ts"]:
-            k += 1
-        while k < len(nodes) and nodes[k]["ts"] <= mr["ts"] + mr["dur"]:
-            ev, args = nodes[k], nodes[k].get("args", {})
-            keep = {"op_type": args.get("op_name", "?"), "provider": args.get("provider", "")}
-            for key in ("input_type_shape", "output_type_shape"):
-                if key in args:
-                    keep[key] = args[key]
-            out.append({"name": ev["name"][:-len("_kernel_time")], "cat": "node", "ph": "X", "pid": 1,
-                        "tid": _NODE, "ts": round(ev["ts"] + shift, 3), "dur": ev.get("dur", 0), "args": keep})
-            k += 1
-    return out
+def _node_event(span: NodeSpan, calls: list[tuple[int, int]], t_base: int) -> dict[str, Any]:
+    """A trace event (hybrid's clock, microseconds since ``t_base``) from a backend's node span."""
+    start = (calls[span.call][0] - t_base) / 1e3 + span.offset_us
+    return {"name": span.name, "cat": "node", "ph": "X", "pid": 1, "tid": _NODE, "ts": round(start, 3),
+            "dur": round(span.dur_us, 3), "args": {"op_type": span.op_type, **span.args}}
 
 
 def _pool_counters(ts_us: float) -> list[dict[str, Any]]:
@@ -400,24 +349,18 @@ def _node_phase(cm: CompiledModel, feeds: Mapping[str, Any], warmup: int,
     """Runs of the profiling build of the model, with node spans: (time base, run spans, node events)."""
     timed = _TimedExecutable(cm.executable)
     run_cm = CompiledModel(cm.model, timed, cm.plan, cm.backend, cm.device, cm.options, cm.target)
-    warmed = _warm(run_cm.run, feeds, min(warmup, 3), 0.0)
+    _warm(run_cm.run, feeds, min(warmup, 3), 0.0)
     timed.spans.clear()
-    session = getattr(cm.executable, "session", None) if cm.backend == "onnxruntime" else None
-    per_layer = None if session is not None else getattr(cm.executable, "profiling_info", None)
+    per_run = max(len(cm.model.graph), 1)  # node spans a run gives, about: the trace stays bounded
     runs: list[tuple[int, int]] = []
-    nodes: list[dict[str, Any]] = []
     t_base = time.perf_counter_ns()
-    while len(runs) < node_runs and len(nodes) < MAX_NODE_EVENTS:
+    while len(runs) < node_runs and len(runs) * per_run < MAX_NODE_EVENTS:
         t0 = time.perf_counter_ns()
         run_cm.run(feeds)
         runs.append((t0, time.perf_counter_ns()))
-        if per_layer is not None:
-            start, end = timed.spans[-1]
-            nodes += _per_layer(per_layer(), (start - t_base) / 1e3, (end - start) / 1e3)
-        elif session is not None and len(runs) * max(len(cm.model.graph), 1) >= MAX_NODE_EVENTS:
-            break
-    if session is not None:
-        nodes += _ort_nodes(session, runs, warmed, t_base)
+    calls = list(timed.spans)
+    spans = cm.executable.node_spans(calls)
+    nodes = [_node_event(span, calls, t_base) for span in spans if 0 <= span.call < len(calls)]
     return t_base, runs, nodes
 
 
