@@ -56,6 +56,7 @@ class LoadInfo:
         platform: The platform profile the bundle was made for.
         notes: Warnings and fallbacks, in order.
         seconds: Wall time of the load.
+        manifest: The bundle's manifest, as the verified reader checked it (``serving``, ``task``...).
     """
 
     source: str
@@ -66,6 +67,7 @@ class LoadInfo:
     platform: str
     notes: tuple[str, ...]
     seconds: float
+    manifest: Manifest
 
 
 def read_model(reader: BundleReader) -> Model:
@@ -168,8 +170,6 @@ def _build(model: Model, m: Manifest, backend: str, device: str, precision: str,
     return cm, "ir", fp
 
 
-
-
 def _matching_caches(m: Manifest) -> list[CacheEntry]:
     """The bundle's caches built on a machine with this machine's fingerprint (backend present)."""
     out = []
@@ -209,15 +209,15 @@ def load_with_info(source: Source, target: str = "auto", precision: str | None =
     for backend, device in pairs:
         entry = next((c for c in caches if (c.backend, c.device) == (backend, device) and id(c) in cache_files
                       and (precision is None or precision == c.precision)), None)
-        same_as_bundle = m.compile is not None and (m.compile.backend, m.compile.device) == (backend, device)
-        wanted = precision or (entry.precision if entry else m.compile.precision if same_as_bundle
-                               else profile.precision)
+        bundled = m.compile if m.compile is not None and (m.compile.backend, m.compile.device) == (backend, device) \
+            else None  # the bundle's own compile choice, when it is this pair
+        wanted = precision or (entry.precision if entry else bundled.precision if bundled else profile.precision)
         for prec in ([wanted] if precision else _unique([wanted, "fp32"])):
             if entry is not None and prec == entry.precision:
                 layers = [("cache", entry.options)]
             else:
                 layers = [profile_layer(profile, backend),
-                          ("bundle", m.compile.options if same_as_bundle else {}),
+                          ("bundle", bundled.options if bundled else {}),
                           ("config", split_user_config(config, backend, device))]
             options, option_notes = merged_options(backend, layers, untrusted=("platform", "bundle", "cache"))
             try:
@@ -236,7 +236,7 @@ def load_with_info(source: Source, target: str = "auto", precision: str | None =
             _warn_fallback(m, backend, device, explicit,
                            [e for e in errors if not e.startswith(f"{backend}:{device} ")], notes)
             info = LoadInfo(source_kind, backend, device, prec, fp, profile.name, tuple(notes),
-                            time.perf_counter() - t0)
+                            time.perf_counter() - t0, m)
             logger.info("loaded bundle %r on %s:%s from %s in %.3f s", m.name, backend, device, source_kind,
                         info.seconds)
             return task_model(cm, m.task, m.preprocess, m.postprocess), info
@@ -251,7 +251,7 @@ def load_with_info(source: Source, target: str = "auto", precision: str | None =
     logger.warning(notes[-1])
     cm = compile_model(model, target="auto")
     info = LoadInfo("ir", cm.backend, cm.device, _cache.precision_of(cm), "", profile.name, tuple(notes),
-                    time.perf_counter() - t0)
+                    time.perf_counter() - t0, m)
     return task_model(cm, m.task, m.preprocess, m.postprocess), info
 
 
@@ -277,8 +277,10 @@ def load(source: Source, target: str = "auto", precision: str | None = None,
          limits: Limits | None = None) -> CompiledModel:
     """Load a ``.hybrid`` bundle and compile it for this machine (DESIGN 2.7, 2.9).
 
-    A bundle that declares a vision task (manifest ``preprocess`` / ``postprocess``) loads as a
-    ``hybrid.vision.TaskModel``: frames in, detections or labels out; ``.run`` stays raw.
+    Always a CompiledModel: a bundle that declares a vision task (manifest ``preprocess`` /
+    ``postprocess``) loads as a ``hybrid.vision.TaskModel``, the CompiledModel subclass whose call takes
+    frames and returns detections or labels (``.run`` stays raw). ``hybrid.vision.load_task`` loads one
+    typed as a TaskModel.
 
     Args:
         source: Path of the bundle, or its bytes.

@@ -1,7 +1,11 @@
 """``TaskModel``: a compiled model that takes frames and returns answers (detections, labels).
 
 ``hybrid.load`` returns one when the bundle declares a vision task (see :mod:`hybrid.vision.spec`);
-``TaskModel.from_options(cm, 'detection', format='yolov8', ...)`` wraps any compiled model. Calls
+:func:`load_task` does the same and says so to a type checker (it refuses a bundle without a task);
+``TaskModel.from_options(cm, 'detection', format='yolov8', ...)`` wraps any compiled model. A TaskModel
+is a :class:`~hybrid.runtime.compiled.CompiledModel` (what ``hybrid.load`` declares): the attributes
+(``signature``, ``backend``, ``plan``...), ``run``, ``save`` and ``close`` are the compiled model's, read
+live; only a call differs, taking frames and returning answers. Calls
 queue preprocessing, the run and postprocessing together on a stream when given ``stream=`` (as
 ``CompiledModel.__call__`` does), so a detector and a classifier chained on one stream stay in order
 while the caller goes on decoding frames. Raw tensors stay available through :meth:`TaskModel.run`.
@@ -19,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from hybrid.errors import BundleError, ConfigError, RunError
+from hybrid.runtime.compiled import CompiledModel
 from hybrid.vision.checks import check_declarations, declarations
 from hybrid.vision.preprocess import ImageInput, Placement, as_frames, input_shape, prepare, prepare_crops
 from hybrid.vision.results import Classification, Detections
@@ -26,10 +31,13 @@ from hybrid.vision.spec import Postprocess, Preprocess, declare, flat_options
 from hybrid.vision.yolo import decode
 
 if TYPE_CHECKING:
-    from hybrid.runtime.compiled import CompiledModel
+    from hybrid.bundle.safety import Limits
+    from hybrid.hal.backend import Executable
+    from hybrid.ir import Model, Signature
+    from hybrid.runtime.plan import Plan
 
 # declarations: re-exported for create_bundle
-__all__ = ["Prepared", "TaskModel", "check_declarations", "declarations", "task_model"]
+__all__ = ["Prepared", "TaskModel", "check_declarations", "declarations", "load_task", "task_model"]
 
 _STAGES = ("preprocess", "run", "postprocess")
 
@@ -111,12 +119,15 @@ def _check_color(color: str) -> None:
         raise ConfigError("HYB-102", f"color: expected 'rgb' or 'bgr' (the frames' channel order), got {color!r}")
 
 
-class TaskModel:
+class TaskModel(CompiledModel):
     """A compiled image model with its declared pre- and postprocessing.
 
+    A CompiledModel whose call takes frames and returns answers; ``run`` stays the raw model.
+
     Attributes:
-        compiled: The CompiledModel it runs (``signature``, ``backend``, ``device``, ``plan`` and the
-            other CompiledModel attributes are reachable on the TaskModel too).
+        compiled: The CompiledModel it runs. ``model``, ``signature``, ``executable``, ``plan``,
+            ``backend``, ``device``, ``options`` and ``target`` are its attributes, read (and written)
+            through: online tuning that switches the compiled model's backend shows here too.
         task: 'detection' or 'classification'.
         preprocess, postprocess: The declarations (see :mod:`hybrid.vision.spec`).
         input: The image input they resolve to (size, layout, dtype, max_batch).
@@ -127,6 +138,7 @@ class TaskModel:
     """
 
     def __init__(self, compiled: CompiledModel, preprocess: Preprocess, postprocess: Postprocess) -> None:
+        # no CompiledModel.__init__: the state is the wrapped model's, reached through the properties below
         self.compiled = compiled
         self.preprocess = preprocess
         self.postprocess = postprocess
@@ -148,10 +160,79 @@ class TaskModel:
             raise BundleError("HYB-502", f"task {task!r} is not a vision task", "use 'detection' or 'classification'")
         return cls(compiled, *decl)
 
-    def __getattr__(self, name: str) -> Any:
-        if name == "compiled":  # not set yet: a failed __init__
-            raise AttributeError(name)
-        return getattr(self.compiled, name)
+    # ------------------------------------------------------------------ the compiled model's state
+    @property
+    def model(self) -> Model:
+        """The hybrid.Model it was compiled from."""
+        return self.compiled.model
+
+    @model.setter
+    def model(self, value: Model) -> None:
+        self.compiled.model = value
+
+    # pyright takes a property over an annotated attribute for a different symbol; it is the same one, settable
+    @property
+    def signature(self) -> Signature:
+        """The raw model's inputs and outputs."""
+        return self.compiled.signature
+
+    @signature.setter
+    def signature(self, value: Signature) -> None:  # pyright: ignore[reportIncompatibleVariableOverride]
+        self.compiled.signature = value
+
+    @property
+    def executable(self) -> Executable:
+        """The backend's executable."""
+        return self.compiled.executable
+
+    @executable.setter
+    def executable(self, value: Executable) -> None:
+        self.compiled.executable = value
+
+    @property
+    def plan(self) -> Plan:
+        """Which nodes run where."""
+        return self.compiled.plan
+
+    @plan.setter
+    def plan(self, value: Plan) -> None:
+        self.compiled.plan = value
+
+    @property
+    def backend(self) -> str:
+        """Backend name."""
+        return self.compiled.backend
+
+    @backend.setter
+    def backend(self, value: str) -> None:
+        self.compiled.backend = value
+
+    @property
+    def device(self) -> str:
+        """Device name."""
+        return self.compiled.device
+
+    @device.setter
+    def device(self, value: str) -> None:
+        self.compiled.device = value
+
+    @property
+    def options(self) -> dict[str, Any]:
+        """The backend options the executable was built with."""
+        return self.compiled.options
+
+    @options.setter
+    def options(self, value: dict[str, Any]) -> None:  # pyright: ignore[reportIncompatibleVariableOverride]
+        self.compiled.options = value
+
+    @property
+    def target(self) -> str:
+        """The target it was compiled for."""
+        return self.compiled.target
+
+    @target.setter
+    def target(self, value: str) -> None:
+        self.compiled.target = value
 
     # ------------------------------------------------------------------ raw
     def run(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
@@ -334,6 +415,7 @@ class TaskModel:
         save_bundle(self.compiled, path, task=self.task, task_options=self.task_options(), **kwargs)
 
     def close(self) -> None:
+        """Release the compiled model's native resources."""
         self.compiled.close()
 
     def __repr__(self) -> str:
@@ -368,7 +450,7 @@ def _as_detections(value: Any) -> tuple[list[Detections], bool]:
 
 
 def task_model(compiled: CompiledModel, task: str | None, preprocess: Preprocess | None,
-               postprocess: Postprocess | None) -> Any:
+               postprocess: Postprocess | None) -> CompiledModel:
     """What ``hybrid.load`` returns: a TaskModel when the bundle declares processing, else ``compiled``.
 
     Raises:
@@ -385,3 +467,27 @@ def task_model(compiled: CompiledModel, task: str | None, preprocess: Preprocess
         raise BundleError("HYB-502", f"the manifest's task {task!r} differs from its postprocess task "
                           f"{postprocess.task!r}", "rebuild the bundle with pyasc bundle create --task ...")
     return TaskModel(compiled, preprocess, postprocess)
+
+
+def load_task(source: Any, target: str = "auto", precision: str | None = None,
+              config: Mapping[str, Any] | None = None, *, use_cache: bool = True,
+              limits: Limits | None = None) -> TaskModel:
+    """``hybrid.load`` for a bundle that declares a vision task, typed as the TaskModel it returns.
+
+    Args:
+        source, target, precision, config, use_cache, limits: As for ``hybrid.load``.
+
+    Raises:
+        BundleError: HYB-502 when the bundle declares no vision task (and the 5xx ``hybrid.load`` raises).
+        BackendError: 3xx when nothing on this machine can compile the model.
+    """
+    from hybrid.bundle import load_with_info
+
+    loaded, _ = load_with_info(source, target, precision, config, use_cache=use_cache, limits=limits)
+    if not isinstance(loaded, TaskModel):
+        name = loaded.model.name
+        loaded.close()
+        raise BundleError("HYB-502", f"bundle {name!r} declares no vision task: expected manifest 'preprocess' "
+                          "and 'postprocess' sections, found neither",
+                          "use hybrid.load for a plain model, or rebuild it with pyasc bundle create --task ...")
+    return loaded
