@@ -282,7 +282,7 @@ class OnnxRuntimeBackend(Backend):
         if device.startswith("cuda") and options.get("tensorrt"):
             # ORT cannot serialize a graph with TensorRT-compiled nodes; the engines are the cache
             return CacheStrategy("directory", "engine_cache_path")
-        return CacheStrategy("optimized-model", "optimized_model_path")
+        return CacheStrategy("optimized-model", "optimized_model_path", {"graph_optimization_level": "disable"})
 
     def _precisions(self, device: str) -> tuple[str, ...]:
         # fp16 through the TensorRT execution provider (unverified here: no GPU)

@@ -1,13 +1,13 @@
 """Compiled caches: capture a backend's compiled artifact, and rebuild a CompiledModel from it.
 
-Two kinds, chosen by the options a backend declares:
+Two kinds, chosen by the backend (``Backend.cache_strategy``; by default from the options it declares):
 
-- ``optimized-model``: ONNX Runtime writes its optimized graph (``optimized_model_path``); loading it
-  with graph optimizations disabled skips ORT's optimizer. The graph is an ONNX model and is checked
-  like one (no external data, inputs the original model has).
+- ``optimized-model``: the backend writes its optimized graph to a file (ONNX Runtime's
+  ``optimized_model_path``); loading it with graph optimizations disabled skips the optimizer. The graph
+  is an ONNX model and is checked like one (no external data, inputs the original model has).
 - ``directory``: the backend writes its own cache folder (OpenVINO ``cache_dir`` blobs, TensorRT engine
   caches through ``engine_cache_path``); restoring writes the files back and points the option at them.
-  The backend validates its blob and recompiles when it rejects it.
+  The backend validates its blob and recompiles when it rejects it (``Executable.loaded_from_cache``).
 
 A cache that fails to restore is never trusted: the caller rebuilds from the IR.
 """
@@ -17,7 +17,6 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +25,7 @@ import onnx
 from hybrid.bundle.modelio import _external_tensors, parse_model_bytes
 from hybrid.bundle.safety import check_member_name
 from hybrid.errors import BundleError, HybridError
+from hybrid.hal.backend import CacheStrategy
 from hybrid.ir import Model
 from hybrid.runtime.compiled import CompiledModel
 from hybrid.runtime.plan import Plan
@@ -48,14 +48,6 @@ OPTIMIZED_NAME = "model.opt.onnx"
 _MAX_GROWTH = 4  # largest optimized-model size, relative to the model, worth caching
 # options that name files on the machine that compiled: never carried into a bundle
 MACHINE_OPTIONS = ("optimized_model_path", "profile", "cache_dir", "engine_cache_path")
-
-
-@dataclass(frozen=True, slots=True)
-class CacheStrategy:
-    """How one backend's compiled artifact is captured: its kind and the option that writes it."""
-
-    kind: str
-    option: str
 
 
 def portable_options(options: Mapping[str, Any]) -> dict[str, Any]:
@@ -83,30 +75,25 @@ def untrusted_options(options: Mapping[str, Any]) -> tuple[dict[str, Any], list[
 
 
 def precision_of(cm: CompiledModel) -> str:
-    """The precision a CompiledModel runs at (the plan records it; OpenVINO's option says it too)."""
+    """The precision a CompiledModel runs at (the plan records it; else what the backend says it runs)."""
     segments = getattr(cm.plan, "segments", ())
     if segments and getattr(segments[0], "precision", None) in ("fp32", "fp16", "bf16"):
         return segments[0].precision
-    return {"f16": "fp16", "bf16": "bf16"}.get(cm.options.get("inference_precision", ""), "fp32")
+    ran = getattr(cm.executable, "precision", None)
+    return ran if ran in ("fp16", "bf16") else "fp32"
 
 
 def strategy_for(backend: str, device: str, options: Mapping[str, Any]) -> CacheStrategy | None:
-    """The cache strategy for a (backend, device, options), or None when the backend has none."""
+    """The cache strategy for a (backend, device, options) (``Backend.cache_strategy``), or None when the
+    backend has none or does not declare the option it names."""
     from hybrid.hal import backend_class
 
     try:
-        declared = backend_class(backend).options
+        cls = backend_class(backend)
+        strategy = cls.cache_strategy(device, options)
     except HybridError:
         return None
-    if backend == "onnxruntime" and device.startswith("cuda") and options.get("tensorrt"):
-        # ORT cannot serialize a graph with TensorRT-compiled nodes; the engines are the cache
-        return CacheStrategy("directory", "engine_cache_path") if "engine_cache_path" in declared else None
-    if "optimized_model_path" in declared:
-        return CacheStrategy("optimized-model", "optimized_model_path")
-    for option in ("cache_dir", "engine_cache_path"):
-        if option in declared:
-            return CacheStrategy("directory", option)
-    return None
+    return strategy if strategy is not None and strategy.option in cls.options else None
 
 
 def compile_for(model: Model, backend: str, device: str, precision: str, options: Mapping[str, Any]) -> CompiledModel:
@@ -196,14 +183,9 @@ def _with_options(cm: CompiledModel, options: Mapping[str, Any], model: Model | 
 
 
 def loaded_from_cache(cm: CompiledModel) -> bool | None:
-    """Whether the backend says it imported its cache (OpenVINO's LOADED_FROM_CACHE); None: unknown."""
-    compiled = getattr(cm.executable, "compiled", None)
-    if compiled is None:
-        return None
-    try:
-        return bool(compiled.get_property("LOADED_FROM_CACHE"))
-    except Exception:  # a backend without the property
-        return None
+    """Whether the backend says it imported its cache (``Executable.loaded_from_cache``; OpenVINO's
+    LOADED_FROM_CACHE); None: unknown."""
+    return getattr(cm.executable, "loaded_from_cache", None)
 
 
 def restore(model: Model, backend: str, device: str, precision: str, options: Mapping[str, Any], kind: str,
@@ -215,16 +197,16 @@ def restore(model: Model, backend: str, device: str, precision: str, options: Ma
     """
     opts = portable_options(options)
     note = f"compiled artifact restored from {where}"
+    strategy = strategy_for(backend, device, opts)
+    if strategy is None or strategy.kind != kind:
+        raise BundleError("HYB-502", f"{where}: backend {backend!r} has no {kind} cache here",
+                          "the cache was made by another hybrid version; it is rebuilt")
     if kind == "optimized-model":
         proto = parse_model_bytes(files[OPTIMIZED_NAME], where)
         check_optimized(proto, model, where)
         optimized = Model.load(proto)
-        cm = compile_for(optimized, backend, device, precision, {**opts, "graph_optimization_level": "disable"})
+        cm = compile_for(optimized, backend, device, precision, {**opts, **strategy.restore_options})
         return _with_options(cm, opts, model=model, note=note)
-    strategy = strategy_for(backend, device, opts)
-    if strategy is None or strategy.kind != "directory":
-        raise BundleError("HYB-502", f"{where}: backend {backend!r} has no directory cache here",
-                          "the cache was made by another hybrid version; it is rebuilt")
     workdir.mkdir(parents=True, exist_ok=True)
     for name, data in files.items():
         path = workdir / check_member_name(name, where)

@@ -82,10 +82,13 @@ class CacheStrategy:
             'directory': the backend writes its own cache files into the folder ``option`` names, and
             reads them back (validating them) when compiled again with the same option.
         option: The backend option that names the file or folder.
+        restore_options: Options added when compiling from the artifact ('optimized-model': those that
+            turn the optimizer off, it already ran).
     """
 
     kind: Literal["optimized-model", "directory"]
     option: str
+    restore_options: Mapping[str, Any] = field(default_factory=dict)
 
 
 class Executable(abc.ABC):
@@ -234,10 +237,12 @@ class Backend(abc.ABC):
     @classmethod
     def cache_strategy(cls, device: str, options: Mapping[str, Any]) -> CacheStrategy | None:
         """How a compile on ``device`` with ``options`` captures its artifact (None: no cache). Default,
-        from the declared options: ``optimized_model_path`` -> 'optimized-model'; ``cache_dir`` or
-        ``engine_cache_path`` -> 'directory'."""
+        from the declared options: ``optimized_model_path`` -> 'optimized-model' (restored with
+        ``graph_optimization_level='disable'`` when declared); ``cache_dir`` or ``engine_cache_path`` ->
+        'directory'."""
         if "optimized_model_path" in cls.options:
-            return CacheStrategy("optimized-model", "optimized_model_path")
+            off = {"graph_optimization_level": "disable"} if "graph_optimization_level" in cls.options else {}
+            return CacheStrategy("optimized-model", "optimized_model_path", off)
         for option in ("cache_dir", "engine_cache_path"):
             if option in cls.options:
                 return CacheStrategy("directory", option)
