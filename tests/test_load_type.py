@@ -67,3 +67,15 @@ def test_load_info_carries_the_verified_manifest(tmp_path):
     create_bundle(matmul_add(), tmp_path / "m.hybrid")
     cm, info = load_with_info(tmp_path / "m.hybrid")
     assert info.manifest.name == cm.model.name and info.manifest.model.outputs[0].name == cm.signature.output_names[0]
+
+
+def test_serve_reads_the_manifest_only_through_the_verified_reader(tmp_path):
+    import hybrid.serve.repository as repo
+
+    assert "zipfile" not in inspect.getsource(repo)  # no second, unverified read of the archive
+    assert inspect.signature(repo._manifest_serving).parameters["manifest"].annotation == "Manifest"
+    create_bundle(matmul_add(), tmp_path / "m.hybrid", serving={"max_batch": 3})
+    _, info = load_with_info(tmp_path / "m.hybrid")
+    assert repo._manifest_serving(info.manifest) == {"max_batch": 3}  # unset keys keep the server's values
+    create_bundle(matmul_add(), tmp_path / "bare.hybrid")
+    assert repo._manifest_serving(load_with_info(tmp_path / "bare.hybrid")[1].manifest) == {}

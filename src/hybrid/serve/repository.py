@@ -25,12 +25,13 @@ import json
 import logging
 import re
 import threading
-import zipfile
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hybrid.bundle import load_with_info
+from hybrid.bundle.manifest import Manifest
 from hybrid.errors import ConfigError, HybridError, ModelError, ServingError
 from hybrid.serve.model import BatchObserver, BatchSettings, ServedModel
 
@@ -45,7 +46,6 @@ MODEL_FILES = ("model.hybrid", "model.onnx")
 SUFFIXES = (".hybrid", ".onnx")
 CONFIG_FILE = "config.json"
 _CONFIG_MAX = 64 << 10
-_MANIFEST_MAX = 4 << 20
 
 # A server process shares its cores between the HTTP event loop and the runtime: ONNX Runtime's idle
 # intra-op threads must not spin between batches and starve the loop that forms the next one (DESIGN 4).
@@ -227,20 +227,12 @@ def configure_backends(config: Mapping[str, Mapping[str, Any]] | None) -> dict[s
     return merged
 
 
-def _manifest_serving(compiled: Any, path: str) -> dict[str, Any]:
-    """The ``"serving"`` object of a bundle's manifest (after the bundle loader verified the bundle)."""
-    manifest = getattr(compiled, "manifest", None)
-    if manifest is None:
-        with zipfile.ZipFile(path) as zf:
-            info = zf.getinfo("manifest.json")
-            if info.file_size > _MANIFEST_MAX:
-                return {}
-            manifest = json.loads(zf.read(info))
-    serving = manifest.get("serving") if isinstance(manifest, Mapping) else getattr(manifest, "serving", None)
-    if hasattr(serving, "model_dump"):  # the bundle's validated ServingEntry
-        serving = serving.model_dump()
-    # keys the bundle left unset (None) keep the server's defaults and command-line values
-    return {k: v for k, v in serving.items() if v is not None} if isinstance(serving, Mapping) else {}
+def _manifest_serving(manifest: Manifest) -> dict[str, Any]:
+    """The settings of a bundle's ``"serving"`` object, from the manifest the verified reader checked.
+
+    Keys the bundle left unset keep the server's defaults and command-line values.
+    """
+    return {} if manifest.serving is None else manifest.serving.model_dump(exclude_none=True)
 
 
 def load_model(source: ModelSource, target: str | None = None, overrides: Mapping[str, Any] | None = None,
@@ -257,16 +249,8 @@ def load_model(source: ModelSource, target: str | None = None, overrides: Mappin
     chosen = target or source.target or "auto"
     manifest: dict[str, Any] = {}
     if source.path.endswith(".hybrid"):
-        try:
-            from hybrid.bundle import load as load_bundle
-        except ImportError as e:
-            raise _repo_error(f"{source.path}: this installation cannot read .hybrid bundles ({e})",
-                              "serve the model's .onnx file instead") from e
-        compiled = load_bundle(source.path, target=chosen)
-        try:
-            manifest = _manifest_serving(compiled, source.path)
-        except (OSError, KeyError, ValueError, zipfile.BadZipFile) as e:
-            logger.warning("%s: cannot read serving settings from the manifest: %s", source.path, e)
+        compiled, info = load_with_info(source.path, target=chosen)
+        manifest = _manifest_serving(info.manifest)
         platform = "hybrid"
     else:
         from hybrid.runtime.compiler import compile_model
