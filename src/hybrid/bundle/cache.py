@@ -85,7 +85,8 @@ def precision_of(cm: CompiledModel) -> str:
 
 def strategy_for(backend: str, device: str, options: Mapping[str, Any]) -> CacheStrategy | None:
     """The cache strategy for a (backend, device, options) (``Backend.cache_strategy``), or None when the
-    backend has none or does not declare the option it names."""
+    backend has none, or names an option it does not declare or that is not one of :data:`MACHINE_OPTIONS`
+    (a bundle never carries those: a path in a bundle's options could point anywhere)."""
     from hybrid.hal import backend_class
 
     try:
@@ -93,7 +94,12 @@ def strategy_for(backend: str, device: str, options: Mapping[str, Any]) -> Cache
         strategy = cls.cache_strategy(device, options)
     except HybridError:
         return None
-    return strategy if strategy is not None and strategy.option in cls.options else None
+    if strategy is None or strategy.option not in cls.options or strategy.option not in MACHINE_OPTIONS:
+        if strategy is not None:
+            logger.info("no compiled cache for %s: its cache option %r is not a declared option among %s",
+                        backend, strategy.option, MACHINE_OPTIONS)
+        return None
+    return strategy
 
 
 def compile_for(model: Model, backend: str, device: str, precision: str, options: Mapping[str, Any]) -> CompiledModel:
