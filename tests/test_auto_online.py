@@ -149,6 +149,54 @@ def test_sixteen_callers_each_get_their_own_answer_while_the_bucket_switches():
     assert cm.executable.status()[0].calls >= 16 * 12
 
 
+def test_a_starved_check_gets_yield_windows_on_at_most_one_call_in_200(monkeypatch):
+    from hybrid.runtime.auto import online
+
+    release = threading.Event()
+    original = OnlineTuner._check
+
+    def starved_check(self, slot):  # as a check that callers leaving no core idle starve: done when released
+        release.wait(timeout=120)
+        original(self, slot)
+
+    class Clock:  # the real clock, counting the calls that wait in a window
+        perf_counter = staticmethod(time.perf_counter)
+        waits: list[float] = []
+
+        @classmethod
+        def sleep(cls, seconds):
+            cls.waits.append(seconds)
+            time.sleep(seconds)
+
+    monkeypatch.setattr(OnlineTuner, "_check", starved_check)
+    monkeypatch.setattr(online, "time", Clock)
+    monkeypatch.setattr(online, "YIELD_AFTER_S", 0.0)
+    cm = hybrid.compile(conv_net(), target="auto")
+    inputs = [images(1, 12, 12, seed=k) for k in range(4)]
+    expected = [reference(x) for x in inputs]
+    calls_per_caller, errors = 400, []
+
+    def caller(k):
+        for _ in range(calls_per_caller):
+            if not np.allclose(cm(inputs[k]), expected[k], rtol=1e-3, atol=1e-4):
+                errors.append(k)
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=caller, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    wall = time.perf_counter() - t0
+    assert not errors
+    total = 4 * calls_per_caller
+    assert 1 <= len(Clock.waits) <= total * online.YIELD_CALL_SHARE + 4  # a window holds up one call per caller
+    assert all(w <= online.YIELD_MAX_S for w in Clock.waits)
+    assert sum(Clock.waits) <= 4 * (online.YIELD_WALL_SHARE * wall + online.YIELD_MAX_S)
+    release.set()
+    call_until_settled(cm, inputs[0])
+
+
 def test_online_tuning_can_be_switched_off():
     hybrid.init({"autotune": {"online": False}})
     cm = hybrid.compile(conv_net(), target="auto")

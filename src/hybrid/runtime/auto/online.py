@@ -21,6 +21,15 @@ Per shape bucket (:func:`~.shapes.bucket_of`):
 
 A call that fails on the executable serving it (a shape that backend cannot run) is answered by the
 next candidate in priority order, which then serves the bucket.
+
+The check runs where the callers leave a core idle (a SCHED_IDLE worker process, :mod:`.worker`). Callers
+that never leave one idle (a saturated closed loop) would starve it; after ``YIELD_AFTER_S`` of a pending
+check, the tuner opens short *yield windows* instead: the call that opens one, and every tuning call that
+arrives while it is open, waits ``YIELD_CALLS`` times the bucket's call duration (10-200 ms) while the check
+takes the cores. Windows are spaced so that at most ``YIELD_CALL_SHARE`` of the calls (one in 200) ever
+wait, and at most ``YIELD_WALL_SHARE`` of the wall time goes to them: the tuning cost lands on a bounded
+share of calls, so the p50 and p99 of the callers stay as they are, where a check that shares the cores
+(nice 10) would slow a tenth of all calls by a scheduler slice.
 """
 
 from __future__ import annotations
@@ -62,6 +71,11 @@ MAX_PAUSE_S = 2.0
 CHECK_AT_CALL = 3  # a bucket is checked from its third call: shapes called once or twice are not worth tuning
 IDLE_POLL_S = 5.0
 MAX_ROUTES = 4096  # exact shape combinations remembered on the hot path (more still work, through bucket_of)
+YIELD_AFTER_S = 2.0  # a check pending this long while calls keep coming: the callers leave no core idle
+YIELD_CALL_SHARE = 0.005  # at most this share of the calls waits in a yield window
+YIELD_CALLS = 20  # a window lasts this many of the bucket's call durations...
+YIELD_MIN_S, YIELD_MAX_S = 0.01, 0.2  # ...within these bounds
+YIELD_WALL_SHARE = 0.2  # and the windows take at most this share of the wall time
 
 
 def _fmt(key: Bucket) -> str:
@@ -101,6 +115,8 @@ class _Slot:
     turn: int = 0
     calls: int = 0
     settled_after: int | None = None
+    checking_since: float = 0.0
+    last_call_s: float = 0.0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -144,6 +160,9 @@ class OnlineTuner(Executable):
         self._jobs: queue.SimpleQueue[tuple[str, _Slot] | None] = queue.SimpleQueue()
         self._worker: threading.Thread | None = None
         self._closed = threading.Event()
+        self._window_end = 0.0  # perf_counter time at which the current yield window closes
+        self._window_hits = 1  # calls that waited in the last window
+        self._calls_since_window = 0
         self._notes = [*notes, f"online tuning: {start.label} serves every shape bucket until real calls decide "
                        f"({settings.calls_per_bucket} calls per candidate; the checks take at most "
                        f"{settings.overhead_cap:.0%} of a busy core)"]
@@ -206,10 +225,12 @@ class OnlineTuner(Executable):
         return slot
 
     def _tuning_call(self, slot: _Slot, feeds: Mapping[str, Any]) -> list[Any]:
+        self._yield(slot)
         with slot.lock:
             slot.calls += 1
             if slot.state == "new" and slot.calls >= CHECK_AT_CALL:
                 slot.sample, slot.state = _copy(feeds), "checking"
+                slot.checking_since = time.perf_counter()
                 self._submit("check", slot)
             label, exe = self._pick(slot)
         t0 = time.perf_counter()
@@ -218,10 +239,35 @@ class OnlineTuner(Executable):
         except Exception as e:
             return self._recover(slot, label, e, feeds)
         elapsed = time.perf_counter() - t0
+        slot.last_call_s = elapsed
         if slot.state == "exploring":
             with slot.lock:
                 self._record(slot, label, elapsed)
         return outs
+
+    def _yield(self, slot: _Slot) -> None:
+        """Wait out the open yield window, or open one when the check starves (module doc). The counts are
+        read and written without a lock: a race costs one call more or less between windows."""
+        now = time.perf_counter()
+        wait = self._window_end - now
+        if wait > 0:
+            self._window_hits += 1
+            time.sleep(wait)
+            return
+        self._calls_since_window += 1
+        if (slot.state != "checking" or now - slot.checking_since < YIELD_AFTER_S
+                or self._calls_since_window * YIELD_CALL_SHARE < self._window_hits):
+            return
+        length = min(YIELD_MAX_S, max(YIELD_MIN_S, YIELD_CALLS * slot.last_call_s))
+        if -wait < length * (1.0 / YIELD_WALL_SHARE - 1.0):  # too soon after the last window
+            return
+        with self._lock:
+            if self._window_end > now:  # another caller opened one meanwhile: wait in it
+                self._window_hits += 1
+            else:
+                self._window_end, self._window_hits, self._calls_since_window = now + length, 1, 0
+            wait = self._window_end - now
+        time.sleep(wait)
 
     def _pick(self, slot: _Slot) -> tuple[str, Executable]:
         if slot.state != "exploring":

@@ -3,10 +3,10 @@
 Checking candidates on a copy of a real input means running the numpy reference and every candidate:
 seconds of CPU on a real model, and Python code that would hold the interpreter lock the caller's
 thread needs. Done in one shared worker process started at a low scheduling priority (the nice
-level whose CPU share matches ``autotune.overhead_cap``: nice 10, about 10 % of a busy core, by
-default; at that share or below also Linux's SCHED_IDLE for the first minute of each check), it takes
-the cores the callers leave idle, so tuning stays off their critical path; callers that never leave a
-core idle get it done within about 10 % of a core after that minute.
+level whose CPU share matches ``autotune.overhead_cap``; at the default 0.1 or below, Linux's SCHED_IDLE
+as well), it takes only the cores the callers leave idle, so tuning stays off their critical path.
+Callers that never leave a core idle would starve it: for them the tuner opens short yield windows
+on a bounded share of calls (:mod:`.online`).
 The worker runs one thread per session (it must not crowd the callers' cores).
 
 The worker is ``python -m hybrid.runtime.auto.worker``, spoken to with length-prefixed pickles over its
@@ -40,8 +40,7 @@ __all__ = ["CheckRequest", "Verdicts", "check", "check_elsewhere", "shutdown"]
 _CFS_WEIGHTS = (1024, 820, 655, 526, 423, 335, 272, 215, 172, 137, 110, 87, 70, 56, 45, 36, 29, 23, 18, 15)
 
 
-IDLE_FROM_NICE = 10  # at this share (10 % of a busy core) or less, the worker is also SCHED_IDLE...
-IDLE_PATIENCE_S = 60.0  # ...for this long per check: callers that never leave a core idle do not starve it
+IDLE_FROM_NICE = 10  # at this share (10 % of a busy core) or less, the worker is also SCHED_IDLE
 
 
 def nice_for(share: float) -> int:
@@ -103,23 +102,22 @@ def _lower_priority(nice: int) -> None:
     with contextlib.suppress(OSError):  # not permitted here: still correct, only less polite to the callers
         os.nice(nice)
     if nice >= IDLE_FROM_NICE:
-        _set_idle(True)
+        _set_idle()
 
 
-def _set_idle(idle: bool) -> None:
-    """Linux SCHED_IDLE on or off. Idle, the worker runs only on cores nobody else wants, and a caller's
-    thread that wakes up takes the core at once (at nice 10 alone it could hold it for a scheduler slice,
-    milliseconds). Off, it competes at its nice level."""
+def _set_idle() -> None:
+    """Linux SCHED_IDLE: the worker runs only on cores nobody else wants, and a caller's thread that wakes
+    up takes the core at once (at nice 10 alone it could hold it for a scheduler slice, milliseconds).
+    Threads started later (the runtimes' pools) inherit it."""
     if not hasattr(os, "SCHED_IDLE"):
         return
-    policy = os.SCHED_IDLE if idle else os.SCHED_OTHER
     try:  # Linux schedules threads: every thread of the worker (the runtimes' pools too)
         tids = [int(t) for t in os.listdir("/proc/self/task")]
     except OSError:
         tids = [0]
     for tid in tids:
         with contextlib.suppress(OSError):
-            os.sched_setscheduler(tid, policy, os.sched_param(0))
+            os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
 
 
 def _send(stream: Any, obj: Any) -> None:
@@ -214,7 +212,6 @@ def _serve() -> None:
     logging.basicConfig(level=logging.ERROR)
     if hasattr(os, "nice") and len(sys.argv) > 1:
         _lower_priority(int(sys.argv[1]))
-    idle = len(sys.argv) > 1 and int(sys.argv[1]) >= IDLE_FROM_NICE and hasattr(os, "SCHED_IDLE")
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr  # nothing else may write into the answer stream
     while True:
@@ -222,18 +219,10 @@ def _serve() -> None:
             request = _receive(stdin)
         except EOFError:
             return
-        impatient = threading.Timer(IDLE_PATIENCE_S, _set_idle, (False,)) if idle else None
-        if impatient is not None:
-            impatient.daemon = True
-            impatient.start()
         try:
             answer: Any = check(request)
         except Exception as e:
             answer = f"{type(e).__name__}: {e}"
-        finally:
-            if impatient is not None:
-                impatient.cancel()
-                _set_idle(True)
         _send(stdout, answer)
 
 
