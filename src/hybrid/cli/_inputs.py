@@ -45,24 +45,6 @@ def parse_shapes(text: str | None) -> dict[str, tuple[int, ...]]:
     return dict(parse(text))
 
 
-def _check_shapes(signature: Any, shapes: Mapping[str, tuple[int, ...]]) -> None:
-    names = [s.name for s in signature.inputs]
-    for name, shape in shapes.items():
-        spec = next((s for s in signature.inputs if s.name == name), None)
-        if spec is None:
-            raise RunError("HYB-402", f"--shapes names {name!r}, which is not an input; the model's inputs: "
-                           f"{', '.join(names)}", "use the input names `pyasc compile MODEL` shows")
-        if spec.shape is None:
-            continue
-        if len(spec.shape) != len(shape):
-            raise RunError("HYB-404", f"--shapes {name}: the input has rank {len(spec.shape)} "
-                           f"{tuple(spec.shape)}, got {len(shape)} dims {shape}", "give one size per dim")
-        for i, (want, got) in enumerate(zip(spec.shape, shape)):
-            if isinstance(want, int) and want >= 0 and want != got:  # a static 0 dim is fixed too
-                raise RunError("HYB-405", f"--shapes {name}: dim {i} is fixed at {want} in the model, got {got}",
-                               "only symbolic dims can be chosen")
-
-
 def generated_inputs(model: Any, shapes: str | Mapping[str, tuple[int, ...]] | None = None, batch: int = 1,
                      seed: int = 0) -> dict[str, np.ndarray]:
     """Inputs for ``model`` (a hybrid.Model) made the way auto-selection makes its samples
@@ -76,12 +58,13 @@ def generated_inputs(model: Any, shapes: str | Mapping[str, tuple[int, ...]] | N
         seed: Random seed.
 
     Raises:
-        ConfigError: HYB-102 for bad ``--shapes`` text.
-        RunError: HYB-402/404/405 for a shape that does not fit the model, HYB-406 for an input that
-            cannot be generated.
+        ConfigError: HYB-102 for bad ``--shapes`` text or a shape that does not fit the model (checked as
+            ``compile(shapes=...)`` checks it).
+        RunError: HYB-406 for an input that cannot be generated.
     """
+    from hybrid.runtime.auto import normalize_shapes
     from hybrid.runtime.profiler import sample_inputs
 
     given = parse_shapes(shapes) if isinstance(shapes, str) else dict(shapes or {})
-    _check_shapes(model.signature, given)
+    normalize_shapes(model.signature, given)
     return sample_inputs(model, batch, seed, shapes=given)
