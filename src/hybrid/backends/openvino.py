@@ -155,10 +155,6 @@ class OpenVINOExecutable(Executable):
         except Exception:  # a device without the property, or a closed model
             return None
 
-    def profiling_info(self) -> list[Any]:
-        """Per-layer counters of the last run on this thread (needs option profile=True)."""
-        return list(self._request().profiling_info)
-
     def node_spans(self, calls: Sequence[tuple[int, int]]) -> list[NodeSpan]:
         """The per-layer counters (``PERF_COUNT``) of the last ``len(calls)`` runs, laid end to end in
         their calls (:func:`layer_spans`)."""

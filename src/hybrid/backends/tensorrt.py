@@ -179,7 +179,7 @@ class TensorRTExecutable(Executable):
     """An engine and one execution context; runs are serialized (a context runs one at a time)."""
 
     def __init__(self, engine: Any, context: Any, device: Any, input_names: list[str], output_names: list[str],
-                 dtypes: dict[str, Any], stager: Any) -> None:
+                 dtypes: dict[str, Any], stager: Any, loaded: bool | None = None) -> None:
         import torch
 
         self.engine = engine
@@ -191,6 +191,12 @@ class TensorRTExecutable(Executable):
         self._stager = stager
         self._torch = torch
         self._lock = threading.Lock()
+        self._loaded = loaded
+
+    @property
+    def loaded_from_cache(self) -> bool | None:
+        """Whether the engine was deserialized from the cache folder (False: built here)."""
+        return self._loaded
 
     def run(self, feeds: Mapping[str, Any]) -> list[Any]:
         torch = self._torch
@@ -302,9 +308,10 @@ class TensorRTBackend(Backend):
                                                 cache_key(data, settings))
         with torch.cuda.device(dev):
             runtime = trt.Runtime(self._logger)
-            engine = None
+            engine, loaded = None, False
             if engine_path.is_file():
                 engine = runtime.deserialize_cuda_engine(engine_path.read_bytes())
+                loaded = engine is not None
                 if engine is None:
                     logger.warning("tensorrt: cached engine %s did not load; rebuilding", engine_path)
             if engine is None:
@@ -319,7 +326,7 @@ class TensorRTBackend(Backend):
         sig = model.signature
         dtypes = {n: types[engine.get_tensor_dtype(n)] for n in [*sig.input_names, *sig.output_names]}
         return TensorRTExecutable(engine, context, dev, sig.input_names, sig.output_names, dtypes,
-                                  Stager(dev, options.get("pin_memory", True)))
+                                  Stager(dev, options.get("pin_memory", True)), loaded)
 
     def _build(self, trt: Any, data: bytes, settings: BuildSettings, timing_path: Path, name: str) -> bytes:
         builder = trt.Builder(self._logger)

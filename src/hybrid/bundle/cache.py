@@ -25,7 +25,7 @@ import onnx
 from hybrid.bundle.modelio import _external_tensors, parse_model_bytes
 from hybrid.bundle.safety import check_member_name
 from hybrid.errors import BundleError, HybridError
-from hybrid.hal.backend import CacheStrategy
+from hybrid.hal.backend import MACHINE_OPTIONS, CacheStrategy
 from hybrid.ir import Model
 from hybrid.runtime.compiled import CompiledModel
 from hybrid.runtime.plan import Plan
@@ -46,8 +46,6 @@ logger = logging.getLogger("hybrid")
 
 OPTIMIZED_NAME = "model.opt.onnx"
 _MAX_GROWTH = 4  # largest optimized-model size, relative to the model, worth caching
-# options that name files on the machine that compiled: never carried into a bundle
-MACHINE_OPTIONS = ("optimized_model_path", "profile", "cache_dir", "engine_cache_path")
 
 
 def portable_options(options: Mapping[str, Any]) -> dict[str, Any]:

@@ -19,7 +19,11 @@ if TYPE_CHECKING:
 
     from hybrid.ir import Model
 
-__all__ = ["Backend", "CacheStrategy", "Executable", "NodeSpan", "Option", "ProbedDevice"]
+__all__ = ["MACHINE_OPTIONS", "Backend", "CacheStrategy", "Executable", "NodeSpan", "Option", "ProbedDevice"]
+
+# options that name files on the machine that compiles: never carried into a bundle, a cache key or a
+# profiled build; the option a CacheStrategy names must be one of them
+MACHINE_OPTIONS = ("optimized_model_path", "profile", "cache_dir", "engine_cache_path")
 
 
 @dataclass(frozen=True, slots=True)

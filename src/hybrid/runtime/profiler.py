@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from hybrid.errors import ConfigError, RunError
-from hybrid.hal.backend import Executable, NodeSpan
+from hybrid.hal.backend import MACHINE_OPTIONS, Executable, NodeSpan
 from hybrid.runtime.compiled import CompiledModel
 
 __all__ = ["OpStat", "ProfileReport", "profile", "sample_inputs"]
@@ -38,7 +38,6 @@ logger = logging.getLogger("hybrid")
 _RUN, _SUBGRAPH, _NODE, _PROFILED = 1, 2, 3, 4  # trace thread ids (tracks)
 MAX_RUN_SPANS = 20_000  # plain runs drawn in the trace (about 2.5 MB); later runs count in the statistics only
 MAX_NODE_EVENTS = 200_000  # node spans in the trace (about 30 MB)
-_LOCAL_OPTIONS = ("optimized_model_path", "profile", "cache_dir", "engine_cache_path")
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,7 +202,7 @@ def _profiling_model(cm: CompiledModel, tmp: str) -> tuple[CompiledModel, list[s
     profiling = backend_class(cm.backend).profiling_options(tmp)
     if not profiling:
         return cm, [f"backend {cm.backend!r} has no profiler; the trace has run and subgraph spans only"]
-    options = {k: v for k, v in cm.options.items() if k not in _LOCAL_OPTIONS}
+    options = {k: v for k, v in cm.options.items() if k not in MACHINE_OPTIONS}
     options.update(profiling)
     precision = getattr(cm.plan.segments[0], "precision", "fp32")
     return compile_model(cm.model, target=f"{cm.backend}:{cm.device}", precision=precision,
