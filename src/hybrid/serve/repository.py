@@ -32,7 +32,8 @@ from typing import Any
 
 from hybrid.bundle import load_with_info
 from hybrid.bundle.manifest import Manifest
-from hybrid.errors import ConfigError, HybridError, ModelError, ServingError
+from hybrid.config import backend_sections
+from hybrid.errors import HybridError, ModelError, ServingError
 from hybrid.serve.model import BatchObserver, BatchSettings, ServedModel
 
 __all__ = ["SERVER_BACKEND_DEFAULTS", "ModelIndexEntry", "ModelRegistry", "ModelSource", "build_registry", "check_name",
@@ -215,12 +216,8 @@ def configure_backends(config: Mapping[str, Mapping[str, Any]] | None) -> dict[s
     """
     from hybrid.api import set_backend
 
-    if config is not None and (not isinstance(config, Mapping)
-                               or not all(isinstance(v, Mapping) for v in config.values())):
-        raise ConfigError("HYB-102", f"backend config: expected {{backend: {{option: value}}}}, got {config!r}",
-                          "e.g. {\"onnxruntime\": {\"intra_op_num_threads\": 2}}")
     merged = {name: dict(opts) for name, opts in SERVER_BACKEND_DEFAULTS.items()}
-    for name, opts in (config or {}).items():
+    for name, opts in backend_sections(config or {}).items():
         merged[name] = {**merged.get(name, {}), **opts}
     for name, opts in merged.items():
         set_backend(name, opts)
