@@ -9,7 +9,8 @@ Callers that never leave a core idle would starve it: for them the tuner opens s
 on a bounded share of calls (:mod:`.online`).
 The worker runs one thread per session (it must not crowd the callers' cores).
 
-The worker is ``python -m hybrid.runtime.auto.worker``, spoken to with length-prefixed pickles over its
+The worker is ``python -c "from hybrid.runtime.auto.worker import serve; serve()" NICE`` (``-m`` would run a
+second copy of this module, already imported by its package), spoken to with length-prefixed pickles over its
 standard input and output: a plain subprocess, which (unlike multiprocessing's spawn) never re-runs
 the caller's main script. It cannot see what exists only in the calling process (a backend registered
 with ``register_backend`` at run time, a custom op defined with ``hybrid.custom_op``): then, or when
@@ -31,15 +32,22 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from hybrid.hal import Candidate, backend_names
+from hybrid.ir import Model
+from hybrid.runtime.auto import judge
+from hybrid.runtime.auto.tolerance import OutputRule
+from hybrid.runtime.auto.trials import Search, trials
+
 logger = logging.getLogger("hybrid")
 
-__all__ = ["CheckRequest", "Verdicts", "check", "check_elsewhere", "shutdown"]
+__all__ = ["CheckRequest", "Verdicts", "check", "check_elsewhere", "serve", "shutdown"]
 
 # Linux CFS weights of nice 0..19: a thread at nice n gets weight[n] / (weight[n] + 1024) of a core that a
 # nice-0 thread also wants
 _CFS_WEIGHTS = (1024, 820, 655, 526, 423, 335, 272, 215, 172, 137, 110, 87, 70, 56, 45, 36, 29, 23, 18, 15)
 
 
+_WORKER_MAIN = "from hybrid.runtime.auto.worker import serve; serve()"
 IDLE_FROM_NICE = 10  # at this share (10 % of a busy core) or less, the worker is also SCHED_IDLE
 
 
@@ -78,7 +86,7 @@ class _Worker:
 
     def __init__(self, nice: int) -> None:
         self.nice = nice
-        self.proc = subprocess.Popen([sys.executable, "-m", "hybrid.runtime.auto.worker", str(nice)],
+        self.proc = subprocess.Popen([sys.executable, "-c", _WORKER_MAIN, str(nice)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         self.lock = threading.Lock()
 
@@ -170,12 +178,7 @@ def check_elsewhere(request: CheckRequest, share: float) -> Verdicts | None:
 
 def check(request: CheckRequest) -> Verdicts | None:
     """Check every candidate on the request's sample, as the offline search does (runs in the worker)."""
-    import hybrid
-    from hybrid.hal import Candidate, backend_names
-    from hybrid.ir import Model
-    from hybrid.runtime.auto import judge
-    from hybrid.runtime.auto.tolerance import OutputRule
-    from hybrid.runtime.auto.trials import Search, trials
+    import hybrid  # the package's public init (api sits above runtime: resolved here, in the worker only)
 
     known = set(backend_names())
     if any(label.partition(":")[0] not in known for label in request.order):
@@ -207,7 +210,7 @@ def check(request: CheckRequest) -> Verdicts | None:
     return Verdicts(tuple(results), tuple(search.notes))
 
 
-def _serve() -> None:
+def serve() -> None:
     """The worker's loop: answer each request on stdin with its verdicts (or why not) on stdout."""
     logging.basicConfig(level=logging.ERROR)
     if hasattr(os, "nice") and len(sys.argv) > 1:
@@ -224,10 +227,3 @@ def _serve() -> None:
         except Exception as e:
             answer = f"{type(e).__name__}: {e}"
         _send(stdout, answer)
-
-
-if __name__ == "__main__":
-    # run the importable module's loop, so that what it pickles names hybrid.runtime.auto.worker, not __main__
-    from hybrid.runtime.auto.worker import _serve as serve
-
-    serve()
