@@ -87,3 +87,26 @@ def test_config_error_turns_any_section_models_errors_into_the_same_form():
         Section.model_validate({"nme": "y", "depth": 0})
     err = config_error(v.value, Section, "demo")
     assert err.code == "HYB-101" and err.message == "unknown configuration key 'demo.nme'; valid keys: depth, name"
+
+
+def test_serving_settings_and_connection_limits_are_config_sections():
+    from hybrid.config import ConfigSection
+    from hybrid.serve import BatchSettings, ConnectionLimits
+
+    assert issubclass(BatchSettings, ConfigSection) and issubclass(ConnectionLimits, ConfigSection)
+    assert BatchSettings().merged({"max_queue": None}, "here").max_queue is None
+    for overrides, code, words in (({"max_batch": -2}, "HYB-102", "here: max_batch: expected an int >= 0, got -2"),
+                                   ({"max_batch": True}, "HYB-102", "max_batch: expected an int >= 0, got True"),
+                                   ({"batch_timeout": float("nan")}, "HYB-102", "batch_timeout: expected seconds >= 0"),
+                                   ({"mx": 1}, "HYB-101", "here: unknown configuration key 'mx'; valid keys: ")):
+        with pytest.raises(ConfigError) as e:
+            BatchSettings().merged(overrides, "here")
+        assert e.value.code == code and words in e.value.message, e.value
+    with pytest.raises(ConfigError) as e:
+        BatchSettings(concurrency=0)  # construction checks too: no unchecked settings object exists
+    assert e.value.code == "HYB-102" and "concurrency: expected an int >= 1, got 0" in e.value.message
+    assert ConnectionLimits(header_timeout=30).header_timeout == 30.0
+    for bad in ({"header_timeout": 0}, {"keep_alive_timeout": 0}, {"max_connections": 1.5}, {"body_timeout": -1.0}):
+        with pytest.raises(ConfigError) as e:
+            ConnectionLimits(**bad)
+        assert e.value.code == "HYB-102" and next(iter(bad)) in e.value.message and e.value.hint

@@ -17,12 +17,22 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ModelWrapValidatorHandler,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from hybrid.errors import ConfigError
 
 __all__ = [
     "AutotuneSettings",
+    "ConfigSection",
     "InitSettings",
     "MemoryPoolSettings",
     "RuntimeConfig",
@@ -104,6 +114,22 @@ def config_error(error: ValidationError, model: type[BaseModel], section: str = 
     if hint is None and field is not None and field.examples:
         hint = f"e.g. {path[0] if path else section}={field.examples[0]!r}"
     return ConfigError("HYB-102", f"{where}: expected {expected}, got {err.get('input')!r}", hint)
+
+
+class ConfigSection(BaseModel):
+    """Base of a settings object built from user input (serving, connection limits): frozen, strict,
+    unknown keys refused, and a bad value raises :func:`config_error`'s ConfigError (HYB-101/102) on
+    construction rather than pydantic's ValidationError."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _as_config_error(cls, data: Any, handler: ModelWrapValidatorHandler[Any]) -> Any:
+        try:
+            return handler(data)
+        except ValidationError as e:
+            raise config_error(e, cls) from None
 
 
 class AutotuneSettings(BaseModel):
@@ -213,15 +239,15 @@ class InitSettings(_Section):
         autotune: The ``target='auto'`` settings (:class:`AutotuneSettings`; merged with the current ones).
     """
 
-    log_level: int = Field(logging.WARNING, examples=["INFO"])
-    device_fallback: Literal["warn", "error"] = Field("warn", description=f"one of {FALLBACK_POLICIES}",
+    log_level: int = Field(default=logging.WARNING, examples=["INFO"])
+    device_fallback: Literal["warn", "error"] = Field(default="warn", description=f"one of {FALLBACK_POLICIES}",
                                                       examples=["warn"])
     memory_pool: MemoryPoolSettings = Field(default_factory=MemoryPoolSettings, description="a mapping",
                                             examples=[{"cpu": "2GB"}])
     backends: dict[str, dict[str, Any]] = Field(default_factory=dict, description="a mapping",
                                                 examples=[{"onnxruntime": {"intra_op_num_threads": 2}}])
-    cache_dir: str | None = Field(None, description="a path string", examples=["~/.cache/hybrid"])
-    num_threads: int | None = Field(None, ge=1, description="a positive int", examples=[4])
+    cache_dir: str | None = Field(default=None, description="a path string", examples=["~/.cache/hybrid"])
+    num_threads: int | None = Field(default=None, ge=1, description="a positive int", examples=[4])
     autotune: dict[str, Any] = Field(default_factory=dict, description="a mapping",
                                      examples=[{"tie_rel": 0.02, "online": True}])
 

@@ -123,8 +123,8 @@ def serve(
         if max_json_depth < 1:
             raise ConfigError("HYB-102", f"--max-json-depth must be >= 1, got {max_json_depth}")
         limits = Limits(max_body=parse_size(max_body, "--max-body"), max_json_depth=max_json_depth)
-        connections = ConnectionLimits(header_timeout, keep_alive_timeout, max_connections, body_timeout or None)
-        connections.check()
+        connections = ConnectionLimits(header_timeout=header_timeout, keep_alive_timeout=keep_alive_timeout,
+                                       max_connections=max_connections, body_timeout=body_timeout or None)
         if not 0 <= grpc_port <= 65535:
             raise ConfigError("HYB-102", f"--grpc-port must be a port number (0 turns gRPC off), got {grpc_port}")
         grpc_address = f"[{host}]:{grpc_port}" if ":" in host else f"{host}:{grpc_port}"

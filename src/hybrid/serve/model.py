@@ -13,11 +13,12 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from pydantic import Field
 
+from hybrid.config import ConfigSection
 from hybrid.errors import ConfigError, HybridError, RunError, ServingError
 from hybrid.runtime.batching import Batcher
 from hybrid.runtime.validate import InputValidator
@@ -30,9 +31,8 @@ __all__ = ["BatchSettings", "ServedModel"]
 logger = logging.getLogger("hybrid.serve")
 
 
-@dataclass(frozen=True, slots=True)
-class BatchSettings:
-    """How a model takes requests.
+class BatchSettings(ConfigSection):
+    """How a model takes requests (checked on construction: HYB-101/102).
 
     Attributes:
         max_batch: Most requests run in one call of the model; 0 turns batching off (each request runs
@@ -43,11 +43,11 @@ class BatchSettings:
         concurrency: Batches that may run at the same time.
     """
 
-    max_batch: int = 8
-    batch_timeout: float = 0.005
-    max_queue: int | None = 256
-    request_timeout: float | None = 60.0
-    concurrency: int = 1
+    max_batch: int = Field(default=8, ge=0, description="an int >= 0", examples=[8])
+    batch_timeout: float = Field(default=0.005, ge=0, description="seconds >= 0", examples=[0.005])
+    max_queue: int | None = Field(default=256, ge=1, description="an int >= 1 or null", examples=[256])
+    request_timeout: float | None = Field(default=60.0, gt=0, description="seconds > 0 or null", examples=[60.0])
+    concurrency: int = Field(default=1, ge=1, description="an int >= 1", examples=[1])
 
     def merged(self, overrides: Mapping[str, Any], where: str) -> BatchSettings:
         """A copy with ``overrides`` applied (keys as the attribute names), checked.
@@ -55,34 +55,10 @@ class BatchSettings:
         Raises:
             ConfigError: HYB-101 for an unknown key, HYB-102 for a bad value; the message names ``where``.
         """
-        names = [f.name for f in fields(self)]
-        for key in overrides:
-            if key not in names:
-                raise ConfigError("HYB-101", f"{where}: unknown serving setting {key!r}; valid: {', '.join(names)}")
-        new = replace(self, **dict(overrides))
-        new.check(where)
-        return new
-
-    def check(self, where: str) -> None:
-        def fail(key: str, expected: str) -> ConfigError:
-            return ConfigError("HYB-102", f"{where}: {key} must be {expected}, got {getattr(self, key)!r}")
-
-        def is_int(v: Any) -> bool:
-            return isinstance(v, int) and not isinstance(v, bool)
-
-        def is_num(v: Any) -> bool:
-            return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-        if not is_int(self.max_batch) or self.max_batch < 0:
-            raise fail("max_batch", "an int >= 0")
-        if not is_num(self.batch_timeout) or not self.batch_timeout >= 0:
-            raise fail("batch_timeout", "seconds >= 0")
-        if self.max_queue is not None and (not is_int(self.max_queue) or self.max_queue < 1):
-            raise fail("max_queue", "an int >= 1 or null")
-        if self.request_timeout is not None and (not is_num(self.request_timeout) or not self.request_timeout > 0):
-            raise fail("request_timeout", "seconds > 0 or null")
-        if not is_int(self.concurrency) or self.concurrency < 1:
-            raise fail("concurrency", "an int >= 1")
+        try:
+            return BatchSettings.model_validate({**self.model_dump(), **dict(overrides)})
+        except ConfigError as e:
+            raise ConfigError(e.code, f"{where}: {e.message}", e.hint) from None
 
 
 # callback(model, batch_size, queue_waits_s, run_s) after every batch the model runs

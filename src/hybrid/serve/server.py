@@ -33,12 +33,13 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 import uvicorn
+from pydantic import Field
 
+from hybrid.config import ConfigSection
 from hybrid.serve.app import BODY_TIMEOUT_SCOPE_KEY
 
 if TYPE_CHECKING:
@@ -53,9 +54,9 @@ logger = logging.getLogger("hybrid.serve")
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
-@dataclass(frozen=True, slots=True)
-class ConnectionLimits:
-    """How long and how many connections may stay open without a request in progress.
+class ConnectionLimits(ConfigSection):
+    """How long and how many connections may stay open without a request in progress (checked on
+    construction: HYB-102 for a value out of range).
 
     Attributes:
         header_timeout: Seconds a connection has to deliver a complete request head (request line and
@@ -68,23 +69,10 @@ class ConnectionLimits:
             closed to make room; with none idle, the new connection is closed.
     """
 
-    header_timeout: float = 10.0
-    keep_alive_timeout: int = 5
-    max_connections: int = 1024
-    body_timeout: float | None = 60.0
-
-    def check(self) -> None:
-        """Raise HYB-102 for a value out of range."""
-        from hybrid.errors import ConfigError
-
-        if not self.header_timeout > 0:
-            raise ConfigError("HYB-102", f"header_timeout must be seconds > 0, got {self.header_timeout!r}")
-        if not (isinstance(self.keep_alive_timeout, int) and self.keep_alive_timeout >= 1):
-            raise ConfigError("HYB-102", f"keep_alive_timeout must be an int >= 1, got {self.keep_alive_timeout!r}")
-        if not (isinstance(self.max_connections, int) and self.max_connections >= 1):
-            raise ConfigError("HYB-102", f"max_connections must be an int >= 1, got {self.max_connections!r}")
-        if self.body_timeout is not None and not self.body_timeout > 0:
-            raise ConfigError("HYB-102", f"body_timeout must be seconds > 0 or None, got {self.body_timeout!r}")
+    header_timeout: float = Field(default=10.0, gt=0, description="seconds > 0", examples=[10.0])
+    keep_alive_timeout: int = Field(default=5, ge=1, description="an int >= 1", examples=[5])
+    max_connections: int = Field(default=1024, ge=1, description="an int >= 1", examples=[1024])
+    body_timeout: float | None = Field(default=60.0, gt=0, description="seconds > 0 or None", examples=[60.0])
 
 
 _M_MMAP_THRESHOLD = -3  # glibc mallopt parameter
@@ -246,7 +234,6 @@ def make_server(app: FastAPI, host: str = "127.0.0.1", port: int = 8000, drain_t
     from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
     connections = connections or ConnectionLimits()
-    connections.check()
     dropped = app.state.hybrid.metrics.dropped
     protocol = guarded_protocol(AutoHTTPProtocol, connections, lambda reason: dropped.labels(reason).inc())
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on", access_log=False,
