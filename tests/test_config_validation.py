@@ -110,3 +110,16 @@ def test_serving_settings_and_connection_limits_are_config_sections():
         with pytest.raises(ConfigError) as e:
             ConnectionLimits(**bad)
         assert e.value.code == "HYB-102" and next(iter(bad)) in e.value.message and e.value.hint
+
+
+def test_memory_pools_are_checked_by_the_same_section_model():
+    from hybrid.config import pool_sizes
+    from hybrid.hal import memory
+
+    assert pool_sizes(types.MappingProxyType({"cpu": "1KB", "gpu": 0})) == {"cpu": 1024, "gpu": 0}
+    for bad, code, words in (({"tpu": 1}, "HYB-101", "'memory_pool.tpu'; valid keys: cpu, gpu, npu, pinned"),
+                             ({"cpu": "x"}, "HYB-103", "memory_pool.cpu"),
+                             (3, "HYB-102", "memory_pool: expected a mapping, got 3")):
+        with pytest.raises(ConfigError) as e:
+            memory.configure_pools(bad)  # type: ignore[arg-type]
+        assert e.value.code == code and words in e.value.message, e.value

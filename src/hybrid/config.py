@@ -43,6 +43,7 @@ __all__ = [
     "get_config",
     "log_level_value",
     "parse_size",
+    "pool_sizes",
     "reset",
     "set_log_level",
     "update_backend_options",
@@ -109,8 +110,12 @@ def config_error(error: ValidationError, model: type[BaseModel], section: str = 
         return ConfigError("HYB-101", f"unknown configuration key {where!r}; valid keys: {', '.join(valid)}",
                            "check the spelling of the key")
     field = _field_at(model, path)
-    expected = field.description if field is not None and field.description else \
-        err["msg"].removeprefix("Input should be ").removeprefix("input should be ")
+    if field is not None and field.description:
+        expected = field.description
+    elif err["type"] in ("model_type", "dict_type", "model_attributes_type"):
+        expected = "a mapping"
+    else:
+        expected = err["msg"].removeprefix("Input should be ").removeprefix("input should be ")
     if hint is None and field is not None and field.examples:
         hint = f"e.g. {path[0] if path else section}={field.examples[0]!r}"
     return ConfigError("HYB-102", f"{where}: expected {expected}, got {err.get('input')!r}", hint)
@@ -219,6 +224,18 @@ class MemoryPoolSettings(_Section):
     @classmethod
     def _size(cls, value: Any, info: ValidationInfo) -> int:
         return parse_size(value, f"memory_pool.{info.field_name}")  # HYB-103 names the key
+
+
+def pool_sizes(values: Mapping[str, Any]) -> dict[str, int]:
+    """A ``memory_pool`` section checked (:class:`MemoryPoolSettings`): device kind -> bytes, as given.
+
+    Raises:
+        ConfigError: HYB-101 for an unknown kind, HYB-102 when it is not a mapping, HYB-103 for a bad size.
+    """
+    try:
+        return MemoryPoolSettings.model_validate(_plain_mapping(values)).model_dump(exclude_unset=True)
+    except ValidationError as e:
+        raise config_error(e, MemoryPoolSettings, "memory_pool", "e.g. {'cpu': '2GB'}") from None
 
 
 def _plain_mapping(value: Any) -> Any:

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from hybrid.config import get_config
+from hybrid.config import get_config, pool_sizes
 from hybrid.errors import BackendError, ConfigError, first_line
 from hybrid.hal.pool import Block, MemoryPool, PoolStats, format_bytes
 
@@ -166,11 +166,7 @@ def configure_pools(sizes: Mapping[str, int]) -> dict[str, MemoryPool]:
         ConfigError: HYB-101 for an unknown kind, HYB-102 when an arena cannot be reserved.
         BackendError: HYB-307 for an absent device under ``device_fallback='error'``.
     """
-    for kind in sizes:
-        if kind not in POOL_KINDS:
-            raise ConfigError("HYB-101", f"unknown configuration key 'memory_pool.{kind}'; valid keys: "
-                              f"{', '.join(POOL_KINDS)}", "check the spelling of the key")
-    wanted = {k: int(v) for k, v in sizes.items() if int(v) > 0}
+    wanted = {k: v for k, v in pool_sizes(sizes).items() if v > 0}
     found: dict[str, tuple[Any, str] | None] = {}
     for kind in wanted:
         if kind == "cpu":
