@@ -123,3 +123,28 @@ def test_memory_pools_are_checked_by_the_same_section_model():
         with pytest.raises(ConfigError) as e:
             memory.configure_pools(bad)  # type: ignore[arg-type]
         assert e.value.code == code and words in e.value.message, e.value
+
+
+def test_optimize_config_is_a_section_model():
+    from hybrid.passes import GRAPH_OPTIMIZATION, parse_options
+    from hybrid.passes.optimize import GraphOptimization, OptimizeConfig
+
+    assert set(GraphOptimization.model_fields) == set(GRAPH_OPTIMIZATION)  # every switch names its passes
+    options = parse_options("O3", {"graph_optimization": types.MappingProxyType({"operator_fusion": False}),
+                                   "disabled_passes": ("simplify",), "layout": "NHWC", "dynamic_batch": True,
+                                   "fold_size_limit": "1MB", "verify": True, "max_iterations": 3})
+    assert options.disabled == {"fuse_operators", "simplify"} and options.dynamic_batch == "N"
+    assert options.fold_size_limit == 1 << 20 and (options.layout, options.verify, options.max_iterations) == (
+        "NHWC", True, 3)
+    for config, code, words in (
+            ({"graph_optimization": {"operator_fusion": "yes"}}, "HYB-102",
+             "optimize.graph_optimization.operator_fusion: expected True or False, got 'yes'"),
+            ({"dynamic_batch": 3}, "HYB-102", "optimize.dynamic_batch: expected True, False or the name"),
+            ({"dynamic_batch": ""}, "HYB-102", "optimize.dynamic_batch"),
+            ({"disabled_passes": "fuse_operators"}, "HYB-102", "expected a list of pass names"),
+            ({"lyout": "NHWC"}, "HYB-101", "'optimize.lyout'; valid keys: disabled_passes"),
+            (5, "HYB-102", "optimize: expected a mapping, got 5")):
+        with pytest.raises(ConfigError) as e:
+            parse_options("O2", config)  # type: ignore[arg-type]
+        assert e.value.code == code and words in e.value.message and e.value.hint, e.value
+    assert set(OptimizeConfig.model_fields) >= {"graph_optimization", "layout", "max_iterations"}

@@ -58,20 +58,20 @@ _UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 POOL_DEVICES = ("cpu", "pinned", "gpu", "npu")
 
 
-def _field_at(model: type[BaseModel], path: list[str]) -> Any:
-    """The FieldInfo that ``path`` (a pydantic error location) falls under: the deepest model field on it
-    (a key inside a mapping field belongs to that field), or None."""
-    field = None
+def _field_at(model: type[BaseModel], path: list[str]) -> tuple[str, Any]:
+    """The name and FieldInfo that ``path`` (a pydantic error location) falls under: the deepest model
+    field on it (a key inside a mapping field belongs to that field), or ('', None)."""
+    name, field = "", None
     current: type[BaseModel] | None = model
     for part in path:
         if current is None:
-            return field
-        field = current.model_fields.get(part)
+            break
+        name, field = part, current.model_fields.get(part)
         if field is None:
-            return None
+            return "", None
         ann = field.annotation
         current = ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
-    return field
+    return name, field
 
 
 def _model_at(model: type[BaseModel], path: list[str]) -> type[BaseModel] | None:
@@ -109,7 +109,7 @@ def config_error(error: ValidationError, model: type[BaseModel], section: str = 
         valid = sorted(parent.model_fields) if parent is not None else []
         return ConfigError("HYB-101", f"unknown configuration key {where!r}; valid keys: {', '.join(valid)}",
                            "check the spelling of the key")
-    field = _field_at(model, path)
+    name, field = _field_at(model, path)
     if field is not None and field.description:
         expected = field.description
     elif err["type"] in ("model_type", "dict_type", "model_attributes_type"):
@@ -117,7 +117,9 @@ def config_error(error: ValidationError, model: type[BaseModel], section: str = 
     else:
         expected = err["msg"].removeprefix("Input should be ").removeprefix("input should be ")
     if hint is None and field is not None and field.examples:
-        hint = f"e.g. {path[0] if path else section}={field.examples[0]!r}"
+        hint = f"e.g. {name}={field.examples[0]!r}"
+    elif hint is None and not path:
+        hint = f"pass a dict of {', '.join(model.model_fields)}"
     return ConfigError("HYB-102", f"{where}: expected {expected}, got {err.get('input')!r}", hint)
 
 

@@ -18,9 +18,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
-from hybrid.config import parse_size
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from hybrid.config import config_error, parse_size
 from hybrid.errors import ConfigError
 from hybrid.ir import Model
 from hybrid.passes.base import Pass, PassManager, working_copy
@@ -33,7 +35,8 @@ from hybrid.passes.layout import ConvertLayout, cancel_transposes
 from hybrid.passes.shapes import fold_shapes, infer_shapes
 from hybrid.passes.simplify import simplify
 
-__all__ = ["GRAPH_OPTIMIZATION", "LEVELS", "OptimizeOptions", "build_passes", "optimize", "parse_options"]
+__all__ = ["GRAPH_OPTIMIZATION", "LEVELS", "GraphOptimization", "OptimizeConfig", "OptimizeOptions", "build_passes",
+           "optimize", "parse_options"]
 
 LEVELS: dict[str, tuple[str, ...]] = {
     "O0": (),
@@ -89,9 +92,68 @@ GRAPH_OPTIMIZATION: dict[str, tuple[str, ...]] = {
     "algebraic_simplification": ("simplify",),
 }
 
-_KEYS = ("graph_optimization", "layout", "dynamic_batch", "fold_size_limit", "disabled_passes", "verify",
-         "max_iterations")
-_LAYOUTS = ("NCHW", "NHWC")
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+def _switch() -> Any:
+    return Field(default=True, description="True or False", examples=[False])
+
+
+class GraphOptimization(_Section):
+    """``config['graph_optimization']``: False turns off the passes :data:`GRAPH_OPTIMIZATION` names."""
+
+    constant_folding: bool = _switch()
+    operator_fusion: bool = _switch()
+    common_subexpression_elimination: bool = _switch()
+    dead_code_elimination: bool = _switch()
+    transpose_optimization: bool = _switch()
+    algebraic_simplification: bool = _switch()
+
+
+
+class OptimizeConfig(_Section):
+    """The ``config`` of ``hybrid.optimize`` (see :func:`optimize` for each key)."""
+
+    graph_optimization: GraphOptimization = Field(default_factory=GraphOptimization,
+                                                  description="a mapping of switches to bools",
+                                                  examples=[{"operator_fusion": False}])
+    layout: Literal["NCHW", "NHWC"] = Field(default="NCHW", description="'NCHW' or 'NHWC'", examples=["NHWC"])
+    dynamic_batch: Any = Field(default=False, description="True, False or the name of the batch dimension",
+                               examples=[True])
+    fold_size_limit: int = Field(default=DEFAULT_FOLD_SIZE_LIMIT, examples=["64MB"])
+    disabled_passes: list[str] = Field(default_factory=list, strict=False, description="a list of pass names",
+                                       examples=[["fuse_operators"]])
+    verify: bool | None = Field(default=None, description="True or False", examples=[True])
+    max_iterations: int = Field(default=10, ge=1, description="a positive int", examples=[10])
+
+    @field_validator("graph_optimization", mode="before")
+    @classmethod
+    def _mapping(cls, value: Any) -> Any:
+        return dict(value) if isinstance(value, Mapping) else value
+
+    @field_validator("dynamic_batch")
+    @classmethod
+    def _dimension_name(cls, value: Any) -> bool | str:
+        if isinstance(value, bool) or (isinstance(value, str) and value):
+            return value
+        raise ValueError("not a bool or a dimension name")
+
+    @field_validator("fold_size_limit", mode="before")
+    @classmethod
+    def _size(cls, value: Any) -> int:
+        return parse_size(value, "fold_size_limit")  # HYB-103
+
+    @field_validator("disabled_passes")
+    @classmethod
+    def _known_passes(cls, names: list[str]) -> list[str]:
+        for pass_name in names:
+            if pass_name not in _FACTORIES:
+                raise ConfigError("HYB-102", f"optimize config 'disabled_passes': unknown pass {pass_name!r}; "
+                                  f"passes: {', '.join(_FACTORIES)}", "name passes of hybrid.passes.LEVELS")
+        return names
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,10 +187,6 @@ _FACTORIES: dict[str, Callable[[OptimizeOptions], Pass]] = {
 }
 
 
-def _bad(key: str, expected: str, value: Any) -> ConfigError:
-    return ConfigError("HYB-102", f"optimize config {key!r}: expected {expected}, got {value!r}")
-
-
 def _level(level: Any) -> str:
     if isinstance(level, int) and not isinstance(level, bool) and 0 <= level <= 3:
         return f"O{level}"
@@ -138,64 +196,29 @@ def _level(level: Any) -> str:
                       "O0 does nothing, O1 cleans up, O2 adds fusions (the default), O3 adds layout rewrites")
 
 
-def _unknown(section: str, given: Mapping[str, Any], valid: tuple[str, ...]) -> None:
-    for key in given:
-        if key not in valid:
-            raise ConfigError("HYB-101", f"unknown optimize config key {section}{key!r}; valid keys: "
-                              f"{', '.join(valid)}", "check the spelling of the key")
-
-
 def parse_options(level: Any = "O2", config: Mapping[str, Any] | None = None) -> OptimizeOptions:
-    """Validate ``level`` and ``config``.
+    """Validate ``level`` and ``config`` (:class:`OptimizeConfig`).
 
     Raises:
         ConfigError: HYB-101 for an unknown key (naming the valid ones), HYB-102 for a bad value,
             HYB-103 for a bad ``fold_size_limit``.
     """
     name = _level(level)
-    config = config or {}
-    if not isinstance(config, Mapping):
-        raise _bad("config", "a mapping", config)
-    _unknown("", config, _KEYS)
-    disabled: set[str] = set()
-    switches = config.get("graph_optimization", {})
-    if not isinstance(switches, Mapping):
-        raise _bad("graph_optimization", "a mapping of switches to bools", switches)
-    _unknown("graph_optimization.", switches, tuple(GRAPH_OPTIMIZATION))
-    for key, value in switches.items():
-        if not isinstance(value, bool):
-            raise _bad(f"graph_optimization.{key}", "True or False", value)
-        if not value:
-            disabled.update(GRAPH_OPTIMIZATION[key])
-    names = config.get("disabled_passes", ())
-    if isinstance(names, str) or not all(isinstance(n, str) for n in names):
-        raise _bad("disabled_passes", "a list of pass names", names)
-    for pass_name in names:
-        if pass_name not in _FACTORIES:
-            raise ConfigError("HYB-102", f"optimize config 'disabled_passes': unknown pass {pass_name!r}; "
-                              f"passes: {', '.join(_FACTORIES)}")
-    disabled.update(names)
-    layout = config.get("layout", "NCHW")
-    if layout not in _LAYOUTS:
-        raise _bad("layout", "'NCHW' or 'NHWC'", layout)
-    if layout == "NHWC" and "convert_layout" not in LEVELS[name]:
+    try:
+        given = OptimizeConfig.model_validate(dict(config) if isinstance(config, Mapping) else
+                                              {} if config is None else config)
+    except ValidationError as e:
+        raise config_error(e, OptimizeConfig, "optimize") from None
+    switches = given.graph_optimization
+    disabled = {p for key, passes in GRAPH_OPTIMIZATION.items() if not getattr(switches, key) for p in passes}
+    disabled.update(given.disabled_passes)
+    if given.layout == "NHWC" and "convert_layout" not in LEVELS[name]:
         raise ConfigError("HYB-102", f"optimize config 'layout': 'NHWC' is applied at level O3, the level "
                           f"given is {name}", "call hybrid.optimize(model, level='O3', config={'layout': 'NHWC'})")
-    dynamic = config.get("dynamic_batch", False)
-    if isinstance(dynamic, bool):
-        dynamic_name = "N" if dynamic else None
-    elif isinstance(dynamic, str) and dynamic:
-        dynamic_name = dynamic
-    else:
-        raise _bad("dynamic_batch", "True, False or the name of the batch dimension", dynamic)
-    limit = parse_size(config.get("fold_size_limit", DEFAULT_FOLD_SIZE_LIMIT), "fold_size_limit")
-    verify = config.get("verify")
-    if verify is not None and not isinstance(verify, bool):
-        raise _bad("verify", "True or False", verify)
-    iterations = config.get("max_iterations", 10)
-    if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 1:
-        raise _bad("max_iterations", "a positive int", iterations)
-    return OptimizeOptions(name, frozenset(disabled), layout, dynamic_name, limit, verify, iterations)
+    dynamic = given.dynamic_batch
+    dynamic_name = dynamic if isinstance(dynamic, str) else "N" if dynamic else None
+    return OptimizeOptions(name, frozenset(disabled), given.layout, dynamic_name, given.fold_size_limit,
+                           given.verify, given.max_iterations)
 
 
 def build_passes(options: OptimizeOptions) -> list[Pass]:
