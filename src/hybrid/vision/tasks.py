@@ -27,7 +27,14 @@ from hybrid.runtime.compiled import CompiledModel
 from hybrid.vision.checks import check_declarations, declarations
 from hybrid.vision.preprocess import ImageInput, Placement, as_frames, input_shape, prepare, prepare_crops
 from hybrid.vision.results import Classification, Detections
-from hybrid.vision.spec import Postprocess, Preprocess, declare, flat_options
+from hybrid.vision.spec import (
+    ClassificationPostprocess,
+    DetectionPostprocess,
+    Postprocess,
+    Preprocess,
+    declare,
+    flat_options,
+)
 from hybrid.vision.yolo import decode
 
 if TYPE_CHECKING:
@@ -143,6 +150,8 @@ class TaskModel(CompiledModel):
         self.preprocess = preprocess
         self.postprocess = postprocess
         self.task = postprocess.task
+        self.input: ImageInput
+        self.output: str
         self.input, self.output = check_declarations(compiled.signature, preprocess, postprocess,
                                                      compiled.model.name)
         self.class_names: tuple[str, ...] = tuple(postprocess.class_names or ())
@@ -301,17 +310,18 @@ class TaskModel(CompiledModel):
             raise RunError("HYB-405", f"these frames were prepared for another model's input, not "
                            f"{self.compiled.model.name!r} ({self.input.height}x{self.input.width})",
                            "prepare them with this model's prepare()")
-        batch, single, placements = frames.frames, frames.single, frames.placements
-        if not batch:
+        batch, single, placements, tensor = frames.frames, frames.single, frames.placements, frames.tensor
+        if not batch or tensor is None:
             return []
         t1 = time.perf_counter()
-        out = self._infer(frames.tensor)
+        out = self._infer(tensor)
         if internal:  # nobody else holds this input batch: the next call may fill it again
-            self._buffers.give(frames.tensor, out)
+            self._buffers.give(tensor, out)
         t2 = time.perf_counter()
-        if self.task == "detection":
+        post = self.postprocess
+        if isinstance(post, DetectionPostprocess):
             answers: list[Any] = []
-            for i, raw in enumerate(decode(out, self.postprocess)):
+            for i, raw in enumerate(decode(out, post)):
                 answers.append(Detections(placements[i].to_frame(raw.boxes), raw.scores, raw.class_ids,
                                           self._names(raw.class_ids), frame=batch[i], index=i))
         else:
@@ -324,14 +334,15 @@ class TaskModel(CompiledModel):
         return tuple(names[i] if i < len(names) else str(i) for i in ids.tolist())
 
     def _top_k(self, out: np.ndarray, top_k: int | None) -> list[Classification]:
-        if self.task != "classification":
+        post = self.postprocess
+        if not isinstance(post, ClassificationPostprocess):
             raise ConfigError("HYB-102", f"top_k applies to classification; {self.compiled.model.name!r} is a "
-                              f"{self.task} model")
-        k = self.postprocess.top_k if top_k is None else top_k
+                              f"{self.task} model", "call a classification model with top_k")
+        k = post.top_k if top_k is None else top_k
         if not isinstance(k, int) or isinstance(k, bool) or k < 1:
             raise ConfigError("HYB-102", f"top_k: expected a positive int, got {k!r}")
         scores = np.asarray(out, np.float32).reshape(len(out), -1)
-        if self.postprocess.softmax:
+        if post.softmax:
             scores = np.exp(scores - scores.max(axis=1, keepdims=True))
             scores /= scores.sum(axis=1, keepdims=True)
         order = np.argsort(-scores, axis=1, kind="stable")[:, :k]
@@ -408,7 +419,7 @@ class TaskModel(CompiledModel):
         """The flat task options that declare this model (as ``pyasc bundle create`` takes them)."""
         return flat_options(self.preprocess, self.postprocess)
 
-    def save(self, path: str | os.PathLike, **kwargs: Any) -> None:
+    def save(self, path: str | os.PathLike[str], **kwargs: Any) -> None:
         """Write a ``.hybrid`` bundle that keeps the task declarations (see ``save_bundle``)."""
         from hybrid.bundle import save_bundle
 
