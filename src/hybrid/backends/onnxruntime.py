@@ -270,7 +270,8 @@ class OnnxRuntimeBackend(Backend):
             found[name] = ProbedDevice(name, kind, 0, prov, (("providers", provs),))
         return list(found.values())
 
-    def shared_options(self) -> dict[str, Any]:
+    @classmethod
+    def shared_options(cls) -> dict[str, Any]:
         return {"allow_spinning": False}
 
     @classmethod

@@ -225,10 +225,12 @@ class Backend(abc.ABC):
         raise NotImplementedError(f"{self.name} lists {precision} but does not say how to select it")
 
     # ---------------------------------------------------------------- sharing the machine
-    def shared_options(self) -> dict[str, Any]:
-        """Options for a part of a graph that runs beside other backends' parts in one process (the
-        user's own options still win). Default: none. ONNX Runtime turns off its spinning threads, which
-        would starve the other runtimes on few cores (DESIGN 4)."""
+    @classmethod
+    def shared_options(cls) -> dict[str, Any]:
+        """Options for when the backend shares the process's cores: a part of a graph that runs beside
+        other backends' parts, or a server whose event loop forms the next batch (the user's own options
+        still win). Default: none. ONNX Runtime turns off its spinning threads, which would starve the
+        others on few cores (DESIGN 4)."""
         return {}
 
     # ---------------------------------------------------------------- profiling and caches

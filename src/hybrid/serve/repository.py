@@ -34,10 +34,11 @@ from hybrid.bundle import load_with_info
 from hybrid.bundle.manifest import Manifest
 from hybrid.config import backend_sections
 from hybrid.errors import HybridError, ModelError, ServingError
+from hybrid.hal import backend_class, backend_names
 from hybrid.serve.model import BatchObserver, BatchSettings, ServedModel
 
-__all__ = ["SERVER_BACKEND_DEFAULTS", "ModelIndexEntry", "ModelRegistry", "ModelSource", "build_registry", "check_name",
-           "configure_backends", "discover", "load_model"]
+__all__ = ["ModelIndexEntry", "ModelRegistry", "ModelSource", "build_registry", "check_name",
+           "configure_backends", "discover", "load_model", "server_backend_defaults"]
 
 logger = logging.getLogger("hybrid.serve")
 
@@ -48,9 +49,20 @@ SUFFIXES = (".hybrid", ".onnx")
 CONFIG_FILE = "config.json"
 _CONFIG_MAX = 64 << 10
 
-# A server process shares its cores between the HTTP event loop and the runtime: ONNX Runtime's idle
-# intra-op threads must not spin between batches and starve the loop that forms the next one (DESIGN 4).
-SERVER_BACKEND_DEFAULTS: dict[str, dict[str, Any]] = {"onnxruntime": {"allow_spinning": False}}
+
+def server_backend_defaults() -> dict[str, dict[str, Any]]:
+    """Each installed backend's options for sharing the cores (:meth:`hybrid.hal.Backend.shared_options`): a
+    server process shares them between the HTTP event loop and the runtime, whose idle threads must not spin
+    between batches and starve the loop that forms the next one (DESIGN 4)."""
+    defaults = {}
+    for name in backend_names():
+        try:
+            shared = backend_class(name).shared_options()
+        except HybridError:  # a backend whose module cannot be imported has nothing to set
+            continue
+        if shared:
+            defaults[name] = shared
+    return defaults
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,7 +215,7 @@ def discover(paths: Sequence[str | Path]) -> list[ModelSource]:
 
 
 def configure_backends(config: Mapping[str, Mapping[str, Any]] | None) -> dict[str, dict[str, Any]]:
-    """Set this process's backend defaults for serving: :data:`SERVER_BACKEND_DEFAULTS` under ``config``.
+    """Set this process's backend defaults for serving: :func:`server_backend_defaults` under ``config``.
 
     Called by ``pyasc serve`` and by each Ray Serve replica (both own their process) before models load.
 
@@ -216,7 +228,7 @@ def configure_backends(config: Mapping[str, Mapping[str, Any]] | None) -> dict[s
     """
     from hybrid.api import set_backend
 
-    merged = {name: dict(opts) for name, opts in SERVER_BACKEND_DEFAULTS.items()}
+    merged = server_backend_defaults()
     for name, opts in backend_sections(config or {}).items():
         merged[name] = {**merged.get(name, {}), **opts}
     for name, opts in merged.items():
