@@ -111,3 +111,67 @@ def test_absent_device_follows_the_fallback_policy(caplog):
     with pytest.raises(BackendError) as info:
         hybrid.StreamContext("gpu")
     assert info.value.code == "HYB-307"
+
+
+class _FakeCuda:
+    """torch.cuda's stream API as the stream uses it, recording what happens (no GPU here)."""
+
+    def __init__(self):
+        self.log: list[str] = []
+        self.current = None
+        cuda = self
+
+        class Stream:
+            def __init__(self, device):
+                self.device = device
+
+            def synchronize(self):
+                cuda.log.append("stream.synchronize")
+
+        class Event:
+            def record(self, stream):
+                cuda.log.append(f"record on {stream.device} (issued on {cuda.current})")
+
+            def synchronize(self):
+                cuda.log.append("event.synchronize")
+
+        self.Stream, self.Event = Stream, Event
+
+    def stream(self, s):
+        import contextlib
+
+        @contextlib.contextmanager
+        def issuing():
+            self.current = s.device
+            yield
+            self.current = None
+
+        return issuing()
+
+
+def test_work_on_a_device_stream_is_issued_on_it_and_waits_for_its_event(monkeypatch):
+    from types import SimpleNamespace
+
+    from hybrid.hal import interop
+    from hybrid.runtime import stream as stream_module
+
+    cuda = _FakeCuda()
+    fake = interop.DeviceStream(SimpleNamespace(cuda=cuda), "cuda:0")
+    monkeypatch.setattr(stream_module, "device_stream", lambda device: fake)
+    s = hybrid.StreamContext("cpu")
+    handle = s.submit(lambda: cuda.current)
+    assert handle.result(timeout=30) == "cuda:0"  # the work ran inside the device stream
+    assert cuda.log == ["record on cuda:0 (issued on cuda:0)", "event.synchronize"]
+    s.synchronize()
+    assert cuda.log[-1] == "stream.synchronize"
+    s.close()
+
+
+def test_results_come_back_to_the_host_from_framework_tensors():
+    torch = pytest.importorskip("torch")
+    from hybrid.hal.interop import device_stream, host_array, is_framework_tensor
+
+    t = torch.arange(6, dtype=torch.float32).reshape(2, 3).requires_grad_()
+    assert is_framework_tensor(t) and not is_framework_tensor(np.zeros(2))
+    np.testing.assert_array_equal(host_array(t), np.arange(6, dtype=np.float32).reshape(2, 3))
+    assert device_stream("cpu") is None

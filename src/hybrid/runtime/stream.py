@@ -2,8 +2,8 @@
 
 ``model(x, stream=s)`` (and ``s.submit(fn, ...)``) returns a :class:`StreamResult` at once; the work
 runs on the stream's own thread in submission order; leaving ``with s:`` waits for everything
-submitted. On a CUDA device with torch, the work is issued inside ``torch.cuda.stream(...)`` and each
-result carries a CUDA event that ``result()`` waits on, so torch kernels of one stream stay ordered on
+submitted. On a CUDA device with torch, the work is issued on a CUDA stream (:mod:`hybrid.hal.interop`) and
+each result carries a CUDA event that ``result()`` waits on, so torch kernels of one stream stay ordered on
 the GPU too (written against torch's API; unverified on this project's CPU-only machines). Elsewhere
 the stream is a worker thread.
 """
@@ -19,9 +19,8 @@ from collections.abc import Callable, Generator
 from concurrent.futures import Future
 from typing import Any
 
-import numpy as np
-
 from hybrid.errors import RunError
+from hybrid.hal.interop import device_stream, host_array
 from hybrid.runtime.pipeline import resolve_device
 
 __all__ = ["StreamContext", "StreamResult"]
@@ -29,17 +28,11 @@ __all__ = ["StreamContext", "StreamResult"]
 _ids = itertools.count(1)
 
 
-def _one_host(value: Any) -> np.ndarray:
-    if type(value).__module__.startswith("torch") and hasattr(value, "detach"):
-        return value.detach().cpu().numpy()
-    return np.asarray(value)
-
-
 def _host(value: Any) -> Any:
     """A model's result on the host: one array, or a tuple of arrays for several outputs."""
     if isinstance(value, (tuple, list)):
-        return tuple(_one_host(v) for v in value)
-    return _one_host(value)
+        return tuple(host_array(v) for v in value)
+    return host_array(value)
 
 
 class StreamResult:
@@ -106,18 +99,7 @@ class StreamContext:
         self._thread: threading.Thread | None = None
         self._retiring: threading.Thread | None = None  # a stopped thread that may still be finishing
         self._closed = False
-        self._torch_stream = self._make_torch_stream()
-
-    def _make_torch_stream(self) -> Any:
-        if not self.device.startswith("cuda"):
-            return None
-        try:
-            import torch
-        except ImportError:
-            return None
-        if not torch.cuda.is_available():
-            return None
-        return torch.cuda.Stream(device=self.device)
+        self._device_stream = device_stream(self.device)
 
     # ------------------------------------------------------------------ work
     def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> StreamResult:
@@ -141,9 +123,7 @@ class StreamContext:
     def _worker(self, previous: threading.Thread | None) -> None:
         if previous is not None:  # keep submission order across a stop and restart
             previous.join()
-        torch_stream = self._torch_stream
-        if torch_stream is not None:
-            import torch
+        on_device = self._device_stream
         while True:
             with self._cond:
                 while not self._work:
@@ -155,14 +135,10 @@ class StreamContext:
             if not future.set_running_or_notify_cancel():
                 continue
             try:
-                if torch_stream is None:
+                if on_device is None:
                     future.set_result((fn(*args, **kwargs), None))
                 else:
-                    with torch.cuda.stream(torch_stream):
-                        value = fn(*args, **kwargs)
-                        event = torch.cuda.Event()
-                        event.record(torch_stream)
-                    future.set_result((value, event))
+                    future.set_result(on_device.run(fn, *args, **kwargs))
             except BaseException as e:  # the error belongs to this work's handle; the stream goes on
                 future.set_exception(e)
 
@@ -177,8 +153,8 @@ class StreamContext:
         if idle:
             return
         self.submit(lambda: None).result(timeout)
-        if self._torch_stream is not None:
-            self._torch_stream.synchronize()
+        if self._device_stream is not None:
+            self._device_stream.synchronize()
 
     def _stop(self, timeout: float | None) -> None:
         with self._cond:
@@ -204,8 +180,8 @@ class StreamContext:
     def __exit__(self, *exc: object) -> None:
         """Wait for all work; the stream stays usable (its thread restarts on the next submit)."""
         self._stop(None)
-        if self._torch_stream is not None:
-            self._torch_stream.synchronize()
+        if self._device_stream is not None:
+            self._device_stream.synchronize()
 
     def __repr__(self) -> str:
         return f"<hybrid.StreamContext {self.name}>"

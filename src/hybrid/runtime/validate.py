@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from hybrid.errors import RunError
+from hybrid.hal.interop import host_array
 from hybrid.ir.signature import UNKNOWN_DIM, Signature, TensorSpec
 
 __all__ = ["InputValidator", "to_array"]
@@ -25,11 +26,7 @@ def to_array(name: str, value: Any) -> np.ndarray:
     if isinstance(value, np.generic):
         return np.asarray(value)
     if hasattr(value, "__array__") and not isinstance(value, (str, bytes, list, tuple, dict)):
-        if type(value).__module__.startswith("torch"):
-            value = value.detach()
-            if value.device.type != "cpu":
-                value = value.cpu()
-        return np.asarray(value)
+        return host_array(value)
     raise RunError("HYB-406", f"input {name!r}: expected a numpy array, got {type(value).__name__}",
                    "wrap the value with numpy.asarray(...) and the dtype the model declares")
 
