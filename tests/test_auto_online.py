@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -214,6 +215,10 @@ def test_the_check_process_answers_like_the_search_and_runs_below_the_callers():
     verdicts = worker.check_elsewhere(request, share=0.1)
     assert verdicts is not None
     assert {label: why for label, why, _, _ in verdicts.results} == {"onnxruntime:cpu": None, "reference:cpu": None}
+    pid = worker._WORKER.proc.pid  # below the callers from its start: its imports take seconds of CPU
+    assert os.getpriority(os.PRIO_PROCESS, pid) == 10
+    if hasattr(os, "SCHED_IDLE"):
+        assert os.sched_getscheduler(pid) == os.SCHED_IDLE
     assert all(warm is not None and warm > 0 for _, _, warm, _ in verdicts.results)
     unknown = worker.CheckRequest(model.to_bytes(), "conv_net", ("nosuchbackend:cpu",), {"nosuchbackend:cpu": {}},
                                   1e-3, {}, {"x": x})

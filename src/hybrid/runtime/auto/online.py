@@ -29,11 +29,14 @@ arrives while it is open, waits ``YIELD_CALLS`` times the bucket's call duration
 takes the cores. Windows are spaced so that at most ``YIELD_CALL_SHARE`` of the calls (one in 200) ever
 wait, and at most ``YIELD_WALL_SHARE`` of the wall time goes to them: the tuning cost lands on a bounded
 share of calls, so the p50 and p99 of the callers stay as they are, where a check that shares the cores
-(nice 10) would slow a tenth of all calls by a scheduler slice.
+(nice 10) would slow a tenth of all calls by a scheduler slice. For the same reason, the tuning calls also
+wait while a candidate that passed the check is compiled in this process and run once (its first run pays
+for lazy initialisation): seconds of compile on the callers' cores would slow hundreds of calls.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import statistics
@@ -76,6 +79,7 @@ YIELD_CALL_SHARE = 0.005  # at most this share of the calls waits in a yield win
 YIELD_CALLS = 20  # a window lasts this many of the bucket's call durations...
 YIELD_MIN_S, YIELD_MAX_S = 0.01, 0.2  # ...within these bounds
 YIELD_WALL_SHARE = 0.2  # and the windows take at most this share of the wall time
+MAX_GATE_S = 30.0  # the longest a tuning call waits for a candidate being compiled in this process
 
 
 def _fmt(key: Bucket) -> str:
@@ -161,6 +165,8 @@ class OnlineTuner(Executable):
         self._worker: threading.Thread | None = None
         self._closed = threading.Event()
         self._window_end = 0.0  # perf_counter time at which the current yield window closes
+        self._gate = threading.Event()  # cleared while the tuner compiles a candidate in this process
+        self._gate.set()
         self._window_hits = 1  # calls that waited in the last window
         self._calls_since_window = 0
         self._notes = [*notes, f"online tuning: {start.label} serves every shape bucket until real calls decide "
@@ -248,6 +254,10 @@ class OnlineTuner(Executable):
     def _yield(self, slot: _Slot) -> None:
         """Wait out the open yield window, or open one when the check starves (module doc). The counts are
         read and written without a lock: a race costs one call more or less between windows."""
+        if not self._gate.is_set():
+            self._window_hits += 1
+            self._gate.wait(MAX_GATE_S)
+            return
         now = time.perf_counter()
         wait = self._window_end - now
         if wait > 0:
@@ -358,6 +368,22 @@ class OnlineTuner(Executable):
             return outs
         raise error
 
+    def _prepared(self, label: str, sample: Mapping[str, Any] | None) -> Executable | None:
+        """:meth:`_executable`, compiled and run once on the bucket's sample (a first run pays for lazy
+        initialisation) while the tuning callers wait: work that shares the process's cores would slow
+        every call meanwhile, where waiting costs one call per caller (module doc)."""
+        if label in self._compiled:
+            return self._compiled[label]
+        self._gate.clear()
+        try:
+            exe = self._executable(label)
+            if exe is not None and sample is not None:
+                with contextlib.suppress(Exception):  # a failure shows when it serves, and is handled there
+                    exe.run(sample)
+            return exe
+        finally:
+            self._gate.set()
+
     def _executable(self, label: str) -> Executable | None:
         exe = self._compiled.get(label)
         if exe is not None:
@@ -416,7 +442,7 @@ class OnlineTuner(Executable):
             # the fastest when it failed the check. The serving candidate stays: real calls decide.
             limit = WARM_RUN_RATIO * (serving_warm if serving_warm else min(timed))
             pool = [(lb, w) for lb, w in pool if w is None or lb == serving or w <= limit]
-        labels = [lb for lb, _ in pool if self._executable(lb) is not None]
+        labels = [lb for lb, _ in pool if self._prepared(lb, slot.sample) is not None]
         rejected = "; ".join(f"rejected {lb}: {why}" for lb, why, _, _ in verdicts.results if why)
         with slot.lock:
             slot.rejected = rejected

@@ -9,7 +9,7 @@ Callers that never leave a core idle would starve it: for them the tuner opens s
 on a bounded share of calls (:mod:`.online`).
 The worker runs one thread per session (it must not crowd the callers' cores).
 
-The worker is ``python -c "from hybrid.runtime.auto.worker import serve; serve()" NICE`` (``-m`` would run a
+The worker is ``python -c "from hybrid.runtime.auto.worker import serve; serve()"`` (``-m`` would run a
 second copy of this module, already imported by its package), spoken to with length-prefixed pickles over its
 standard input and output: a plain subprocess, which (unlike multiprocessing's spawn) never re-runs
 the caller's main script. It cannot see what exists only in the calling process (a backend registered
@@ -86,8 +86,9 @@ class _Worker:
 
     def __init__(self, nice: int) -> None:
         self.nice = nice
-        self.proc = subprocess.Popen([sys.executable, "-c", _WORKER_MAIN, str(nice)],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        self.proc = subprocess.Popen([sys.executable, "-c", _WORKER_MAIN], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE)
+        _lower_priority(self.proc.pid, nice)
         self.lock = threading.Lock()
 
     def ask(self, request: CheckRequest) -> Any:
@@ -106,26 +107,17 @@ _WORKER: _Worker | None = None
 _WORKER_LOCK = threading.Lock()
 
 
-def _lower_priority(nice: int) -> None:
-    with contextlib.suppress(OSError):  # not permitted here: still correct, only less polite to the callers
-        os.nice(nice)
-    if nice >= IDLE_FROM_NICE:
-        _set_idle()
-
-
-def _set_idle() -> None:
-    """Linux SCHED_IDLE: the worker runs only on cores nobody else wants, and a caller's thread that wakes
-    up takes the core at once (at nice 10 alone it could hold it for a scheduler slice, milliseconds).
-    Threads started later (the runtimes' pools) inherit it."""
-    if not hasattr(os, "SCHED_IDLE"):
-        return
-    try:  # Linux schedules threads: every thread of the worker (the runtimes' pools too)
-        tids = [int(t) for t in os.listdir("/proc/self/task")]
-    except OSError:
-        tids = [0]
-    for tid in tids:
+def _lower_priority(pid: int, nice: int) -> None:
+    """Put the just-started worker ``pid`` at ``nice`` and, from IDLE_FROM_NICE on, Linux's SCHED_IDLE: it runs
+    only on cores nobody else wants, and a caller's thread that wakes up takes the core at once (at nice 10
+    alone it could hold it for a scheduler slice, milliseconds). Set from here, before the worker has
+    imported anything (seconds of CPU) or started a thread: the threads it starts later (the runtimes'
+    pools) inherit it."""
+    with contextlib.suppress(OSError, AttributeError):  # not permitted here: still correct, only less polite
+        os.setpriority(os.PRIO_PROCESS, pid, nice)
+    if nice >= IDLE_FROM_NICE and hasattr(os, "SCHED_IDLE"):
         with contextlib.suppress(OSError):
-            os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+            os.sched_setscheduler(pid, os.SCHED_IDLE, os.sched_param(0))
 
 
 def _send(stream: Any, obj: Any) -> None:
@@ -213,8 +205,6 @@ def check(request: CheckRequest) -> Verdicts | None:
 def serve() -> None:
     """The worker's loop: answer each request on stdin with its verdicts (or why not) on stdout."""
     logging.basicConfig(level=logging.ERROR)
-    if hasattr(os, "nice") and len(sys.argv) > 1:
-        _lower_priority(int(sys.argv[1]))
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr  # nothing else may write into the answer stream
     while True:
