@@ -13,7 +13,7 @@ For each zoo model at its realistic shapes, in one process, on the same inputs, 
 Every compile starts from an empty decision cache. Crashes are counted, not raised.
 
 Run (alone on the machine; a few minutes):
-    python benchmarks/auto_real.py [--models detector,crnn] [--blocks 5 --per-block 5]
+    python benchmarks/auto_real.py [--models detector,crnn] [--blocks 25 --block-s 0.02]
 """
 
 from __future__ import annotations
@@ -50,8 +50,11 @@ def warm_up_online(cm, feeds, limit_s: float = 180.0) -> tuple[int, list[float]]
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="")
-    ap.add_argument("--blocks", type=int, default=5)
-    ap.add_argument("--per-block", type=int, default=5)
+    ap.add_argument("--blocks", type=int, default=25)
+    ap.add_argument("--per-block", type=int, default=5, help="calls per block at the least")
+    ap.add_argument("--block-s", type=float, default=0.02,
+                    help="seconds per block for fast models: short blocks, many rounds, so that the machine's drift "
+                         "falls on every contender alike")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="hybrid-bench-auto-real-"))
 
@@ -95,8 +98,8 @@ def main() -> None:
             contenders["auto online"] = lambda c=online, f=feeds: c.run(f)
             t0 = time.perf_counter()
             contenders["onnxruntime"]()
-            per_block = min(2000, max(args.per_block, int(0.1 / max(time.perf_counter() - t0, 1e-6))))
-            times = interleave(contenders, blocks=args.blocks, per_block=per_block)  # ~0.1 s a block for fast ones
+            per_block = min(2000, max(args.per_block, int(args.block_s / max(time.perf_counter() - t0, 1e-6))))
+            times = interleave(contenders, blocks=args.blocks, per_block=per_block)
             med = {k: median_ms(v) for k, v in times.items()}
             best = min(med["onnxruntime"], med.get("openvino f32", float("inf")))
             settled = times["auto online"]
