@@ -109,9 +109,10 @@ class OpenVINOExecutable(Executable):
         self.compiled = compiled
         self.input_names = input_names
         self.output_names = output_names
-        by_name = {n: port for port in compiled.outputs for n in port.get_names()}
-        outs = list(compiled.outputs)
-        self._ports = [by_name.get(n, outs[i] if i < len(outs) else None) for i, n in enumerate(output_names)]
+        # where each of our outputs is among the compiled model's (by name, else by position): results are
+        # read with one to_tuple() call, not an OVDict lookup per output port (1.8 us each)
+        by_name = {n: i for i, port in enumerate(compiled.outputs) for n in port.get_names()}
+        self._positions = [by_name.get(n, i) for i, n in enumerate(output_names)]
         ov_inputs = {n for port in compiled.inputs for n in port.get_names()}
         # OpenVINO drops inputs the graph does not use; feeding them would fail
         self._unused = [n for n in input_names if n not in ov_inputs]
@@ -135,7 +136,8 @@ class OpenVINOExecutable(Executable):
         results = req.infer(dict(feeds), share_inputs=self._share, share_outputs=False)
         if self._layers is not None:
             self._layers.append(list(req.profiling_info))
-        return [results[p] for p in self._ports]
+        values = results.to_tuple()
+        return [values[i] for i in self._positions]
 
     @property
     def precision(self) -> str | None:
