@@ -175,8 +175,7 @@ def _search(model: Model, target: str, order: list[Candidate], options_of: Optio
         reason = "first candidate by priority that passed the check"
         feeds = search.verifier.samples
         if autotune and len(survivors) > 1 and search.verifier.ok:
-            times = time_candidates({t.label: (lambda e=t.executable: e.run(feeds)) for t in survivors},
-                                    first_runs={t.label: t.first_run_s for t in survivors if t.first_run_s})
+            times = time_candidates({t.label: (lambda e=t.executable: e.run(feeds)) for t in survivors})
             search.notes.append("timed: " + ", ".join(f"{n} {s * 1e3:.3g} ms" for n, s in
                                                       sorted(times.items(), key=lambda kv: kv[1])))
             winner, reason = judge.fastest_or_most_exact(survivors, times, search)

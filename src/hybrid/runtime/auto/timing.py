@@ -13,24 +13,21 @@ TIME_BUDGET_S = 1.0  # measuring time per candidate, at most
 BLOCKS = 5
 
 def time_candidates(runs: Mapping[str, Callable[[], Any]], budget_s: float | None = None,
-                    blocks: int = BLOCKS, first_runs: Mapping[str, float] | None = None) -> dict[str, float]:
+                    blocks: int = BLOCKS) -> dict[str, float]:
     """Median seconds per call of each candidate, measured interleaved in blocks.
 
-    A candidate whose first run (``first_runs``, e.g. the check) took over 10x the fastest one's is
-    called once more (a first run also pays for lazy initialisation: torch, OpenVINO) and that warm
-    call is its estimate; the others are called up to 3 times to estimate their cost. One more than 3x
-    slower than the best estimate is not measured further (it cannot win) and reports its estimate. The
+    Each candidate is first called up to 3 times (within 0.3 s) and the least call is its estimate: the
+    calls right after a first run still pay for lazy initialisation (OpenVINO compiles kernels for a new
+    shape of a dynamic model over its first few calls: 15, 0.6, then 0.3 ms). One more than 3x slower
+    than the best estimate is not measured further (it cannot win) and reports its estimate. The
     rest run ``blocks`` rounds in rotated order, each round for about ``budget_s / blocks`` seconds
     per candidate, with a pause between candidates so that ONNX Runtime's spinning threads settle.
     """
     budget_s = TIME_BUDGET_S if budget_s is None else budget_s
     est: dict[str, float] = {}
-    first = dict(first_runs or {})
-    fastest_first = min((first[n] for n in runs if n in first), default=None)
     for name, fn in runs.items():
-        slow_start = fastest_first is not None and name in first and first[name] > 10 * fastest_first
         calls: list[float] = []
-        while len(calls) < (1 if slow_start else 3) and sum(calls) < 0.3:  # the least of a few: one can be a hiccup
+        while len(calls) < 3 and sum(calls) < 0.3:  # the least of a few: one can be a hiccup
             t0 = time.perf_counter()
             fn()
             calls.append(time.perf_counter() - t0)

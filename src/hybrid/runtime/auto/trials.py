@@ -44,7 +44,6 @@ class Trial:
     decision: Decision
     plan: Plan | None = None
     outputs: list[Any] | None = None
-    first_run_s: float | None = None
     rejected: str | None = None
     disputed: bool = False
     answers: tuple[list[Any], ...] = ()
@@ -120,7 +119,7 @@ class Search:
         """Why ``trial`` must not win (None: it may); records its outputs and first-run time."""
         truth = self.fp32_outputs.get(Candidate(trial.backend, trial.device))
         verdict = self.verifier.check(trial.executable, trial.precision, truth)
-        trial.outputs, trial.first_run_s = verdict.outputs, verdict.first_run_s
+        trial.outputs = verdict.outputs
         trial.disputed = verdict.disputed and trial.independent
         trial.answers = verdict.answers
         if verdict.why is None and trial.precision != "fp32" and trial.outputs is not None:
