@@ -57,6 +57,7 @@ from hybrid.ir import Model
 from hybrid.runtime.auto import cache, judge, worker
 from hybrid.runtime.auto.decision import decision_from_json
 from hybrid.runtime.auto.shapes import bucket_of
+from hybrid.runtime.auto.timing import warm_estimate
 from hybrid.runtime.auto.tolerance import OutputRule
 from hybrid.runtime.auto.trials import OptionsOf, Search, Trial, trial_of, trials
 from hybrid.runtime.partition import FALLBACK_BACKEND
@@ -490,16 +491,15 @@ class OnlineTuner(Executable):
                                tuple(search.notes))
 
     def _warm_run(self, trial: Trial, feeds: Mapping[str, Any] | None) -> float:
-        """Seconds of one more run of a checked candidate on the bucket's sample (its first run also
-        paid for lazy initialisation); infinity when it fails."""
+        """Seconds of a warm run of a checked candidate on the bucket's sample (:func:`.timing.warm_estimate`);
+        infinity when it fails."""
         t0 = time.perf_counter()
         try:
-            trial.executable.run(feeds or {})
+            warm = warm_estimate(lambda: trial.executable.run(feeds or {}))
         except Exception:
             return float("inf")
-        busy = time.perf_counter() - t0
-        self._pause(busy)
-        return busy
+        self._pause(time.perf_counter() - t0)
+        return warm
 
     def _install_cached(self, slot: _Slot) -> None:
         decision = self._cached[slot.key]

@@ -7,10 +7,21 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["BLOCKS", "TIME_BUDGET_S", "time_candidates"]
+__all__ = ["BLOCKS", "TIME_BUDGET_S", "time_candidates", "warm_estimate"]
 
 TIME_BUDGET_S = 1.0  # measuring time per candidate, at most
 BLOCKS = 5
+
+def warm_estimate(fn: Callable[[], Any], calls: int = 3, within_s: float = 0.3) -> float:
+    """Seconds of the least of up to ``calls`` calls of ``fn`` (fewer once ``within_s`` is spent): one call can be
+    a hiccup, and the calls right after a first run can still pay for lazy initialisation."""
+    spent: list[float] = []
+    while len(spent) < calls and sum(spent) < within_s:
+        t0 = time.perf_counter()
+        fn()
+        spent.append(time.perf_counter() - t0)
+    return min(spent)
+
 
 def time_candidates(runs: Mapping[str, Callable[[], Any]], budget_s: float | None = None,
                     blocks: int = BLOCKS) -> dict[str, float]:
@@ -24,14 +35,7 @@ def time_candidates(runs: Mapping[str, Callable[[], Any]], budget_s: float | Non
     per candidate, with a pause between candidates so that ONNX Runtime's spinning threads settle.
     """
     budget_s = TIME_BUDGET_S if budget_s is None else budget_s
-    est: dict[str, float] = {}
-    for name, fn in runs.items():
-        calls: list[float] = []
-        while len(calls) < 3 and sum(calls) < 0.3:  # the least of a few: one can be a hiccup
-            t0 = time.perf_counter()
-            fn()
-            calls.append(time.perf_counter() - t0)
-        est[name] = min(calls)
+    est = {name: warm_estimate(fn) for name, fn in runs.items()}
     best = min(est.values())
     alive = [n for n in runs if est[n] <= 3 * best]
     pause = min(0.02, max(0.001, 2 * best))

@@ -28,13 +28,13 @@ import struct
 import subprocess
 import sys
 import threading
-import time
 from dataclasses import dataclass
 from typing import Any
 
 from hybrid.hal import Candidate, backend_names
 from hybrid.ir import Model
 from hybrid.runtime.auto import judge
+from hybrid.runtime.auto.timing import warm_estimate
 from hybrid.runtime.auto.tolerance import OutputRule
 from hybrid.runtime.auto.trials import Search, trials
 
@@ -191,10 +191,8 @@ def check(request: CheckRequest) -> Verdicts | None:
     for t in tried:
         warm = None
         if t.rejected is None:
-            t0 = time.perf_counter()
             try:
-                t.executable.run(search.verifier.samples or {})
-                warm = time.perf_counter() - t0
+                warm = warm_estimate(lambda e=t.executable: e.run(search.verifier.samples or {}))
             except Exception as e:
                 t.rejected = f"failed on a second run: {e}"
         results.append((t.label, t.rejected, warm, t.partitioned))
