@@ -25,9 +25,11 @@ import onnx
 from hybrid.bundle.modelio import _external_tensors, parse_model_bytes
 from hybrid.bundle.safety import check_member_name
 from hybrid.errors import BundleError, HybridError
+from hybrid.hal import backend_class
 from hybrid.hal.backend import MACHINE_OPTIONS, CacheStrategy
-from hybrid.ir import Model
+from hybrid.ir import Model, atomic_write_bytes
 from hybrid.runtime.compiled import CompiledModel
+from hybrid.runtime.compiler import compile_model
 from hybrid.runtime.plan import Plan
 
 __all__ = [
@@ -85,8 +87,6 @@ def strategy_for(backend: str, device: str, options: Mapping[str, Any]) -> Cache
     """The cache strategy for a (backend, device, options) (``Backend.cache_strategy``), or None when the
     backend has none, or names an option it does not declare or that is not one of :data:`MACHINE_OPTIONS`
     (a bundle never carries those: a path in a bundle's options could point anywhere)."""
-    from hybrid.hal import backend_class
-
     try:
         cls = backend_class(backend)
         strategy = cls.cache_strategy(device, options)
@@ -103,8 +103,6 @@ def strategy_for(backend: str, device: str, options: Mapping[str, Any]) -> Cache
 def compile_for(model: Model, backend: str, device: str, precision: str, options: Mapping[str, Any]) -> CompiledModel:
     """``hybrid.compile`` for one backend and device (options given per backend: flat keys such as
     'tensorrt' would read as backend names)."""
-    from hybrid.runtime.compiler import compile_model
-
     return compile_model(model, target=f"{backend}:{device}", precision=precision, config={backend: dict(options)})
 
 
@@ -215,8 +213,6 @@ def restore(model: Model, backend: str, device: str, precision: str, options: Ma
     for name, data in files.items():
         path = workdir / check_member_name(name, where)
         if not path.is_file() or path.read_bytes() != data:
-            from hybrid.ir import atomic_write_bytes
-
             atomic_write_bytes(path, data)
     cm = compile_for(model, backend, device, precision, {**opts, strategy.option: str(workdir)})
     if loaded_from_cache(cm) is False:

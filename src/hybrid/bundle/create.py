@@ -40,7 +40,9 @@ from hybrid.bundle.platforms import PlatformProfile, get_platform, machine_arch
 from hybrid.bundle.select import available_pairs, merged_options, profile_layer, split_user_config
 from hybrid.errors import BackendError, BundleError, ConfigError, HybridError
 from hybrid.ir import Model, TensorSpec
+from hybrid.passes import optimize
 from hybrid.runtime.compiled import CompiledModel
+from hybrid.runtime.compiler import compile_model
 from hybrid.vision.tasks import declarations
 
 __all__ = ["create_bundle", "save_bundle"]
@@ -197,7 +199,6 @@ def _optimize(model: Model, level: str | None, layout: str) -> tuple[Model, bool
         return model, False
     if level not in _LEVELS:
         raise ConfigError("HYB-102", f"optimize level: expected one of {_LEVELS}, got {level!r}")
-    from hybrid.passes import optimize
 
     return optimize(model, level=level, config={"layout": layout} if layout != "NCHW" else None), True
 
@@ -205,8 +206,6 @@ def _optimize(model: Model, level: str | None, layout: str) -> tuple[Model, bool
 def _compile_here(model: Model, profile: PlatformProfile, target: str | None, precision: str | None,
                   config: Mapping[str, Any] | None) -> CompiledModel | None:
     """Compile for the first of the profile's targets present here (None if this machine cannot)."""
-    from hybrid.runtime.compiler import compile_model
-
     if profile.arch != machine_arch() or profile.os != _platform.system().lower():
         logger.info("platform %r is %s/%s, this machine %s/%s: bundling the IR only", profile.name, profile.os,
                     profile.arch, _platform.system().lower(), machine_arch())

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hybrid.errors import HybridError
+from hybrid.hal import backend_status
 from hybrid.hal.machine import cpu_facts
 
 __all__ = ["CACHE_FORMAT", "Fingerprint", "device_fingerprint"]
@@ -40,8 +41,6 @@ def device_fingerprint(backend: str, device: str = "cpu") -> Fingerprint:
     Probes only ``backend`` (for its version and the device's properties); an unknown or unavailable
     backend gets an empty version, so its fingerprint matches no cache built where it was available.
     """
-    from hybrid.hal import backend_status
-
     cpu_model, cpu_flags = cpu_facts()
     version = ""
     props: dict[str, str] = {}

@@ -34,9 +34,11 @@ from hybrid.bundle.platforms import machine_arch
 from hybrid.bundle.safety import Limits
 from hybrid.bundle.select import available_pairs, merged_options, profile_layer, split_user_config
 from hybrid.errors import BackendError, BundleError, HybridError
+from hybrid.hal import resolve_target
 from hybrid.hal.machine import cache_root
 from hybrid.ir import Model, atomic_write_bytes
 from hybrid.runtime.compiled import CompiledModel
+from hybrid.runtime.compiler import compile_model
 from hybrid.vision.tasks import task_model  # a bundle that declares a vision task loads as a TaskModel
 
 __all__ = ["LoadInfo", "load", "load_with_info", "read_model"]
@@ -199,8 +201,6 @@ def load_with_info(source: Source, target: str = "auto", precision: str | None =
         cache_files = {id(c): {f.rpartition("/")[2]: reader.read(f) for f in c.files} for c in caches[:1]}
         reader.verify()  # every other member (wheels, other platforms' caches) is hash-checked too
     if explicit:
-        from hybrid.hal import resolve_target
-
         pairs = [(c.backend, c.device) for c in resolve_target(target)]
     else:
         compiled_with = [f"{m.compile.backend}:{m.compile.device}"] if m.compile else []
@@ -244,7 +244,6 @@ def load_with_info(source: Source, target: str = "auto", precision: str | None =
         raise BackendError("HYB-304", f"bundle {m.name!r} could not be compiled for target {target!r}: "
                            + "; ".join(errors or ["no backend of that target is present"]),
                            "try target='auto' or another target (`pyasc devices` lists them)")
-    from hybrid.runtime.compiler import compile_model
 
     notes.append(f"none of platform {profile.name!r}'s targets ({', '.join(profile.targets)}) could run here"
                  + (f" ({'; '.join(errors)})" if errors else "") + "; using hybrid.compile(target='auto')")

@@ -26,6 +26,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from hybrid.errors import BundleError, ConfigError, HybridError
+from hybrid.hal import backend_status
 
 __all__ = [
     "BUILTIN_PLATFORMS",
@@ -244,8 +245,6 @@ def detect_platform() -> PlatformProfile:
         if jetson:
             return BUILTIN_PLATFORMS[jetson]
     try:
-        from hybrid.hal import backend_status
-
         kinds = {d.kind for d in backend_status("onnxruntime").devices}
     except HybridError:
         kinds = set()

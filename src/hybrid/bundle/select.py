@@ -11,8 +11,12 @@ import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from hybrid.bundle.cache import untrusted_options
 from hybrid.bundle.platforms import PlatformProfile
 from hybrid.errors import HybridError
+from hybrid.hal import Candidate, backend_class, backend_names, backend_status
+from hybrid.hal.device import parse_device
+from hybrid.runtime.compiler import split_config
 
 __all__ = ["available_pairs", "merged_options", "split_user_config"]
 
@@ -21,9 +25,6 @@ logger = logging.getLogger("hybrid")
 
 def _pairs_for(target: str) -> list[tuple[str, str]]:
     """The present (backend, device) pairs a 'backend' or 'backend:device' target names; [] if none."""
-    from hybrid.hal import backend_names, backend_status
-    from hybrid.hal.device import parse_device
-
     backend, _, device = target.strip().lower().partition(":")
     if backend not in backend_names():
         return []
@@ -57,8 +58,6 @@ def split_user_config(config: Mapping[str, Any] | None, backend: str, device: st
     """The user's ``config`` for one backend: per-backend keys, or flat options (compile's rules)."""
     if not config:
         return {}
-    from hybrid.hal import Candidate
-    from hybrid.runtime.compiler import split_config
 
     return split_config(config, [Candidate(backend, device)]).get(backend, {})
 
@@ -71,9 +70,6 @@ def merged_options(backend: str, layers: Iterable[tuple[str, Mapping[str, Any]]]
     a newer backend) is dropped with a note instead of failing the load. Layers named in ``untrusted``
     (read from a bundle) lose the options a hostile bundle could abuse (see ``untrusted_options``).
     """
-    from hybrid.bundle.cache import untrusted_options
-    from hybrid.hal import backend_class
-
     merged: dict[str, Any] = {}
     notes: list[str] = []
     suspicious = set(untrusted)
