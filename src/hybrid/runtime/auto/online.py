@@ -468,7 +468,7 @@ class OnlineTuner(Executable):
         return worker.CheckRequest(
             self._model.to_bytes(), self._model.name, tuple(str(c) for c in self._order),
             {str(c): self._options_of(c, "fp32") for c in self._order}, self._rtol,
-            {k: {f: getattr(r, f) for f in r.__slots__} for k, r in self._rules.items()}, dict(sample or {}))
+            {k: r.model_dump() for k, r in self._rules.items()}, dict(sample or {}))
 
     def _check_here(self, slot: _Slot) -> worker.Verdicts | None:
         """The check in this process's background thread (custom ops or backends the worker cannot see)."""

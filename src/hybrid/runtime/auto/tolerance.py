@@ -20,7 +20,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from hybrid.config import config_error
 from hybrid.errors import ConfigError
 
 __all__ = [
@@ -42,7 +44,6 @@ __all__ = [
 ]
 
 ACCURACY_KEYS = ("min_cosine", "max_rel_error")  # the budget of reduced precisions
-PARITY_KEYS = ("rtol", "outputs")  # the fp32 check
 DEFAULT_BUDGET = {"min_cosine": 0.999}
 
 
@@ -84,8 +85,7 @@ class Mismatch:
         return f"output {self.output!r} {self.detail}"
 
 
-@dataclass(frozen=True, slots=True)
-class OutputRule:
+class OutputRule(BaseModel):
     """How one output is judged, overriding the defaults (``compile(accuracy={'outputs': {name: {...}}})``).
 
     Attributes:
@@ -96,14 +96,41 @@ class OutputRule:
         topk: Judge the output's last axis by agreement of its k largest entries (as sets) instead.
     """
 
-    rtol: float | None = None
-    atol: float | None = None
-    mismatch: float = 0.0
-    min_cosine: float | None = None
-    topk: int | None = None
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    rtol: float | None = Field(None, ge=0.0, description="a number >= 0", examples=[1e-2])
+    atol: float | None = Field(None, ge=0.0, description="a number >= 0", examples=[1e-4])
+    mismatch: float = Field(0.0, ge=0.0, le=1.0, description="a number in [0, 1]", examples=[0.001])
+    min_cosine: float | None = Field(None, ge=0.0, le=1.0, description="a number in [0, 1]", examples=[0.999])
+    topk: int | None = Field(None, ge=1, description="an int >= 1", examples=[5])
 
 
-RULE_KEYS = ("rtol", "atol", "mismatch", "min_cosine", "topk")
+class _Budget(BaseModel):
+    """The accuracy budget of reduced precisions (``compile(precision='auto', accuracy={...})``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    min_cosine: float | None = Field(None, ge=-1.0, le=1.0, description="a number in [-1, 1]", examples=[0.995])
+    max_rel_error: float | None = Field(None, ge=0.0, description="a number >= 0", examples=[0.01])
+
+
+class _AccuracySpec(_Budget):
+    """Everything ``compile(accuracy=...)`` takes: the budget, and the fp32 check's ``rtol`` and rules."""
+
+    rtol: float | None = Field(None, ge=0.0, lt=1.0, description="a number in [0, 1)", examples=[1e-2])
+    outputs: Any = None  # output name -> rule: checked by output_rules against the model's outputs
+
+
+def _validated(model: type[BaseModel], value: Any, section: str) -> Any:
+    """``model`` built from ``value`` (a mapping), or the ConfigError (HYB-101/102) naming what is wrong."""
+    if not isinstance(value, Mapping):
+        example = "{'topk': 5} or {'rtol': 1e-2}" if model is OutputRule else "{'min_cosine': 0.995}"
+        raise ConfigError("HYB-102", f"{section}: expected a mapping such as {example}, got {value!r}",
+                          "e.g. accuracy={'min_cosine': 0.995}, {'rtol': 1e-2} or {'outputs': {'y': {'topk': 5}}}")
+    try:
+        return model.model_validate(dict(value))
+    except ValidationError as e:
+        raise config_error(e, model, section) from None
 
 
 def output_rules(spec: Mapping[str, Any] | None, names: list[str]) -> dict[str, OutputRule]:
@@ -115,29 +142,15 @@ def output_rules(spec: Mapping[str, Any] | None, names: list[str]) -> dict[str, 
     if spec is None:
         return {}
     if not isinstance(spec, Mapping):
-        raise ConfigError("HYB-102", f"accuracy['outputs']: expected a mapping of output name -> rule, got "
+        raise ConfigError("HYB-102", f"accuracy.outputs: expected a mapping of output name -> rule, got "
                           f"{type(spec).__name__}", "e.g. accuracy={'outputs': {'scores': {'topk': 5}}}")
-    out = {}
+    rules = {}
     for name, rule in spec.items():
         if name not in names:
-            raise ConfigError("HYB-102", f"accuracy['outputs']: the model has no output {name!r}; its outputs: "
+            raise ConfigError("HYB-102", f"accuracy.outputs: the model has no output {name!r}; its outputs: "
                               f"{', '.join(names)}", "name one of the model's outputs")
-        if not isinstance(rule, Mapping):
-            raise ConfigError("HYB-102", f"accuracy['outputs'][{name!r}]: expected a mapping such as "
-                              f"{{'rtol': 1e-2}}, got {rule!r}")
-        for key, value in rule.items():
-            if key not in RULE_KEYS:
-                raise ConfigError("HYB-101", f"unknown key {key!r} in accuracy['outputs'][{name!r}]; valid keys: "
-                                  f"{', '.join(RULE_KEYS)}", "check the spelling")
-            ok = (isinstance(value, int) and not isinstance(value, bool) and value >= 1) if key == "topk" else (
-                isinstance(value, (int, float)) and not isinstance(value, bool)
-                and (0 <= value <= 1 if key in ("mismatch", "min_cosine") else value >= 0))
-            if not ok:
-                want = "an int >= 1" if key == "topk" else "a number in [0, 1]" if key in (
-                    "mismatch", "min_cosine") else "a number >= 0"
-                raise ConfigError("HYB-102", f"accuracy['outputs'][{name!r}][{key!r}]: expected {want}, got {value!r}")
-        out[name] = OutputRule(**{k: (int(v) if k == "topk" else float(v)) for k, v in rule.items()})
-    return out
+        rules[name] = _validated(OutputRule, rule, f"accuracy.outputs.{name}")
+    return rules
 
 
 def _judge_by_score(name: str, e: np.ndarray, g: np.ndarray, rule: OutputRule) -> Mismatch | None:
@@ -297,48 +310,29 @@ def parse_accuracy(accuracy: Mapping[str, Any] | None, precision: str, names: li
     Raises:
         ConfigError: HYB-101 for an unknown key, HYB-102 for a bad value or a budget at fp32.
     """
-    if accuracy is not None and not isinstance(accuracy, Mapping):
-        raise ConfigError("HYB-102", f"accuracy: expected a mapping such as {{'min_cosine': 0.995}}, got {accuracy!r}")
-    given = dict(accuracy or {})
-    for key in given:
-        if key not in (*ACCURACY_KEYS, *PARITY_KEYS):
-            raise ConfigError("HYB-101", f"unknown accuracy key {key!r}; valid keys: "
-                              f"{', '.join((*ACCURACY_KEYS, *PARITY_KEYS))}",
-                              "e.g. accuracy={'min_cosine': 0.995}, {'rtol': 1e-2} or {'outputs': {'y': {'topk': 5}}}")
-    rtol = given.pop("rtol", None)
-    if rtol is not None and (isinstance(rtol, bool) or not isinstance(rtol, (int, float)) or not 0 <= rtol < 1):
-        raise ConfigError("HYB-102", f"accuracy.rtol: expected a number in [0, 1), got {rtol!r}")
-    rules = output_rules(given.pop("outputs", None), names)
-    if given and precision == "fp32":
-        raise ConfigError("HYB-102", f"accuracy={given!r} applies to reduced precisions (precision='auto', 'fp16', "
+    spec = _AccuracySpec() if accuracy is None else _validated(_AccuracySpec, accuracy, "accuracy")
+    rules = output_rules(spec.outputs, names)
+    budget = spec.model_dump(include=set(ACCURACY_KEYS), exclude_none=True)
+    if budget and precision == "fp32":
+        raise ConfigError("HYB-102", f"accuracy={budget!r} applies to reduced precisions (precision='auto', 'fp16', "
                           "'bf16'), got precision='fp32'",
                           "pass precision='auto' to search reduced precisions within it")
-    budget = validate_accuracy(given or None) if precision != "fp32" else None
-    return Accuracy(budget, None if rtol is None else float(rtol), rules)
+    return Accuracy((budget or dict(DEFAULT_BUDGET)) if precision != "fp32" else None, spec.rtol, rules)
 
 
 def validate_accuracy(accuracy: Mapping[str, Any] | None) -> dict[str, float]:
-    """Check an accuracy budget; return it with floats.
+    """Check an accuracy budget; return it with floats (the default budget for None).
 
     Raises:
-        ConfigError: HYB-101 for an unknown key, HYB-102 for a value outside its range.
+        ConfigError: HYB-101 for an unknown key, HYB-102 for a value outside its range or an empty budget.
     """
     if accuracy is None:
         return dict(DEFAULT_BUDGET)
-    if not isinstance(accuracy, Mapping) or not accuracy:
-        raise ConfigError("HYB-102", f"accuracy: expected a mapping such as {{'min_cosine': 0.995}}, got {accuracy!r}")
-    out = {}
-    for key, value in accuracy.items():
-        if key not in ACCURACY_KEYS:
-            raise ConfigError("HYB-101", f"unknown accuracy key {key!r}; valid keys: {', '.join(ACCURACY_KEYS)}",
-                              "e.g. accuracy={'min_cosine': 0.995} or {'max_rel_error': 0.01}")
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError("HYB-102", f"accuracy.{key}: expected a number, got {value!r}")
-        lo, hi = (-1.0, 1.0) if key == "min_cosine" else (0.0, float("inf"))
-        if not lo <= float(value) <= hi:
-            raise ConfigError("HYB-102", f"accuracy.{key}: expected a value in [{lo}, {hi}], got {value!r}")
-        out[key] = float(value)
-    return out
+    budget = _validated(_Budget, accuracy, "accuracy").model_dump(exclude_none=True)
+    if not budget:
+        raise ConfigError("HYB-102", f"accuracy: expected a budget such as {{'min_cosine': 0.995}}, got {accuracy!r}",
+                          "give min_cosine and/or max_rel_error")
+    return budget
 
 
 def _float_pairs(expected: list[Any], got: list[Any], names: list[str]):
