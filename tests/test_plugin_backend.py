@@ -14,6 +14,7 @@ import importlib
 import json
 import re
 import sys
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -107,6 +108,9 @@ def test_compiled_artifact_cached_in_the_bundle(npdemo, tmp_path):
     cm = hybrid.compile(matmul_add(), target="npdemo:cpu", precision="fp16")
     cm.save(str(tmp_path / "m.hybrid"))
     assert [c["backend"] for c in inspect_bundle(tmp_path / "m.hybrid")["caches"]] == ["npdemo"]
+    with zipfile.ZipFile(tmp_path / "m.hybrid") as z:  # the demo nests its artifact in a folder (as TensorRT
+        nested = [n for n in z.namelist() if n.endswith(".npz") and "/npdemo/" in n]  # does): it comes along
+    assert [n.split("/npdemo/")[1].split("/")[0] for n in nested] == ["float16"]
     loaded, info = load_with_info(tmp_path / "m.hybrid")
     assert (info.source, info.backend, info.precision) == ("bundle-cache", "npdemo", "fp16")
     assert bundle_cache.loaded_from_cache(loaded) is True

@@ -170,11 +170,22 @@ def capture(model: Model, backend: str, device: str, precision: str, options: Ma
             except BundleError as e:
                 logger.info("not caching %s's optimized model: %s", backend, e.message)
     else:
-        for path in sorted(workdir.iterdir()):
-            if path.is_file() and not path.is_symlink():
-                check_member_name(path.name, "compiled cache")
-                files[path.name] = path.read_bytes()
+        files = _directory_files(workdir)
     return _with_options(cm, opts), files
+
+
+def _directory_files(workdir: Path) -> dict[str, bytes]:
+    """Every plain file under ``workdir`` by its relative '/'-joined path (a backend may nest its cache:
+    TensorRT writes ``tensorrt/<fingerprint>/<key>.engine``); links are not followed."""
+    files: dict[str, bytes] = {}
+    for folder, dirs, names in os.walk(workdir, followlinks=False):
+        dirs.sort()
+        for name in sorted(names):
+            path = Path(folder) / name
+            if path.is_file() and not path.is_symlink():
+                member = path.relative_to(workdir).as_posix()
+                files[check_member_name(member, "compiled cache")] = path.read_bytes()
+    return files
 
 
 def _with_options(cm: CompiledModel, options: Mapping[str, Any], model: Model | None = None,
@@ -213,6 +224,7 @@ def restore(model: Model, backend: str, device: str, precision: str, options: Ma
     for name, data in files.items():
         path = workdir / check_member_name(name, where)
         if not path.is_file() or path.read_bytes() != data:
+            path.parent.mkdir(parents=True, exist_ok=True)
             atomic_write_bytes(path, data)
     cm = compile_for(model, backend, device, precision, {**opts, strategy.option: str(workdir)})
     if loaded_from_cache(cm) is False:

@@ -34,6 +34,7 @@ from hybrid.bundle.manifest import (
     ModelEntry,
     ServingEntry,
     TensorEntry,
+    cache_folder,
 )
 from hybrid.bundle.modelio import DATA_NAME, MODEL_DIR, MODEL_PATH, split_external_data
 from hybrid.bundle.platforms import PlatformProfile, get_platform, machine_arch
@@ -83,13 +84,13 @@ def _capture_caches(cm: CompiledModel, precision: str, workdir: Path,
     if not files:
         return []
     fp = device_fingerprint(cm.backend, cm.device)
-    folder = f"platforms/{fp.digest}/{cm.backend}"
+    folder = cache_folder(fp.digest, cm.backend)
     for name, data in files.items():
-        writer.add_bytes(f"{folder}/{name}", data)
+        writer.add_bytes(f"{folder}{name}", data)
     kind = "optimized-model" if _cache.OPTIMIZED_NAME in files else "directory"
     return [CacheEntry(backend=cm.backend, device=cm.device, precision=precision,
                        options=_cache.portable_options(cm.options), fingerprint=fp.digest,
-                       fingerprint_info=fp.info, kind=kind, files=[f"{folder}/{n}" for n in files])]
+                       fingerprint_info=fp.info, kind=kind, files=[f"{folder}{n}" for n in files])]
 
 
 def _write(path: str | os.PathLike, model: Model, profile: PlatformProfile, cm: CompiledModel | None, *,

@@ -198,7 +198,8 @@ def load_with_info(source: Source, target: str = "auto", precision: str | None =
         model = read_model(reader)
         explicit = not (isinstance(target, str) and target.strip().lower() == "auto")
         caches = [] if (config or not use_cache) else _matching_caches(m)
-        cache_files = {id(c): {f.rpartition("/")[2]: reader.read(f) for f in c.files} for c in caches[:1]}
+        # each file by its path inside the cache's folder (the manifest checked they all lie in it)
+        cache_files = {id(c): {f.removeprefix(c.folder): reader.read(f) for f in c.files} for c in caches[:1]}
         reader.verify()  # every other member (wheels, other platforms' caches) is hash-checked too
     if explicit:
         pairs = [(c.backend, c.device) for c in resolve_target(target)]

@@ -30,6 +30,7 @@ __all__ = [
     "MemberEntry",
     "ModelEntry",
     "TensorEntry",
+    "cache_folder",
     "parse_manifest",
 ]
 
@@ -85,6 +86,11 @@ class CompileEntry(_Strict):
         return json_safe(value)
 
 
+def cache_folder(fingerprint: str, backend: str) -> str:
+    """The bundle folder of one compiled cache: ``platforms/<fingerprint>/<backend>/``."""
+    return f"platforms/{fingerprint}/{backend}/"
+
+
 class CacheEntry(CompileEntry):
     """A compiled artifact for one device fingerprint, under ``platforms/<fingerprint>/<backend>/``."""
 
@@ -93,12 +99,16 @@ class CacheEntry(CompileEntry):
     kind: Literal["optimized-model", "directory"]
     files: list[str] = Field(min_length=1)
 
+    @property
+    def folder(self) -> str:
+        """The bundle folder every file of this cache lies in, with a trailing '/'."""
+        return cache_folder(self.fingerprint, self.backend)
+
     @model_validator(mode="after")
     def _files_in_folder(self) -> CacheEntry:
-        prefix = f"platforms/{self.fingerprint}/{self.backend}/"
         for name in self.files:
-            if not name.startswith(prefix):
-                raise ValueError(f"cache file {name!r} is not under {prefix!r}")
+            if not name.startswith(self.folder):
+                raise ValueError(f"cache file {name!r} is not under {self.folder!r}")
         return self
 
 

@@ -129,7 +129,7 @@ class DemoBackend(Backend):
         artifact = None
         if folder:
             key = hashlib.sha256(data + dtype.encode()).hexdigest()[:16]
-            artifact = Path(folder) / f"npdemo-{key}.npz"
+            artifact = Path(folder) / dtype / f"npdemo-{key}.npz"  # nested, as TensorRT's engine cache is
             found = _read(artifact)
             if found is not None:
                 program, weights = found
