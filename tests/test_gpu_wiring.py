@@ -95,6 +95,25 @@ def test_cann_option_values_are_checked(options):
 
 
 # ---------------------------------------------------------------------------------------------- targets
+def test_one_device_fallback_policy_for_targets_streams_pipelines_and_tensors(caplog):
+    from hybrid.hal import apply_device_fallback
+
+    warned: set[str] = set()
+    with caplog.at_level(logging.WARNING, logger="hybrid"):
+        apply_device_fallback("device 'npu:7'", present="cpu", warned=warned)
+        apply_device_fallback("device 'npu:7'", present="cpu", warned=warned)
+    assert caplog.text.count("device 'npu:7' is not present (present: cpu); falling back to cpu") == 1
+    hybrid.init({"device_fallback": "error"})
+    try:
+        for use in (lambda: apply_device_fallback("device 'npu:7'"), lambda: hybrid.StreamContext("npu:7"),
+                    lambda: resolve_target("npu:7")):
+            with pytest.raises(BackendError) as e:
+                use()
+            assert e.value.code == "HYB-307" and "device_fallback is 'error'" in e.value.message
+    finally:
+        hybrid.init({"device_fallback": "warn"})
+
+
 @pytest.mark.skipif(HAS_GPU, reason="this machine has a GPU")
 @pytest.mark.parametrize("target", ["gpu", "cuda", "cuda:1"])
 def test_gpu_target_without_a_gpu_falls_back_with_a_warning(target, caplog):

@@ -15,7 +15,7 @@ from hybrid.hal.registry import (
     register_backend,
     reset_discovery,
 )
-from hybrid.hal.target import Candidate, devices, resolve_target, statuses
+from hybrid.hal.target import Candidate, apply_device_fallback, devices, resolve_device, resolve_target, statuses
 
 __all__ = [
     "Backend",
@@ -27,6 +27,7 @@ __all__ = [
     "NodeSpan",
     "Option",
     "ProbedDevice",
+    "apply_device_fallback",
     "backend_class",
     "backend_names",
     "backend_status",
@@ -35,6 +36,7 @@ __all__ = [
     "is_installed_backend",
     "register_backend",
     "reset_discovery",
+    "resolve_device",
     "resolve_target",
     "statuses",
 ]

@@ -15,7 +15,7 @@ from hybrid.errors import BackendError
 from hybrid.hal.device import Device, parse_device
 from hybrid.hal.registry import BackendStatus, backend_names, backend_status
 
-__all__ = ["Candidate", "devices", "resolve_target", "statuses"]
+__all__ = ["Candidate", "apply_device_fallback", "devices", "resolve_device", "resolve_target", "statuses"]
 
 logger = logging.getLogger("hybrid")
 
@@ -62,14 +62,58 @@ def _match(dev: Device, kind: str, index: int | None) -> bool:
     return dev.kind in kinds and (index is None or dev.index == index)
 
 
+def apply_device_fallback(absent: str, why: str = "is not present", *, present: str | None = None,
+                          warned: set[str] | None = None) -> None:
+    """The ``device_fallback`` policy for a device that cannot be used (the one home of it): raise under
+    'error'; under 'warn', log that the work falls back to the cpu (once per device when ``warned`` is given).
+
+    Args:
+        absent: What was asked for, as the message names it ("device 'cuda:1'", "StreamContext: device 'npu'").
+        why: Why it cannot be used.
+        present: The devices present, for the message (None: not listed).
+        warned: Devices already warned about; the warning is logged once per device when given.
+
+    Raises:
+        BackendError: HYB-307 under ``device_fallback='error'``.
+    """
+    listed = "" if present is None else f" (present: {present or 'none'})"
+    if get_config().device_fallback == "error":
+        raise BackendError("HYB-307", f"{absent} {why}{listed} and device_fallback is 'error'",
+                           "use a present device or hybrid.init({'device_fallback': 'warn'})")
+    if warned is not None:
+        if absent in warned:
+            return
+        warned.add(absent)
+    logger.warning("%s %s%s; falling back to cpu", absent, why, listed)
+
+
 def _fallback(requested: str, devs: list[Device]) -> list[Device]:
-    policy = get_config().device_fallback
-    present = ", ".join(d.name for d in devs) or "none"
-    if policy == "error":
-        raise BackendError("HYB-307", f"device {requested!r} is not present (present: {present}) and "
-                           "device_fallback is 'error'", "use a present device or device_fallback='warn'")
-    logger.warning("device %r is not present (present: %s); falling back to cpu", requested, present)
+    apply_device_fallback(f"device {requested!r}", present=", ".join(d.name for d in devs))
     return [d for d in devs if d.kind == "cpu"]
+
+
+def resolve_device(device: str | None, what: str) -> str:
+    """The present device that ``device`` names, after the ``device_fallback`` policy ('cpu' for None).
+
+    Raises:
+        BackendError: HYB-301 for a string that is not a device name, HYB-307 for an absent device
+            under ``device_fallback='error'``.
+    """
+    if device is None:
+        return "cpu"
+    parsed = parse_device(device) if isinstance(device, str) else None
+    if parsed is None:
+        raise BackendError("HYB-301", f"{what}: expected a device such as 'cpu', 'cuda:0', 'gpu' or 'npu', got "
+                           f"{device!r}", "use a device name from hybrid.devices()")
+    kind, index = parsed
+    if kind == "cpu":  # always present; spares probing every backend
+        return "cpu"
+    present = devices()
+    for dev in present:
+        if _match(dev, kind, index):
+            return dev.name
+    apply_device_fallback(f"{what}: device {device!r}", present=", ".join(d.name for d in present))
+    return "cpu"
 
 
 def resolve_target(target: str) -> list[Candidate]:

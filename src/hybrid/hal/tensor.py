@@ -23,10 +23,10 @@ from typing import Any
 
 import numpy as np
 
-from hybrid.config import get_config
 from hybrid.errors import BackendError
 from hybrid.hal.device import parse_device
 from hybrid.hal.memory import Block, get_pool, record_transfer
+from hybrid.hal.target import apply_device_fallback
 
 __all__ = ["Tensor"]
 
@@ -68,13 +68,8 @@ def _resolve(device: str) -> str:
     name = _canonical(device)
     if name == "cpu" or _torch_for(name) is not None:
         return name
-    message = f"Tensor: device {name!r} is not reachable (hybrid.Tensor moves data with torch, which does not see it)"
-    if get_config().device_fallback == "error":
-        raise BackendError("HYB-307", message + " and device_fallback is 'error'",
-                           "use a present device or hybrid.init({'device_fallback': 'warn'})")
-    if name not in _warned:
-        _warned.add(name)
-        logger.warning("%s; the tensor stays on cpu", message)
+    apply_device_fallback(f"Tensor: device {name!r}", "is not reachable (hybrid.Tensor moves data with torch, "
+                          "which does not see it)", warned=_warned)
     return "cpu"
 
 

@@ -22,46 +22,14 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-from hybrid.config import get_config
-from hybrid.errors import BackendError, ConfigError, RunError
-from hybrid.hal.device import parse_device
+from hybrid.errors import ConfigError, RunError
+from hybrid.hal import resolve_device
 
-__all__ = ["Pipeline", "StageStats", "resolve_device"]
+__all__ = ["Pipeline", "StageStats"]
 
 logger = logging.getLogger("hybrid")
 _ids = itertools.count(1)
 _STOP = object()
-
-
-def resolve_device(device: str | None, what: str) -> str:
-    """The present device that ``device`` names, after the ``device_fallback`` policy ('cpu' for None).
-
-    Raises:
-        BackendError: HYB-301 for a string that is not a device name, HYB-307 for an absent device
-            under ``device_fallback='error'``.
-    """
-    if device is None:
-        return "cpu"
-    parsed = parse_device(device) if isinstance(device, str) else None
-    if parsed is None:
-        raise BackendError("HYB-301", f"{what}: expected a device such as 'cpu', 'cuda:0', 'gpu' or 'npu', got "
-                           f"{device!r}", "use a device name from hybrid.devices()")
-    kind, index = parsed
-    if kind == "cpu":  # always present; spares probing every backend
-        return "cpu"
-    from hybrid.hal import devices
-
-    kinds = ("cuda", "gpu") if kind == "gpu" else (kind,)
-    present = devices()
-    for dev in present:
-        if dev.kind in kinds and (index is None or dev.index == index):
-            return dev.name
-    names = ", ".join(d.name for d in present) or "none"
-    if get_config().device_fallback == "error":
-        raise BackendError("HYB-307", f"{what}: device {device!r} is not present (present: {names}) and "
-                           "device_fallback is 'error'", "use a present device or device_fallback='warn'")
-    logger.warning("%s: device %r is not present (present: %s); falling back to cpu", what, device, names)
-    return "cpu"
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,8 +20,8 @@ from concurrent.futures import Future
 from typing import Any
 
 from hybrid.errors import RunError
+from hybrid.hal import resolve_device
 from hybrid.hal.interop import device_stream, host_array
-from hybrid.runtime.pipeline import resolve_device
 
 __all__ = ["StreamContext", "StreamResult"]
 
