@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +59,7 @@ def build(kind: str, *, width: int = 16, size: int = 32, steps: int = 200, sprea
             activations lose accuracy. 1 (default): as trained.
         cache: Folder for the ONNX file (default: hybrid's cache folder / 'quant-models').
     """
-    from hybrid.ir import Model
+    from hybrid.ir import Model, atomic_write_bytes
 
     if kind not in KINDS:
         raise ValueError(f"kind: expected one of {list(KINDS)}, got {kind!r}")
@@ -72,11 +70,7 @@ def build(kind: str, *, width: int = 16, size: int = 32, steps: int = 200, sprea
     if path.is_file():
         return Model.load(str(path))
     model = _train_and_export(kind, width, size, steps, spread)
-    folder.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
-    with os.fdopen(fd, "wb") as f:
-        f.write(model.to_bytes())
-    os.replace(tmp, path)
+    atomic_write_bytes(path, model.to_bytes())
     return Model.load(str(path))
 
 

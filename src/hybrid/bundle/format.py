@@ -19,7 +19,6 @@ import hashlib
 import io
 import os
 import shutil
-import tempfile
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,6 +27,7 @@ from typing import Any, BinaryIO
 from hybrid.bundle.manifest import MANIFEST_NAME, Manifest, MemberEntry, parse_manifest
 from hybrid.bundle.safety import Limits, check_archive, check_member_name, read_member
 from hybrid.errors import BundleError
+from hybrid.ir import atomic_file
 
 __all__ = ["BundleReader", "BundleWriter", "Source"]
 
@@ -76,28 +76,16 @@ class BundleWriter:
 
     def write(self, path: str | os.PathLike, manifest: Manifest) -> None:
         """Write manifest and members to ``path`` atomically (temp file in the same folder + rename)."""
-        dest = Path(path)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
-        try:
-            with os.fdopen(fd, "w+b") as f:
-                with zipfile.ZipFile(f, "w", allowZip64=True) as zf:
-                    zf.writestr(self._info(MANIFEST_NAME, True), manifest.to_json())
-                    for name, (content, entry) in self._members.items():
-                        info = self._info(name, False)
-                        if isinstance(content, bytes):
-                            zf.writestr(info, content)
-                            continue
-                        info.file_size = entry.size
-                        with open(content, "rb") as src, zf.open(info, "w", force_zip64=entry.size > 1 << 31) as out:
-                            shutil.copyfileobj(src, out, 1 << 20)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, dest)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        with atomic_file(path) as f, zipfile.ZipFile(f, "w", allowZip64=True) as zf:
+            zf.writestr(self._info(MANIFEST_NAME, True), manifest.to_json())
+            for name, (content, entry) in self._members.items():
+                info = self._info(name, False)
+                if isinstance(content, bytes):
+                    zf.writestr(info, content)
+                    continue
+                info.file_size = entry.size
+                with open(content, "rb") as src, zf.open(info, "w", force_zip64=entry.size > 1 << 31) as out:
+                    shutil.copyfileobj(src, out, 1 << 20)
 
 
 class BundleReader:

@@ -3,7 +3,7 @@
 This package imports no other part of hybrid but ``hybrid.errors``.
 """
 
-from hybrid.ir.model import Model, atomic_write_bytes
+from hybrid.ir.model import Model, atomic_file, atomic_write_bytes
 from hybrid.ir.signature import Signature, TensorSpec, signature_of
 
-__all__ = ["Model", "Signature", "TensorSpec", "atomic_write_bytes", "signature_of"]
+__all__ = ["Model", "Signature", "TensorSpec", "atomic_file", "atomic_write_bytes", "signature_of"]

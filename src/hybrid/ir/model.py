@@ -7,11 +7,13 @@ so that running an unmodified model never pays for a round trip through the IR.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import onnx
 import onnx_ir as ir
@@ -156,20 +158,30 @@ class Model:
 
 
 # ------------------------------------------------------------------ helpers
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temp file in the same folder and an atomic rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+@contextlib.contextmanager
+def atomic_file(path: str | os.PathLike) -> Iterator[BinaryIO]:
+    """A binary file that becomes ``path`` only when the block ends without an error: written to a temp
+    file in the same folder, synced, then renamed over ``path``; on an error the temp file is removed and
+    ``path`` is untouched."""
+    dest = Path(path)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
+        with os.fdopen(fd, "w+b") as f:
+            yield f
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        os.replace(tmp, dest)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically (:func:`atomic_file`)."""
+    with atomic_file(path) as f:
+        f.write(data)
 
 
 def _opt_str(p: str | os.PathLike | None) -> str | None:
