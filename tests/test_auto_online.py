@@ -198,6 +198,31 @@ def test_a_starved_check_gets_yield_windows_on_at_most_one_call_in_200(monkeypat
     call_until_settled(cm, inputs[0])
 
 
+def test_candidates_that_serve_no_bucket_are_released_and_come_back_when_wanted(monkeypatch):
+    from hybrid.hal import Executable
+    from hybrid.runtime.auto import online
+
+    class Loser(Executable):  # a candidate that lost every bucket it took turns in
+        closed = False
+
+        def run(self, feeds):
+            raise AssertionError("a released candidate must not serve")
+
+        def close(self):
+            self.closed = True
+
+    monkeypatch.setattr(online, "RELEASE_GRACE_S", 0.0)
+    cm = hybrid.compile(conv_net(), target="auto")
+    tuner = cm.executable
+    call_until_settled(cm, images(2, 24, 32))
+    loser = tuner._compiled["loser:cpu"] = Loser()
+    tuner._release(next(iter(tuner._slots.values())))
+    assert loser.closed and "loser:cpu" not in tuner._compiled
+    assert {s.serving for s in tuner.status()} <= set(tuner._compiled)  # what serves stays open
+    call_until_settled(cm, images(1, 40, 40, seed=3))  # a new bucket compiles what it needs again
+    assert all(s.state == "settled" for s in tuner.status())
+
+
 def test_online_tuning_can_be_switched_off():
     hybrid.init({"autotune": {"online": False}})
     cm = hybrid.compile(conv_net(), target="auto")

@@ -67,6 +67,11 @@ class OnnxRuntimeExecutable(Executable):
 
     def close(self) -> None:
         self.session = None
+        self._run = _closed_run  # the bound native run held the session (and its memory) alive
+
+
+def _closed_run(*_: Any) -> list[Any]:
+    raise RuntimeError("this ONNX Runtime session was closed")
 
 
 def _direct_run(session: Any) -> Any:

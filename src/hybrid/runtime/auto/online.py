@@ -80,6 +80,7 @@ YIELD_CALL_SHARE = 0.005  # at most this share of the calls waits in a yield win
 YIELD_CALLS = 20  # a window lasts this many of the bucket's call durations...
 YIELD_MIN_S, YIELD_MAX_S = 0.01, 0.2  # ...within these bounds
 YIELD_WALL_SHARE = 0.2  # and the windows take at most this share of the wall time
+RELEASE_GRACE_S = 2.0  # after the last bucket settled, the losers are closed this much later
 MAX_GATE_S = 30.0  # the longest a tuning call waits for a candidate being compiled in this process
 
 
@@ -327,6 +328,7 @@ class OnlineTuner(Executable):
         self._switched(label, why)
         slot.state, slot.settled_after = "settled", slot.calls  # last: the plan already says what serves
         self._submit("persist", slot)
+        self._submit("release", slot)
 
     def _switched(self, label: str, reason: str) -> None:
         trial = self._trials.get(label)
@@ -411,7 +413,8 @@ class OnlineTuner(Executable):
         if self._closed.is_set() and job != "persist":  # closing: decisions made are still written
             return
         try:
-            {"check": self._check, "install": self._install_cached, "persist": self._persist}[job](slot)
+            {"check": self._check, "install": self._install_cached, "persist": self._persist,
+             "release": self._release}[job](slot)
         except Exception as e:  # the tuner must never take the model down: the bucket keeps its executable
             logger.warning("auto (online): %s of bucket %s failed: %s", job, _fmt(slot.key), first_line(e))
             with slot.lock:
@@ -500,6 +503,27 @@ class OnlineTuner(Executable):
             return float("inf")
         self._pause(time.perf_counter() - t0)
         return warm
+
+    def _release(self, slot: _Slot) -> None:
+        """Once every bucket seen has settled, close the candidates that serve none (their sessions hold the
+        model's weights and arenas: tens to hundreds of MB each). The start stays (a new bucket begins on
+        it); a candidate a later bucket wants again is compiled again, while its tuning callers wait. Done
+        ``RELEASE_GRACE_S`` after the settle, so that a call a loser was answering has ended."""
+        if self._closed.wait(RELEASE_GRACE_S):
+            return
+        with self._lock:
+            slots = list(self._slots.values())
+            if not slots or any(s.state != "settled" for s in slots):
+                return
+            keep = {s.serving[0] for s in slots} | {self._start.label}
+            losers = [(label, self._compiled.pop(label)) for label in list(self._compiled) if label not in keep]
+            for label, _ in losers:
+                self._trials.pop(label, None)
+        kept = {id(exe) for label, exe in self._compiled.items()}
+        for label, exe in losers:
+            if id(exe) not in kept:
+                exe.close()
+                logger.info("auto (online): %s: released %s (it serves no bucket)", self._model.name, label)
 
     def _install_cached(self, slot: _Slot) -> None:
         decision = self._cached[slot.key]
