@@ -6,10 +6,11 @@ reference while an accelerated backend can run the graph) and is served by an :c
 Per shape bucket (:func:`~.shapes.bucket_of`):
 
 1. The calls of a bucket are answered by the current executable; a copy of the third one's inputs goes
-   to a background thread, which compiles every candidate once and checks them on that copy against
-   the reference at model-level tolerance (the same check as ``compile(shapes=...)``), using at most
-   ``overhead_cap`` of the wall time (it sleeps between runs). A start that fails the check on the
-   real input is replaced at once by the first candidate that passes.
+   to the check: every candidate compiled and run on that copy against the reference at model-level
+   tolerance (the same check as ``compile(shapes=...)``), in a low-priority worker process (below), or in a
+   background thread that sleeps to stay within ``overhead_cap`` of the wall time where the worker cannot
+   see a backend or an op. A start that fails the check on the real input is replaced at once by the
+   first candidate that passes.
 2. The checked candidates then take turns answering real calls, each timed as it runs for the
    caller: the configuration that serves is the one measured. A candidate whose warm run in the check
    took more than 1.25x the serving one's is not compiled here nor tried (serving it would cost the
@@ -81,7 +82,8 @@ YIELD_CALLS = 20  # a window lasts this many of the bucket's call durations...
 YIELD_MIN_S, YIELD_MAX_S = 0.01, 0.2  # ...within these bounds
 YIELD_WALL_SHARE = 0.2  # and the windows take at most this share of the wall time
 RELEASE_GRACE_S = 2.0  # after the last bucket settled, the losers are closed this much later
-MAX_GATE_S = 30.0  # the longest a tuning call waits for a candidate being compiled in this process
+MAX_GATE_S = 5.0  # the longest a tuning call waits for a candidate being compiled in this process (a longer build,
+# such as a TensorRT engine, then goes on beside the calls)
 
 
 def _fmt(key: Bucket) -> str:
@@ -519,7 +521,7 @@ class OnlineTuner(Executable):
             losers = [(label, self._compiled.pop(label)) for label in list(self._compiled) if label not in keep]
             for label, _ in losers:
                 self._trials.pop(label, None)
-        kept = {id(exe) for label, exe in self._compiled.items()}
+            kept = {id(exe) for exe in self._compiled.values()}
         for label, exe in losers:
             if id(exe) not in kept:
                 exe.close()
