@@ -256,16 +256,17 @@ class OnlineTuner(Executable):
         return outs
 
     def _yield(self, slot: _Slot) -> None:
-        """Wait out the open yield window, or open one when the check starves (module doc). The counts are
-        read and written without a lock: a race costs one call more or less between windows."""
+        """Wait out the open yield window, or open one when the check starves (module doc). The calls that
+        wait are counted under the lock (they wait anyway), so the share of calls that wait holds exactly;
+        the calls between windows are counted without one (a lost count only delays the next window)."""
         if not self._gate.is_set():
-            self._window_hits += 1
+            self._count_hit()
             self._gate.wait(MAX_GATE_S)
             return
         now = time.perf_counter()
         wait = self._window_end - now
         if wait > 0:
-            self._window_hits += 1
+            self._count_hit()
             time.sleep(wait)
             return
         self._calls_since_window += 1
@@ -282,6 +283,10 @@ class OnlineTuner(Executable):
                 self._window_end, self._window_hits, self._calls_since_window = now + length, 1, 0
             wait = self._window_end - now
         time.sleep(wait)
+
+    def _count_hit(self) -> None:
+        with self._lock:
+            self._window_hits += 1
 
     def _pick(self, slot: _Slot) -> tuple[str, Executable]:
         if slot.state != "exploring":
