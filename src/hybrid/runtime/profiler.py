@@ -359,7 +359,9 @@ def _node_phase(cm: CompiledModel, feeds: Mapping[str, Any], warmup: int,
         runs.append((t0, time.perf_counter_ns()))
     calls = list(timed.spans)
     spans = cm.executable.node_spans(calls)
-    nodes = [_node_event(span, calls, t_base) for span in spans if 0 <= span.call < len(calls)]
+    # the run count above is held to the graph's node count; a backend may report more spans (layers) than
+    # that: the trace keeps at most MAX_NODE_EVENTS of them
+    nodes = [_node_event(span, calls, t_base) for span in spans if 0 <= span.call < len(calls)][:MAX_NODE_EVENTS]
     return t_base, runs, nodes
 
 
