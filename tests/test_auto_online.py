@@ -248,3 +248,47 @@ def test_the_check_process_answers_like_the_search_and_runs_below_the_callers():
     unknown = worker.CheckRequest(model.to_bytes(), "conv_net", ("nosuchbackend:cpu",), {"nosuchbackend:cpu": {}},
                                   1e-3, {}, {"x": x})
     assert worker.check_elsewhere(unknown, share=0.1) is None  # the caller then checks in a thread
+
+
+def test_candidates_take_turns_and_each_is_timed_at_its_own_speed(monkeypatch):
+    """'fast' serves in 1 ms, but in 4 ms while 'spinner' (2 ms) ran within the last 30 ms, as a runtime does
+    while another one's idle threads still spin on a core. Alternating call by call would time it at 4 ms and
+    pick 'spinner'; turns with a lead-in time it at its own speed."""
+    from hybrid.hal import Executable
+    from hybrid.runtime.auto import online
+
+    last_spin = [float("-inf")]
+    ran: list[str] = []
+
+    class Fake(Executable):
+        def __init__(self, name, seconds):
+            self.name, self.seconds = name, seconds
+
+        def run(self, feeds):
+            ran.append(self.name)
+            if self.name == "spinner":
+                time.sleep(self.seconds)
+                last_spin[0] = time.perf_counter()
+            else:
+                time.sleep(4 * self.seconds if time.perf_counter() - last_spin[0] < 0.03 else self.seconds)
+            return [np.zeros((1,), np.float32)]
+
+    def check(self, slot):  # both passed the check; the fakes then take turns on real calls
+        self._compiled.update({"spinner:cpu": Fake("spinner", 0.002), "fast:cpu": Fake("fast", 0.001)})
+        with slot.lock:
+            slot.survivors = ["spinner:cpu", "fast:cpu"]
+            self._start_turns(slot)
+
+    hybrid.init({"autotune": {"calls_per_bucket": 8, "overhead_cap": 1.0}})
+    monkeypatch.setattr(OnlineTuner, "_check", check)
+    monkeypatch.setattr(OnlineTuner, "_switched", lambda self, label, reason: None)
+    monkeypatch.setattr(online, "PRUNE_RATIO", 100.0)  # the slower one takes its second turn too
+    cm = hybrid.compile(conv_net(), target="auto")
+    x = images(1, 8, 8)
+    deadline = time.monotonic() + 60
+    while not cm.executable.status() or cm.executable.status()[0].state != "settled":
+        cm.executable.run({"x": x})
+        assert time.monotonic() < deadline, cm.executable.status()
+    assert cm.executable.status()[0].serving == "fast:cpu"
+    turns = [name for i, name in enumerate(ran) if i == 0 or ran[i - 1] != name]
+    assert turns == ["spinner", "fast", "spinner"]  # A B B A: whole turns, not call by call

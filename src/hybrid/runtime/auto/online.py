@@ -12,10 +12,16 @@ Per shape bucket (:func:`~.shapes.bucket_of`):
    see a backend or an op. A start that fails the check on the real input is replaced at once by the
    first candidate that passes.
 2. The checked candidates then take turns answering real calls, each timed as it runs for the
-   caller: the configuration that serves is the one measured. A candidate whose warm run in the check
-   took more than 1.25x the serving one's is not compiled here nor tried (serving it would cost the
-   callers latency), and one more than 1.2x slower than the best after two calls stops.
-3. After ``calls_per_bucket`` calls each, the fastest median serves the bucket (the current one keeps
+   caller: the configuration that serves is the one measured. A turn is a run of consecutive calls, in
+   the order A B ... B A (so that a drift of the machine falls on every candidate alike), half of
+   ``calls_per_bucket`` timed calls each; the calls of a turn's first :data:`~.timing.LEAD_S` (and one call
+   duration) are served but not timed. Alternating call by call would time each candidate while the one
+   before it still holds a core (ONNX Runtime's idle threads spin ~40 ms after a run) and before its own
+   pool is awake: the encoder's OpenVINO measured 0.45 ms that way, 0.28 ms serving a stream of calls.
+   A candidate whose warm run in the check took more than 1.25x the serving one's is not compiled here
+   nor tried (serving it would cost the callers latency), and one more than 1.2x slower than the best
+   after two timed calls stops.
+3. After ``calls_per_bucket`` timed calls each, the fastest median serves the bucket (the current one keeps
    it when within the tie bounds); the switch is one reference assignment, so concurrent callers
    each get a whole answer from one executable. The decision is written to the decision cache per
    bucket and read back on the next compile of the same model on this machine.
@@ -58,7 +64,7 @@ from hybrid.ir import Model
 from hybrid.runtime.auto import cache, judge, worker
 from hybrid.runtime.auto.decision import decision_from_json
 from hybrid.runtime.auto.shapes import bucket_of
-from hybrid.runtime.auto.timing import warm_estimate
+from hybrid.runtime.auto.timing import LEAD_S, warm_estimate
 from hybrid.runtime.auto.tolerance import OutputRule
 from hybrid.runtime.auto.trials import OptionsOf, Search, Trial, trial_of, trials
 from hybrid.runtime.partition import FALLBACK_BACKEND
@@ -120,7 +126,10 @@ class _Slot:
     pruned: set[str] = field(default_factory=set)
     failed: dict[str, str] = field(default_factory=dict)
     rejected: str = ""
-    turn: int = 0
+    turns: list[str] = field(default_factory=list)  # the order of the turns (A B ... B A)
+    turn: int = 0  # index of the current turn
+    turn_from: float = 0.0  # perf_counter time from which the current turn's calls are timed
+    turn_timed: int = 0  # calls timed in the current turn
     calls: int = 0
     settled_after: int | None = None
     checking_since: float = 0.0
@@ -252,7 +261,7 @@ class OnlineTuner(Executable):
         slot.last_call_s = elapsed
         if slot.state == "exploring":
             with slot.lock:
-                self._record(slot, label, elapsed)
+                self._record(slot, label, t0, elapsed)
         return outs
 
     def _yield(self, slot: _Slot) -> None:
@@ -289,28 +298,48 @@ class OnlineTuner(Executable):
             self._window_hits += 1
 
     def _pick(self, slot: _Slot) -> tuple[str, Executable]:
-        if slot.state != "exploring":
+        if slot.state != "exploring" or slot.turn >= len(slot.turns):
             return slot.serving
-        need = [lb for lb in slot.survivors if lb not in slot.pruned
-                and len(slot.times.get(lb, ())) < self._settings.calls_per_bucket]
-        if not need:
-            return slot.serving
-        label = need[slot.turn % len(need)]
-        slot.turn += 1
+        label = slot.turns[slot.turn]
         return label, self._compiled[label]
 
-    def _record(self, slot: _Slot, label: str, seconds: float) -> None:
-        if slot.state != "exploring" or label not in slot.survivors:
+    def _start_turns(self, slot: _Slot) -> None:
+        """Begin exploring: the survivors take turns A B ... B A (caller holds ``slot.lock``)."""
+        slot.turns = slot.survivors + slot.survivors[::-1]
+        slot.turn, slot.turn_timed = 0, 0
+        slot.turn_from = time.perf_counter() + LEAD_S + slot.last_call_s
+        slot.state = "exploring"
+
+    def _record(self, slot: _Slot, label: str, started: float, seconds: float) -> None:
+        """Count a call of the current turn that started after its lead-in; end the turn after half of
+        ``calls_per_bucket`` timed calls (caller holds ``slot.lock``)."""
+        if slot.state != "exploring" or slot.turn >= len(slot.turns) or label != slot.turns[slot.turn] \
+                or started < slot.turn_from:
             return
         slot.times.setdefault(label, []).append(seconds)
+        slot.turn_timed += 1
         medians = {lb: statistics.median(ts) for lb, ts in slot.times.items()
                    if lb not in slot.pruned and len(ts) >= PRUNE_AFTER}
         if medians:
             best = min(medians.values())
             slot.pruned.update(lb for lb, m in medians.items() if m > PRUNE_RATIO * best)
+        if slot.turn_timed >= (self._settings.calls_per_bucket + 1) // 2 or label in slot.pruned:
+            self._next_turn(slot)
         alive = [lb for lb in slot.survivors if lb not in slot.pruned]
-        if all(len(slot.times.get(lb, ())) >= self._settings.calls_per_bucket for lb in alive):
+        if slot.turn >= len(slot.turns) or all(
+                len(slot.times.get(lb, ())) >= self._settings.calls_per_bucket for lb in alive):
             self._settle(slot, alive)
+
+    def _next_turn(self, slot: _Slot) -> None:
+        """Move to the next turn of a candidate not pruned; a turn of another candidate than the one
+        before times its calls only after a lead-in (module doc)."""
+        before = slot.turns[slot.turn]
+        slot.turn += 1
+        while slot.turn < len(slot.turns) and slot.turns[slot.turn] in slot.pruned:
+            slot.turn += 1
+        slot.turn_timed = 0
+        if slot.turn < len(slot.turns) and slot.turns[slot.turn] != before:
+            slot.turn_from = time.perf_counter() + LEAD_S + slot.last_call_s
 
     def _settle(self, slot: _Slot, alive: list[str]) -> None:
         """Pick the bucket's winner from the timed calls (caller holds ``slot.lock``)."""
@@ -472,7 +501,7 @@ class OnlineTuner(Executable):
             if len(slot.survivors) <= 1:
                 self._install(slot, slot.serving[0], "the only candidate that passed the check on a real input")
             else:
-                slot.state = "exploring"
+                self._start_turns(slot)
 
     def _request(self, sample: Mapping[str, Any] | None) -> worker.CheckRequest:
         return worker.CheckRequest(

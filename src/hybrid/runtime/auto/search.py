@@ -30,6 +30,7 @@ from hybrid.runtime.auto.decision import decision_from_json
 from hybrid.runtime.auto.online import OnlineTuner
 from hybrid.runtime.auto.samples import make_samples
 from hybrid.runtime.auto.shapes import has_dynamic_inputs, normalize_shapes
+from hybrid.runtime.auto.timing import METHOD as TIMING_METHOD
 from hybrid.runtime.auto.timing import time_candidates
 from hybrid.runtime.auto.trials import OptionsOf, Search, Trial, build_partition, trial_of, trials
 from hybrid.runtime.compiled import CompiledModel
@@ -104,7 +105,7 @@ def select(model: Model, target: str, order: list[Candidate], options_of: Option
     base = {
         "hybrid": __version__, "model": model.sha256, "target": target, "candidates": [str(c) for c in order],
         "precision": precision, "accuracy": acc.budget, "rtol": rtol, "rules": acc.rules,
-        "ties": judge.tie_bounds(), "options": {str(c): options_of(c, "fp32") for c in order},
+        "ties": judge.tie_bounds(), "timing": TIMING_METHOD, "options": {str(c): options_of(c, "fp32") for c in order},
         "backends": versions, "device": cache.device_fingerprint(),
     }
     inputs = {k: [r.min, r.opt, r.max] for k, r in ranges.items()} if ranges else (_shapes(samples) or str(sig))

@@ -7,10 +7,34 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["BLOCKS", "TIME_BUDGET_S", "time_candidates", "warm_estimate"]
+__all__ = ["BLOCKS", "LEAD_S", "METHOD", "SETTLE_MAX_S", "TIME_BUDGET_S", "settle", "steady_calls", "time_candidates",
+           "warm_estimate"]
 
+METHOD = 2  # part of the decision cache's key: decisions timed by an older method are made again
 TIME_BUDGET_S = 1.0  # measuring time per candidate, at most
 BLOCKS = 5
+LEAD_S = 0.05  # the calls of a timing block's first 50 ms are not counted (see time_candidates)
+SETTLE_MAX_S = 0.1  # the longest settle() waits (ONNX Runtime's idle threads spin for ~40 ms after a run here)
+_QUIET_POLL_S = 0.002
+_QUIET_SHARE = 0.1  # the process is quiet when its threads use less than this share of one core
+
+
+def settle(max_s: float = SETTLE_MAX_S) -> float:
+    """Wait until this process's threads stop using the CPU (at most ``max_s``); returns the seconds waited.
+
+    A runtime's thread pool keeps working after its run returns: ONNX Runtime's intra-op threads spin on a
+    core for ~40 ms after every run on this kind of machine, and on 2 cores whatever runs next in the process
+    is measured with one core fewer. Timing a candidate right after another therefore measures the pair; it is
+    timed once the process's CPU time stops advancing (read from the process clock, so it holds for any
+    runtime's pool). Where other threads of the process keep working, this waits ``max_s``.
+    """
+    start = time.perf_counter()
+    while True:
+        cpu, wall = time.process_time(), time.perf_counter()
+        time.sleep(_QUIET_POLL_S)
+        now = time.perf_counter()
+        if time.process_time() - cpu < _QUIET_SHARE * (now - wall) or now - start >= max_s:
+            return now - start
 
 def warm_estimate(fn: Callable[[], Any], calls: int = 3, within_s: float = 0.3) -> float:
     """Seconds of the least of up to ``calls`` calls of ``fn`` (fewer once ``within_s`` is spent): one call can be
@@ -25,29 +49,46 @@ def warm_estimate(fn: Callable[[], Any], calls: int = 3, within_s: float = 0.3) 
 
 def time_candidates(runs: Mapping[str, Callable[[], Any]], budget_s: float | None = None,
                     blocks: int = BLOCKS) -> dict[str, float]:
-    """Median seconds per call of each candidate, measured interleaved in blocks.
+    """Median seconds per call of each candidate at its steady state, measured interleaved in blocks.
 
-    Each candidate is first called up to 3 times (within 0.3 s) and the least call is its estimate: the
-    calls right after a first run still pay for lazy initialisation (OpenVINO compiles kernels for a new
-    shape of a dynamic model over its first few calls: 15, 0.6, then 0.3 ms). One more than 3x slower
-    than the best estimate is not measured further (it cannot win) and reports its estimate. The
-    rest run ``blocks`` rounds in rotated order, each round for about ``budget_s / blocks`` seconds
-    per candidate, with a pause between candidates so that ONNX Runtime's spinning threads settle.
+    Every candidate is timed only once the process is quiet (:func:`settle`: the thread pool of the one timed
+    before it may still be spinning). Each is first called up to 3 times (within 0.3 s) and the least call
+    is its estimate: the calls right after a first run still pay for lazy initialisation (OpenVINO compiles
+    kernels for a new shape of a dynamic model over its first few calls: 15, 0.6, then 0.3 ms). One more
+    than 3x slower than the best estimate is not measured further (it cannot win) and reports its estimate.
+    The rest run ``blocks`` rounds in rotated order, each round calling each candidate back to back for about
+    ``budget_s / blocks`` seconds. The calls of a block's first :data:`LEAD_S` are not counted: a runtime
+    whose pool idled (while the others ran) takes that long to run at the speed it serves a stream of calls
+    with (OpenVINO on a 0.3 ms encoder: 0.45 ms over its first 5 calls, 0.28 ms from the 150th on; ONNX
+    Runtime is at speed after 20).
     """
     budget_s = TIME_BUDGET_S if budget_s is None else budget_s
-    est = {name: warm_estimate(fn) for name, fn in runs.items()}
+    est: dict[str, float] = {}
+    for name, fn in runs.items():
+        settle()
+        est[name] = warm_estimate(fn)
     best = min(est.values())
     alive = [n for n in runs if est[n] <= 3 * best]
-    pause = min(0.02, max(0.001, 2 * best))
-    per_block = {n: int(min(50, max(1, budget_s / blocks / max(est[n], 1e-6)))) for n in alive}
+    block_s = budget_s / blocks
     samples: dict[str, list[float]] = {n: [] for n in alive}
     for b in range(blocks):
         order = alive[b % len(alive):] + alive[:b % len(alive)]
         for name in order:
-            fn = runs[name]
-            for _ in range(per_block[name]):
-                t0 = time.perf_counter()
-                fn()
-                samples[name].append(time.perf_counter() - t0)
-            time.sleep(pause)
+            settle()
+            lead_s = LEAD_S if est[name] * 4 <= block_s else 0.0  # room for a lead-in: slow calls count whole
+            samples[name] += steady_calls(runs[name], block_s, lead_s)
     return {n: (statistics.median(samples[n]) if n in samples else est[n]) for n in runs}
+
+
+def steady_calls(fn: Callable[[], Any], block_s: float, lead_s: float) -> list[float]:
+    """Seconds of each call of ``fn`` called back to back for about ``block_s``, leaving out the calls that
+    start within ``lead_s`` of the first (at least one call is kept)."""
+    start = time.perf_counter()
+    kept: list[float] = []
+    while True:
+        t0 = time.perf_counter()
+        if kept and t0 - start >= block_s:
+            return kept
+        fn()
+        if t0 - start >= lead_s:
+            kept.append(time.perf_counter() - t0)

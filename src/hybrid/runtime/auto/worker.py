@@ -34,7 +34,7 @@ from typing import Any
 from hybrid.hal import Candidate, backend_names
 from hybrid.ir import Model
 from hybrid.runtime.auto import judge
-from hybrid.runtime.auto.timing import warm_estimate
+from hybrid.runtime.auto.timing import settle, warm_estimate
 from hybrid.runtime.auto.tolerance import OutputRule
 from hybrid.runtime.auto.trials import Search, trials
 
@@ -192,6 +192,7 @@ def check(request: CheckRequest) -> Verdicts | None:
         warm = None
         if t.rejected is None:
             try:
+                settle()  # the candidate checked before may still hold a core (its pool's idle threads spin)
                 warm = warm_estimate(lambda e=t.executable: e.run(search.verifier.samples or {}))
             except Exception as e:
                 t.rejected = f"failed on a second run: {e}"

@@ -1,0 +1,90 @@
+"""How auto times candidates: at each one's steady speed, once the one timed before it has let go of the cores.
+
+The clock is a fake one here (timing.time replaced), so that the tests hold on any machine: what is
+asserted is what the timing code does with the clocks, not how fast this machine is.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from hybrid.runtime.auto import timing
+
+
+class FakeClock:
+    """perf_counter advances only by sleep() and by the candidates' work; the process clock advances with
+    the wall while some thread of the process is busy (until ``busy_until``)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.cpu = 0.0
+        self.busy_until = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def process_time(self) -> float:
+        return self.cpu
+
+    def sleep(self, seconds: float) -> None:
+        self.cpu += max(0.0, min(self.now + seconds, self.busy_until) - self.now)
+        self.now += seconds
+
+    def work(self, seconds: float) -> None:
+        self.cpu += seconds
+        self.now += seconds
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    fake = FakeClock()
+    monkeypatch.setattr(timing, "time", fake)
+    return fake
+
+
+def test_settle_waits_until_the_process_stops_using_the_cpu(clock):
+    clock.busy_until = 0.04  # a pool's idle threads spin for 40 ms after a run
+    waited = timing.settle()
+    assert 0.04 <= waited <= 0.04 + 2 * timing._QUIET_POLL_S
+
+
+def test_settle_gives_up_after_its_limit_when_the_process_stays_busy(clock):
+    clock.busy_until = 10.0
+    assert timing.settle(0.05) == pytest.approx(0.05, abs=timing._QUIET_POLL_S)
+
+
+def test_a_block_leaves_out_the_calls_of_its_lead_in(clock):
+    start = clock.now
+
+    def waking():  # 5 ms per call while its pool wakes up (the first 20 ms), then 1 ms
+        clock.work(0.005 if clock.now - start < 0.02 else 0.001)
+
+    kept = timing.steady_calls(waking, block_s=0.2, lead_s=0.05)
+    assert kept and all(k == pytest.approx(0.001) for k in kept)
+    assert clock.now - start == pytest.approx(0.2, abs=0.0011)
+
+
+def test_a_call_longer_than_the_block_is_still_kept(clock):
+    assert timing.steady_calls(lambda: clock.work(0.5), block_s=0.2, lead_s=0.05) == [pytest.approx(0.5)]
+
+
+def test_candidates_are_ranked_at_their_steady_speed_not_right_after_another(clock):
+    """The encoder's case: 'waking' takes 0.3 ms a call once its pool is up, 0.45 ms over the first 45 ms after
+    another candidate ran (and while that one's threads still spin); 'steady' takes 0.35 ms and leaves its
+    threads spinning for 40 ms. Timed in short blocks right after 'steady', 'waking' would lose."""
+    state = {"woke": 0.0, "last": None}
+
+    def run(name):
+        def call():
+            if state["last"] != name:
+                state["woke"], state["last"] = clock.now, name
+            if name == "steady":
+                clock.work(0.00035)
+                clock.busy_until = clock.now + 0.04
+            else:
+                clock.work(0.00045 if clock.now - state["woke"] < 0.045 or clock.now < clock.busy_until else 0.0003)
+        return call
+
+    times = timing.time_candidates({"steady": run("steady"), "waking": run("waking")}, budget_s=1.0)
+    assert times["waking"] == pytest.approx(0.0003)
+    assert times["steady"] == pytest.approx(0.00035)
