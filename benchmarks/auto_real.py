@@ -10,10 +10,12 @@ For each zoo model at its realistic shapes, in one process, on the same inputs, 
 - hybrid on one backend (``target='onnxruntime'``, ``'openvino'``) against that raw runtime: what hybrid
   costs on top of the backend it runs.
 
-Every compile starts from an empty decision cache. Crashes are counted, not raised.
+Every compile starts from an empty decision cache. Crashes are counted, not raised. Times are steady-state
+times: the calls of each block's first ``--lead-s`` seconds are run but not timed (a runtime whose thread pool
+idled while the others ran is slower over its first calls; see benchmarks/_harness.py).
 
 Run (alone on the machine; a few minutes):
-    python benchmarks/auto_real.py [--models detector,crnn] [--blocks 25 --block-s 0.02]
+    python benchmarks/auto_real.py [--models detector,crnn] [--blocks 25 --block-s 0.02 --lead-s 0.05]
 """
 
 from __future__ import annotations
@@ -55,6 +57,9 @@ def main() -> None:
     ap.add_argument("--block-s", type=float, default=0.02,
                     help="seconds per block for fast models: short blocks, many rounds, so that the machine's drift "
                          "falls on every contender alike")
+    ap.add_argument("--lead-s", type=float, default=0.05,
+                    help="seconds of calls at the start of each block that are run but not timed: a runtime whose "
+                         "pool idled takes about that long to serve at its steady speed (0: time from the first call)")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="hybrid-bench-auto-real-"))
 
@@ -92,14 +97,17 @@ def main() -> None:
             os.environ["HYBRID_CACHE_DIR"] = str(work / f"cache-{name}-shapes")
             declared = hybrid.compile(m.path, target="auto", shapes=shapes)
             contenders["auto shapes="] = lambda c=declared, f=feeds: c.run(f)
+            notes.append(f"{name}: shapes= " + "; ".join(n for n in declared.plan.notes
+                                                         if n.startswith(("timed:", "picked"))))
             os.environ["HYBRID_CACHE_DIR"] = str(work / f"cache-{name}-online")
             online = hybrid.compile(m.path, target="auto")
             calls, tuning = warm_up_online(online, feeds)
             contenders["auto online"] = lambda c=online, f=feeds: c.run(f)
+            notes.append(f"{name}: online " + "; ".join(n for n in online.plan.notes if n.startswith("bucket")))
             t0 = time.perf_counter()
             contenders["onnxruntime"]()
             per_block = min(2000, max(args.per_block, int(args.block_s / max(time.perf_counter() - t0, 1e-6))))
-            times = interleave(contenders, blocks=args.blocks, per_block=per_block)
+            times = interleave(contenders, blocks=args.blocks, per_block=per_block, lead_s=args.lead_s)
             med = {k: median_ms(v) for k, v in times.items()}
             best = min(med["onnxruntime"], med.get("openvino f32", float("inf")))
             settled = times["auto online"]

@@ -8,7 +8,7 @@ import logging
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-from tests._backends import registered
+from tests._backends import backend_registered, registered
 from tests._models import matmul_add
 
 import hybrid
@@ -201,6 +201,32 @@ def test_a_timing_tie_goes_to_the_candidate_closest_to_the_reference(nudged, mon
     assert any("closer to the reference" in n for n in cm.plan.notes) is tie
     x = np.random.default_rng(1).standard_normal((2, 4)).astype(np.float32)
     np.testing.assert_allclose(cm(x), hybrid.compile(matmul_add(), target="reference")(x), rtol=1e-5)
+
+
+class _OneUlp(_OffByOne):
+    """A backend whose answers are the reference's moved by one float32 ulp where |value| < 1: exact to well
+    within a hundredth of the dtype's tolerance, yet not bit-equal."""
+
+    name = "oneulp"
+
+    def _compile(self, model, device, options):
+        inner = get_backend("reference").compile(model, "cpu")
+        exe = _Shifted(inner)
+        exe.run = lambda feeds: [np.where(np.abs(o) < 1, np.nextafter(o, np.float32(np.inf)), o)
+                                 for o in inner.run(feeds)]
+        return exe
+
+
+def test_a_tie_between_answers_both_exact_goes_to_the_fastest(monkeypatch):
+    """Closeness to the reference breaks a tie only when it means something: one ulp (~0.006 tolerance
+    units) against the reference's own answer (0) is no reason to take the slower one."""
+    times_us = {"oneulp": 1000, "reference": 1015}
+    monkeypatch.setattr(search, "time_candidates",
+                        lambda runs, *a, **k: {lb: times_us.get(lb.split(":")[0], 10_000) * 1e-6 for lb in runs})
+    with backend_registered(_OneUlp):
+        cm = hybrid.compile(matmul_add(), target="auto")
+        assert cm.backend == "oneulp"
+        assert not any("closer to the reference" in n for n in cm.plan.notes)
 
 
 def test_tie_bounds_come_from_init_and_timing_alone_decides_at_zero(nudged, monkeypatch):
