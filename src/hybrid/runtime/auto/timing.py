@@ -49,7 +49,8 @@ def warm_estimate(fn: Callable[[], Any], calls: int = 3, within_s: float = 0.3) 
 
 def time_candidates(runs: Mapping[str, Callable[[], Any]], budget_s: float | None = None,
                     blocks: int = BLOCKS) -> dict[str, float]:
-    """Median seconds per call of each candidate at its steady state, measured interleaved in blocks.
+    """Seconds per call of each candidate at its steady state: the median of its block medians, measured
+    interleaved in blocks (a block that met a burst of load on the shared machine moves no result).
 
     Every candidate is timed only once the process is quiet (:func:`settle`: the thread pool of the one timed
     before it may still be spinning). Each is first called up to 3 times (within 0.3 s) and the least call
@@ -70,14 +71,14 @@ def time_candidates(runs: Mapping[str, Callable[[], Any]], budget_s: float | Non
     best = min(est.values())
     alive = [n for n in runs if est[n] <= 3 * best]
     block_s = budget_s / blocks
-    samples: dict[str, list[float]] = {n: [] for n in alive}
+    medians: dict[str, list[float]] = {n: [] for n in alive}  # per block
     for b in range(blocks):
         order = alive[b % len(alive):] + alive[:b % len(alive)]
         for name in order:
             settle()
             lead_s = LEAD_S if est[name] * 4 <= block_s else 0.0  # room for a lead-in: slow calls count whole
-            samples[name] += steady_calls(runs[name], block_s, lead_s)
-    return {n: (statistics.median(samples[n]) if n in samples else est[n]) for n in runs}
+            medians[name].append(statistics.median(steady_calls(runs[name], block_s, lead_s)))
+    return {n: (statistics.median(medians[n]) if n in medians else est[n]) for n in runs}
 
 
 def steady_calls(fn: Callable[[], Any], block_s: float, lead_s: float) -> list[float]:
