@@ -249,7 +249,7 @@ def test_bad_autotune_settings_are_refused(value, code):
     with pytest.raises(ConfigError) as e:
         hybrid.init({"autotune": value})
     assert e.value.code == code
-    assert judge.tie_bounds() == (0.02, 20 * 1e-6)  # nothing half-applied
+    assert judge.tie_bounds() == (0.02, 5 * 1e-6)  # nothing half-applied
 
 
 def test_deviation_ranks_answers_by_closeness_in_tolerance_units():

@@ -40,8 +40,10 @@ def tie_bounds() -> tuple[float, float]:
     """(relative, absolute seconds) within which a timing ties with the fastest, from the config.
 
     The defaults: 2 % stays well inside the 5 % slack auto is allowed against the best single
-    runtime; 20 us is about the spread of medians between timings of the same 15-40 us graph a few
-    seconds apart on a shared 2-core machine (see docs/auto.md).
+    runtime; 5 us is about the spread between the steady-state medians of two sessions of the same
+    30-40 us graph timed side by side on a shared 2-core machine (0.1-4 us in 7 of 8 timings; see
+    docs/auto.md). It was 20 us while candidates were timed right after one another, which on a
+    0.3 ms model let a 6 % slower candidate tie.
     """
     tune = autotune_config()
     return tune.tie_rel, tune.tie_us * 1e-6
