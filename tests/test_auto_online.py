@@ -292,3 +292,27 @@ def test_candidates_take_turns_and_each_is_timed_at_its_own_speed(monkeypatch):
     assert cm.executable.status()[0].serving == "fast:cpu"
     turns = [name for i, name in enumerate(ran) if i == 0 or ran[i - 1] != name]
     assert turns == ["spinner", "fast", "spinner"]  # A B B A: whole turns, not call by call
+
+
+def test_a_candidate_that_fails_a_real_call_in_its_turn_leaves_the_turns(monkeypatch):
+    from hybrid.hal import Executable
+
+    class Broken(Executable):
+        def run(self, feeds):
+            raise RuntimeError("this shape is not supported here")
+
+    class Right(Executable):
+        def run(self, feeds):
+            return [reference(feeds["x"])]
+
+    def check(self, slot):
+        self._compiled.update({"broken:cpu": Broken(), "right:cpu": Right()})
+        with slot.lock:
+            slot.survivors = ["broken:cpu", "right:cpu"]
+            self._start_turns(slot)
+
+    monkeypatch.setattr(OnlineTuner, "_check", check)
+    monkeypatch.setattr(OnlineTuner, "_switched", lambda self, label, reason: None)
+    cm = hybrid.compile(conv_net(), target="auto")
+    call_until_settled(cm, images(1, 8, 8), limit_s=60)  # every answer checked on the way
+    assert cm.executable.status()[0].serving == "right:cpu"

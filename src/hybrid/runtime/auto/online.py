@@ -298,6 +298,11 @@ class OnlineTuner(Executable):
             self._window_hits += 1
 
     def _pick(self, slot: _Slot) -> tuple[str, Executable]:
+        if slot.state != "exploring":
+            return slot.serving
+        if slot.turn < len(slot.turns) and slot.turns[slot.turn] not in slot.survivors:
+            self._next_turn(slot)  # its candidate failed a real call (_recover) during its turn
+            self._settle_when_done(slot)
         if slot.state != "exploring" or slot.turn >= len(slot.turns):
             return slot.serving
         label = slot.turns[slot.turn]
@@ -325,17 +330,28 @@ class OnlineTuner(Executable):
             slot.pruned.update(lb for lb, m in medians.items() if m > PRUNE_RATIO * best)
         if slot.turn_timed >= (self._settings.calls_per_bucket + 1) // 2 or label in slot.pruned:
             self._next_turn(slot)
+        self._settle_when_done(slot)
+
+    def _settle_when_done(self, slot: _Slot) -> None:
+        """Settle once every turn was taken, or every candidate still in has its timed calls (caller holds
+        ``slot.lock``)."""
         alive = [lb for lb in slot.survivors if lb not in slot.pruned]
-        if slot.turn >= len(slot.turns) or all(
-                len(slot.times.get(lb, ())) >= self._settings.calls_per_bucket for lb in alive):
-            self._settle(slot, alive)
+        if slot.turn < len(slot.turns) and any(
+                len(slot.times.get(lb, ())) < self._settings.calls_per_bucket for lb in alive):
+            return
+        timed = [lb for lb in alive if slot.times.get(lb)]
+        if timed:
+            self._settle(slot, timed)
+        else:  # every candidate that took turns failed a real call: the one serving keeps the bucket
+            self._install(slot, slot.serving[0], "no candidate was timed on real calls")
 
     def _next_turn(self, slot: _Slot) -> None:
-        """Move to the next turn of a candidate not pruned; a turn of another candidate than the one
-        before times its calls only after a lead-in (module doc)."""
+        """Move to the next turn of a candidate still in (not pruned, no failed call); a turn of another
+        candidate than the one before times its calls only after a lead-in (module doc)."""
         before = slot.turns[slot.turn]
         slot.turn += 1
-        while slot.turn < len(slot.turns) and slot.turns[slot.turn] in slot.pruned:
+        while slot.turn < len(slot.turns) and (slot.turns[slot.turn] in slot.pruned
+                                               or slot.turns[slot.turn] not in slot.survivors):
             slot.turn += 1
         slot.turn_timed = 0
         if slot.turn < len(slot.turns) and slot.turns[slot.turn] != before:
