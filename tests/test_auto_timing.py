@@ -48,6 +48,21 @@ def test_settle_waits_until_the_process_stops_using_the_cpu(clock):
     assert 0.04 <= waited <= 0.04 + 2 * timing._QUIET_POLL_S
 
 
+class TickClock(FakeClock):
+    """As Linux charges a thread running on another core: to the process clock in whole 4 ms ticks."""
+
+    def process_time(self) -> float:
+        busy = min(self.now, self.busy_until)
+        return self.cpu - busy + 0.004 * (busy // 0.004)
+
+
+def test_settle_sees_a_pool_charged_only_at_the_scheduler_tick(monkeypatch):
+    fake = TickClock()
+    monkeypatch.setattr(timing, "time", fake)
+    fake.busy_until = 0.045
+    assert timing.settle() >= 0.045
+
+
 def test_settle_gives_up_after_its_limit_when_the_process_stays_busy(clock):
     clock.busy_until = 10.0
     assert timing.settle(0.05) == pytest.approx(0.05, abs=timing._QUIET_POLL_S)

@@ -14,7 +14,7 @@ Per shape bucket (:func:`~.shapes.bucket_of`):
 2. The checked candidates then take turns answering real calls, each timed as it runs for the
    caller: the configuration that serves is the one measured. A turn is a run of consecutive calls, in
    the order A B ... B A (so that a drift of the machine falls on every candidate alike), half of
-   ``calls_per_bucket`` timed calls each; the calls of a turn's first :data:`~.timing.LEAD_S` (and one call
+   ``calls_per_bucket`` timed calls each; the calls of a turn's first :data:`TURN_LEAD_S` (and one call
    duration) are served but not timed. Alternating call by call would time each candidate while the one
    before it still holds a core (ONNX Runtime's idle threads spin ~40 ms after a run) and before its own
    pool is awake: the encoder's OpenVINO measured 0.45 ms that way, 0.28 ms serving a stream of calls.
@@ -64,7 +64,7 @@ from hybrid.ir import Model
 from hybrid.runtime.auto import cache, judge, worker
 from hybrid.runtime.auto.decision import decision_from_json
 from hybrid.runtime.auto.shapes import bucket_of
-from hybrid.runtime.auto.timing import LEAD_S, warm_estimate
+from hybrid.runtime.auto.timing import warm_estimate
 from hybrid.runtime.auto.tolerance import OutputRule
 from hybrid.runtime.auto.trials import OptionsOf, Search, Trial, trial_of, trials
 from hybrid.runtime.partition import FALLBACK_BACKEND
@@ -88,6 +88,8 @@ YIELD_CALLS = 20  # a window lasts this many of the bucket's call durations...
 YIELD_MIN_S, YIELD_MAX_S = 0.01, 0.2  # ...within these bounds
 YIELD_WALL_SHARE = 0.2  # and the windows take at most this share of the wall time
 RELEASE_GRACE_S = 2.0  # after the last bucket settled, the losers are closed this much later
+TURN_LEAD_S = 0.1  # a turn's calls are timed from this long (plus one call) after it began: the pool of the
+# candidate before may still spin (ONNX Runtime: 40-50 ms here), and this one's takes ~50 ms to reach its speed
 MAX_GATE_S = 5.0  # the longest a tuning call waits for a candidate being compiled in this process (a longer build,
 # such as a TensorRT engine, then goes on beside the calls)
 
@@ -312,7 +314,7 @@ class OnlineTuner(Executable):
         """Begin exploring: the survivors take turns A B ... B A (caller holds ``slot.lock``)."""
         slot.turns = slot.survivors + slot.survivors[::-1]
         slot.turn, slot.turn_timed = 0, 0
-        slot.turn_from = time.perf_counter() + LEAD_S + slot.last_call_s
+        slot.turn_from = time.perf_counter() + TURN_LEAD_S + slot.last_call_s
         slot.state = "exploring"
 
     def _record(self, slot: _Slot, label: str, started: float, seconds: float) -> None:
@@ -355,7 +357,7 @@ class OnlineTuner(Executable):
             slot.turn += 1
         slot.turn_timed = 0
         if slot.turn < len(slot.turns) and slot.turns[slot.turn] != before:
-            slot.turn_from = time.perf_counter() + LEAD_S + slot.last_call_s
+            slot.turn_from = time.perf_counter() + TURN_LEAD_S + slot.last_call_s
 
     def _settle(self, slot: _Slot, alive: list[str]) -> None:
         """Pick the bucket's winner from the timed calls (caller holds ``slot.lock``)."""
