@@ -316,3 +316,34 @@ def test_a_candidate_that_fails_a_real_call_in_its_turn_leaves_the_turns(monkeyp
     cm = hybrid.compile(conv_net(), target="auto")
     call_until_settled(cm, images(1, 8, 8), limit_s=60)  # every answer checked on the way
     assert cm.executable.status()[0].serving == "right:cpu"
+
+
+def test_near_tied_candidates_take_their_turns_once_more(monkeypatch):
+    from hybrid.hal import Executable
+
+    ran: list[str] = []
+
+    class Same(Executable):
+        def __init__(self, name):
+            self.name = name
+
+        def run(self, feeds):
+            ran.append(self.name)
+            time.sleep(0.001)
+            return [np.zeros((1,), np.float32)]
+
+    def check(self, slot):
+        self._compiled.update({"a:cpu": Same("a"), "b:cpu": Same("b")})
+        with slot.lock:
+            slot.survivors = ["a:cpu", "b:cpu"]
+            self._start_turns(slot)
+
+    monkeypatch.setattr(OnlineTuner, "_check", check)
+    monkeypatch.setattr(OnlineTuner, "_switched", lambda self, label, reason: None)
+    cm = hybrid.compile(conv_net(), target="auto")
+    deadline = time.monotonic() + 60
+    while not cm.executable.status() or cm.executable.status()[0].state != "settled":
+        cm.executable.run({"x": images(1, 8, 8)})
+        assert time.monotonic() < deadline, cm.executable.status()
+    turns = [name for i, name in enumerate(ran) if i == 0 or ran[i - 1] != name]
+    assert turns == ["a", "b", "a", "b", "a"]  # A B B A, then A B B A again: within 10 % of each other

@@ -103,3 +103,25 @@ def test_candidates_are_ranked_at_their_steady_speed_not_right_after_another(clo
     times = timing.time_candidates({"steady": run("steady"), "waking": run("waking")}, budget_s=1.0)
     assert times["waking"] == pytest.approx(0.0003)
     assert times["steady"] == pytest.approx(0.00035)
+
+
+def test_a_near_tie_gets_a_second_set_of_rounds_and_a_clear_gap_does_not(clock, monkeypatch):
+    blocks: list[str] = []
+    real = timing.steady_calls
+
+    def counted(fn, block_s, lead_s):
+        blocks.append(fn.__name__)
+        return real(fn, block_s, lead_s)
+
+    def fixed(seconds):
+        def call():
+            clock.work(seconds)
+        call.__name__ = f"{seconds * 1e3:g} ms"
+        return call
+
+    monkeypatch.setattr(timing, "steady_calls", counted)
+    timing.time_candidates({"a": fixed(0.001), "b": fixed(0.00105)}, budget_s=0.5)  # 5 % apart
+    assert blocks.count("1 ms") == blocks.count("1.05 ms") == 2 * timing.BLOCKS
+    blocks.clear()
+    timing.time_candidates({"a": fixed(0.001), "c": fixed(0.0015)}, budget_s=0.5)  # 50 % apart
+    assert blocks.count("1 ms") == blocks.count("1.5 ms") == timing.BLOCKS

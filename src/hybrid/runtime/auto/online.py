@@ -13,15 +13,16 @@ Per shape bucket (:func:`~.shapes.bucket_of`):
    first candidate that passes.
 2. The checked candidates then take turns answering real calls, each timed as it runs for the
    caller: the configuration that serves is the one measured. A turn is a run of consecutive calls, in
-   the order A B ... B A (so that a drift of the machine falls on every candidate alike), half of
-   ``calls_per_bucket`` timed calls each; the calls of a turn's first :data:`TURN_LEAD_S` (and one call
-   duration) are served but not timed. Alternating call by call would time each candidate while the one
+   the order A B ... B A (so that a drift of the machine falls on every candidate alike), each timing
+   half of ``calls_per_bucket`` calls and at least :data:`TURN_MIN_S` of calls; the calls of a turn's
+   first :data:`TURN_LEAD_S` (and one call duration) are served but not timed. When the fastest are
+   within 10 % of each other after their turns, they take their turns once more. Alternating call by call would time each candidate while the one
    before it still holds a core (ONNX Runtime's idle threads spin ~40 ms after a run) and before its own
    pool is awake: the encoder's OpenVINO measured 0.45 ms that way, 0.28 ms serving a stream of calls.
    A candidate whose warm run in the check took more than 1.25x the serving one's is not compiled here
    nor tried (serving it would cost the callers latency), and one more than 1.2x slower than the best
    after two timed calls stops.
-3. After ``calls_per_bucket`` timed calls each, the fastest median serves the bucket (the current one keeps
+3. After the turns, the fastest median serves the bucket (the current one keeps
    it when within the tie bounds); the switch is one reference assignment, so concurrent callers
    each get a whole answer from one executable. The decision is written to the decision cache per
    bucket and read back on the next compile of the same model on this machine.
@@ -64,7 +65,7 @@ from hybrid.ir import Model
 from hybrid.runtime.auto import cache, judge, worker
 from hybrid.runtime.auto.decision import decision_from_json
 from hybrid.runtime.auto.shapes import bucket_of
-from hybrid.runtime.auto.timing import warm_estimate
+from hybrid.runtime.auto.timing import NEAR_TIE_REL, warm_estimate
 from hybrid.runtime.auto.tolerance import OutputRule
 from hybrid.runtime.auto.trials import OptionsOf, Search, Trial, trial_of, trials
 from hybrid.runtime.partition import FALLBACK_BACKEND
@@ -90,6 +91,7 @@ YIELD_WALL_SHARE = 0.2  # and the windows take at most this share of the wall ti
 RELEASE_GRACE_S = 2.0  # after the last bucket settled, the losers are closed this much later
 TURN_LEAD_S = 0.1  # a turn's calls are timed from this long (plus one call) after it began: the pool of the
 # candidate before may still spin (ONNX Runtime: 40-50 ms here), and this one's takes ~50 ms to reach its speed
+TURN_MIN_S = 0.05  # and a turn times calls for at least this long (4 calls of a 0.3 ms model are no measurement)
 MAX_GATE_S = 5.0  # the longest a tuning call waits for a candidate being compiled in this process (a longer build,
 # such as a TensorRT engine, then goes on beside the calls)
 
@@ -132,6 +134,7 @@ class _Slot:
     turn: int = 0  # index of the current turn
     turn_from: float = 0.0  # perf_counter time from which the current turn's calls are timed
     turn_timed: int = 0  # calls timed in the current turn
+    extended: bool = False  # the near-tied candidates took their turns once more
     calls: int = 0
     settled_after: int | None = None
     checking_since: float = 0.0
@@ -330,22 +333,32 @@ class OnlineTuner(Executable):
         if medians:
             best = min(medians.values())
             slot.pruned.update(lb for lb, m in medians.items() if m > PRUNE_RATIO * best)
-        if slot.turn_timed >= (self._settings.calls_per_bucket + 1) // 2 or label in slot.pruned:
+        enough = (slot.turn_timed >= (self._settings.calls_per_bucket + 1) // 2
+                  and started + seconds - slot.turn_from >= TURN_MIN_S)
+        if enough or label in slot.pruned:
             self._next_turn(slot)
         self._settle_when_done(slot)
 
     def _settle_when_done(self, slot: _Slot) -> None:
-        """Settle once every turn was taken, or every candidate still in has its timed calls (caller holds
-        ``slot.lock``)."""
-        alive = [lb for lb in slot.survivors if lb not in slot.pruned]
-        if slot.turn < len(slot.turns) and any(
-                len(slot.times.get(lb, ())) < self._settings.calls_per_bucket for lb in alive):
+        """Once every turn was taken: settle, or when the fastest candidates are within NEAR_TIE_REL of each
+        other, let them take their turns once more first (caller holds ``slot.lock``)."""
+        if slot.turn < len(slot.turns):
             return
-        timed = [lb for lb in alive if slot.times.get(lb)]
-        if timed:
-            self._settle(slot, timed)
-        else:  # every candidate that took turns failed a real call: the one serving keeps the bucket
+        timed = [lb for lb in slot.survivors if lb not in slot.pruned and slot.times.get(lb)]
+        if not timed:  # every candidate that took turns failed a real call: the one serving keeps the bucket
             self._install(slot, slot.serving[0], "no candidate was timed on real calls")
+            return
+        medians = {lb: statistics.median(slot.times[lb]) for lb in timed}
+        near = [lb for lb in timed if medians[lb] <= (1 + NEAR_TIE_REL) * min(medians.values())]
+        if len(near) > 1 and not slot.extended:
+            slot.extended = True
+            last = slot.turns[-1]
+            slot.turns += near + near[::-1]
+            slot.turn_timed = 0
+            if near[0] != last:
+                slot.turn_from = time.perf_counter() + TURN_LEAD_S + slot.last_call_s
+            return
+        self._settle(slot, timed)
 
     def _next_turn(self, slot: _Slot) -> None:
         """Move to the next turn of a candidate still in (not pruned, no failed call); a turn of another
@@ -367,9 +380,9 @@ class OnlineTuner(Executable):
         rel, abs_s = judge.tie_bounds()
         if current in medians and medians[current] <= medians[best] + max(rel * medians[best], abs_s):
             best = current  # as fast within noise: no switch
-        timed = ", ".join(f"{lb} {m * 1e3:.3g} ms" for lb, m in sorted(medians.items(), key=lambda kv: kv[1]))
-        self._install(slot, best, f"picked {best} by the median of {self._settings.calls_per_bucket} real calls "
-                      f"each ({timed})")
+        timed = ", ".join(f"{lb} {m * 1e3:.3g} ms ({len(slot.times[lb])} calls)"
+                          for lb, m in sorted(medians.items(), key=lambda kv: kv[1]))
+        self._install(slot, best, f"picked {best} by the median of its timed real calls ({timed})")
 
     def _install(self, slot: _Slot, label: str, why: str) -> None:
         slot.serving = (label, self._compiled[label])

@@ -7,12 +7,13 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["BLOCKS", "LEAD_S", "METHOD", "SETTLE_MAX_S", "TIME_BUDGET_S", "settle", "steady_calls", "time_candidates",
-           "warm_estimate"]
+__all__ = ["BLOCKS", "LEAD_S", "METHOD", "NEAR_TIE_REL", "SETTLE_MAX_S", "TIME_BUDGET_S", "settle", "steady_calls",
+           "time_candidates", "warm_estimate"]
 
 METHOD = 2  # part of the decision cache's key: decisions timed by an older method are made again
 TIME_BUDGET_S = 1.0  # measuring time per candidate, at most
 BLOCKS = 5
+NEAR_TIE_REL = 0.1  # candidates this close to the fastest get a second set of rounds
 LEAD_S = 0.05  # the calls of a timing block's first 50 ms are not counted (see time_candidates)
 SETTLE_MAX_S = 0.15  # the longest settle() waits (ONNX Runtime's idle threads spin for ~40 ms after a run here)
 # A thread running on another core is charged to the process clock at the scheduler's tick (4 ms here: a
@@ -63,7 +64,9 @@ def time_candidates(runs: Mapping[str, Callable[[], Any]], budget_s: float | Non
     ``budget_s / blocks`` seconds. The calls of a block's first :data:`LEAD_S` are not counted: a runtime
     whose pool idled (while the others ran) takes that long to run at the speed it serves a stream of calls
     with (OpenVINO on a 0.3 ms encoder: 0.45 ms over its first 5 calls, 0.28 ms from the 150th on; ONNX
-    Runtime is at speed after 20).
+    Runtime is at speed after 20). Candidates within :data:`NEAR_TIE_REL` of the fastest then run as many
+    rounds again: that is where one timing's noise decides (ORT vs OpenVINO on the encoder: 6-32 % apart in
+    11 of 12 timings a minute long, the other way round once).
     """
     budget_s = TIME_BUDGET_S if budget_s is None else budget_s
     est: dict[str, float] = {}
@@ -74,12 +77,20 @@ def time_candidates(runs: Mapping[str, Callable[[], Any]], budget_s: float | Non
     alive = [n for n in runs if est[n] <= 3 * best]
     block_s = budget_s / blocks
     medians: dict[str, list[float]] = {n: [] for n in alive}  # per block
-    for b in range(blocks):
-        order = alive[b % len(alive):] + alive[:b % len(alive)]
-        for name in order:
-            settle()
-            lead_s = LEAD_S if est[name] * 4 <= block_s else 0.0  # room for a lead-in: slow calls count whole
-            medians[name].append(statistics.median(steady_calls(runs[name], block_s, lead_s)))
+
+    def rounds(names: list[str]) -> None:
+        for b in range(blocks):
+            order = names[b % len(names):] + names[:b % len(names)]
+            for name in order:
+                settle()
+                lead_s = LEAD_S if est[name] * 4 <= block_s else 0.0  # room for a lead-in: slow calls count whole
+                medians[name].append(statistics.median(steady_calls(runs[name], block_s, lead_s)))
+
+    rounds(alive)
+    first = {n: statistics.median(medians[n]) for n in alive}
+    near = [n for n in alive if first[n] <= (1 + NEAR_TIE_REL) * min(first.values())]
+    if len(near) > 1:
+        rounds(near)
     return {n: (statistics.median(medians[n]) if n in medians else est[n]) for n in runs}
 
 
