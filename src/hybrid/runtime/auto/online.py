@@ -16,9 +16,10 @@ Per shape bucket (:func:`~.shapes.bucket_of`):
    the order A B ... B A (so that a drift of the machine falls on every candidate alike), each timing
    half of ``calls_per_bucket`` calls and at least :data:`TURN_MIN_S` of calls; the calls of a turn's
    first :data:`TURN_LEAD_S` (and one call duration) are served but not timed. When the fastest are
-   within 10 % of each other after their turns, they take their turns once more. Alternating call by call would time each candidate while the one
-   before it still holds a core (ONNX Runtime's idle threads spin ~40 ms after a run) and before its own
-   pool is awake: the encoder's OpenVINO measured 0.45 ms that way, 0.28 ms serving a stream of calls.
+   within 10 % of each other after their turns, they take their turns once more. Alternating call by
+   call would time each candidate while the one before it still holds a core (ONNX Runtime's idle
+   threads spin 40-50 ms after a run) and before its own pool is awake: the encoder's OpenVINO measured
+   0.45 ms that way, 0.28 ms serving a stream of calls.
    A candidate whose warm run in the check took more than 1.25x the serving one's is not compiled here
    nor tried (serving it would cost the callers latency), and one more than 1.2x slower than the best
    after two timed calls stops.
