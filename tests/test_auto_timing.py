@@ -125,3 +125,8 @@ def test_a_near_tie_gets_a_second_set_of_rounds_and_a_clear_gap_does_not(clock, 
     blocks.clear()
     timing.time_candidates({"a": fixed(0.001), "c": fixed(0.0015)}, budget_s=0.5)  # 50 % apart
     assert blocks.count("1 ms") == blocks.count("1.5 ms") == timing.BLOCKS
+
+
+def test_a_block_of_a_tiny_graph_ends_after_its_call_cap(clock):
+    kept = timing.steady_calls(lambda: clock.work(0.00002), block_s=0.2, lead_s=0.05, max_kept=500)
+    assert len(kept) == 500 and clock.now < 0.05 + 500 * 0.00002 + 0.001

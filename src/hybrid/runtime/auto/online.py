@@ -22,7 +22,7 @@ Per shape bucket (:func:`~.shapes.bucket_of`):
    0.45 ms that way, 0.28 ms serving a stream of calls.
    A candidate whose warm run in the check took more than 1.25x the serving one's is not compiled here
    nor tried (serving it would cost the callers latency), and one more than 1.2x slower than the best
-   after two timed calls stops.
+   after two timed calls (and 25 ms of them) stops.
 3. After the turns, the fastest median serves the bucket (the current one keeps
    it when within the tie bounds); the switch is one reference assignment, so concurrent callers
    each get a whole answer from one executable. The decision is written to the decision cache per
@@ -76,7 +76,9 @@ __all__ = ["BucketStatus", "OnlineTuner"]
 logger = logging.getLogger("hybrid")
 
 Bucket = tuple[tuple[str, tuple[int, ...]], ...]
-PRUNE_AFTER = 2  # calls after which a clearly slower candidate stops taking turns
+PRUNE_AFTER = 2  # timed calls (and PRUNE_AFTER_S of them) after which a clearly slower candidate stops taking turns
+PRUNE_AFTER_S = 0.025  # two calls of a 0.3 ms model are no measurement: OpenVINO on the encoder was stopped after
+# two 0.4 ms calls while it serves at 0.25
 PRUNE_RATIO = 1.2
 WARM_RUN_RATIO = 1.25  # a candidate whose warm run in the check took this much longer than the serving one's
 # is not tried on real calls
@@ -330,7 +332,7 @@ class OnlineTuner(Executable):
         slot.times.setdefault(label, []).append(seconds)
         slot.turn_timed += 1
         medians = {lb: statistics.median(ts) for lb, ts in slot.times.items()
-                   if lb not in slot.pruned and len(ts) >= PRUNE_AFTER}
+                   if lb not in slot.pruned and len(ts) >= PRUNE_AFTER and sum(ts) >= PRUNE_AFTER_S}
         if medians:
             best = min(medians.values())
             slot.pruned.update(lb for lb, m in medians.items() if m > PRUNE_RATIO * best)

@@ -7,13 +7,14 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["BLOCKS", "LEAD_S", "METHOD", "NEAR_TIE_REL", "SETTLE_MAX_S", "TIME_BUDGET_S", "settle", "steady_calls",
-           "time_candidates", "warm_estimate"]
+__all__ = ["BLOCKS", "LEAD_S", "MAX_BLOCK_CALLS", "METHOD", "NEAR_TIE_REL", "SETTLE_MAX_S", "TIME_BUDGET_S",
+           "settle", "steady_calls", "time_candidates", "warm_estimate"]
 
 METHOD = 2  # part of the decision cache's key: decisions timed by an older method are made again
 TIME_BUDGET_S = 1.0  # measuring time per candidate, at most
 BLOCKS = 5
 NEAR_TIE_REL = 0.1  # candidates this close to the fastest get a second set of rounds
+MAX_BLOCK_CALLS = 500  # a block of a 20 us graph ends after 500 timed calls, not 0.2 s (compile time)
 LEAD_S = 0.05  # the calls of a timing block's first 50 ms are not counted (see time_candidates)
 SETTLE_MAX_S = 0.15  # the longest settle() waits (ONNX Runtime's idle threads spin for ~40 ms after a run here)
 # A thread running on another core is charged to the process clock at the scheduler's tick (4 ms here: a
@@ -94,14 +95,15 @@ def time_candidates(runs: Mapping[str, Callable[[], Any]], budget_s: float | Non
     return {n: (statistics.median(medians[n]) if n in medians else est[n]) for n in runs}
 
 
-def steady_calls(fn: Callable[[], Any], block_s: float, lead_s: float) -> list[float]:
-    """Seconds of each call of ``fn`` called back to back for about ``block_s``, leaving out the calls that
-    start within ``lead_s`` of the first (at least one call is kept)."""
+def steady_calls(fn: Callable[[], Any], block_s: float, lead_s: float,
+                 max_kept: int = MAX_BLOCK_CALLS) -> list[float]:
+    """Seconds of each call of ``fn`` called back to back for about ``block_s`` (or until ``max_kept`` calls
+    were kept), leaving out the calls that start within ``lead_s`` of the first (at least one call is kept)."""
     start = time.perf_counter()
     kept: list[float] = []
     while True:
         t0 = time.perf_counter()
-        if kept and t0 - start >= block_s:
+        if kept and (t0 - start >= block_s or len(kept) >= max_kept):
             return kept
         fn()
         if t0 - start >= lead_s:
