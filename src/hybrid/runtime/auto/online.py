@@ -21,7 +21,7 @@ Per shape bucket (:func:`~.shapes.bucket_of`):
    threads spin 40-50 ms after a run) and before its own pool is awake: the encoder's OpenVINO measured
    0.45 ms that way, 0.28 ms serving a stream of calls.
    A candidate whose warm run in the check took more than 1.25x the serving one's is not compiled here
-   nor tried (serving it would cost the callers latency), and one more than 1.2x slower than the best
+   nor tried (serving it would cost the callers latency), and one more than 1.1x slower than the best
    after two timed calls (and 25 ms of them) stops.
 3. After the turns, the fastest median serves the bucket (the current one keeps
    it when within the tie bounds); the switch is one reference assignment, so concurrent callers
@@ -79,7 +79,7 @@ Bucket = tuple[tuple[str, tuple[int, ...]], ...]
 PRUNE_AFTER = 2  # timed calls (and PRUNE_AFTER_S of them) after which a clearly slower candidate stops taking turns
 PRUNE_AFTER_S = 0.025  # two calls of a 0.3 ms model are no measurement: OpenVINO on the encoder was stopped after
 # two 0.4 ms calls while it serves at 0.25
-PRUNE_RATIO = 1.2
+PRUNE_RATIO = 1.1  # a slower candidate serves the callers at most this much slower for long (tuning p99 goal: 1.1x)
 WARM_RUN_RATIO = 1.25  # a candidate whose warm run in the check took this much longer than the serving one's
 # is not tried on real calls
 MAX_PAUSE_S = 2.0
