@@ -16,7 +16,7 @@ import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-__all__ = ["geomean", "interleave", "machine_info", "median_ms", "percentile", "table"]
+__all__ = ["geomean", "interleave", "machine_info", "median_ms", "paired_ratio", "percentile", "table"]
 
 
 def interleave(contenders: Mapping[str, Callable[[], object]], blocks: int = 5, per_block: int = 10,
@@ -43,6 +43,20 @@ def interleave(contenders: Mapping[str, Callable[[], object]], blocks: int = 5, 
                     timed += 1
             time.sleep(pause)
     return times
+
+
+def paired_ratio(times: Mapping[str, Sequence[float]], num: str, den: str, per_block: int) -> float:
+    """The median over blocks of ``num``'s block median / ``den``'s block median in the same block.
+
+    Contenders in one block of :func:`interleave` ran within a second of each other, so each block's ratio
+    is free of the machine's drift over the run (on a shared VM one runtime's time moves 10-30 % within
+    minutes); the median over blocks drops a block that met a burst of load.
+    """
+    def block(name: str, b: int) -> float:
+        return statistics.median(times[name][b * per_block:(b + 1) * per_block])
+
+    blocks = len(times[num]) // per_block
+    return statistics.median(block(num, b) / block(den, b) for b in range(blocks))
 
 
 def median_ms(samples: Sequence[float]) -> float:

@@ -12,7 +12,8 @@ For each zoo model at its realistic shapes, in one process, on the same inputs, 
 
 Every compile starts from an empty decision cache. Crashes are counted, not raised. Times are steady-state
 times: the calls of each block's first ``--lead-s`` seconds are run but not timed (a runtime whose thread pool
-idled while the others ran is slower over its first calls; see benchmarks/_harness.py).
+idled while the others ran is slower over its first calls; see benchmarks/_harness.py). Ratios are paired: the
+median over blocks of the ratio within each block (contenders of one block ran within a second of each other).
 
 Run (alone on the machine; a few minutes):
     python benchmarks/auto_real.py [--models detector,crnn] [--blocks 25 --block-s 0.02 --lead-s 0.05]
@@ -29,7 +30,7 @@ import traceback
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import interleave, machine_info, median_ms, percentile, table
+from _harness import interleave, machine_info, median_ms, paired_ratio, percentile, table
 
 
 def warm_up_online(cm, feeds, limit_s: float = 180.0) -> tuple[int, list[float]]:
@@ -109,7 +110,9 @@ def main() -> None:
             per_block = min(2000, max(args.per_block, int(args.block_s / max(time.perf_counter() - t0, 1e-6))))
             times = interleave(contenders, blocks=args.blocks, per_block=per_block, lead_s=args.lead_s)
             med = {k: median_ms(v) for k, v in times.items()}
-            best = min(med["onnxruntime"], med.get("openvino f32", float("inf")))
+            best = min(("onnxruntime", "openvino f32"), key=lambda k: med.get(k, float("inf")))
+            shapes_ratio = paired_ratio(times, "auto shapes=", best, per_block)  # per block, then the median
+            online_ratio = paired_ratio(times, "auto online", best, per_block)
             settled = times["auto online"]
             p50 = percentile(tuning, 50) / percentile(settled, 50)
             p99 = percentile(tuning, 99) / percentile(settled, 99)
@@ -119,8 +122,7 @@ def main() -> None:
                 calls, p50, p99 = 0, float("nan"), float("nan")
             ov = f"{med['openvino f32']:.2f}" if "openvino f32" in med else "n/a"
             row += [f"{med['onnxruntime']:.2f}", ov, f"{med['auto shapes=']:.2f}",
-                    f"{med['auto online']:.2f}", f"{med['auto shapes='] / best:.3f}",
-                    f"{med['auto online'] / best:.3f}",
+                    f"{med['auto online']:.2f}", f"{shapes_ratio:.3f}", f"{online_ratio:.3f}",
                     f"{declared.backend}:{declared.device}", picked_online, str(calls), f"{p50:.2f} / {p99:.2f}"]
             ref = sess.run(None, feeds)
             got = list(declared.run(feeds).values())
@@ -128,8 +130,9 @@ def main() -> None:
                           max(float(np.max(np.abs(np.asarray(a, np.float64)))), 1e-12)) for a, b in zip(ref, got)
                       if np.asarray(a).dtype.kind == "f" and np.asarray(a).size)
             row.append(f"{err:.1e}")
-            same = [f"{med['hybrid on ORT'] / med['onnxruntime']:.3f}"]
-            same.append(f"{med['hybrid on OV'] / med['openvino f32']:.3f}" if "hybrid on OV" in med else "n/a")
+            same = [f"{paired_ratio(times, 'hybrid on ORT', 'onnxruntime', per_block):.3f}"]
+            same.append(f"{paired_ratio(times, 'hybrid on OV', 'openvino f32', per_block):.3f}"
+                        if "hybrid on OV" in med else "n/a")
             backend_rows.append([name, *same])
             declared.close()
             online.close()
