@@ -250,6 +250,28 @@ def test_the_check_process_answers_like_the_search_and_runs_below_the_callers():
     assert worker.check_elsewhere(unknown, share=0.1) is None  # the caller then checks in a thread
 
 
+def tuner_over(monkeypatch, candidates):
+    """A model whose bucket check passes exactly ``candidates`` (label -> Executable), which then take turns."""
+
+    def check(self, slot):
+        self._compiled.update(candidates)
+        with slot.lock:
+            slot.survivors = list(candidates)
+            self._start_turns(slot)
+
+    monkeypatch.setattr(OnlineTuner, "_check", check)
+    monkeypatch.setattr(OnlineTuner, "_switched", lambda self, label, reason: None)
+    return hybrid.compile(conv_net(), target="auto")
+
+
+def run_until_settled(cm, x, limit_s=60.0):
+    """Call the tuner itself (fake candidates answer anything) until its one bucket settled."""
+    deadline = time.monotonic() + limit_s
+    while not cm.executable.status() or cm.executable.status()[0].state != "settled":
+        cm.executable.run({"x": x})
+        assert time.monotonic() < deadline, cm.executable.status()
+
+
 def test_candidates_take_turns_and_each_is_timed_at_its_own_speed(monkeypatch):
     """'fast' serves in 1 ms, but in 4 ms while 'spinner' (2 ms) ran within the last 30 ms, as a runtime does
     while another one's idle threads still spin on a core. Alternating call by call would time it at 4 ms and
@@ -273,22 +295,10 @@ def test_candidates_take_turns_and_each_is_timed_at_its_own_speed(monkeypatch):
                 time.sleep(4 * self.seconds if time.perf_counter() - last_spin[0] < 0.03 else self.seconds)
             return [np.zeros((1,), np.float32)]
 
-    def check(self, slot):  # both passed the check; the fakes then take turns on real calls
-        self._compiled.update({"spinner:cpu": Fake("spinner", 0.002), "fast:cpu": Fake("fast", 0.001)})
-        with slot.lock:
-            slot.survivors = ["spinner:cpu", "fast:cpu"]
-            self._start_turns(slot)
-
     hybrid.init({"autotune": {"calls_per_bucket": 8, "overhead_cap": 1.0}})
-    monkeypatch.setattr(OnlineTuner, "_check", check)
-    monkeypatch.setattr(OnlineTuner, "_switched", lambda self, label, reason: None)
     monkeypatch.setattr(online, "PRUNE_RATIO", 100.0)  # the slower one takes its second turn too
-    cm = hybrid.compile(conv_net(), target="auto")
-    x = images(1, 8, 8)
-    deadline = time.monotonic() + 60
-    while not cm.executable.status() or cm.executable.status()[0].state != "settled":
-        cm.executable.run({"x": x})
-        assert time.monotonic() < deadline, cm.executable.status()
+    cm = tuner_over(monkeypatch, {"spinner:cpu": Fake("spinner", 0.002), "fast:cpu": Fake("fast", 0.001)})
+    run_until_settled(cm, images(1, 8, 8))
     assert cm.executable.status()[0].serving == "fast:cpu"
     turns = [name for i, name in enumerate(ran) if i == 0 or ran[i - 1] != name]
     assert turns == ["spinner", "fast", "spinner"]  # A B B A: whole turns, not call by call
@@ -305,15 +315,7 @@ def test_a_candidate_that_fails_a_real_call_in_its_turn_leaves_the_turns(monkeyp
         def run(self, feeds):
             return [reference(feeds["x"])]
 
-    def check(self, slot):
-        self._compiled.update({"broken:cpu": Broken(), "right:cpu": Right()})
-        with slot.lock:
-            slot.survivors = ["broken:cpu", "right:cpu"]
-            self._start_turns(slot)
-
-    monkeypatch.setattr(OnlineTuner, "_check", check)
-    monkeypatch.setattr(OnlineTuner, "_switched", lambda self, label, reason: None)
-    cm = hybrid.compile(conv_net(), target="auto")
+    cm = tuner_over(monkeypatch, {"broken:cpu": Broken(), "right:cpu": Right()})
     call_until_settled(cm, images(1, 8, 8), limit_s=60)  # every answer checked on the way
     assert cm.executable.status()[0].serving == "right:cpu"
 
@@ -332,18 +334,7 @@ def test_near_tied_candidates_take_their_turns_once_more(monkeypatch):
             time.sleep(0.001)
             return [np.zeros((1,), np.float32)]
 
-    def check(self, slot):
-        self._compiled.update({"a:cpu": Same("a"), "b:cpu": Same("b")})
-        with slot.lock:
-            slot.survivors = ["a:cpu", "b:cpu"]
-            self._start_turns(slot)
-
-    monkeypatch.setattr(OnlineTuner, "_check", check)
-    monkeypatch.setattr(OnlineTuner, "_switched", lambda self, label, reason: None)
-    cm = hybrid.compile(conv_net(), target="auto")
-    deadline = time.monotonic() + 60
-    while not cm.executable.status() or cm.executable.status()[0].state != "settled":
-        cm.executable.run({"x": images(1, 8, 8)})
-        assert time.monotonic() < deadline, cm.executable.status()
+    cm = tuner_over(monkeypatch, {"a:cpu": Same("a"), "b:cpu": Same("b")})
+    run_until_settled(cm, images(1, 8, 8))
     turns = [name for i, name in enumerate(ran) if i == 0 or ran[i - 1] != name]
     assert turns == ["a", "b", "a", "b", "a"]  # A B B A, then A B B A again: within 10 % of each other
