@@ -109,9 +109,9 @@ def test_a_near_tie_gets_a_second_set_of_rounds_and_a_clear_gap_does_not(clock, 
     blocks: list[str] = []
     real = timing.steady_calls
 
-    def counted(fn, block_s, lead_s):
+    def counted(fn, *args):
         blocks.append(fn.__name__)
-        return real(fn, block_s, lead_s)
+        return real(fn, *args)
 
     def fixed(seconds):
         def call():
@@ -130,3 +130,13 @@ def test_a_near_tie_gets_a_second_set_of_rounds_and_a_clear_gap_does_not(clock, 
 def test_a_block_of_a_tiny_graph_ends_after_its_call_cap(clock):
     kept = timing.steady_calls(lambda: clock.work(0.00002), block_s=0.2, lead_s=0.05, max_kept=500)
     assert len(kept) == 500 and clock.now < 0.05 + 500 * 0.00002 + 0.001
+
+
+def test_a_graph_faster_than_quick_s_is_timed_without_waiting_for_quiet(clock, monkeypatch):
+    settles: list[float] = []
+    monkeypatch.setattr(timing, "settle", lambda *a: settles.append(clock.now) or 0.0)
+    times = timing.time_candidates({"a": lambda: clock.work(0.00002), "b": lambda: clock.work(0.00003)})
+    assert settles == [] and times == {"a": pytest.approx(0.00002), "b": pytest.approx(0.00003)}
+    assert clock.now < 0.5  # 5 blocks of at most QUICK_BLOCK_CALLS calls and a short lead-in each
+    timing.time_candidates({"a": lambda: clock.work(0.001), "b": lambda: clock.work(0.0015)})
+    assert len(settles) == 2 * timing.BLOCKS

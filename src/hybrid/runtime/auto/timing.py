@@ -7,15 +7,23 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["BLOCKS", "LEAD_S", "MAX_BLOCK_CALLS", "METHOD", "NEAR_TIE_REL", "SETTLE_MAX_S", "TIME_BUDGET_S",
-           "settle", "steady_calls", "time_candidates", "warm_estimate"]
+__all__ = ["BLOCKS", "LEAD_CALLS", "LEAD_S", "MAX_BLOCK_CALLS", "METHOD", "NEAR_TIE_REL", "QUICK_BLOCK_CALLS",
+           "QUICK_S", "SETTLE_MAX_S", "TIME_BUDGET_S", "settle", "steady_calls", "time_candidates", "warm_estimate"]
 
 METHOD = 2  # part of the decision cache's key: decisions timed by an older method are made again
 TIME_BUDGET_S = 1.0  # measuring time per candidate, at most
 BLOCKS = 5
 NEAR_TIE_REL = 0.1  # candidates this close to the fastest get a second set of rounds
-MAX_BLOCK_CALLS = 500  # a block of a 20 us graph ends after 500 timed calls, not 0.2 s (compile time)
-LEAD_S = 0.05  # the calls of a timing block's first 50 ms are not counted (see time_candidates)
+MAX_BLOCK_CALLS = 500  # a block ends after 500 timed calls (a 0.1 ms graph: 50 ms, not 0.2 s)
+LEAD_S = 0.05
+LEAD_CALLS = 200  # ...and at most 200 calls of lead-in
+# A graph whose fastest candidate runs in less than QUICK_S is timed quickly: a 1 ms pause instead of settle(),
+# and blocks of QUICK_BLOCK_CALLS calls after as many lead-in calls. Its calls do not wake a pool worth the wait,
+# and compile time would otherwise be mostly waiting (ONNX's node tests through target='auto': 0.013 s a case
+# with the timing before this one, 0.8 s with settle() and 50 ms lead-ins everywhere)
+QUICK_S = 2e-4
+QUICK_BLOCK_CALLS = 50
+_PAUSE_S = 0.001  # the calls of a timing block's first 50 ms are not counted (see time_candidates)
 SETTLE_MAX_S = 0.15  # the longest settle() waits (ONNX Runtime's idle threads spin for ~40 ms after a run here)
 # A thread running on another core is charged to the process clock at the scheduler's tick (4 ms here: a
 # spinning pool read 0.0, 4.0, 0.0, 4.0 ms over 2 ms windows): a window must hold a tick even at HZ=100.
@@ -56,36 +64,45 @@ def time_candidates(runs: Mapping[str, Callable[[], Any]], budget_s: float | Non
     """Seconds per call of each candidate at its steady state: the median of its block medians, measured
     interleaved in blocks (a block that met a burst of load on the shared machine moves no result).
 
-    Every candidate is timed only once the process is quiet (:func:`settle`: the thread pool of the one timed
-    before it may still be spinning). Each is first called up to 3 times (within 0.3 s) and the least call
+    Each candidate is first called up to 3 times (within 0.3 s) and the least call
     is its estimate: the calls right after a first run still pay for lazy initialisation (OpenVINO compiles
     kernels for a new shape of a dynamic model over its first few calls: 15, 0.6, then 0.3 ms). One more
     than 3x slower than the best estimate is not measured further (it cannot win) and reports its estimate.
     The rest run ``blocks`` rounds in rotated order, each round calling each candidate back to back for about
-    ``budget_s / blocks`` seconds. The calls of a block's first :data:`LEAD_S` are not counted: a runtime
+    ``budget_s / blocks`` seconds (at most :data:`MAX_BLOCK_CALLS` calls). A block starts only once the process
+    is quiet (:func:`settle`: the thread pool of the one timed before it may still be spinning), and the calls
+    of its first :data:`LEAD_S` (at most :data:`LEAD_CALLS` calls) are not counted: a runtime
     whose pool idled (while the others ran) takes that long to run at the speed it serves a stream of calls
     with (OpenVINO on a 0.3 ms encoder: 0.45 ms over its first 5 calls, 0.28 ms from the 150th on; ONNX
     Runtime is at speed after 20). Candidates within :data:`NEAR_TIE_REL` of the fastest then run as many
     rounds again: that is where one timing's noise decides (ORT vs OpenVINO on the encoder: 6-32 % apart in
-    11 of 12 timings a minute long, the other way round once).
+    11 of 12 timings a minute long, the other way round once). Graphs faster than :data:`QUICK_S` are timed
+    with short pauses and blocks instead (see there).
     """
     budget_s = TIME_BUDGET_S if budget_s is None else budget_s
     est: dict[str, float] = {}
     for name, fn in runs.items():
-        settle()
+        time.sleep(_PAUSE_S)
         est[name] = warm_estimate(fn)
     best = min(est.values())
     alive = [n for n in runs if est[n] <= 3 * best]
     block_s = budget_s / blocks
+    quick = best < QUICK_S
     medians: dict[str, list[float]] = {n: [] for n in alive}  # per block
 
     def rounds(names: list[str]) -> None:
         for b in range(blocks):
             order = names[b % len(names):] + names[:b % len(names)]
             for name in order:
-                settle()
-                lead_s = LEAD_S if est[name] * 4 <= block_s else 0.0  # room for a lead-in: slow calls count whole
-                medians[name].append(statistics.median(steady_calls(runs[name], block_s, lead_s)))
+                if quick:
+                    time.sleep(_PAUSE_S)
+                else:
+                    settle()
+                # a lead-in where there is room for one (slow calls count whole), of at most LEAD_CALLS calls
+                lead_calls = QUICK_BLOCK_CALLS if quick else LEAD_CALLS
+                lead_s = min(LEAD_S, lead_calls * est[name]) if est[name] * 4 <= block_s else 0.0
+                kept = steady_calls(runs[name], block_s, lead_s, QUICK_BLOCK_CALLS if quick else MAX_BLOCK_CALLS)
+                medians[name].append(statistics.median(kept))
 
     rounds(alive)
     first = {n: statistics.median(medians[n]) for n in alive}
