@@ -190,6 +190,7 @@ def nudged():
     ({"nudged": 1000, "reference": 5000, "onnxruntime": 1015}, "onnxruntime", True),  # within 2 %
     ({"nudged": 10, "reference": 100, "onnxruntime": 60}, "nudged", False),        # clearly fastest
     ({"nudged": 1000, "reference": 5000, "onnxruntime": 1050}, "nudged", False),   # 5 % slower is slower
+    ({"nudged": 200, "reference": 5000, "onnxruntime": 215}, "nudged", False),     # 15 us is 7.5 % at 0.2 ms
 ])
 def test_a_timing_tie_goes_to_the_candidate_closest_to_the_reference(nudged, monkeypatch, times_us, winner, tie):
     def fake_times(runs, *args, **kwargs):
@@ -249,7 +250,7 @@ def test_bad_autotune_settings_are_refused(value, code):
     with pytest.raises(ConfigError) as e:
         hybrid.init({"autotune": value})
     assert e.value.code == code
-    assert judge.tie_bounds() == (0.02, 5 * 1e-6)  # nothing half-applied
+    assert judge.tie_bounds() == (0.02, 20 * 1e-6)  # nothing half-applied
 
 
 def test_deviation_ranks_answers_by_closeness_in_tolerance_units():

@@ -157,7 +157,7 @@ class AutotuneSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     tie_rel: float = Field(0.02, ge=0.0, lt=1.0)
-    tie_us: float = Field(5.0, ge=0.0, lt=1e6)
+    tie_us: float = Field(20.0, ge=0.0, lt=1e6)
     online: bool = True
     calls_per_bucket: int = Field(8, ge=2, le=10_000)
     overhead_cap: float = Field(0.1, gt=0.0, le=1.0)
@@ -181,7 +181,7 @@ def autotune_settings(values: Mapping[str, Any]) -> AutotuneSettings:
             fields[k].annotation is float else v for k, v in values.items()})
     except ValidationError as e:
         raise config_error(e, AutotuneSettings, "autotune", "e.g. hybrid.init({'autotune': {'tie_rel': 0.02, "
-                           "'tie_us': 5, 'online': True}})") from None
+                           "'tie_us': 20, 'online': True}})") from None
 
 
 FALLBACK_POLICIES = ("warn", "error")

@@ -380,8 +380,7 @@ class OnlineTuner(Executable):
         medians = {lb: statistics.median(slot.times[lb]) for lb in alive}
         best = min(medians, key=medians.__getitem__)
         current = slot.serving[0]
-        rel, abs_s = judge.tie_bounds()
-        if current in medians and medians[current] <= medians[best] + max(rel * medians[best], abs_s):
+        if current in medians and medians[current] <= medians[best] + judge.tie_slack(medians[best]):
             best = current  # as fast within noise: no switch
         timed = ", ".join(f"{lb} {m * 1e3:.3g} ms ({len(slot.times[lb])} calls)"
                           for lb, m in sorted(medians.items(), key=lambda kv: kv[1]))
