@@ -105,7 +105,8 @@ def select(model: Model, target: str, order: list[Candidate], options_of: Option
     base = {
         "hybrid": __version__, "model": model.sha256, "target": target, "candidates": [str(c) for c in order],
         "precision": precision, "accuracy": acc.budget, "rtol": rtol, "rules": acc.rules,
-        "ties": judge.tie_bounds(), "exact_below": judge.DEVIATION_FLOOR, "timing": TIMING_METHOD,
+        "ties": judge.tie_bounds(), "tie_below": judge.TINY_S, "exact_below": judge.DEVIATION_FLOOR,
+        "timing": TIMING_METHOD,
         "options": {str(c): options_of(c, "fp32") for c in order},
         "backends": versions, "device": cache.device_fingerprint(),
     }

@@ -1,4 +1,5 @@
-"""Timing candidates fairly on a shared machine: interleaved blocks, short pauses, medians (DESIGN 4)."""
+"""Timing candidates fairly on a shared machine, at the speed each serves a stream of calls: blocks that start
+once the process is quiet, untimed lead-ins, interleaved rounds, medians of block medians (DESIGN 4)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ TIME_BUDGET_S = 1.0  # measuring time per candidate, at most
 BLOCKS = 5
 NEAR_TIE_REL = 0.1  # candidates this close to the fastest get a second set of rounds
 MAX_BLOCK_CALLS = 500  # a block ends after 500 timed calls (a 0.1 ms graph: 50 ms, not 0.2 s)
-LEAD_S = 0.05
+LEAD_S = 0.05  # the calls of a block's first 50 ms are run but not counted (see time_candidates)...
 LEAD_CALLS = 200  # ...and at most 200 calls of lead-in
 # A graph whose fastest candidate runs in less than QUICK_S is timed quickly: a 1 ms pause instead of settle(),
 # and blocks of QUICK_BLOCK_CALLS calls after as many lead-in calls. Its calls do not wake a pool worth the wait,
@@ -23,8 +24,8 @@ LEAD_CALLS = 200  # ...and at most 200 calls of lead-in
 # with the timing before this one, 0.8 s with settle() and 50 ms lead-ins everywhere)
 QUICK_S = 2e-4
 QUICK_BLOCK_CALLS = 50
-_PAUSE_S = 0.001  # the calls of a timing block's first 50 ms are not counted (see time_candidates)
-SETTLE_MAX_S = 0.15  # the longest settle() waits (ONNX Runtime's idle threads spin for ~40 ms after a run here)
+_PAUSE_S = 0.001  # between candidates timed quickly
+SETTLE_MAX_S = 0.15  # the longest settle() waits (ONNX Runtime's idle threads spin 40-50 ms after a run here)
 # A thread running on another core is charged to the process clock at the scheduler's tick (4 ms here: a
 # spinning pool read 0.0, 4.0, 0.0, 4.0 ms over 2 ms windows): a window must hold a tick even at HZ=100.
 _QUIET_POLL_S = 0.012
@@ -35,7 +36,7 @@ def settle(max_s: float = SETTLE_MAX_S) -> float:
     """Wait until this process's threads stop using the CPU (at most ``max_s``); returns the seconds waited.
 
     A runtime's thread pool keeps working after its run returns: ONNX Runtime's intra-op threads spin on a
-    core for ~40 ms after every run on this kind of machine, and on 2 cores whatever runs next in the process
+    core for 40-50 ms after every run on this kind of machine, and on 2 cores whatever runs next in the process
     is measured with one core fewer. Timing a candidate right after another therefore measures the pair; it is
     timed once the process's CPU time stops advancing (read from the process clock, so it holds for any
     runtime's pool). Where other threads of the process keep working, this waits ``max_s``.
@@ -47,6 +48,7 @@ def settle(max_s: float = SETTLE_MAX_S) -> float:
         now = time.perf_counter()
         if time.process_time() - cpu < _QUIET_SHARE * (now - wall) or now - start >= max_s:
             return now - start
+
 
 def warm_estimate(fn: Callable[[], Any], calls: int = 3, within_s: float = 0.3) -> float:
     """Seconds of the least of up to ``calls`` calls of ``fn`` (fewer once ``within_s`` is spent): one call can be
@@ -64,19 +66,19 @@ def time_candidates(runs: Mapping[str, Callable[[], Any]], budget_s: float | Non
     """Seconds per call of each candidate at its steady state: the median of its block medians, measured
     interleaved in blocks (a block that met a burst of load on the shared machine moves no result).
 
-    Each candidate is first called up to 3 times (within 0.3 s) and the least call
-    is its estimate: the calls right after a first run still pay for lazy initialisation (OpenVINO compiles
-    kernels for a new shape of a dynamic model over its first few calls: 15, 0.6, then 0.3 ms). One more
-    than 3x slower than the best estimate is not measured further (it cannot win) and reports its estimate.
-    The rest run ``blocks`` rounds in rotated order, each round calling each candidate back to back for about
-    ``budget_s / blocks`` seconds (at most :data:`MAX_BLOCK_CALLS` calls). A block starts only once the process
-    is quiet (:func:`settle`: the thread pool of the one timed before it may still be spinning), and the calls
-    of its first :data:`LEAD_S` (at most :data:`LEAD_CALLS` calls) are not counted: a runtime
-    whose pool idled (while the others ran) takes that long to run at the speed it serves a stream of calls
-    with (OpenVINO on a 0.3 ms encoder: 0.45 ms over its first 5 calls, 0.28 ms from the 150th on; ONNX
-    Runtime is at speed after 20). Candidates within :data:`NEAR_TIE_REL` of the fastest then run as many
-    rounds again: that is where one timing's noise decides (ORT vs OpenVINO on the encoder: 6-32 % apart in
-    11 of 12 timings a minute long, the other way round once). Graphs faster than :data:`QUICK_S` are timed
+    Each candidate is first called up to 3 times (within 0.3 s) and the least call is its estimate: the calls
+    right after a first run still pay for lazy initialisation (OpenVINO compiles kernels for a new shape of a
+    dynamic model over its first few calls: 15, 0.6, then 0.3 ms). One more than 3x slower than the best
+    estimate is not measured further (it cannot win) and reports its estimate. The rest run ``blocks`` rounds
+    in rotated order, each round calling each candidate back to back for about ``budget_s / blocks`` seconds
+    (at most :data:`MAX_BLOCK_CALLS` calls). A block starts only once the process is quiet (:func:`settle`:
+    the thread pool of the one timed before it may still be spinning), and the calls of its first
+    :data:`LEAD_S` (at most :data:`LEAD_CALLS` calls) are not counted: a runtime whose pool idled (while the
+    others ran) takes that long to run at the speed it serves a stream of calls with (OpenVINO on a 0.3 ms
+    encoder: 0.45 ms over its first 5 calls, 0.28 ms from the 150th on; ONNX Runtime is at speed after 20).
+    Candidates within :data:`NEAR_TIE_REL` of the fastest then run as many rounds again: that is where one
+    timing's noise decides (ORT vs OpenVINO on the encoder: OpenVINO 6-32 % ahead in 12 timings a minute long,
+    yet 15 % behind in one timing inside a benchmark run). Graphs faster than :data:`QUICK_S` are timed
     with short pauses and blocks instead (see there).
     """
     budget_s = TIME_BUDGET_S if budget_s is None else budget_s
