@@ -325,7 +325,7 @@ class OnlineTuner(Executable):
 
     def _record(self, slot: _Slot, label: str, started: float, seconds: float) -> None:
         """Count a call of the current turn that started after its lead-in; end the turn after half of
-        ``calls_per_bucket`` timed calls (caller holds ``slot.lock``)."""
+        ``calls_per_bucket`` timed calls spanning at least TURN_MIN_S (caller holds ``slot.lock``)."""
         if slot.state != "exploring" or slot.turn >= len(slot.turns) or label != slot.turns[slot.turn] \
                 or started < slot.turn_from:
             return
