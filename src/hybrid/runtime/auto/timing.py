@@ -90,6 +90,9 @@ def time_candidates(runs: Mapping[str, Callable[[], Any]], budget_s: float | Non
     alive = [n for n in runs if est[n] <= 3 * best]
     block_s = budget_s / blocks
     quick = best < QUICK_S
+    lead_calls, max_kept = (QUICK_BLOCK_CALLS, QUICK_BLOCK_CALLS) if quick else (LEAD_CALLS, MAX_BLOCK_CALLS)
+    # a lead-in where there is room for one (slow calls count whole), of at most lead_calls calls
+    lead = {n: min(LEAD_S, lead_calls * est[n]) if est[n] * 4 <= block_s else 0.0 for n in alive}
     medians: dict[str, list[float]] = {n: [] for n in alive}  # per block
 
     def rounds(names: list[str]) -> None:
@@ -100,11 +103,7 @@ def time_candidates(runs: Mapping[str, Callable[[], Any]], budget_s: float | Non
                     time.sleep(_PAUSE_S)
                 else:
                     settle()
-                # a lead-in where there is room for one (slow calls count whole), of at most LEAD_CALLS calls
-                lead_calls = QUICK_BLOCK_CALLS if quick else LEAD_CALLS
-                lead_s = min(LEAD_S, lead_calls * est[name]) if est[name] * 4 <= block_s else 0.0
-                kept = steady_calls(runs[name], block_s, lead_s, QUICK_BLOCK_CALLS if quick else MAX_BLOCK_CALLS)
-                medians[name].append(statistics.median(kept))
+                medians[name].append(statistics.median(steady_calls(runs[name], block_s, lead[name], max_kept)))
 
     rounds(alive)
     first = {n: statistics.median(medians[n]) for n in alive}
