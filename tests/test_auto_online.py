@@ -322,6 +322,7 @@ def test_a_candidate_that_fails_a_real_call_in_its_turn_leaves_the_turns(monkeyp
 
 def test_near_tied_candidates_take_their_turns_once_more(monkeypatch):
     from hybrid.hal import Executable
+    from hybrid.runtime.auto import online
 
     ran: list[str] = []
 
@@ -334,7 +335,10 @@ def test_near_tied_candidates_take_their_turns_once_more(monkeypatch):
             time.sleep(0.001)
             return [np.zeros((1,), np.float32)]
 
+    # two equal 1 ms candidates are near by construction; how near a loaded machine times two sleeps is not
+    # the point here, so any gap counts as near
+    monkeypatch.setattr(online, "NEAR_TIE_REL", 10.0)
     cm = tuner_over(monkeypatch, {"a:cpu": Same("a"), "b:cpu": Same("b")})
     run_until_settled(cm, images(1, 8, 8))
     turns = [name for i, name in enumerate(ran) if i == 0 or ran[i - 1] != name]
-    assert turns == ["a", "b", "a", "b", "a"]  # A B B A, then A B B A again: within 10 % of each other
+    assert turns == ["a", "b", "a", "b", "a"]  # A B B A, then A B B A again: near ties take their turns twice
