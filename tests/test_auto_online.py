@@ -342,3 +342,39 @@ def test_near_tied_candidates_take_their_turns_once_more(monkeypatch):
     run_until_settled(cm, images(1, 8, 8))
     turns = [name for i, name in enumerate(ran) if i == 0 or ran[i - 1] != name]
     assert turns == ["a", "b", "a", "b", "a"]  # A B B A, then A B B A again: near ties take their turns twice
+
+
+def test_runners_up_take_turns_again_later_and_the_rounds_decide_together(monkeypatch):
+    """'a' wins the first round by 20 %; then the machine's state moves and 'b' is 18 % faster. One round
+    that says so does not outvote the first (their median is still 'a'); two do. After the last round the
+    bucket takes no more turns."""
+    from hybrid.hal import Executable
+    from hybrid.runtime.auto import online
+
+    speed = {"a": 0.004, "b": 0.0048}
+
+    class Timed(Executable):
+        def __init__(self, name):
+            self.name = name
+
+        def run(self, feeds):
+            time.sleep(speed[self.name])
+            return [np.zeros((1,), np.float32)]
+
+    monkeypatch.setattr(online, "RECHECK_AFTER_S", (0.05, 0.05))
+    monkeypatch.setattr(online, "PRUNE_RATIO", 100.0)  # every turn is taken: the rounds are what is tested
+    cm = tuner_over(monkeypatch, {"a:cpu": Timed("a"), "b:cpu": Timed("b")})
+    run_until_settled(cm, images(1, 8, 8))
+    tuner = cm.executable
+    slot = next(iter(tuner._slots.values()))
+    assert tuner.status()[0].serving == "a:cpu" and slot.runners == ["b:cpu"]  # within 1.25x: it comes back
+    speed["b"] = 0.0034
+    deadline = time.monotonic() + 60
+    while len(slot.rounds) < 3 or slot.state != "settled":
+        tuner.run({"x": images(1, 8, 8)})
+        assert time.monotonic() < deadline, tuner.status()
+    assert tuner.status()[0].serving == "b:cpu" and slot.runners == []
+    time.sleep(0.1)
+    tuner.run({"x": images(1, 8, 8)})
+    assert slot.state == "settled" and len(slot.rounds) == 3  # no fourth round
+    assert any("over 3 rounds" in n for n in tuner.notes())

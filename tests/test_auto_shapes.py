@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 
 import numpy as np
 import onnx
@@ -104,7 +105,8 @@ def test_declared_shapes_are_where_auto_checks_and_times():
     assert cm.backend != "reference"  # the 1x1 sample nobody runs no longer decides
     assert any("at the declared shapes" in n and "x: float32[2x3x24x32]" in n for n in cm.plan.notes)
     assert any(n.startswith("timed:") for n in cm.plan.notes)
-    assert not hasattr(cm.executable, "status")  # declared: decided offline, no online tuning
+    if hasattr(cm.executable, "status"):  # rivals timed within 1.25x at compile: real calls confirm (next test)
+        assert any(n.startswith("confirming on real calls") for n in cm.plan.notes)
     x = np.random.default_rng(0).random((2, 3, 24, 32), np.float32)
     np.testing.assert_allclose(cm(x), reference_answer(conv_net(), x), rtol=1e-4, atol=1e-5)
     assert cm(np.zeros((1, 3, 9, 9), np.float32)).shape == (1, 5)  # other shapes still run
@@ -144,6 +146,54 @@ def test_a_range_is_checked_at_min_opt_and_max(smallonly):
                             shapes={"x": {"min": (1, 3, 8, 8), "opt": (2, 3, 16, 16), "max": (8, 3, 32, 32)}})
     assert ranged.backend != "smallonly"
     assert any(n.startswith("rejected smallonly:cpu") and "sample input 2" in n for n in ranged.plan.notes)
+
+
+class _Sleepy(_Fake):
+    """Right, and as slow on real calls as ``delay_s`` says."""
+
+    delay_s = 0.0
+
+    @classmethod
+    def post(cls, feeds, outs):
+        time.sleep(cls.delay_s)
+        return outs
+
+
+class _Slow(_Sleepy):
+    name, delay_s = "slowfake", 0.004
+
+
+class _Quick(_Sleepy):
+    name, delay_s = "quickfake", 0.0
+
+
+def test_a_near_tie_at_compile_is_confirmed_on_real_calls_and_cached(monkeypatch):
+    """The timing at compile says 'slowfake' by 5 %; real calls say 'quickfake' by 4 ms a call: the real
+    calls decide, and the next compile starts on what they said."""
+    from hybrid.runtime.auto import search
+
+    def timed_at_compile(runs, *args, **kwargs):
+        return {name: {"slowfake:cpu": 1e-3, "quickfake:cpu": 1.05e-3}.get(name, 1.0) for name in runs}
+
+    monkeypatch.setattr(search, "time_candidates", timed_at_compile)
+    hybrid.init({"autotune": {"calls_per_bucket": 2}})
+    x = np.random.default_rng(0).random((2, 3, 16, 16), np.float32)
+    expected = reference_answer(conv_net(), x)
+    with backend_registered(_Slow), backend_registered(_Quick):
+        cm = hybrid.compile(conv_net(), target="auto", shapes={"x": (2, 3, 16, 16)})
+        assert cm.backend == "slowfake"
+        assert any(n.startswith("confirming on real calls: quickfake:cpu") for n in cm.plan.notes)
+        (status,) = cm.executable.status()
+        assert (status.bucket, status.state) == ((("x", (2, 3, 16, 16)),), "confirming")  # no check needed
+        deadline = time.monotonic() + 60
+        while cm.executable.status()[0].state != "settled":
+            np.testing.assert_allclose(cm(x), expected, rtol=1e-4, atol=1e-5)  # right on every candidate
+            assert time.monotonic() < deadline, cm.executable.status()
+        assert cm.executable.status()[0].serving == "quickfake:cpu" and cm.backend == "quickfake"
+        cm.close()  # writes the confirmed decision
+        again = hybrid.compile(conv_net(), target="auto", shapes={"x": (2, 3, 16, 16)})
+        assert again.backend == "quickfake" and not hasattr(again.executable, "status")
+        assert any("confirmed on real calls: quickfake:cpu" in n for n in again.plan.notes)
 
 
 # ------------------------------------------------------------------------------------------- parity

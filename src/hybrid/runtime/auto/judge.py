@@ -12,7 +12,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from hybrid.config import autotune_config
 from hybrid.runtime.auto import tolerance as checks
@@ -152,10 +152,10 @@ def _exact_within_premium(survivors: list[Trial], fastest: Trial, times: Mapping
     return best_exact
 
 
-def close_all(trials: list[Trial], keep: Trial | None, search: Search) -> None:
-    """Release every trial's executable except ``keep``'s (and the reference unless it is kept)."""
+def close_all(trials: list[Trial], keep: Trial | None, search: Search, also: Sequence[Trial] = ()) -> None:
+    """Release every trial's executable except ``keep``'s and ``also``'s (and the reference unless it is kept)."""
     keep_exe = keep.executable if keep else None
-    closed = set()
+    closed = {id(t.executable) for t in also}
     for t in trials:
         if t.executable is not keep_exe and id(t.executable) not in closed:
             closed.add(id(t.executable))

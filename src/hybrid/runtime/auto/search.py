@@ -27,7 +27,7 @@ from hybrid.ir import Model
 from hybrid.runtime.auto import cache, judge
 from hybrid.runtime.auto import tolerance as checks
 from hybrid.runtime.auto.decision import decision_from_json
-from hybrid.runtime.auto.online import OnlineTuner
+from hybrid.runtime.auto.online import CONFIRM_RATIO, Confirmation, OnlineTuner
 from hybrid.runtime.auto.samples import make_samples
 from hybrid.runtime.auto.shapes import has_dynamic_inputs, normalize_shapes
 from hybrid.runtime.auto.timing import METHOD as TIMING_METHOD
@@ -40,6 +40,7 @@ from hybrid.runtime.plan import Plan, Segment
 __all__ = ["partition_compiled", "select", "single_plan"]
 
 logger = logging.getLogger("hybrid")
+Rivals = tuple[Mapping[str, Any], list[Trial]] | None  # a timing's sample and the rivals of its winner
 
 
 def _node_names(model: Model) -> tuple[str, ...]:
@@ -114,26 +115,38 @@ def select(model: Model, target: str, order: list[Candidate], options_of: Option
     key, material = cache.decision_key({**base, "inputs": inputs, "autotune": autotune, "online": online})
     record = cache.load_decision(key, material)
     found = _from_record(model, record, order, options_of, sample_inputs) if record else None
+    rivals: Rivals = None
     if found is not None:
         (trial, notes), reason = found, "chosen by autotune (cached)"
     else:
-        trial, notes, reason = _search(model, target, order, options_of, precision, acc, autotune, sample_inputs,
-                                       ranges, rtol, online)
+        confirm = bool(ranges) and precision == "fp32" and settings.online
+        trial, notes, reason, rivals = _search(model, target, order, options_of, precision, acc, autotune,
+                                               sample_inputs, ranges, rtol, online, confirm)
         path = cache.save_decision(key, material, trial.decision.to_json(), notes)
         if path is not None:
             notes.append(f"decision cached in {path}")
-    if not online:
+    if online:
+        tuner = OnlineTuner(model, trial, order, options_of, settings, rtol, acc.rules, base, notes)
+    elif rivals:
+        def save(confirmed: Trial) -> None:
+            cache.save_decision(key, material, confirmed.decision.to_json(),
+                                [*notes, f"confirmed on real calls: {confirmed.label}"])
+
+        confirmation = Confirmation(rivals[0], tuple(rivals[1]), save)
+        tuner = OnlineTuner(model, trial, order, options_of, settings, rtol, acc.rules, base, notes, confirmation)
+    else:
         return _compiled(model, trial, target, notes, reason)
-    tuner = OnlineTuner(model, trial, order, options_of, settings, rtol, acc.rules, base, notes)
-    cm = CompiledModel(model, tuner, single_plan(model, trial, tuner.notes(), "start of online tuning"),
-                       trial.backend, trial.device, trial.options, target)
+    cm = CompiledModel(model, tuner, single_plan(model, trial, tuner.notes(), "start of online tuning" if online
+                                                 else reason), trial.backend, trial.device, trial.options, target)
     tuner.attach(cm, lambda t, notes, reason: single_plan(model, t, notes, reason))
     return cm
 
 
 def _search(model: Model, target: str, order: list[Candidate], options_of: OptionsOf, precision: str,
             acc: checks.Accuracy, autotune: bool, sample_inputs: Any, ranges: Mapping[str, Any], rtol: float,
-            online: bool) -> tuple[Trial, list[str], str]:
+            online: bool, confirm: bool) -> tuple[Trial, list[str], str, Rivals]:
+    """Check, time and judge the trials; the winner, the notes, the reason, and when ``confirm``, rivals within
+    :data:`~.online.CONFIRM_RATIO` of a winner that was the fastest, kept compiled (with the timing's sample)."""
     search = Search(model, order, options_of, precision, acc.budget, sample_inputs, ranges=ranges, rtol=rtol,
                     rules=acc.rules)
     samples = search.verifier.samples
@@ -144,6 +157,7 @@ def _search(model: Model, target: str, order: list[Candidate], options_of: Optio
         search.notes.append(f"sample input ({origin}): {shown}")
     tried: list[Trial] = []
     winner: Trial | None = None
+    rivals: Rivals = None
     for trial in trials(search, autotune):
         tried.append(trial)
         why = search.check(trial)
@@ -182,16 +196,20 @@ def _search(model: Model, target: str, order: list[Candidate], options_of: Optio
             search.notes.append("timed: " + ", ".join(f"{n} {s * 1e3:.3g} ms" for n, s in
                                                       sorted(times.items(), key=lambda kv: kv[1])))
             winner, reason = judge.fastest_or_most_exact(survivors, times, search)
+            if confirm and times[winner.label] == min(times.values()) and feeds is not None:
+                rivals = (feeds, [t for t in survivors if t is not winner and t.backend != FALLBACK_BACKEND
+                                  and not t.partitioned and t.precision == "fp32"
+                                  and times[t.label] <= CONFIRM_RATIO * times[winner.label]])
     else:
         reason = "first candidate by priority that passed the check (autotune=False)"
     if winner is None:
         judge.close_all(tried, None, search)
         raise BackendError("HYB-304", f"no candidate of target {target!r} can run {model.name!r}: "
                            + "; ".join(search.notes[-6:]), "see the log for each candidate's error")
-    judge.close_all(tried, winner, search)
+    judge.close_all(tried, winner, search, rivals[1] if rivals else ())
     search.notes.append(f"picked {winner.label} ({reason})")
     logger.info("auto: %s runs on %s (%s)", model.name, winner.label, reason)
-    return winner, search.notes, reason
+    return winner, search.notes, reason, rivals if rivals and rivals[1] else None
 
 
 def partition_compiled(model: Model, target: str, order: list[Candidate], options_of: OptionsOf,
