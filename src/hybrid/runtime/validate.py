@@ -37,12 +37,15 @@ def _check_tensor(spec: TensorSpec) -> Callable[[Any, dict[str, int]], np.ndarra
     symbolic = [] if shape is None else [(i, d) for i, d in enumerate(shape)
                                          if isinstance(d, str) and d != UNKNOWN_DIM]
     rank = None if shape is None else len(shape)
+    fixed = tuple(shape) if shape is not None and len(static) == len(shape) else None  # every dim static
 
     def check(value: Any, dims: dict[str, int]) -> np.ndarray:
         arr = value if type(value) is np.ndarray else to_array(name, value)
         if dtype is not None and arr.dtype != dtype:
             raise RunError("HYB-403", f"input {name!r}: expected dtype {dtype}, got {arr.dtype}",
                            f"cast it: x.astype(numpy.{dtype})")
+        if fixed is not None and arr.shape == fixed:
+            return arr
         if rank is not None:
             if arr.ndim != rank:
                 raise RunError("HYB-404", f"input {name!r}: expected rank {rank} {spec.shape}, got rank "
@@ -91,6 +94,10 @@ class InputValidator:
         Raises:
             RunError: HYB-401..406 naming the input, what was expected and what was given.
         """
+        if type(feeds) is dict and feeds.keys() == self._names:  # every input, nothing else: the usual call
+            dims: dict[str, int] = {}
+            checks = self._checks
+            return {k: checks[k](v, dims) for k, v in feeds.items()}
         if not isinstance(feeds, Mapping):
             raise RunError("HYB-406", f"expected a mapping of input name -> array, got "
                            f"{type(feeds).__name__}", "call cm.run({'input': array}) or cm(array)")
@@ -102,7 +109,7 @@ class InputValidator:
             if key not in feeds:
                 raise RunError("HYB-401", f"missing input {key!r}; the model takes: {', '.join(self._order)}",
                                "pass every input the model declares")
-        dims: dict[str, int] = {}
+        dims = {}
         checks = self._checks
         return {k: checks[k](v, dims) for k, v in feeds.items()}
 

@@ -27,7 +27,8 @@ Per shape bucket (:func:`~.shapes.bucket_of`):
    it when within the tie bounds); the switch is one reference assignment, so concurrent callers
    each get a whole answer from one executable. The decision is written to the decision cache per
    bucket and read back on the next compile of the same model on this machine.
-4. The runners-up that were not stopped take their turns with the winner again 1 s, 4 s and 16 s later
+4. The runners-up (within :data:`RUNNER_RATIO` of the round's fastest, stopped ones included) take their
+   turns with the winner again 1 s, 4 s and 16 s later
    (:data:`RECHECK_AFTER_S`), and the winner is the candidate whose median relative to each round's fastest is
    least over the rounds: on a shared machine one round of turns can meet a burst of load, and the best of a
    near tie moves with the machine's state. After the last round the losers are released.
@@ -111,7 +112,9 @@ TURN_MIN_S = 0.05  # and a turn times calls for at least this long (4 calls of a
 RECHECK_AFTER_S = (1.0, 4.0, 16.0)  # after a bucket settled, its runners-up take turns again this much later
 # (then 4x later, then once more): the best runtime of a near tie moves with the state of a shared machine, and one
 # round of turns met a burst of load (the detector's ORT timed at 10.6 ms in its turns, 8.3 ms serving after)
-CONFIRM_RATIO = 1.25  # rivals timed at compile within this of the winner confirm it on real calls (shapes=)
+RUNNER_RATIO = 1.25  # a candidate within this of a round's fastest takes turns in the next round
+CONFIRM_RATIO = 1.5  # rivals timed at compile within this of the winner confirm it on real calls (shapes=): the
+# encoder's ONNX Runtime was timed 1.26x faster than OpenVINO at compile, and served 1.14x slower in the same process
 MAX_GATE_S = 5.0  # the longest a tuning call waits for a candidate being compiled in this process (a longer build,
 # such as a TensorRT engine, then goes on beside the calls)
 
@@ -451,8 +454,8 @@ class OnlineTuner(Executable):
         if len(slot.rounds) > 1:
             why += (f"; over {len(slot.rounds)} rounds, relative to each round's fastest: "
                     + ", ".join(f"{lb} {v:.3f}" for lb, v in sorted(score.items(), key=lambda kv: kv[1])))
-        # runners-up: those within CONFIRM_RATIO this round, stopped ones included (two calls can stop one)
-        slot.runners = [lb for lb, v in slot.rounds[-1].items() if lb != best and v <= CONFIRM_RATIO
+        # runners-up: those within RUNNER_RATIO this round, stopped ones included (two calls can stop one)
+        slot.runners = [lb for lb, v in slot.rounds[-1].items() if lb != best and v <= RUNNER_RATIO
                         and len(slot.rounds) <= len(RECHECK_AFTER_S)]
         self._install(slot, best, why)
         if slot.runners:
