@@ -20,9 +20,9 @@ Per shape bucket (:func:`~.shapes.bucket_of`):
    call would time each candidate while the one before it still holds a core (ONNX Runtime's idle
    threads spin 40-50 ms after a run) and before its own pool is awake: the encoder's OpenVINO measured
    0.45 ms that way, 0.28 ms serving a stream of calls.
-   A candidate whose warm run in the check took more than 1.25x the serving one's is not compiled here
-   nor tried (serving it would cost the callers latency), and one more than 1.1x slower than the best
-   after two timed calls (and 25 ms of them) stops.
+   A candidate whose warm run in the check took more than :data:`WARM_RUN_RATIO` (2x) the serving one's is
+   not compiled here nor tried (serving it would cost the callers latency), and one more than 1.1x slower
+   than the best after two timed calls (and 25 ms of them) stops.
 3. After the turns, the fastest median serves the bucket (the current one keeps
    it when within the tie bounds); the switch is one reference assignment, so concurrent callers
    each get a whole answer from one executable. The decision is written to the decision cache per
