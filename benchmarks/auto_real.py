@@ -116,18 +116,19 @@ def main() -> None:
             os.environ["HYBRID_CACHE_DIR"] = str(work / f"cache-{name}-shapes")
             declared = hybrid.compile(m.path, target="auto", shapes=shapes)
             contenders["auto shapes="] = lambda c=declared, f=feeds: c.run(f)
-            notes.append(f"{name}: shapes= " + "; ".join(n for n in declared.plan.notes
-                                                         if n.startswith(("timed:", "picked"))))
             os.environ["HYBRID_CACHE_DIR"] = str(work / f"cache-{name}-online")
             online = hybrid.compile(m.path, target="auto")
             start_raw = {"onnxruntime": "onnxruntime", "openvino": "openvino f32"}.get(online.backend)
             calls, tuning, beside = warm_up_online(online, feeds, contenders.get(start_raw or ""))
             contenders["auto online"] = lambda c=online, f=feeds: c.run(f)
-            notes.append(f"{name}: online " + "; ".join(n for n in online.plan.notes if n.startswith("bucket")))
             t0 = time.perf_counter()
             contenders["onnxruntime"]()
             per_block = min(2000, max(args.per_block, int(args.block_s / max(time.perf_counter() - t0, 1e-6))))
             times = interleave(contenders, blocks=args.blocks, per_block=per_block, lead_s=args.lead_s)
+            # the notes after the blocks: a near tie at compile is confirmed, and a bucket's rounds taken, meanwhile
+            notes.append(f"{name}: shapes= " + "; ".join(n for n in declared.plan.notes
+                                                         if n.startswith(("timed:", "picked", "bucket"))))
+            notes.append(f"{name}: online " + "; ".join(n for n in online.plan.notes if n.startswith("bucket")))
             med = {k: median_ms(v) for k, v in times.items()}
             best = min(("onnxruntime", "openvino f32"), key=lambda k: med.get(k, float("inf")))
             shapes_ratio = paired_ratio(times, "auto shapes=", best, per_block)  # per block, then the median

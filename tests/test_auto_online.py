@@ -378,3 +378,38 @@ def test_runners_up_take_turns_again_later_and_the_rounds_decide_together(monkey
     tuner.run({"x": images(1, 8, 8)})
     assert slot.state == "settled" and len(slot.rounds) == 3  # no fourth round
     assert any("over 3 rounds" in n for n in tuner.notes())
+
+
+def test_calls_after_a_pause_are_served_but_not_timed_until_the_turn_ran_out_of_patience(monkeypatch):
+    """A call that follows a pause finds its pool idled (callers in bursts, a benchmark's blocks): the calls of
+    the next GAP_LEAD_S are not timed, unless the turn already lasted TURN_PATIENCE_S (callers that pause between
+    every call must still be timed)."""
+    from hybrid.hal import Executable
+    from hybrid.runtime.auto import online
+
+    class Zero(Executable):
+        def run(self, feeds):
+            return [np.zeros((1,), np.float32)]
+
+    hybrid.init({"autotune": {"calls_per_bucket": 100, "overhead_cap": 1.0}})  # one turn holds every call here
+    cm = tuner_over(monkeypatch, {"a:cpu": Zero(), "b:cpu": Zero()})
+    tuner = cm.executable
+    slot = online._Slot((), ("a:cpu", Zero()), state="exploring", survivors=["a:cpu", "b:cpu"],
+                        turns=["a:cpu", "b:cpu", "b:cpu", "a:cpu"], turn_began=100.0, turn_from=100.0,
+                        last_end=100.09)
+
+    def call(started, seconds=0.001):
+        tuner._record(slot, "a:cpu", started, seconds)
+        slot.last_end = started + seconds
+
+    call(100.10)
+    call(100.11)
+    assert len(slot.times["a:cpu"]) == 2  # back to back: timed
+    call(100.50)  # after a 0.4 s pause
+    for started in (100.515, 100.53, 100.545):  # 15 ms apart: no pause, but within GAP_LEAD_S of the one above
+        call(started)
+    assert len(slot.times["a:cpu"]) == 2 and slot.turn_from == pytest.approx(100.50 + online.GAP_LEAD_S)
+    call(100.56)
+    assert len(slot.times["a:cpu"]) == 3
+    call(103.0)  # a pause, but the turn began 3 s ago: every call counts now
+    assert len(slot.times["a:cpu"]) == 4

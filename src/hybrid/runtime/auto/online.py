@@ -108,6 +108,10 @@ YIELD_WALL_SHARE = 0.2  # and the windows take at most this share of the wall ti
 RELEASE_GRACE_S = 2.0  # after the last bucket settled, the losers are closed this much later
 TURN_LEAD_S = 0.1  # a turn's calls are timed from this long (plus one call) after it began: the pool of the
 # candidate before may still spin (ONNX Runtime: 40-50 ms here), and this one's takes ~50 ms to reach its speed
+# A call that follows a pause (no call of the bucket for GAP_CALLS call durations, and GAP_MIN_S) finds the pool
+# idled and other work run meanwhile: the calls of the next GAP_LEAD_S are served but not timed either (callers in
+# bursts; the benchmark's blocks), unless the turn has lasted TURN_PATIENCE_S (callers that pause between all calls)
+GAP_CALLS, GAP_MIN_S, GAP_LEAD_S, TURN_PATIENCE_S = 4, 0.02, 0.05, 2.0
 TURN_MIN_S = 0.05  # and a turn times calls for at least this long (4 calls of a 0.3 ms model are no measurement)
 RECHECK_AFTER_S = (1.0, 4.0, 16.0)  # after a bucket settled, its runners-up take turns again this much later
 # (then 4x later, then once more): the best runtime of a near tie moves with the state of a shared machine, and one
@@ -173,6 +177,8 @@ class _Slot:
     turn: int = 0  # index of the current turn
     turn_from: float = 0.0  # perf_counter time from which the current turn's calls are timed
     turn_timed: int = 0  # calls timed in the current turn
+    turn_began: float = 0.0  # perf_counter time at which the current turn began
+    last_end: float = 0.0  # perf_counter time at which the bucket's last call ended
     extended: bool = False  # the near-tied candidates took their turns once more
     rounds: list[dict[str, float]] = field(default_factory=list)  # per round of turns: median / round's fastest
     runners: list[str] = field(default_factory=list)  # the runners-up that take turns again (RECHECK_AFTER_S)
@@ -181,6 +187,12 @@ class _Slot:
     checking_since: float = 0.0
     last_call_s: float = 0.0
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def _lead_in(slot: _Slot) -> None:
+    """A turn of another candidate begins: its calls are timed from TURN_LEAD_S (and one call) on."""
+    slot.turn_began = time.perf_counter()
+    slot.turn_from = slot.turn_began + TURN_LEAD_S + slot.last_call_s
 
 
 def _copy(feeds: Mapping[str, Any]) -> dict[str, Any]:
@@ -332,6 +344,7 @@ class OnlineTuner(Executable):
         if slot.state == "exploring":
             with slot.lock:
                 self._record(slot, label, t0, elapsed)
+        slot.last_end = t0 + elapsed
         return outs
 
     def _yield(self, slot: _Slot) -> None:
@@ -382,14 +395,18 @@ class OnlineTuner(Executable):
         """Begin exploring: the survivors take turns A B ... B A (caller holds ``slot.lock``)."""
         slot.turns = slot.survivors + slot.survivors[::-1]
         slot.turn, slot.turn_timed = 0, 0
-        slot.turn_from = time.perf_counter() + TURN_LEAD_S + slot.last_call_s
+        _lead_in(slot)
         slot.state = "exploring"
 
     def _record(self, slot: _Slot, label: str, started: float, seconds: float) -> None:
         """Count a call of the current turn that started after its lead-in; end the turn after half of
         ``calls_per_bucket`` timed calls spanning at least TURN_MIN_S (caller holds ``slot.lock``)."""
-        if slot.state != "exploring" or slot.turn >= len(slot.turns) or label != slot.turns[slot.turn] \
-                or started < slot.turn_from:
+        if slot.state != "exploring" or slot.turn >= len(slot.turns) or label != slot.turns[slot.turn]:
+            return
+        if (started - slot.last_end > max(GAP_CALLS * seconds, GAP_MIN_S)
+                and started - slot.turn_began < TURN_PATIENCE_S):
+            slot.turn_from = max(slot.turn_from, started + GAP_LEAD_S)  # a pause: the pool idled, others ran
+        if started < slot.turn_from:
             return
         slot.times.setdefault(label, []).append(seconds)
         slot.turn_timed += 1
@@ -422,7 +439,7 @@ class OnlineTuner(Executable):
             slot.turns += near + near[::-1]
             slot.turn_timed = 0
             if near[0] != last:
-                slot.turn_from = time.perf_counter() + TURN_LEAD_S + slot.last_call_s
+                _lead_in(slot)
             return
         self._settle(slot, timed)
 
@@ -435,8 +452,9 @@ class OnlineTuner(Executable):
                                                or slot.turns[slot.turn] not in slot.survivors):
             slot.turn += 1
         slot.turn_timed = 0
+        slot.turn_began = time.perf_counter()
         if slot.turn < len(slot.turns) and slot.turns[slot.turn] != before:
-            slot.turn_from = time.perf_counter() + TURN_LEAD_S + slot.last_call_s
+            _lead_in(slot)
 
     def _settle(self, slot: _Slot, alive: list[str]) -> None:
         """Pick the bucket's winner from the timed calls of every round so far: per round, each candidate's

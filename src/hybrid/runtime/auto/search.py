@@ -5,7 +5,11 @@ declared ones (``shapes=``, ``sample_inputs=``), else generated ones. The surviv
 (``autotune``) and the fastest wins, except that candidates within timing noise of the fastest tie
 and the one closest to the reference wins the tie (:mod:`.judge`); without timing the first
 accelerated survivor in priority order wins. When no sample can be checked, the reference backend
-runs the model. The decision is cached on disk, so the next compile is instant.
+runs the model. The decision is cached on disk, so the next compile is instant. When accelerated
+candidates were timed within 1.5x of a winner that was the fastest (and it runs a call in 0.2 ms or
+more), they stay compiled and take turns with it on the first real calls, which confirm or replace the
+decision (:class:`.online.Confirmation`): one timing at compile ranks a near tie the wrong way when the
+machine's state moves between compile and serving.
 
 A model with dynamic input dims and nothing declared about them is not timed at made-up shapes: it
 starts on the first candidate by priority that passes the check (an accelerated one even when the
@@ -31,7 +35,7 @@ from hybrid.runtime.auto.online import CONFIRM_RATIO, Confirmation, OnlineTuner
 from hybrid.runtime.auto.samples import make_samples
 from hybrid.runtime.auto.shapes import has_dynamic_inputs, normalize_shapes
 from hybrid.runtime.auto.timing import METHOD as TIMING_METHOD
-from hybrid.runtime.auto.timing import time_candidates
+from hybrid.runtime.auto.timing import QUICK_S, time_candidates
 from hybrid.runtime.auto.trials import OptionsOf, Search, Trial, build_partition, trial_of, trials
 from hybrid.runtime.compiled import CompiledModel
 from hybrid.runtime.partition import FALLBACK_BACKEND, node_label, supporters, typed_model
@@ -119,7 +123,7 @@ def select(model: Model, target: str, order: list[Candidate], options_of: Option
     if found is not None:
         (trial, notes), reason = found, "chosen by autotune (cached)"
     else:
-        confirm = bool(ranges) and precision == "fp32" and settings.online
+        confirm = not online and precision == "fp32" and settings.online  # declared or static shapes
         trial, notes, reason, rivals = _search(model, target, order, options_of, precision, acc, autotune,
                                                sample_inputs, ranges, rtol, online, confirm)
         path = cache.save_decision(key, material, trial.decision.to_json(), notes)
@@ -196,7 +200,8 @@ def _search(model: Model, target: str, order: list[Candidate], options_of: Optio
             search.notes.append("timed: " + ", ".join(f"{n} {s * 1e3:.3g} ms" for n, s in
                                                       sorted(times.items(), key=lambda kv: kv[1])))
             winner, reason = judge.fastest_or_most_exact(survivors, times, search)
-            if confirm and times[winner.label] == min(times.values()) and feeds is not None:
+            if (confirm and times[winner.label] == min(times.values()) and times[winner.label] >= QUICK_S
+                    and feeds is not None):  # (graphs timed quickly: the tie rule keeps exact answers there)
                 rivals = (feeds, [t for t in survivors if t is not winner and t.backend != FALLBACK_BACKEND
                                   and not t.partitioned and t.precision == "fp32"
                                   and times[t.label] <= CONFIRM_RATIO * times[winner.label]])
