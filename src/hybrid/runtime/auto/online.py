@@ -33,12 +33,13 @@ Per shape bucket (:func:`~.shapes.bucket_of`):
    least over the rounds: on a shared machine one round of turns can meet a burst of load, and the best of a
    near tie moves with the machine's state. After the last round the losers are released.
 
-A model compiled with ``shapes=`` whose timing at compile found rivals within :data:`CONFIRM_RATIO` of the
-winner is served by a tuner too (:class:`Confirmation`): its declared bucket starts with the rivals already
-checked (at compile, on samples at the declared shapes) and they take turns with the winner on the first real
-calls: a timing at compile ranks a gap of 5-15 % the wrong way when the machine's state moves between compile
-and serving (the encoder: ONNX Runtime 15 % ahead at compile, OpenVINO 6-32 % ahead in 12 timings after). The
-confirmed winner replaces the compile's decision in the decision cache. Other shapes are tuned as above.
+A model decided at compile (``shapes=``, ``sample_inputs=``, static shapes) whose timing found rivals within
+:data:`CONFIRM_RATIO` of the winner is served by a tuner too (:class:`Confirmation`): the timed bucket starts
+with the rivals already checked (at compile, on samples at those shapes) and they take turns with the winner on
+the first real calls: a timing at compile ranks a gap of 5-25 % the wrong way when the machine's state moves
+between compile and serving (the encoder: ONNX Runtime 1.26x ahead at compile, 1.14x behind serving in the
+same process). The confirmed winner replaces the compile's decision in the decision cache. Other shapes are
+tuned as above.
 
 A call that fails on the executable serving it (a shape that backend cannot run) is answered by the
 next candidate in priority order, which then serves the bucket.
