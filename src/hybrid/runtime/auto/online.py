@@ -22,7 +22,7 @@ Per shape bucket (:func:`~.shapes.bucket_of`):
    0.45 ms that way, 0.28 ms serving a stream of calls.
    A candidate whose warm run in the check took more than :data:`WARM_RUN_RATIO` (2x) the serving one's is
    not compiled here nor tried (serving it would cost the callers latency), and one more than 1.1x slower
-   than the best after two timed calls (and 25 ms of them) stops.
+   than the best after four timed calls (and 50 ms of them) stops.
 3. After the turns, the fastest median serves the bucket (the current one keeps
    it when within the tie bounds); the switch is one reference assignment, so concurrent callers
    each get a whole answer from one executable. The decision is written to the decision cache per
@@ -89,9 +89,9 @@ __all__ = ["CONFIRM_RATIO", "BucketStatus", "Confirmation", "OnlineTuner"]
 logger = logging.getLogger("hybrid")
 
 Bucket = tuple[tuple[str, tuple[int, ...]], ...]
-PRUNE_AFTER = 2  # timed calls (and PRUNE_AFTER_S of them) after which a clearly slower candidate stops taking turns
-PRUNE_AFTER_S = 0.025  # two calls of a 0.3 ms model are no measurement: OpenVINO on the encoder was stopped after
-# two 0.4 ms calls while it serves at 0.25
+PRUNE_AFTER = 4  # timed calls (and PRUNE_AFTER_S of them) after which a clearly slower candidate stops taking turns
+PRUNE_AFTER_S = 0.05  # two calls of a 0.3 ms model are no measurement: OpenVINO on the encoder was stopped after
+# two 0.4 ms calls while it serves at 0.25; nor are two of a 22 ms U-Net (ORT stopped at 31.9 ms, serving at 21.5)
 PRUNE_RATIO = 1.1  # a slower candidate serves the callers at most this much slower for long (tuning p99 goal: 1.1x)
 WARM_RUN_RATIO = 2.0  # a candidate whose warm run in the check took this much longer than the serving one's
 # is not tried on real calls. The check process runs one thread per session where serving runs one per core, and
@@ -117,7 +117,8 @@ TURN_MIN_S = 0.05  # and a turn times calls for at least this long (4 calls of a
 RECHECK_AFTER_S = (1.0, 4.0, 16.0)  # after a bucket settled, its runners-up take turns again this much later
 # (then 4x later, then once more): the best runtime of a near tie moves with the state of a shared machine, and one
 # round of turns met a burst of load (the detector's ORT timed at 10.6 ms in its turns, 8.3 ms serving after)
-RUNNER_RATIO = 1.25  # a candidate within this of a round's fastest takes turns in the next round
+RUNNER_RATIO = 1.5  # a candidate within this of a round's fastest takes turns in the next round (a stopped one
+# was timed on a few calls: the U-Net's ORT at 1.49x in one round, 0.85x in the benchmark's blocks)
 CONFIRM_RATIO = 1.5  # rivals timed at compile within this of the winner confirm it on real calls (shapes=): the
 # encoder's ONNX Runtime was timed 1.26x faster than OpenVINO at compile, and served 1.14x slower in the same process
 MAX_GATE_S = 5.0  # the longest a tuning call waits for a candidate being compiled in this process (a longer build,
