@@ -167,7 +167,8 @@ class _Quick(_Sleepy):
     name, delay_s = "quickfake", 0.0
 
 
-def test_a_near_tie_at_compile_is_confirmed_on_real_calls_and_cached(monkeypatch):
+@pytest.mark.parametrize("declared", ["shapes", "sample_inputs"])
+def test_a_near_tie_at_compile_is_confirmed_on_real_calls_and_cached(monkeypatch, declared):
     """The timing at compile says 'slowfake' by 5 %; real calls say 'quickfake' by 4 ms a call: the real
     calls decide, and the next compile starts on what they said."""
     from hybrid.runtime.auto import search
@@ -179,8 +180,9 @@ def test_a_near_tie_at_compile_is_confirmed_on_real_calls_and_cached(monkeypatch
     hybrid.init({"autotune": {"calls_per_bucket": 2}})
     x = np.random.default_rng(0).random((2, 3, 16, 16), np.float32)
     expected = reference_answer(conv_net(), x)
+    how = {"shapes": {"x": (2, 3, 16, 16)}} if declared == "shapes" else {"sample_inputs": {"x": x}}
     with backend_registered(_Slow), backend_registered(_Quick):
-        cm = hybrid.compile(conv_net(), target="auto", shapes={"x": (2, 3, 16, 16)})
+        cm = hybrid.compile(conv_net(), target="auto", **how)
         assert cm.backend == "slowfake"
         assert any(n.startswith("confirming on real calls: quickfake:cpu") for n in cm.plan.notes)
         (status,) = cm.executable.status()
@@ -191,7 +193,7 @@ def test_a_near_tie_at_compile_is_confirmed_on_real_calls_and_cached(monkeypatch
             assert time.monotonic() < deadline, cm.executable.status()
         assert cm.executable.status()[0].serving == "quickfake:cpu" and cm.backend == "quickfake"
         cm.close()  # writes the confirmed decision
-        again = hybrid.compile(conv_net(), target="auto", shapes={"x": (2, 3, 16, 16)})
+        again = hybrid.compile(conv_net(), target="auto", **how)
         assert again.backend == "quickfake" and not hasattr(again.executable, "status")
         assert any("confirmed on real calls: quickfake:cpu" in n for n in again.plan.notes)
 
