@@ -47,8 +47,8 @@ next candidate in priority order, which then serves the bucket.
 The check runs where the callers leave a core idle (a SCHED_IDLE worker process, :mod:`.worker`). Callers
 that never leave one idle (a saturated closed loop) would starve it; after ``YIELD_AFTER_S`` of a pending
 check, the tuner opens short *yield windows* instead: the call that opens one, and every tuning call that
-arrives while it is open, waits ``YIELD_CALLS`` times the bucket's call duration (10-200 ms) while the check
-takes the cores. Windows are spaced so that at most ``YIELD_CALL_SHARE`` of the calls (one in 200) ever
+arrives while it is open, waits ``YIELD_CALLS`` times the bucket's call duration (20-400 ms) while the check
+takes the cores. Windows are spaced so that at most ``YIELD_CALL_SHARE`` of the calls (one in 400) ever
 wait, and at most ``YIELD_WALL_SHARE`` of the wall time goes to them: the tuning cost lands on a bounded
 share of calls, so the p50 and p99 of the callers stay as they are, where a check that shares the cores
 (nice 10) would slow a tenth of all calls by a scheduler slice. For the same reason, the tuning calls also
@@ -102,9 +102,12 @@ CHECK_AT_CALL = 3  # a bucket is checked from its third call: shapes called once
 IDLE_POLL_S = 5.0
 MAX_ROUTES = 4096  # exact shape combinations remembered on the hot path (more still work, through bucket_of)
 YIELD_AFTER_S = 2.0  # a check pending this long while calls keep coming: the callers leave no core idle
-YIELD_CALL_SHARE = 0.005  # at most this share of the calls waits in a yield window
-YIELD_CALLS = 20  # a window lasts this many of the bucket's call durations...
-YIELD_MIN_S, YIELD_MAX_S = 0.01, 0.2  # ...within these bounds
+YIELD_CALL_SHARE = 0.0025  # at most this share of the calls waits in a yield window. The call after a window finds
+# the pool asleep and the caches cold (2-5 ms on the 0.36 ms external-data model): with a window in 200 calls, the
+# two slow calls per window were 1 % of the calls, the p99 (5x); half as many windows, each twice as long, give the
+# check the same time
+YIELD_CALLS = 40  # a window lasts this many of the bucket's call durations...
+YIELD_MIN_S, YIELD_MAX_S = 0.02, 0.4  # ...within these bounds
 YIELD_WALL_SHARE = 0.2  # and the windows take at most this share of the wall time
 RELEASE_GRACE_S = 2.0  # after the last bucket settled, the losers are closed this much later
 TURN_LEAD_S = 0.1  # a turn's calls are timed from this long (plus one call) after it began: the pool of the
