@@ -140,3 +140,15 @@ def test_a_graph_faster_than_quick_s_is_timed_without_waiting_for_quiet(clock, m
     assert clock.now < 0.5  # 5 blocks of at most QUICK_BLOCK_CALLS calls and a short lead-in each
     timing.time_candidates({"a": lambda: clock.work(0.001), "b": lambda: clock.work(0.0015)})
     assert len(settles) == 2 * timing.BLOCKS
+
+
+def test_a_warm_estimate_in_cpu_time_leaves_out_the_wait_for_a_core(clock):
+    """The check process runs only where the callers leave a core idle: the wall time of its warm runs is mostly
+    the wait (a U-Net's OpenVINO run 'took' 13.6 s), its CPU time is the work."""
+
+    def starved():
+        clock.sleep(0.5)  # waiting for a core: the wall clock moves, the process clock does not
+        clock.work(0.001)
+
+    assert timing.warm_estimate(starved, calls=10, within_s=0.5, clock=clock.process_time) == pytest.approx(0.001)
+    assert timing.warm_estimate(starved) == pytest.approx(0.501)  # the wall clock counts the wait
