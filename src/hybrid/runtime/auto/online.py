@@ -122,7 +122,7 @@ RECHECK_AFTER_S = (1.0, 4.0, 16.0)  # after a bucket settled, its runners-up tak
 # round of turns met a burst of load (the detector's ORT timed at 10.6 ms in its turns, 8.3 ms serving after)
 RUNNER_RATIO = 1.5  # a candidate within this of a round's fastest takes turns in the next round (a stopped one
 # was timed on a few calls: the U-Net's ORT at 1.49x in one round, 0.85x in the benchmark's blocks)
-CONFIRM_RATIO = 1.5  # rivals timed at compile within this of the winner confirm it on real calls (shapes=): the
+CONFIRM_RATIO = 1.5  # rivals timed at compile within this of the winner confirm it on real calls: the
 # encoder's ONNX Runtime was timed 1.26x faster than OpenVINO at compile, and served 1.14x slower in the same process
 MAX_GATE_S = 5.0  # the longest a tuning call waits for a candidate being compiled in this process (a longer build,
 # such as a TensorRT engine, then goes on beside the calls)
@@ -154,10 +154,10 @@ class BucketStatus:
 
 @dataclass(frozen=True, slots=True)
 class Confirmation:
-    """A compile-time decision at declared shapes that real calls confirm (module doc).
+    """A decision made at compile (declared, sample or static shapes) that real calls confirm (module doc).
 
     Attributes:
-        sample: A sample at the declared shapes (its bucket is the one confirmed).
+        sample: The sample the candidates were timed on (its bucket is the one confirmed).
         rivals: Checked candidates, compiled, timed within :data:`CONFIRM_RATIO` of the start at compile.
         save: Writes the confirmed winner as the compile's decision (the next compile starts on it).
     """
@@ -217,7 +217,7 @@ class OnlineTuner(Executable):
         rules: Per-output rules of the check.
         key_base: What the decision depends on besides the shapes (for the decision cache).
         notes: How the start was chosen (the plan's notes begin with them).
-        confirm: Rivals of a decision at declared shapes that its bucket's first real calls confirm.
+        confirm: Rivals of a decision made at compile, which its bucket's first real calls confirm.
     """
 
     def __init__(self, model: Model, start: Trial, order: list[Candidate], options_of: OptionsOf,
@@ -264,7 +264,7 @@ class OnlineTuner(Executable):
             is_installed_backend(c.backend) for c in order)
 
     def _seed(self, confirm: Confirmation) -> None:
-        """The declared bucket starts with its rivals checked: they take turns from its first real call."""
+        """The timed bucket starts with its rivals checked: they take turns from its first real call."""
         key = bucket_of(self._sig, confirm.sample)
         labels = [t.label for t in confirm.rivals]
         for t in confirm.rivals:
@@ -481,7 +481,7 @@ class OnlineTuner(Executable):
         if len(slot.rounds) > 1:
             why += (f"; over {len(slot.rounds)} rounds, relative to each round's fastest: "
                     + ", ".join(f"{lb} {v:.3f}" for lb, v in sorted(score.items(), key=lambda kv: kv[1])))
-        # runners-up: those within RUNNER_RATIO this round, stopped ones included (two calls can stop one)
+        # runners-up: those within RUNNER_RATIO this round, stopped ones included (four calls can stop one)
         slot.runners = [lb for lb, v in slot.rounds[-1].items() if lb != best and v <= RUNNER_RATIO
                         and len(slot.rounds) <= len(RECHECK_AFTER_S)]
         self._install(slot, best, why)
