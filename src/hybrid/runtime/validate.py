@@ -94,10 +94,14 @@ class InputValidator:
         Raises:
             RunError: HYB-401..406 naming the input, what was expected and what was given.
         """
-        if type(feeds) is dict and feeds.keys() == self._names:  # every input, nothing else: the usual call
-            dims: dict[str, int] = {}
-            checks = self._checks
-            return {k: checks[k](v, dims) for k, v in feeds.items()}
+        # the usual call (a dict of every input, nothing else) needs no per-key checks
+        if type(feeds) is not dict or feeds.keys() != self._names:
+            self._check_names(feeds)
+        dims: dict[str, int] = {}
+        checks = self._checks
+        return {k: checks[k](v, dims) for k, v in feeds.items()}
+
+    def _check_names(self, feeds: Any) -> None:
         if not isinstance(feeds, Mapping):
             raise RunError("HYB-406", f"expected a mapping of input name -> array, got "
                            f"{type(feeds).__name__}", "call cm.run({'input': array}) or cm(array)")
@@ -109,9 +113,6 @@ class InputValidator:
             if key not in feeds:
                 raise RunError("HYB-401", f"missing input {key!r}; the model takes: {', '.join(self._order)}",
                                "pass every input the model declares")
-        dims = {}
-        checks = self._checks
-        return {k: checks[k](v, dims) for k, v in feeds.items()}
 
     def positional(self, args: tuple[Any, ...], named: Mapping[str, Any]) -> dict[str, Any]:
         """Map positional then named arguments to inputs in signature order, then validate."""

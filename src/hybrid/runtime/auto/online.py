@@ -251,6 +251,7 @@ class OnlineTuner(Executable):
                        f"({settings.calls_per_bucket} calls per candidate; the checks take at most "
                        f"{settings.overhead_cap:.0%} of a busy core)"]
         self._confirm = confirm
+        self._confirm_key: Bucket | None = None  # the bucket a Confirmation is about
         self._bucket_notes: dict[Bucket, str] = {}
         self._on_switch: Callable[[Trial, list[str], str], Any] | None = None
         self._cm: Any = None
@@ -265,7 +266,7 @@ class OnlineTuner(Executable):
 
     def _seed(self, confirm: Confirmation) -> None:
         """The timed bucket starts with its rivals checked: they take turns from its first real call."""
-        key = bucket_of(self._sig, confirm.sample)
+        key = self._confirm_key = bucket_of(self._sig, confirm.sample)
         labels = [t.label for t in confirm.rivals]
         for t in confirm.rivals:
             self._trials[t.label], self._compiled[t.label] = t, t.executable
@@ -755,7 +756,7 @@ class OnlineTuner(Executable):
         trial = self._trials.get(slot.serving[0])
         if trial is None:
             return
-        if self._confirm is not None and slot.key == bucket_of(self._sig, self._confirm.sample):
+        if self._confirm is not None and slot.key == self._confirm_key:
             self._confirm.save(trial)
         known = self._read_index()
         known[slot.key] = trial.decision
