@@ -17,7 +17,7 @@ from hybrid.runtime.auto import OnlineTuner, trials
 
 @pytest.fixture(autouse=True)
 def _quick_tuning():
-    hybrid.init({"autotune": {"calls_per_bucket": 2, "overhead_cap": 1.0}})
+    hybrid.init({"autotune": {"calls_per_bucket": 2, "overhead_cap": 1.0, "explore_share": 1.0}})
 
 
 def reference(x):
@@ -175,7 +175,7 @@ def test_a_starved_check_gets_yield_windows_on_a_bounded_share_of_calls(monkeypa
     cm = hybrid.compile(conv_net(), target="auto")
     inputs = [images(1, 12, 12, seed=k) for k in range(4)]
     expected = [reference(x) for x in inputs]
-    calls_per_caller, errors = 400, []
+    calls_per_caller, errors = 600, []
 
     def caller(k):
         for _ in range(calls_per_caller):
@@ -257,7 +257,7 @@ def tuner_over(monkeypatch, candidates):
         self._compiled.update(candidates)
         with slot.lock:
             slot.survivors = list(candidates)
-            self._start_turns(slot)
+            self._begin_turns(slot)
 
     monkeypatch.setattr(OnlineTuner, "_check", check)
     monkeypatch.setattr(OnlineTuner, "_switched", lambda self, label, reason: None)
@@ -295,7 +295,7 @@ def test_candidates_take_turns_and_each_is_timed_at_its_own_speed(monkeypatch):
                 time.sleep(4 * self.seconds if time.perf_counter() - last_spin[0] < 0.03 else self.seconds)
             return [np.zeros((1,), np.float32)]
 
-    hybrid.init({"autotune": {"calls_per_bucket": 8, "overhead_cap": 1.0}})
+    hybrid.init({"autotune": {"calls_per_bucket": 8, "overhead_cap": 1.0, "explore_share": 1.0}})
     monkeypatch.setattr(online, "PRUNE_RATIO", 100.0)  # the slower one takes its second turn too
     cm = tuner_over(monkeypatch, {"spinner:cpu": Fake("spinner", 0.002), "fast:cpu": Fake("fast", 0.001)})
     run_until_settled(cm, images(1, 8, 8))
@@ -368,16 +368,55 @@ def test_runners_up_take_turns_again_later_and_the_rounds_decide_together(monkey
     tuner = cm.executable
     slot = next(iter(tuner._slots.values()))
     assert tuner.status()[0].serving == "a:cpu" and slot.runners == ["b:cpu"]  # within RUNNER_RATIO: it comes back
+    assert not tuner.status()[0].final  # settled, with a round still to come
     speed["b"] = 0.0034
     deadline = time.monotonic() + 60
     while len(slot.rounds) < 3 or slot.state != "settled":
         tuner.run({"x": images(1, 8, 8)})
         assert time.monotonic() < deadline, tuner.status()
-    assert tuner.status()[0].serving == "b:cpu" and slot.runners == []
+    assert tuner.status()[0].serving == "b:cpu" and slot.runners == [] and tuner.status()[0].final
     time.sleep(0.1)
     tuner.run({"x": images(1, 8, 8)})
     assert slot.state == "settled" and len(slot.rounds) == 3  # no fourth round
     assert any("over 3 rounds" in n for n in tuner.notes())
+
+
+def test_turns_wait_until_the_buckets_calls_allow_them_and_stay_within_the_share(monkeypatch):
+    """With ``explore_share`` 0.05, a round of two candidates under test, each answering about
+    ``calls_per_bucket`` calls (no lead-in here), starts no earlier than the 80th call; until then the start
+    answers every call, and over the rounds the candidates under test answer about a twentieth of the calls."""
+    from hybrid.hal import Executable
+    from hybrid.runtime.auto import online
+
+    calls, ran = [0], []
+
+    class Timed(Executable):
+        def __init__(self, name, seconds):
+            self.name, self.seconds = name, seconds
+
+        def run(self, feeds):
+            ran.append((calls[0], self.name))
+            time.sleep(self.seconds)
+            return [np.zeros((1,), np.float32)]
+
+    hybrid.init({"autotune": {"calls_per_bucket": 2, "overhead_cap": 1.0, "explore_share": 0.05}})
+    for name, value in [("TURN_LEAD_S", 0.0), ("TURN_MIN_S", 0.0), ("RECHECK_AFTER_S", (0.01, 0.01)),
+                        ("NEAR_TIE_REL", 0.0), ("PRUNE_RATIO", 100.0)]:
+        monkeypatch.setattr(online, name, value)
+    cm = tuner_over(monkeypatch, {"a:cpu": Timed("a", 0.002), "b:cpu": Timed("b", 0.0024)})
+    tuner, x = cm.executable, images(1, 8, 8)
+    deadline = time.monotonic() + 60
+    while not tuner.status() or not tuner.status()[0].final:
+        calls[0] += 1
+        tuner.run({"x": x})
+        while tuner.status()[0].state == "checking":  # the check is done on the call it began on
+            time.sleep(0.001)
+        assert time.monotonic() < deadline, tuner.status()
+    slot = next(iter(tuner._slots.values()))
+    assert 80 <= ran[0][0] <= 81  # the first turn: two candidates under test, two calls each, at 5 %
+    assert len(slot.rounds) == 3 and tuner.status()[0].serving == "a:cpu"
+    under_test = sum(1 for _, name in ran if name == "b" or _ < ran[0][0] + 8)  # 'a' serves from the first settle
+    assert slot.explored <= 0.05 * calls[0] + 2 * 2 and under_test <= 0.05 * calls[0] + 2 * 2
 
 
 def test_calls_after_a_pause_are_served_but_not_timed_until_the_turn_ran_out_of_patience(monkeypatch):
@@ -391,7 +430,8 @@ def test_calls_after_a_pause_are_served_but_not_timed_until_the_turn_ran_out_of_
         def run(self, feeds):
             return [np.zeros((1,), np.float32)]
 
-    hybrid.init({"autotune": {"calls_per_bucket": 100, "overhead_cap": 1.0}})  # one turn holds every call here
+    # one turn holds every call here
+    hybrid.init({"autotune": {"calls_per_bucket": 100, "overhead_cap": 1.0, "explore_share": 1.0}})
     cm = tuner_over(monkeypatch, {"a:cpu": Zero(), "b:cpu": Zero()})
     tuner = cm.executable
     slot = online._Slot((), ("a:cpu", Zero()), state="exploring", survivors=["a:cpu", "b:cpu"],

@@ -177,7 +177,7 @@ def test_a_near_tie_at_compile_is_confirmed_on_real_calls_and_cached(monkeypatch
         return {name: {"slowfake:cpu": 1e-3, "quickfake:cpu": 1.05e-3}.get(name, 1.0) for name in runs}
 
     monkeypatch.setattr(search, "time_candidates", timed_at_compile)
-    hybrid.init({"autotune": {"calls_per_bucket": 2}})
+    hybrid.init({"autotune": {"calls_per_bucket": 2, "explore_share": 1.0}})
     x = np.random.default_rng(0).random((2, 3, 16, 16), np.float32)
     expected = reference_answer(conv_net(), x)
     how = {"shapes": {"x": (2, 3, 16, 16)}} if declared == "shapes" else {"sample_inputs": {"x": x}}

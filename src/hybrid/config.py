@@ -152,6 +152,9 @@ class AutotuneSettings(BaseModel):
             nice level; in a thread, the share of wall time they run).
         rtol: Model-level relative tolerance of the fp32 parity check (ONNX's model tests use 1e-3).
         check_process: Run online tuning's checks in a separate low-priority process (False: in a thread).
+        explore_share: Share of a bucket's calls that candidates under test (not the one serving) may answer
+            during their turns: a round of turns waits until the bucket's calls allow it, so that the p99 of
+            the calls while tuning stays the serving runtime's (1.0: turns start at once).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
@@ -163,6 +166,7 @@ class AutotuneSettings(BaseModel):
     overhead_cap: float = Field(0.1, gt=0.0, le=1.0)
     rtol: float = Field(1e-3, ge=0.0, lt=1.0)
     check_process: bool = True
+    explore_share: float = Field(0.005, gt=0.0, le=1.0)
 
 
 AUTOTUNE_KEYS = tuple(AutotuneSettings.model_fields)
