@@ -28,7 +28,7 @@ Per shape bucket (:func:`~.shapes.bucket_of`):
    each get a whole answer from one executable. The decision is written to the decision cache per
    bucket and read back on the next compile of the same model on this machine.
 4. The runners-up (within :data:`RUNNER_RATIO` of the round's fastest, stopped ones included) take their
-   turns with the winner again 1 s, 4 s and 16 s later
+   turns with the winner again 1 s, 4 s and 16 s later at the earliest (step 5)
    (:data:`RECHECK_AFTER_S`), and the winner is the candidate whose median relative to each round's fastest is
    least over the rounds: on a shared machine one round of turns can meet a burst of load, and the best of a
    near tie moves with the machine's state. After the last round the losers are released.
