@@ -419,6 +419,36 @@ def test_turns_wait_until_the_buckets_calls_allow_them_and_stay_within_the_share
     assert slot.explored <= 0.05 * calls[0] + 2 * 2 and under_test <= 0.05 * calls[0] + 2 * 2
 
 
+def test_a_slow_candidate_under_test_stops_but_the_serving_one_takes_every_turn(monkeypatch):
+    """After four timed calls and 50 ms of them, a candidate more than PRUNE_RATIO slower than the best stops
+    taking turns, unless it is the one serving: its calls cost nothing more, and its last turn of A B B A is
+    what makes the comparison fair to it (its first turn may follow a disruption, such as a compile)."""
+    from hybrid.hal import Executable
+    from hybrid.runtime.auto import online
+
+    class Zero(Executable):
+        def run(self, feeds):
+            return [np.zeros((1,), np.float32)]
+
+    hybrid.init({"autotune": {"calls_per_bucket": 8, "overhead_cap": 1.0, "explore_share": 1.0}})
+    tuner = tuner_over(monkeypatch, {"a:cpu": Zero(), "b:cpu": Zero()}).executable
+    for slow in ("a:cpu", "b:cpu"):
+        base = time.perf_counter() + 5.0  # past any lead-in the turns set from the real clock
+        slot = online._Slot((), ("a:cpu", Zero()), state="exploring", survivors=["a:cpu", "b:cpu"],
+                            turns=["a:cpu", "b:cpu", "b:cpu", "a:cpu"], turn_began=base, turn_from=base,
+                            last_end=base)
+        for label, calls in (("a:cpu", 5), ("b:cpu", 10)):
+            for _ in range(calls):
+                seconds = 0.013 if label == slow else 0.010
+                started = slot.last_end
+                tuner._record(slot, label, started, seconds)
+                slot.last_end = started + seconds
+        if slow == "a:cpu":  # the serving one, 1.3x slower in its first turn: it still takes its last turn
+            assert "a:cpu" not in slot.pruned and slot.turns[slot.turn] == "a:cpu" and slot.turn == 3
+        else:  # a candidate under test, 1.3x slower: it stops
+            assert slot.pruned == {"b:cpu"}
+
+
 def test_calls_after_a_pause_are_served_but_not_timed_until_the_turn_ran_out_of_patience(monkeypatch):
     """A call that follows a pause finds its pool idled (callers in bursts, a benchmark's blocks): the calls of
     the next GAP_LEAD_S are not timed, unless the turn already lasted TURN_PATIENCE_S (callers that pause between

@@ -21,8 +21,8 @@ Per shape bucket (:func:`~.shapes.bucket_of`):
    threads spin 40-50 ms after a run) and before its own pool is awake: the encoder's OpenVINO measured
    0.45 ms that way, 0.28 ms serving a stream of calls.
    A candidate whose warm run in the check took more than :data:`WARM_RUN_RATIO` (2x) the serving one's is
-   not compiled here nor tried (serving it would cost the callers latency), and one more than 1.1x slower
-   than the best after four timed calls (and 50 ms of them) stops.
+   not compiled here nor tried (serving it would cost the callers latency), and one under test more than 1.1x
+   slower than the best after four timed calls (and 50 ms of them) stops (the serving one takes every turn).
 3. After the turns, the fastest median serves the bucket (the current one keeps
    it when within the tie bounds); the switch is one reference assignment, so concurrent callers
    each get a whole answer from one executable. The decision is written to the decision cache per
@@ -459,7 +459,10 @@ class OnlineTuner(Executable):
                    if lb not in slot.pruned and len(ts) >= PRUNE_AFTER and sum(ts) >= PRUNE_AFTER_S}
         if medians:
             best = min(medians.values())
-            slot.pruned.update(lb for lb, m in medians.items() if m > PRUNE_RATIO * best)
+            # the serving candidate is never stopped: its calls cost the callers nothing more, and its last turn
+            # (A B B A) is what makes the turns fair to it (the detector's ORT, timed at 12.7 ms in its first turn
+            # right after OpenVINO was compiled, was stopped there while it served at 7.8 ms)
+            slot.pruned.update(lb for lb, m in medians.items() if m > PRUNE_RATIO * best and lb != slot.serving[0])
         enough = (slot.turn_timed >= (self._settings.calls_per_bucket + 1) // 2
                   and started + seconds - slot.turn_from >= TURN_MIN_S)
         if enough or label in slot.pruned:
@@ -555,7 +558,7 @@ class OnlineTuner(Executable):
                 slot.runners = []
                 return
             slot.survivors, slot.times, slot.pruned, slot.extended = survivors, {}, set(), True
-            slot.state = "confirming"  # the next call starts the turns
+            slot.state = "confirming"  # the turns start on the call the exploration budget allows
 
     def _install(self, slot: _Slot, label: str, why: str) -> None:
         slot.serving = (label, self._compiled[label])
