@@ -415,8 +415,8 @@ def test_turns_wait_until_the_buckets_calls_allow_them_and_stay_within_the_share
     slot = next(iter(tuner._slots.values()))
     assert 80 <= ran[0][0] <= 81  # the first turn: two candidates under test, two calls each, at 5 %
     assert len(slot.rounds) == 3 and tuner.status()[0].serving == "a:cpu"
-    under_test = sum(1 for _, name in ran if name == "b" or _ < ran[0][0] + 8)  # 'a' serves from the first settle
-    assert slot.explored <= 0.05 * calls[0] + 2 * 2 and under_test <= 0.05 * calls[0] + 2 * 2
+    answered_by_b = sum(1 for _, name in ran if name == "b")  # 'b' is under test in every round
+    assert answered_by_b <= slot.explored <= 0.05 * calls[0] + 2 * 2  # a round's own calls may overshoot a little
 
 
 def test_a_slow_candidate_under_test_stops_but_the_serving_one_takes_every_turn(monkeypatch):
