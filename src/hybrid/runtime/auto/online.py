@@ -500,9 +500,10 @@ class OnlineTuner(Executable):
                                                or slot.turns[slot.turn] not in slot.survivors):
             slot.turn += 1
         slot.turn_timed = 0
-        slot.turn_began = time.perf_counter()
         if slot.turn < len(slot.turns) and slot.turns[slot.turn] != before:
             _lead_in(slot)
+        else:
+            slot.turn_began = time.perf_counter()
 
     def _settle(self, slot: _Slot, alive: list[str]) -> None:
         """Pick the bucket's winner from the timed calls of every round so far: per round, each candidate's
