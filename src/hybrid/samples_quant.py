@@ -275,7 +275,7 @@ def _train_and_export(kind: str, width: int, size: int, steps: int, spread: floa
     import torch
     from torch import nn
 
-    import hybrid
+    from hybrid.frontends.torch import export
 
     torch.manual_seed(0)
     net = _nets()[kind](width)
@@ -305,5 +305,5 @@ def _train_and_export(kind: str, width: int, size: int, steps: int, spread: floa
     if spread != 1.0:
         _spread_ranges(net, spread)
     name = {"mobilenet": "MobileNetV3-like", "resnet": "ResNet-like", "detector": "Detector"}[kind]
-    return hybrid.export(net, input_shape=(1, 3, size, size), dynamic_axes={"input": {0: "batch"}},
-                         name=f"{name}-w{width}")
+    return export(net, input_shape=(1, 3, size, size), dynamic_axes={"input": {0: "batch"}},
+                  name=f"{name}-w{width}")

@@ -32,6 +32,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from hybrid.config import validated_update
 from hybrid.hal import Candidate, backend_names
 from hybrid.ir import Model
 from hybrid.runtime.auto import judge
@@ -171,12 +172,10 @@ def check_elsewhere(request: CheckRequest, share: float) -> Verdicts | None:
 
 def check(request: CheckRequest) -> Verdicts | None:
     """Check every candidate on the request's sample, as the offline search does (runs in the worker)."""
-    import hybrid  # the package's public init (api sits above runtime: resolved here, in the worker only)
-
     known = set(backend_names())
     if any(label.partition(":")[0] not in known for label in request.order):
         return None
-    hybrid.init({"num_threads": 1})
+    validated_update({"num_threads": 1})  # what hybrid.init does for this key (the api sits above runtime)
     model = Model.load(request.model)
     model.name = request.name
     order = [Candidate(*label.split(":", 1)) for label in request.order]
