@@ -60,10 +60,10 @@ class HybridBackend(Backend):
 
     @classmethod
     def prepare(cls, model: onnx.ModelProto, device: str = "CPU", **kwargs: Any) -> HybridBackendRep:
-        import hybrid
+        from hybrid.runtime.compiler import compile_model
 
         target = _default_target(kwargs)
-        return HybridBackendRep(hybrid.compile(model, target=target))
+        return HybridBackendRep(compile_model(model, target=target))
 
     @classmethod
     def run_model(cls, model: onnx.ModelProto, inputs: Any, device: str = "CPU", **kwargs: Any) -> tuple:
@@ -100,10 +100,10 @@ class HybridBackend(Backend):
 
     @classmethod
     def supports_device(cls, device: str) -> bool:
-        import hybrid
+        from hybrid.api import devices
 
         dev = Device(device)
-        present = {d.kind for d in hybrid.devices()}
+        present = {d.kind for d in devices()}
         if dev.type == DeviceType.CPU:
             return "cpu" in present
         if dev.type == DeviceType.CUDA:
