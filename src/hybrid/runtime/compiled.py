@@ -76,8 +76,16 @@ class CompiledModel:
         values = tuple(outs.values())
         return values[0] if len(values) == 1 else values
 
+    def task_declarations(self) -> tuple[str, dict[str, Any]] | None:
+        """What a bundle must keep to load this model as it is: ``(task, flat task options)``, or None.
+
+        A plain compiled model declares no task; ``hybrid.vision.TaskModel`` returns its pre- and
+        postprocessing, which ``save_bundle`` writes to the manifest (so ``save`` needs no override).
+        """
+        return None
+
     def save(self, path: str) -> None:
-        """Write a ``.hybrid`` bundle with the model and this machine's compiled caches."""
+        """Write a ``.hybrid`` bundle with the model, this machine's compiled caches and its task declarations."""
         from hybrid.bundle import save_bundle
 
         save_bundle(self, path)
