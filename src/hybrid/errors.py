@@ -91,9 +91,10 @@ CATALOG: dict[str, ErrorInfo] = {
     "HYB-303": ErrorInfo("device not present",
                          "The requested device does not exist on this machine, or no available backend can "
                          "use it. The message lists the devices that are present."),
-    "HYB-304": ErrorInfo("compilation failed",
-                         "The backend could not compile the model (an unsupported operator, opset or dtype). "
-                         "The message carries the backend's own error; try another target or 'auto'."),
+    "HYB-304": ErrorInfo("cannot compile (or not at that precision)",
+                         "The backend could not compile the model (an unsupported operator, opset or dtype), "
+                         "or does not offer the precision asked for (fp16, bf16) on that device. The message "
+                         "carries the backend's own reason; try another target, another precision or 'auto'."),
     "HYB-305": ErrorInfo("operator not supported by any backend",
                          "No available backend supports one of the model's nodes. Register a custom op "
                          "with @hybrid.custom_op or install a backend that has it."),
@@ -148,6 +149,11 @@ CATALOG: dict[str, ErrorInfo] = {
     "HYB-416": ErrorInfo("invalid memory operation",
                          "A memory-pool operation was given a bad handle (double free, foreign block) or "
                          "a bad size."),
+    "HYB-417": ErrorInfo("no size for a dynamic input dim",
+                         "An input has dynamic (symbolic) dims and nothing said what size to run it at: no "
+                         "--shapes (or compile(shapes=...)), no --input file and no declared shape. hybrid "
+                         "never makes a size up. The message names the dynamic dims and shows a --shapes line "
+                         "to fill in."),
     # 5xx bundle
     "HYB-501": ErrorInfo("not a hybrid bundle",
                          "The file is not a readable .hybrid bundle (not a zip, or truncated)."),
