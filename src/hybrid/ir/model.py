@@ -158,6 +158,20 @@ class Model:
 
 
 # ------------------------------------------------------------------ helpers
+def _umask() -> int:
+    """The process's umask: from /proc on Linux (no side effect), else by setting it and putting it back."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 @contextlib.contextmanager
 def atomic_file(path: str | os.PathLike) -> Iterator[BinaryIO]:
     """A binary file that becomes ``path`` only when the block ends without an error: written to a temp
@@ -167,6 +181,7 @@ def atomic_file(path: str | os.PathLike) -> Iterator[BinaryIO]:
     dest.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
     try:
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file the mode open() would
         with os.fdopen(fd, "w+b") as f:
             yield f
             f.flush()
