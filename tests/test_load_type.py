@@ -1,5 +1,5 @@
 """``hybrid.load`` returns one declared type: a CompiledModel, of which a vision TaskModel is a subclass whose
-call takes frames; ``hybrid.vision.load_task`` returns a TaskModel typed as one. No attribute forwarding."""
+call takes frames; ``hybrid.load_task`` returns a TaskModel typed as one. No attribute forwarding."""
 
 from __future__ import annotations
 
@@ -11,10 +11,11 @@ from tests._models import matmul_add
 from tests._vision_models import mean_color_classifier
 
 import hybrid
-from hybrid.bundle import create_bundle, load_with_info
+from hybrid.bundle import create_bundle, load_task, load_with_info, save_bundle
 from hybrid.bundle.load import load
-from hybrid.errors import BundleError
-from hybrid.vision import TaskModel, load_task
+from hybrid.errors import BundleError, ConfigError, ModelError
+from hybrid.runtime.profiler import profile as runtime_profile
+from hybrid.vision import TaskModel
 
 SHARED = ("model", "signature", "executable", "plan", "backend", "device", "options", "target")
 
@@ -61,6 +62,34 @@ def test_load_task_refuses_a_bundle_without_a_task(tmp_path):
         load_task(tmp_path / "plain.hybrid")
     assert e.value.code == "HYB-502" and "declares no vision task" in e.value.message
     assert "hybrid.load" in (e.value.hint or "")
+
+
+def test_the_model_says_what_its_bundle_keeps(tmp_path):
+    """save_bundle asks the model (``task_declarations``); TaskModel has no ``save`` of its own."""
+    assert hybrid.load_task is load_task
+    assert "save" not in vars(TaskModel)
+    create_bundle(matmul_add(), tmp_path / "plain.hybrid")
+    assert hybrid.load(tmp_path / "plain.hybrid").task_declarations() is None
+    create_bundle(mean_color_classifier(), tmp_path / "cls.hybrid", task="classification")
+    cls = load_task(tmp_path / "cls.hybrid")
+    task, options = cls.task_declarations()
+    assert task == "classification" and options == cls.task_options()
+    cls.save(str(tmp_path / "again.hybrid"))  # CompiledModel.save -> save_bundle(cls) -> cls.task_declarations()
+    again = load_task(tmp_path / "again.hybrid")
+    assert again.task_declarations() == (task, options)
+    save_bundle(cls, tmp_path / "plain-again.hybrid", task="regression", task_options={})  # given: given wins
+    assert type(hybrid.load(tmp_path / "plain-again.hybrid")) is hybrid.CompiledModel
+
+
+def test_bundles_are_profiled_through_the_facade(tmp_path):
+    create_bundle(matmul_add(), tmp_path / "plain.hybrid")
+    report = hybrid.profile(tmp_path / "plain.hybrid", duration=0.05, output=None, node_runs=0, quiet=True)
+    assert report.runs >= 1
+    with pytest.raises(ModelError) as e:  # the runtime's profiler takes compiled models and models, not bundles
+        runtime_profile(tmp_path / "plain.hybrid", duration=0.05, output=None, quiet=True)
+    assert e.value.code == "HYB-203" and "hybrid.profile" in (e.value.hint or "")
+    with pytest.raises(ConfigError):  # bad arguments are refused before the bundle is loaded
+        hybrid.profile(tmp_path / "plain.hybrid", duration=0, output=None, quiet=True)
 
 
 def test_load_info_carries_the_verified_manifest(tmp_path):

@@ -25,9 +25,9 @@ from hybrid.errors import (
 
 if TYPE_CHECKING:  # pragma: no cover - what the type checker sees; at run time _LAZY resolves each name
     from hybrid import utils, vision
-    from hybrid.api import devices, init, set_backend
+    from hybrid.api import devices, init, profile, set_backend
     from hybrid.backends.reference import custom_op
-    from hybrid.bundle import load
+    from hybrid.bundle import load, load_task
     from hybrid.config import RuntimeConfig, set_log_level
     from hybrid.frontends.jit import JitFunction, jit
     from hybrid.frontends.torch import export
@@ -41,7 +41,7 @@ if TYPE_CHECKING:  # pragma: no cover - what the type checker sees; at run time 
     from hybrid.runtime.compiler import compile_model as compile
     from hybrid.runtime.pipeline import Pipeline, StageStats
     from hybrid.runtime.plan import Placement, Plan, Segment
-    from hybrid.runtime.profiler import OpStat, ProfileReport, profile
+    from hybrid.runtime.profiler import OpStat, ProfileReport
     from hybrid.runtime.stream import StreamContext, StreamResult
     from hybrid.vision.tasks import TaskModel
 
@@ -65,6 +65,7 @@ _LAZY = {
     "quantize": "hybrid.passes.quantize:quantize",
     "compile": "hybrid.runtime.compiler:compile_model",
     "load": "hybrid.bundle:load",
+    "load_task": "hybrid.bundle:load_task",
     "CompiledModel": "hybrid.runtime.compiled:CompiledModel",
     "TaskModel": "hybrid.vision.tasks:TaskModel",
     "Plan": "hybrid.runtime.plan:Plan",
@@ -83,7 +84,7 @@ _LAZY = {
     "Batcher": "hybrid.runtime.batching:Batcher",
     "BatchStats": "hybrid.runtime.batching:BatchStats",
     "RequestFuture": "hybrid.runtime.batching:RequestFuture",
-    "profile": "hybrid.runtime.profiler:profile",
+    "profile": "hybrid.api:profile",
     "ProfileReport": "hybrid.runtime.profiler:ProfileReport",
     "OpStat": "hybrid.runtime.profiler:OpStat",
     # subpackages
@@ -132,6 +133,7 @@ __all__ = [
     "init",
     "jit",
     "load",
+    "load_task",
     "make_batch_dynamic",
     "optimize",
     "profile",

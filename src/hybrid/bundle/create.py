@@ -1,9 +1,10 @@
 """Writing bundles: ``cm.save(path)`` and ``pyasc bundle create``.
 
-``save_bundle`` packs a CompiledModel with this machine's compiled cache. ``create_bundle`` starts
-from a model and a platform profile: it optimizes the model at the requested level, compiles it here
-when this machine can run the platform (same OS and architecture) so the bundle carries a cache for
-it, and otherwise ships the IR alone, which the target compiles on first load.
+``save_bundle`` packs a CompiledModel with this machine's compiled cache and the task declarations the
+model carries (``cm.task_declarations()``: a ``hybrid.vision.TaskModel``'s pre- and postprocessing).
+``create_bundle`` starts from a model and a platform profile: it optimizes the model at the requested
+level, compiles it here when this machine can run the platform (same OS and architecture) so the bundle
+carries a cache for it, and otherwise ships the IR alone, which the target compiles on first load.
 """
 
 from __future__ import annotations
@@ -181,11 +182,17 @@ def save_bundle(cm: CompiledModel, path: str | os.PathLike, *, platform: str | P
             :func:`create_bundle`).
         external_data_bytes: Weight bytes above which large tensors are stored as external data.
         task_options: Pre/postprocessing of a 'detection' or 'classification' task (see :func:`create_bundle`).
+            Neither ``task`` nor ``task_options`` given: the model's own (``cm.task_declarations()``: a
+            ``hybrid.vision.TaskModel`` keeps its declarations, a plain CompiledModel has none).
         serving: Dynamic-batching settings for ``pyasc serve`` (see :func:`create_bundle`).
 
     Returns:
         The manifest written.
     """
+    if task is None and task_options is None:
+        declared = cm.task_declarations()
+        if declared is not None:
+            task, task_options = declared
     profile = get_platform(platform)
     with tempfile.TemporaryDirectory(prefix="hybrid-libs-") as tmp:
         libs = _libs_for(profile, include_libs, python_version, requirements, wheels, include_hybrid, Path(tmp))

@@ -39,9 +39,9 @@ from hybrid.hal.machine import cache_root
 from hybrid.ir import Model, atomic_write_bytes
 from hybrid.runtime.compiled import CompiledModel
 from hybrid.runtime.compiler import compile_model
-from hybrid.vision.tasks import task_model  # a bundle that declares a vision task loads as a TaskModel
+from hybrid.vision.tasks import TaskModel, task_model  # a bundle that declares a vision task loads as a TaskModel
 
-__all__ = ["LoadInfo", "load", "load_with_info", "read_model"]
+__all__ = ["LoadInfo", "load", "load_task", "load_with_info", "read_model"]
 
 logger = logging.getLogger("hybrid")
 
@@ -279,8 +279,8 @@ def load(source: Source, target: str = "auto", precision: str | None = None,
 
     Always a CompiledModel: a bundle that declares a vision task (manifest ``preprocess`` /
     ``postprocess``) loads as a ``hybrid.vision.TaskModel``, the CompiledModel subclass whose call takes
-    frames and returns detections or labels (``.run`` stays raw). ``hybrid.vision.load_task`` loads one
-    typed as a TaskModel.
+    frames and returns detections or labels (``.run`` stays raw). :func:`load_task` (``hybrid.load_task``)
+    loads one typed as a TaskModel.
 
     Args:
         source: Path of the bundle, or its bytes.
@@ -295,3 +295,27 @@ def load(source: Source, target: str = "auto", precision: str | None = None,
         BackendError: 3xx when nothing on this machine can compile the model.
     """
     return load_with_info(source, target, precision, config, use_cache=use_cache, limits=limits)[0]
+
+
+def load_task(source: Source, target: str = "auto", precision: str | None = None,
+              config: Mapping[str, Any] | None = None, *, use_cache: bool = True,
+              limits: Limits | None = None) -> TaskModel:
+    """:func:`load` for a bundle that declares a vision task, typed as the TaskModel it returns.
+
+    ``hybrid.load_task``; it lived in ``hybrid.vision`` before, which sits below the bundle layer.
+
+    Args:
+        source, target, precision, config, use_cache, limits: As for :func:`load`.
+
+    Raises:
+        BundleError: HYB-502 when the bundle declares no vision task (and the 5xx :func:`load` raises).
+        BackendError: 3xx when nothing on this machine can compile the model.
+    """
+    loaded, _ = load_with_info(source, target, precision, config, use_cache=use_cache, limits=limits)
+    if not isinstance(loaded, TaskModel):
+        name = loaded.model.name
+        loaded.close()
+        raise BundleError("HYB-502", f"bundle {name!r} declares no vision task: expected manifest 'preprocess' "
+                          "and 'postprocess' sections, found neither",
+                          "use hybrid.load for a plain model, or rebuild it with pyasc bundle create --task ...")
+    return loaded

@@ -27,11 +27,11 @@ from typing import Any
 
 import numpy as np
 
-from hybrid.errors import ConfigError, RunError
+from hybrid.errors import ConfigError, ModelError, RunError
 from hybrid.hal.backend import MACHINE_OPTIONS, Executable, NodeSpan
 from hybrid.runtime.compiled import CompiledModel
 
-__all__ = ["OpStat", "ProfileReport", "profile", "sample_inputs"]
+__all__ = ["OpStat", "ProfileReport", "check_arguments", "profile", "sample_inputs"]
 
 logger = logging.getLogger("hybrid")
 
@@ -182,11 +182,9 @@ def _resolve(model_or_path: Any, target: str) -> CompiledModel:
     if isinstance(model_or_path, (str, os.PathLike)) and Path(model_or_path).is_file():
         with open(model_or_path, "rb") as f:
             is_zip = f.read(4) == b"PK\x03\x04"
-        if is_zip:
-            # a .hybrid bundle: loaded by the bundle layer (lazily, as CompiledModel.save writes one)
-            from hybrid.bundle import load
-
-            return _resolve(load(model_or_path, target=target), target)
+        if is_zip:  # a .hybrid bundle: the bundle layer, above this one, loads it
+            raise ModelError("HYB-203", f"{str(model_or_path)!r} is a .hybrid bundle, not a model",
+                             "profile it with hybrid.profile (or `pyasc profile`), which loads bundles")
     from hybrid.runtime.compiler import compile_model
 
     return compile_model(model_or_path, target=target)
@@ -262,6 +260,23 @@ def _warm(run: Any, feeds: Mapping[str, Any], warmup: int, seconds: float) -> in
     return done
 
 
+def check_arguments(duration: float, batch: int, warmup: int, node_runs: int,
+                    output: str | os.PathLike | None) -> None:
+    """Check :func:`profile`'s numbers and output before anything is loaded or compiled.
+
+    Raises:
+        ConfigError: HYB-102 for a bad duration, batch, warmup or node_runs, or an output folder that
+            does not exist.
+    """
+    for key, value, low in (("duration", duration, 0), ("batch", batch, 1), ("warmup", warmup, 0),
+                            ("node_runs", node_runs, 0)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < low or \
+                (key == "duration" and value <= 0):
+            rel = "> 0" if key == "duration" else f">= {low}"
+            raise ConfigError("HYB-102", f"profile {key}: expected a number {rel}, got {value!r}")
+    _check_output(output)
+
+
 def profile(model_or_path: Any, duration: float = 10.0, output: str | os.PathLike | None = "profile.json", *,
             target: str = "auto", inputs: Mapping[str, Any] | None = None, batch: int = 1, warmup: int = 3,
             node_runs: int = 100, quiet: bool = False) -> ProfileReport:
@@ -274,10 +289,11 @@ def profile(model_or_path: Any, duration: float = 10.0, output: str | os.PathLik
     :data:`MAX_RUN_SPANS` plain runs; every plain run counts in the statistics.
 
     Args:
-        model_or_path: A CompiledModel, a .hybrid bundle, or a model (path, bytes, proto, hybrid.Model).
+        model_or_path: A CompiledModel or a model (path, bytes, proto, hybrid.Model); a .hybrid bundle
+            goes through ``hybrid.profile`` (:func:`hybrid.api.profile`), which loads it.
         duration: Seconds of timed plain runs (> 0; at least one run happens).
         output: Trace file (Chrome trace JSON, written atomically; its folder must exist); None writes none.
-        target: Target for models and bundles ('auto' by default).
+        target: Target for models ('auto' by default).
         inputs: Feeds; generated from the signature (symbolic dims = ``batch``) as target='auto' does
             (:func:`sample_inputs`) when not given.
         batch: Size of symbolic dimensions in generated inputs, and the items per inference.
@@ -290,13 +306,7 @@ def profile(model_or_path: Any, duration: float = 10.0, output: str | os.PathLik
             does not exist.
         HybridError: whatever loading, compiling or running the model raises.
     """
-    for key, value, low in (("duration", duration, 0), ("batch", batch, 1), ("warmup", warmup, 0),
-                            ("node_runs", node_runs, 0)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < low or \
-                (key == "duration" and value <= 0):
-            rel = "> 0" if key == "duration" else f">= {low}"
-            raise ConfigError("HYB-102", f"profile {key}: expected a number {rel}, got {value!r}")
-    _check_output(output)
+    check_arguments(duration, batch, warmup, node_runs, output)
     base = _resolve(model_or_path, target)
     feeds = dict(inputs) if inputs is not None else sample_inputs(base.model, batch)
     notes: list[str] = []

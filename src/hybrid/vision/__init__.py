@@ -2,7 +2,7 @@
 
 A bundle that declares ``task='detection'`` or ``'classification'`` with its preprocessing and
 postprocessing (:mod:`hybrid.vision.spec`) loads as a :class:`TaskModel` (a CompiledModel whose call
-takes frames; :func:`load_task` returns one typed as such): it takes frames of any size and returns
+takes frames; ``hybrid.load_task`` returns one typed as such): it takes frames of any size and returns
 :class:`Detections` or :class:`Classification` answers, and a classifier can ``crop_and_classify`` a
 detector's boxes. :class:`VideoSource` reads frames from a video file or
 any iterable, in batches. See docs/vision.md.
@@ -18,7 +18,7 @@ from hybrid.vision.spec import (
     declare,
     read_classes,
 )
-from hybrid.vision.tasks import Prepared, TaskModel, load_task, task_model
+from hybrid.vision.tasks import Prepared, TaskModel, task_model
 from hybrid.vision.video import VideoInfo, VideoSource, write_video
 from hybrid.vision.yolo import decode
 
@@ -40,7 +40,6 @@ __all__ = [
     "declare",
     "decode",
     "image_input",
-    "load_task",
     "nms",
     "prepare",
     "prepare_crops",

@@ -1,11 +1,12 @@
 """``TaskModel``: a compiled model that takes frames and returns answers (detections, labels).
 
 ``hybrid.load`` returns one when the bundle declares a vision task (see :mod:`hybrid.vision.spec`);
-:func:`load_task` does the same and says so to a type checker (it refuses a bundle without a task);
-``TaskModel.from_options(cm, 'detection', format='yolov8', ...)`` wraps any compiled model. A TaskModel
-is a :class:`~hybrid.runtime.compiled.CompiledModel` (what ``hybrid.load`` declares): the attributes
-(``signature``, ``backend``, ``plan``...), ``run``, ``save`` and ``close`` are the compiled model's, read
-live; only a call differs, taking frames and returning answers. Calls
+``hybrid.load_task`` (:func:`hybrid.bundle.load_task`) does the same and says so to a type checker (it
+refuses a bundle without a task); ``TaskModel.from_options(cm, 'detection', format='yolov8', ...)`` wraps
+any compiled model. A TaskModel is a :class:`~hybrid.runtime.compiled.CompiledModel` (what ``hybrid.load``
+declares): the attributes (``signature``, ``backend``, ``plan``...), ``run`` and ``close`` are the compiled
+model's, read live, and ``save`` is CompiledModel's (the bundle keeps the declarations
+:meth:`TaskModel.task_declarations` returns); only a call differs, taking frames and returning answers. Calls
 queue preprocessing, the run and postprocessing together on a stream when given ``stream=`` (as
 ``CompiledModel.__call__`` does), so a detector and a classifier chained on one stream stay in order
 while the caller goes on decoding frames. Raw tensors stay available through :meth:`TaskModel.run`.
@@ -13,7 +14,6 @@ while the caller goes on decoding frames. Raw tensors stay available through :me
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -38,13 +38,12 @@ from hybrid.vision.spec import (
 from hybrid.vision.yolo import decode
 
 if TYPE_CHECKING:
-    from hybrid.bundle.safety import Limits
     from hybrid.hal.backend import Executable
     from hybrid.ir import Model, Signature
     from hybrid.runtime.plan import Plan
 
 # declarations: re-exported for create_bundle
-__all__ = ["Prepared", "TaskModel", "check_declarations", "declarations", "load_task", "task_model"]
+__all__ = ["Prepared", "TaskModel", "check_declarations", "declarations", "task_model"]
 
 _STAGES = ("preprocess", "run", "postprocess")
 
@@ -419,11 +418,9 @@ class TaskModel(CompiledModel):
         """The flat task options that declare this model (as ``pyasc bundle create`` takes them)."""
         return flat_options(self.preprocess, self.postprocess)
 
-    def save(self, path: str | os.PathLike[str], **kwargs: Any) -> None:
-        """Write a ``.hybrid`` bundle that keeps the task declarations (see ``save_bundle``)."""
-        from hybrid.bundle import save_bundle
-
-        save_bundle(self.compiled, path, task=self.task, task_options=self.task_options(), **kwargs)
+    def task_declarations(self) -> tuple[str, dict[str, Any]]:
+        """The task and its flat options: ``save`` (``save_bundle``) writes them to the bundle's manifest."""
+        return self.task, self.task_options()
 
     def close(self) -> None:
         """Release the compiled model's native resources."""
@@ -479,26 +476,3 @@ def task_model(compiled: CompiledModel, task: str | None, preprocess: Preprocess
                           f"{postprocess.task!r}", "rebuild the bundle with pyasc bundle create --task ...")
     return TaskModel(compiled, preprocess, postprocess)
 
-
-def load_task(source: Any, target: str = "auto", precision: str | None = None,
-              config: Mapping[str, Any] | None = None, *, use_cache: bool = True,
-              limits: Limits | None = None) -> TaskModel:
-    """``hybrid.load`` for a bundle that declares a vision task, typed as the TaskModel it returns.
-
-    Args:
-        source, target, precision, config, use_cache, limits: As for ``hybrid.load``.
-
-    Raises:
-        BundleError: HYB-502 when the bundle declares no vision task (and the 5xx ``hybrid.load`` raises).
-        BackendError: 3xx when nothing on this machine can compile the model.
-    """
-    from hybrid.bundle import load_with_info
-
-    loaded, _ = load_with_info(source, target, precision, config, use_cache=use_cache, limits=limits)
-    if not isinstance(loaded, TaskModel):
-        name = loaded.model.name
-        loaded.close()
-        raise BundleError("HYB-502", f"bundle {name!r} declares no vision task: expected manifest 'preprocess' "
-                          "and 'postprocess' sections, found neither",
-                          "use hybrid.load for a plain model, or rebuild it with pyasc bundle create --task ...")
-    return loaded
