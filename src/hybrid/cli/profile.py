@@ -36,7 +36,7 @@ def profile(
 
     Node spans come from --node-runs runs with the backend's profiler on; then --duration seconds of plain
     runs give the latency and throughput. The trace is bounded in size."""
-    from hybrid.runtime.profiler import profile as run_profile
+    from hybrid.api import profile as run_profile  # loads a .hybrid bundle, then the runtime profiles it
 
     with report_errors(as_json):
         opt.apply_device_fallback(device_fallback)
