@@ -50,6 +50,15 @@ class CompiledModel:
         """
         return self._execute(self._validator.feeds(feeds))
 
+    def run_checked(self, feeds: dict[str, Any]) -> dict[str, Any]:
+        """``run`` for feeds already checked against :attr:`signature` (``InputValidator(sig).feeds``): no
+        second check (the server validates each request once, then batches and runs it).
+
+        Raises:
+            RunError: HYB-408 when the backend fails.
+        """
+        return self._execute(feeds)
+
     def _execute(self, feeds: dict[str, Any]) -> dict[str, Any]:
         try:
             outs = self._exec_run(feeds)
