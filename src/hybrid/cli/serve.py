@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import signal
-import threading
 from typing import Annotated, Any
 
 import typer
@@ -104,8 +102,18 @@ def serve(
     autoscaling: Annotated[str | None, typer.Option(help="--ray: Serve autoscaling_config as JSON "
                                                          "(replaces --replicas).")] = None,
     replica_cpus: Annotated[float, typer.Option(help="--ray: CPUs reserved per replica.")] = 1.0,
-    ray_address: Annotated[str | None, typer.Option(help="--ray: cluster to join (default: a local "
-                                                         "instance).")] = None,
+    ray_address: Annotated[str | None, typer.Option(help="--ray: cluster to join ('auto', HOST:PORT; default: "
+                                                         "a local instance).")] = None,
+    ray_auth_token: Annotated[str | None, typer.Option(envvar="RAY_AUTH_TOKEN", show_envvar=True,
+                                                       help="--ray: the cluster's token when it runs Ray's token "
+                                                            "authentication (RAY_AUTH_MODE=token); Ray also "
+                                                            "reads RAY_AUTH_TOKEN_PATH and ~/.ray/auth_token.")]
+    = None,
+    ray_proxy_location: Annotated[str | None, typer.Option(help="--ray: where Serve runs its proxies: "
+                                                                "EveryNode (Ray's default), HeadOnly or "
+                                                                "Disabled.")] = None,
+    ray_warmup: Annotated[int, typer.Option(help="--ray: probe runs per model before a replica counts as "
+                                                 "started (0: none).")] = 1,
 ) -> None:
     """Serve models over the KServe v2 / Open Inference Protocol REST and gRPC APIs (tritonclient.http and
     tritonclient.grpc work)."""
@@ -138,7 +146,8 @@ def serve(
         logging.getLogger("hybrid").setLevel(log_level.upper())
         if use_ray:
             _serve_on_ray(models, target, overrides, options, backends, replicas, scaling, replica_cpus,
-                          host, port, ray_address)
+                          host, port, ray_address, grpc_port=grpc_port, auth_token=ray_auth_token,
+                          proxy_location=ray_proxy_location, warmup=ray_warmup)
             return
         if options.grpc_address:
             _check_port_free(host, grpc_port, "--grpc-port")
@@ -151,25 +160,27 @@ def serve(
 
 def _serve_on_ray(models: list[str], target: str | None, overrides: dict[str, Any], options: Any,
                   backends: dict[str, Any] | None, replicas: int, autoscaling: dict[str, Any] | None,
-                  replica_cpus: float, host: str, port: int, ray_address: str | None) -> None:
+                  replica_cpus: float, host: str, port: int, ray_address: str | None, *, grpc_port: int,
+                  auth_token: str | None, proxy_location: str | None, warmup: int) -> None:
     try:
         from hybrid.serve import ray as ray_serve
     except ImportError as e:
         raise ModelError("HYB-207", f"pyasc serve --ray needs {e.name or e}, which is not installed",
                          "pip install 'pyasc[serve-ray]'") from e
-    stop = threading.Event()
-    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        ray_serve.deploy(models, target=target, overrides=overrides, options=options, backend_config=backends,
-                         replicas=replicas, autoscaling=autoscaling, replica_cpus=replica_cpus, host=host, port=port,
-                         ray_address=ray_address)
-        console.print(f"serving on Ray Serve at http://{host}:{port} "
-                      f"({'autoscaling' if autoscaling else f'{replicas} replica(s)'}); Ctrl+C stops")
-        stop.wait()
-        ray_serve.shutdown(None)
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    if proxy_location not in (None, "EveryNode", "HeadOnly", "Disabled"):
+        raise ConfigError("HYB-102", f"--ray-proxy-location: expected EveryNode, HeadOnly or Disabled, got "
+                          f"{proxy_location!r}", "e.g. --ray-proxy-location HeadOnly")
+    grpc = f" and grpc port {grpc_port} (every interface)" if grpc_port else ""
+    scale = "autoscaling" if autoscaling else f"{replicas} replica(s)"
+
+    def ready() -> None:
+        console.print(f"serving on Ray Serve at http://{host}:{port}{grpc} ({scale}); Ctrl+C or SIGTERM drains")
+
+    ray_serve.serve_until_stopped(models, ray_address=ray_address, auth_token=auth_token, on_ready=ready,
+                                  target=target, overrides=overrides, options=options, backend_config=backends,
+                                  replicas=replicas, autoscaling=autoscaling, replica_cpus=replica_cpus,
+                                  host=host, port=port, grpc_port=grpc_port, proxy_location=proxy_location,
+                                  warmup=warmup)
 
 
 def register(app: typer.Typer) -> None:
