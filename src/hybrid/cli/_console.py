@@ -23,7 +23,8 @@ from rich.text import Text
 
 from hybrid.errors import HybridError
 
-__all__ = ["console", "err_console", "fail", "progress", "progress_iter", "report_errors", "settings", "styled"]
+__all__ = ["console", "err_console", "fail", "print_wide", "progress", "progress_iter", "report_errors", "settings",
+           "styled"]
 
 T = TypeVar("T")
 
@@ -44,6 +45,22 @@ settings = _Settings()
 def styled(text: Any, style: str) -> Text:
     """``text`` as a styled rich Text (never parsed as markup)."""
     return Text(str(text), style=style)
+
+
+def print_wide(renderable: Any, con: Console | None = None) -> None:
+    """Print a table on a terminal as Rich fits it; elsewhere (a log, a pipe, a test runner) as wide as
+    it needs, so no column is cut at the 80 columns Rich assumes when it cannot ask a terminal."""
+    con = con or console
+    if con.is_terminal:
+        con.print(renderable)
+        return
+    needed = con.measure(renderable, options=con.options.update_width(10_000)).maximum
+    before = con._width  # Console has no public way to widen one print
+    con.width = max(con.width, needed)
+    try:
+        con.print(renderable, crop=False)
+    finally:
+        con._width = before
 
 
 def _show_progress() -> bool:

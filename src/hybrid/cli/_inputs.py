@@ -1,17 +1,69 @@
-"""Command-line inputs shared by run, profile and bench: ``--input NAME=FILE.npy``, ``--shapes NAME:DIMS``
-and generated inputs."""
+"""Command-line inputs shared by run, bench, profile, quantize and bundle create.
+
+``--input NAME=FILE.npy``, ``--shapes NAME:DIMS`` (or trtexec's ``--min/--opt/--max-shapes`` range),
+``--batch`` and generated inputs. One rule for every command: a symbolic dim gets its size from
+``--shapes``, from an ``--input`` file, from another input that shares the dim's name, or (dim 0 only)
+from ``--batch``; else the command stops with HYB-417 naming the dims. No size is ever made up.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from hybrid.errors import RunError
+from hybrid.errors import ConfigError, ModelError, RunError
 
-__all__ = ["generated_inputs", "load_inputs", "parse_shapes"]
+__all__ = ["Inputs", "check_declared", "declared_shapes", "dims", "generated_inputs", "load_inputs", "load_model",
+           "model_path", "parse_shapes", "resolve_inputs", "shapes_line"]
+
+_MODEL_SUFFIXES = (".onnx", ".hybrid")
+
+
+def dims(shape: Any) -> str:
+    """A shape in the command line's spelling: ``1x3x480x640`` (``scalar`` for ``()``, ``?`` for unknown)."""
+    if shape is None:
+        return "?"
+    return "x".join(str(d) for d in shape) or "scalar"
+
+
+def model_path(path: Path) -> Path:
+    """MODEL as given, or the one model file in a folder given as MODEL.
+
+    Raises:
+        ModelError: HYB-201 for a path that does not exist; HYB-203 for a folder that holds no model or
+            several (naming them).
+    """
+    path = Path(path)
+    if not path.is_dir():
+        return path  # a missing file is HYB-201 from the loader, with its wording
+    found = sorted(p for p in path.iterdir() if p.suffix in _MODEL_SUFFIXES and p.is_file())
+    if len(found) == 1:
+        return found[0]
+    listed = ", ".join(p.name for p in found[:8]) + (" ..." if len(found) > 8 else "")
+    what = f"holds {len(found)} models ({listed})" if found else "holds no .onnx or .hybrid file"
+    raise ModelError("HYB-203", f"MODEL {str(path)!r} is a folder, and it {what}",
+                     "give the model file itself, e.g. " + (str(found[0]) if found else f"{path}/model.onnx"))
+
+
+def load_model(path: Path) -> Any:
+    """The hybrid.Model of an .onnx file or a .hybrid bundle (a folder holding one model is accepted)."""
+    from hybrid.ir import Model
+
+    path = model_path(path)
+    if path.is_file():
+        with open(path, "rb") as f:
+            is_zip = f.read(4) == b"PK\x03\x04"
+        if is_zip:
+            from hybrid.bundle.format import BundleReader
+            from hybrid.bundle.load import read_model
+
+            with BundleReader(path) as reader:
+                return read_model(reader)
+    return Model.load(path)  # HYB-201 for a missing file
 
 
 def load_inputs(specs: list[str] | None) -> dict[str, np.ndarray] | None:
@@ -45,26 +97,212 @@ def parse_shapes(text: str | None) -> dict[str, tuple[int, ...]]:
     return dict(parse(text))
 
 
-def generated_inputs(model: Any, shapes: str | Mapping[str, tuple[int, ...]] | None = None, batch: int = 1,
-                     seed: int = 0) -> dict[str, np.ndarray]:
-    """Inputs for ``model`` (a hybrid.Model) made the way auto-selection makes its samples
-    (:func:`hybrid.runtime.profiler.sample_inputs`), so bench, run, profile and target='auto' agree.
+def declared_shapes(shapes: str | None, min_s: str | None = None, opt_s: str | None = None,
+                    max_s: str | None = None) -> dict[str, Any] | None:
+    """``--shapes`` or trtexec's ``--min-shapes/--opt-shapes/--max-shapes`` as ``compile(shapes=...)``.
+
+    Raises:
+        ConfigError: HYB-102 when both ``--shapes`` and a range flag are given (they contradict), or a
+            range names an input in ``--min-shapes`` but not in ``--max-shapes`` (or the reverse).
+    """
+    ranged = [f for f, t in (("--min-shapes", min_s), ("--opt-shapes", opt_s), ("--max-shapes", max_s)) if t]
+    if shapes and ranged:
+        raise ConfigError("HYB-102", f"--shapes and {', '.join(ranged)} both give the shapes to run; give one",
+                          "--shapes x:1x3x480x640 for one shape, or --min-shapes/--opt-shapes/--max-shapes for a "
+                          "range")
+    if shapes:
+        return dict(parse_shapes(shapes)) or None
+    parts = {key: parse_shapes(text) for key, text in (("min", min_s), ("opt", opt_s), ("max", max_s)) if text}
+    out: dict[str, dict[str, tuple[int, ...]]] = {}
+    for key, named in parts.items():
+        for name, shape in named.items():
+            out.setdefault(name, {})[key] = shape
+    for name, rng in out.items():
+        if ("min" in rng) != ("max" in rng):
+            have, lack = ("min", "max") if "min" in rng else ("max", "min")
+            raise ConfigError("HYB-102", f"--{have}-shapes names input {name!r}, --{lack}-shapes does not",
+                              f"give {name} in --min-shapes and --max-shapes (and --opt-shapes for the timed one)")
+    return out or None
+
+
+def _is_dynamic(d: Any) -> bool:
+    return not isinstance(d, int) or d < 0
+
+
+def _opt(value: Any) -> tuple[int, ...]:
+    if isinstance(value, Mapping):
+        return tuple(value.get("opt", value.get("max")))
+    return tuple(value)
+
+
+def check_declared(signature: Any, declared: Mapping[str, Any]) -> None:
+    """``--shapes`` against the model, in the command line's words (no tuple reprs)."""
+    specs = {s.name: s for s in signature.inputs}
+    for name, value in declared.items():
+        if name not in specs:
+            raise ConfigError("HYB-102", f"--shapes names input {name!r}; the model's inputs: "
+                              f"{', '.join(specs) or 'none'}", "name the model's inputs")
+        spec = specs[name]
+        for key, shape in (value.items() if isinstance(value, Mapping) else (("", value),)):
+            flag = f"--{key}-shapes" if key else "--shapes"
+            if spec.shape is None:
+                continue
+            if len(shape) != len(spec.shape):
+                raise ConfigError("HYB-102", f"{flag} {name}:{dims(shape)}: the model's {name} has rank "
+                                  f"{len(spec.shape)} ({dims(spec.shape)}), {flag} gives {len(shape)} dims",
+                                  f"one size per dim, e.g. {flag} {shapes_line(spec)}")
+            for i, (want, got) in enumerate(zip(spec.shape, shape)):
+                if not _is_dynamic(want) and want != got:
+                    raise ConfigError("HYB-102", f"{flag} {name}:{dims(shape)}: dim {i} of {name} is fixed at "
+                                      f"{want} in the model ({dims(spec.shape)}), got {got}",
+                                      f"use {want} for dim {i}")
+
+
+def shapes_line(spec: Any) -> str:
+    """``NAME:DIMS`` for ``--shapes`` with the model's static dims and each dynamic dim as a placeholder
+    to replace: its name in capitals (``x:1x3xHEIGHTxWIDTH``), ``D<axis>`` for an unnamed one."""
+    if spec.shape is None:
+        return f"{spec.name}:D0xD1"
+    parts = []
+    for i, d in enumerate(spec.shape):
+        if not _is_dynamic(d):
+            parts.append(str(d))
+        elif isinstance(d, str) and d != "?" and d.isidentifier():
+            parts.append(d.upper())
+        else:
+            parts.append(f"D{i}")
+    return f"{spec.name}:{'x'.join(parts)}"
+
+
+@dataclass
+class Inputs:
+    """The feeds a command runs, and where each input's shape came from.
+
+    Attributes:
+        feeds: Every input, as arrays.
+        sources: Per input, 'file' (``--input``) or 'generated'.
+        compile_shapes: ``compile(shapes=...)`` for the inputs with dynamic dims: the declared range, or the
+            shape run (None for a static model).
+    """
+
+    feeds: dict[str, np.ndarray]
+    sources: dict[str, str] = field(default_factory=dict)
+    compile_shapes: dict[str, Any] | None = None
+
+    @property
+    def shapes(self) -> dict[str, list[int]]:
+        """Each input's shape as run (JSON-ready)."""
+        return {k: [int(n) for n in np.shape(v)] for k, v in self.feeds.items()}
+
+    def describe(self) -> str:
+        """``x: float32[1x3x480x640] (generated)`` for every input, comma separated."""
+        return ", ".join(f"{k}: {np.asarray(v).dtype}[{dims(np.shape(v))}] ({self.sources.get(k, 'file')})"
+                         for k, v in self.feeds.items()) or "none"
+
+
+def resolve_inputs(model: Any, given: Mapping[str, np.ndarray] | None = None,
+                   declared: Mapping[str, Any] | None = None, *, generate: bool = True, batch: int | None = None,
+                   seed: int = 0, command: str = "run MODEL") -> Inputs:
+    """The inputs a command runs ``model`` (a hybrid.Model) on: the ``--input`` files, the rest generated
+    the way auto-selection makes its samples at sizes the user gave.
 
     Args:
         model: The model.
-        shapes: ``--shapes`` text or ``{name: shape}``; symbolic dims of other inputs that share a dim's
-            name follow it, the rest are ``batch``.
-        batch: Size of the symbolic dims not fixed by ``shapes``.
-        seed: Random seed.
+        given: ``--input`` arrays.
+        declared: :func:`declared_shapes` (``--shapes`` or a range; generated inputs take ``opt``).
+        generate: Generate the inputs not given (run without ``--random``/``--shapes`` does not).
+        batch: ``--batch``: the size of dim 0 where it is dynamic and nothing else sizes it.
+        seed: Random seed of generated inputs.
+        command: The command and model, for the hint (``bench det.onnx``: ``pyasc bench det.onnx --shapes ...``).
 
     Raises:
-        ConfigError: HYB-102 for bad ``--shapes`` text or a shape that does not fit the model (checked as
-            ``compile(shapes=...)`` checks it).
-        RunError: HYB-406 for an input that cannot be generated.
+        ConfigError: HYB-102 for ``--shapes`` that do not fit the model or contradict an ``--input`` file.
+        RunError: HYB-401 for inputs missing when nothing is generated; HYB-417 for a dynamic dim nothing
+            gives a size to; HYB-406 for an input that cannot be generated.
     """
     from hybrid.runtime.auto import normalize_shapes
     from hybrid.runtime.profiler import sample_inputs
 
+    sig = model.signature
+    given = dict(given or {})
+    declared = dict(declared or {})
+    check_declared(sig, declared)
+    normalize_shapes(sig, declared)  # range order and the rest
+    for name, arr in given.items():
+        if name in declared and _opt(declared[name]) != tuple(np.shape(arr)):
+            raise ConfigError("HYB-102", f"--input {name} is {dims(np.shape(arr))} but --shapes says "
+                              f"{name}:{dims(_opt(declared[name]))}; they contradict",
+                              f"drop {name} from --shapes (the file's shape is used)")
+    specs = [s for s in sig.inputs]
+    missing = [s for s in specs if s.name not in given]
+    if missing and not generate:
+        names = ", ".join(s.name for s in missing)
+        raise RunError("HYB-401", f"model {model.name!r} needs input{'s' if len(missing) > 1 else ''} {names} "
+                       f"and none was given; its inputs: {', '.join(str(s) for s in specs)}",
+                       f"-i {missing[0].name}=FILE.npy gives it from a file; --random generates it"
+                       + (f" (with --shapes {shapes_line(missing[0])} for its dynamic dims)"
+                          if missing[0].shape is None or any(map(_is_dynamic, missing[0].shape)) else ""))
+    # sizes of named dims from what is known: the files, then the declared shapes
+    named: dict[str, int] = {}
+    for s in specs:
+        shape = np.shape(given[s.name]) if s.name in given else _opt(declared[s.name]) if s.name in declared \
+            else None
+        if shape is not None and s.shape is not None and len(shape) == len(s.shape):
+            for d, n in zip(s.shape, shape):
+                if isinstance(d, str) and d != "?":
+                    named.setdefault(d, int(n))
+    concrete: dict[str, tuple[int, ...]] = {}
+    unsized: list[tuple[Any, list[str]]] = []
+    for s in missing:
+        if s.name in declared:
+            concrete[s.name] = _opt(declared[s.name])
+            continue
+        if s.kind != "tensor":
+            continue  # sample_inputs says what it cannot make
+        if s.shape is None:
+            unsized.append((s, ["its rank"]))
+            continue
+        shape, lacking = [], []
+        for i, d in enumerate(s.shape):
+            if not _is_dynamic(d):
+                shape.append(d)
+            elif isinstance(d, str) and d in named:
+                shape.append(named[d])
+            elif i == 0 and batch is not None:
+                shape.append(batch)
+            else:
+                lacking.append(f"dim {i} ({d})" if isinstance(d, str) and d != "?" else f"dim {i}")
+                shape.append(1)
+        if lacking:
+            unsized.append((s, lacking))
+        else:
+            concrete[s.name] = tuple(shape)
+    if unsized:
+        what = "; ".join(f"{s.name} {s.dtype}[{dims(s.shape)}]: {', '.join(lacking)}" for s, lacking in unsized)
+        line = ",".join(shapes_line(s) for s, _ in unsized)
+        raise RunError("HYB-417", f"dynamic input dims have no size: {what}; give the shapes to run (nothing is "
+                       "made up)", f"pyasc {command} --shapes {line} (replace the capitals with the sizes "
+                       "you run), or --input NAME=FILE.npy")
+    feeds: dict[str, np.ndarray] = {}
+    if concrete:
+        made = sample_inputs(model, 1, seed, shapes=concrete)
+        feeds.update({k: v for k, v in made.items() if k not in given})
+    feeds.update(given)
+    feeds = {s.name: feeds[s.name] for s in specs if s.name in feeds}
+    dynamic = [s for s in specs if s.shape is None or any(map(_is_dynamic, s.shape))]
+    compile_shapes = {s.name: declared[s.name] if s.name in declared else tuple(np.shape(feeds[s.name]))
+                      for s in dynamic if s.name in feeds and s.kind == "tensor"} or None
+    return Inputs(feeds, {k: "file" if k in given else "generated" for k in feeds}, compile_shapes)
+
+
+def generated_inputs(model: Any, shapes: str | Mapping[str, tuple[int, ...]] | None = None, batch: int | None = None,
+                     seed: int = 0) -> dict[str, np.ndarray]:
+    """Inputs for ``model`` (a hybrid.Model) made the way auto-selection makes its samples
+    (:func:`hybrid.runtime.profiler.sample_inputs`), at the sizes given (:func:`resolve_inputs`).
+
+    Raises:
+        ConfigError: HYB-102 for bad ``--shapes`` text or a shape that does not fit the model.
+        RunError: HYB-417 for a dynamic dim nothing sizes; HYB-406 for an input that cannot be generated.
+    """
     given = parse_shapes(shapes) if isinstance(shapes, str) else dict(shapes or {})
-    normalize_shapes(model.signature, given)
-    return sample_inputs(model, batch, seed, shapes=given)
+    return resolve_inputs(model, None, given, batch=batch, seed=seed).feeds

@@ -76,10 +76,10 @@ def _plots(rows: list[Any], reference: str, concurrency: int) -> dict[str, str]:
 
     fig = _figure(9, height)
     ax = fig.add_subplot()
-    errs = [max(r.max_rel_err or 0.0, 1e-12) for r in ok]
-    ax.barh(labels, errs, color="#dd8452")
+    errs = [max(r.max_scaled_err or 0.0, 1e-12) for r in ok]
+    ax.barh(labels, errs, color=["#dd8452" if r.accuracy_ok is not False else "#c44e52" for r in ok])
     ax.set_xscale("log")
-    ax.set_xlabel(f"max relative error vs {reference} (log scale; 1e-12 shown for exact)")
+    ax.set_xlabel(f"max abs error / max |ref| vs {reference} (log scale; 1e-12 shown for exact; red: failed)")
     ax.invert_yaxis()
     ax.grid(axis="x", alpha=0.3)
     plots["error"] = _svg(fig)
@@ -87,26 +87,26 @@ def _plots(rows: list[Any], reference: str, concurrency: int) -> dict[str, str]:
 
 
 def _table(rows: list[Any], reference: str) -> str:
-    def num(v: float | None, fmt: str) -> str:
-        return "-" if v is None else format(v, fmt)
+    from hybrid.cli._bench_view import COLUMNS, row_cells
 
-    head = ("target", "precision", "ran as", "compile s", "p50 ms", "p90 ms", "p99 ms", "items/s", "x fastest",
-            f"max abs err vs {reference}", "max rel err")
+    head = [c if c != "max abs err" else f"max abs err vs {reference}" for c in COLUMNS]
     out = ["<table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr>"]
     for r in rows:
         if r.status != "ok":
             out.append(f"<tr class='na'><td>{html.escape(r.target)}</td><td>{html.escape(r.precision)}</td>"
                        f"<td colspan='{len(head) - 2}'>n/a: {html.escape(r.note)}</td></tr>")
             continue
-        cells = (r.target, r.precision, r.precision_run or r.precision, num(r.compile_s, ".2f"),
-                 num(r.p50_ms, ".3f"), num(r.p90_ms, ".3f"), num(r.p99_ms, ".3f"), num(r.items_per_s, ".1f"),
-                 num(r.vs_fastest, ".2f"), num(r.max_abs_err, ".3g"), num(r.max_rel_err, ".3g"))
+        cells = list(row_cells(r))
+        if r.accuracy_ok is False:
+            cells[-1] = f"FAIL: {r.accuracy_note}"
         out.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
     return "\n".join([*out, "</table>"])
 
 
-def bench_html(model: str, reference: str, batch: int, timing: Any, rows: list[Any]) -> str:
-    """The report as one HTML document (no external resources).
+def bench_html(model: str, reference: str, batch: int, timing: Any, rows: list[Any],
+               header: list[str] | None = None) -> str:
+    """The report as one HTML document (no external resources); ``header``: the lines bench prints first
+    (machine, versions, inputs, tolerance).
 
     Raises:
         ModelError: HYB-207 when matplotlib is not installed (``pip install 'pyasc[report]'``).
@@ -124,4 +124,5 @@ def bench_html(model: str, reference: str, batch: int, timing: Any, rows: list[A
             f"{html.escape(model)}</title><style>{_CSS}</style></head><body>\n"
             f"<h1>pyasc bench: {html.escape(model)}</h1>\n<p>batch {batch}; timing: {html.escape(settings)}; "
             f"errors against {html.escape(reference)}; pyasc {__version__}, {when}</p>\n"
+            + "".join(f"<p class='header'>{html.escape(line)}</p>\n" for line in header or ()) +
             f"{_table(rows, reference)}\n{figures}\n</body></html>\n")

@@ -1,12 +1,15 @@
 """``pyasc bench MODEL --targets all``: the migration report, and a benchmarking tool.
 
 Every available backend x device x precision on this machine, side by side on the same inputs:
-compile time, latency (p50, p90, p99), throughput, and the largest error against the reference
-backend (hybrid's numpy backend; ONNX Runtime on the CPU where it is absent). Contenders are timed
+compile time, latency (min, mean, p50, p95, p99, max, count), throughput, and the accuracy against the
+reference backend (hybrid's numpy backend; ONNX Runtime on the CPU where it is absent) with a pass/fail
+verdict (``--rtol/--atol/--min-cosine``, see :mod:`hybrid.cli._bench_view`). Contenders are timed
 interleaved, in blocks with a short pause between them, so that one runtime's spinning threads do
 not tax the next (DESIGN section 4). ``--concurrency N`` times N callers at once per contender
-(throughput mode); ``--duration``/``--iterations``/``--warmup`` and ``--shapes`` use trtexec's spelling.
-Inputs are generated the way ``target='auto'`` generates its samples, so both agree on a backend's error.
+(throughput mode); ``--duration``/``--iterations``/``--warmup`` and ``--shapes`` use trtexec's spelling;
+``--hint``/``--nstreams``/``--nthreads`` and ``--backend-option`` are benchmark_app's knobs. A dynamic
+input needs ``--shapes`` (or ``--input``): no size is made up. The header names the machine, the
+versions and the shapes run.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import statistics
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -25,10 +28,12 @@ import numpy as np
 import typer
 
 from hybrid.cli import _options as opt
-from hybrid.cli._console import console, err_console, progress, report_errors
+from hybrid.cli._bench_view import Tolerance, header_lines, markdown, measure_accuracy, rich_table
+from hybrid.cli._console import console, err_console, print_wide, progress, report_errors, styled
+from hybrid.cli._inputs import Inputs
 from hybrid.errors import BackendError, ConfigError, HybridError
 
-__all__ = ["BenchRow", "bench", "markdown", "reference_target", "register"]
+__all__ = ["BenchRow", "Tolerance", "bench", "markdown", "reference_target", "register"]
 
 PRECISIONS = ("fp32", "fp16", "bf16")
 
@@ -40,6 +45,9 @@ class BenchRow:
     ``precision`` is what was asked for, ``precision_run`` what the backend reports it runs (OpenVINO
     runs an 'fp16' request in bf16 on a CPU with BF16 units). ``items_per_s`` is items (batch x calls)
     per second of wall time with ``concurrency`` callers; ``latencies_ms`` every timed call.
+    ``max_scaled_err`` is the largest absolute error over the largest reference magnitude (not an
+    element-wise relative error); ``accuracy_ok`` the verdict against the tolerance, ``accuracy_note``
+    why it failed.
     """
 
     target: str
@@ -50,7 +58,7 @@ class BenchRow:
     p90_ms: float | None = None
     items_per_s: float | None = None
     max_abs_err: float | None = None
-    max_rel_err: float | None = None
+    max_scaled_err: float | None = None
     vs_fastest: float | None = None
     note: str = ""
     p99_ms: float | None = None
@@ -59,6 +67,13 @@ class BenchRow:
     runs: int = 0
     concurrency: int = 1
     latencies_ms: tuple[float, ...] = field(default=(), repr=False)
+    min_ms: float | None = None
+    max_ms: float | None = None
+    p95_ms: float | None = None
+    cosine: float | None = None
+    outside: float | None = None
+    accuracy_ok: bool | None = None
+    accuracy_note: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,35 +96,6 @@ def reference_target() -> str:
     from hybrid.hal import backend_status
 
     return "reference:cpu" if backend_status("reference").available else "onnxruntime:cpu"
-
-
-def _load_model(path: Path) -> Any:
-    from hybrid.ir import Model
-
-    if not path.is_file():
-        return Model.load(path)  # HYB-201
-    with open(path, "rb") as f:
-        is_zip = f.read(4) == b"PK\x03\x04"
-    if not is_zip:
-        return Model.load(path)
-    from hybrid.bundle.format import BundleReader
-    from hybrid.bundle.load import read_model
-
-    with BundleReader(path) as reader:
-        return read_model(reader)
-
-
-def _errors(expected: Mapping[str, Any], got: Mapping[str, Any]) -> tuple[float, float]:
-    abs_err, scale = 0.0, 0.0
-    for name, ref in expected.items():
-        a = np.asarray(ref, dtype=np.float64)
-        b = np.asarray(got[name], dtype=np.float64)
-        if a.shape != b.shape:
-            return float("inf"), float("inf")
-        if a.size:
-            abs_err = max(abs_err, float(np.nanmax(np.abs(a - b))))
-            scale = max(scale, float(np.nanmax(np.abs(a))))
-    return abs_err, abs_err / scale if scale else abs_err
 
 
 def _block(fn: Callable[[], Any], calls: int, seconds: float | None, concurrency: int) -> tuple[list[float], float]:
@@ -182,9 +168,10 @@ def _precisions(precisions: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def bench(model: Any, targets: str | list[str] = "all", precisions: tuple[str, ...] = PRECISIONS,
-          blocks: int = 5, per_block: int = 10, batch: int = 1, inputs: Mapping[str, Any] | None = None,
-          pause: float = 0.05, *, timing: Timing | None = None, shapes: Mapping[str, tuple[int, ...]] | None = None,
-          on_step: Callable[[str], None] | None = None) -> tuple[list[BenchRow], str]:
+          blocks: int = 5, per_block: int = 10, batch: int | None = None, inputs: Mapping[str, Any] | None = None,
+          pause: float = 0.05, *, timing: Timing | None = None, shapes: Mapping[str, Any] | None = None,
+          on_step: Callable[[str], None] | None = None, tolerance: Tolerance | None = None,
+          config: Mapping[str, Any] | None = None, feeds: Inputs | None = None) -> tuple[list[BenchRow], str]:
     """Compile ``model`` for every (backend, device, precision) requested and measure each.
 
     Args:
@@ -192,35 +179,45 @@ def bench(model: Any, targets: str | list[str] = "all", precisions: tuple[str, .
         targets: 'all' (every backend x device here) or a list of targets.
         precisions: Some of fp32, fp16, bf16.
         blocks, per_block, pause: Interleaved timing (used when ``timing`` is not given).
-        batch: Size of symbolic dims in generated inputs, and the items per call.
-        inputs: Feeds to use instead of generated ones (per input).
+        batch: Size of dim 0 where it is dynamic and ``shapes`` does not set it.
+        inputs: Feeds to use instead of generated ones (per input); errors are measured on them.
         timing: Warmup, duration/iterations and concurrency (overrides blocks/per_block/pause).
-        shapes: Concrete shapes of generated inputs (``--shapes``).
+        shapes: The shapes to run (``--shapes``, or a min/opt/max range: inputs are made at opt); handed to
+            every compile.
         on_step: Called with a description of each step (progress).
+        tolerance: The accuracy verdict's rtol/atol/min_cosine (defaults per precision).
+        config: Backend options, per backend name (``{'openvino': {'performance_hint': 'THROUGHPUT'}}``).
+        feeds: Inputs already resolved (:func:`hybrid.cli._inputs.resolve_inputs`; ``inputs``, ``shapes``
+            and ``batch`` are then unused).
 
     Returns:
         (rows in input order, the reference target the errors are measured against).
 
     Raises:
-        ConfigError: HYB-102 for an unknown precision.
+        ConfigError: HYB-102 for an unknown precision or shapes that do not fit.
+        RunError: HYB-417 for a dynamic dim nothing gives a size to.
         BackendError: HYB-301..307 for a target that cannot be resolved (an absent device under
             device_fallback='error').
     """
-    from hybrid.cli._inputs import generated_inputs
+    from hybrid.cli._inputs import resolve_inputs
     from hybrid.hal import resolve_target
     from hybrid.ir import Model
     from hybrid.runtime.compiler import compile_model
 
     timing = timing or Timing(blocks=blocks, per_block=per_block, pause=pause)
+    tolerance = tolerance or Tolerance()
     step = on_step or (lambda _text: None)
     precisions = _precisions(tuple(precisions))
     model = Model.load(model)
     names = [str(c) for c in resolve_target("auto")] if targets == "all" else \
         list(dict.fromkeys(str(c) for t in targets for c in resolve_target(t)))
-    feeds = {**generated_inputs(model, shapes, batch), **(inputs or {})}
+    if feeds is None:
+        feeds = resolve_inputs(model, inputs, shapes, batch=batch, command="bench MODEL")
+    run_feeds = feeds.feeds
+    items = _items(run_feeds)
     ref_target = reference_target()
     step(f"reference run on {ref_target}")
-    expected = compile_model(model, target=ref_target).run(feeds)
+    expected = compile_model(model, target=ref_target, shapes=feeds.compile_shapes).run(run_feeds)
     rows: dict[tuple[str, str], BenchRow] = {}
     compiled: dict[tuple[str, str], Any] = {}
     for target in names:
@@ -228,18 +225,23 @@ def bench(model: Any, targets: str | list[str] = "all", precisions: tuple[str, .
             step(f"compiling for {target} {prec}")
             t0 = time.perf_counter()
             try:
-                cm = compile_model(model, target=target, precision=prec)
-                out = cm.run(feeds)
+                cm = compile_model(model, target=target, precision=prec, config=_config_for(config, target),
+                                   shapes=feeds.compile_shapes)
+                out = cm.run(run_feeds)
             except HybridError as e:
+                if e.code == "HYB-306":
+                    raise  # a backend option the user gave is wrong: not a row
                 rows[(target, prec)] = BenchRow(target, prec, "n/a", note=f"[{e.code}] {e.message}")
                 continue
-            abs_err, rel_err = _errors(expected, out)
             ran = getattr(cm.executable, "precision", None) or prec
+            acc = measure_accuracy(expected, out, *tolerance.of(ran))
             compiled[(target, prec)] = cm
-            rows[(target, prec)] = BenchRow(target, prec, "ok", time.perf_counter() - t0, max_abs_err=abs_err,
-                                            max_rel_err=rel_err, precision_run=ran,
-                                            note="" if ran == prec else f"{target} runs {prec} as {ran}")
-    measured = _interleave({f"{t}|{p}": (lambda cm=cm: cm.run(feeds)) for (t, p), cm in compiled.items()},
+            rows[(target, prec)] = BenchRow(target, prec, "ok", time.perf_counter() - t0, max_abs_err=acc.max_abs_err,
+                                            max_scaled_err=acc.max_scaled_err, precision_run=ran,
+                                            note="" if ran == prec else f"{target} runs {prec} as {ran}",
+                                            cosine=acc.cosine, outside=acc.outside, accuracy_ok=acc.passed,
+                                            accuracy_note=acc.reason)
+    measured = _interleave({f"{t}|{p}": (lambda cm=cm: cm.run(run_feeds)) for (t, p), cm in compiled.items()},
                            timing, step) if compiled else {}
     medians = {k: statistics.median(v[0]) for k, v in measured.items()}
     fastest = min(medians.values(), default=0.0)
@@ -249,41 +251,33 @@ def bench(model: Any, targets: str | list[str] = "all", precisions: tuple[str, .
             samples, wall = got
             ms = np.asarray(samples) * 1e3
             med = medians[f"{key[0]}|{key[1]}"]
-            rows[key] = BenchRow(row.target, row.precision, "ok", row.compile_s, med * 1e3,
-                                 float(np.percentile(ms, 90)), batch * len(samples) / wall, row.max_abs_err,
-                                 row.max_rel_err, med / fastest if fastest else None, row.note,
-                                 float(np.percentile(ms, 99)), float(ms.mean()), row.precision_run, len(samples),
-                                 timing.concurrency, tuple(float(x) for x in ms))
+            rows[key] = replace(row, p50_ms=med * 1e3, p90_ms=float(np.percentile(ms, 90)),
+                                items_per_s=items * len(samples) / wall, vs_fastest=med / fastest if fastest else None,
+                                p99_ms=float(np.percentile(ms, 99)), mean_ms=float(ms.mean()), runs=len(samples),
+                                concurrency=timing.concurrency, latencies_ms=tuple(float(x) for x in ms),
+                                min_ms=float(ms.min()), max_ms=float(ms.max()), p95_ms=float(np.percentile(ms, 95)))
     return list(rows.values()), ref_target
 
 
-def markdown(rows: list[BenchRow], reference: str, ok_only: bool = False) -> str:
-    """The report as a Markdown table (precision: asked for, and what ran where the backend differs).
+def _items(feeds: Mapping[str, Any]) -> int:
+    """Items per call: dim 0 of the first input (1 for a scalar)."""
+    first = next(iter(feeds.values()), None)
+    shape = np.shape(first) if first is not None else ()
+    return int(shape[0]) if shape else 1
 
-    ``ok_only`` leaves out the n/a rows, except for a target none of whose precisions ran (so a target that
-    was asked for never vanishes from the table)."""
-    def num(v: float | None, fmt: str) -> str:
-        return "-" if v is None else format(v, fmt)
 
-    ran = {r.target for r in rows if r.status == "ok"}
-
-    lines = [f"| target | precision | compile s | p50 ms | p90 ms | p99 ms | items/s | x fastest | max abs err vs "
-             f"{reference} | max rel err |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        if r.status != "ok":
-            if not ok_only or r.target not in ran:
-                lines.append(f"| {r.target} | {r.precision} | n/a | | | | | | {r.note[:90]} | |")
-            continue
-        prec = r.precision if r.precision_run in (None, r.precision) else f"{r.precision_run} (asked {r.precision})"
-        lines.append(f"| {r.target} | {prec} | {num(r.compile_s, '.2f')} | {num(r.p50_ms, '.3f')} | "
-                     f"{num(r.p90_ms, '.3f')} | {num(r.p99_ms, '.3f')} | {num(r.items_per_s, '.1f')} | "
-                     f"{num(r.vs_fastest, '.2f')} | {num(r.max_abs_err, '.3g')} | {num(r.max_rel_err, '.3g')} |")
-    return "\n".join(lines)
+def _config_for(config: Mapping[str, Any] | None, target: str) -> dict[str, Any] | None:
+    """The backend options of the target's backend only (options of others would not apply)."""
+    if not config:
+        return None
+    backend = target.partition(":")[0]
+    return {backend: dict(config[backend])} if backend in config else None
 
 
 def report_doc(model: str, reference: str, batch: int, timing: Timing, rows: list[BenchRow],
-               latencies: bool = False) -> dict[str, Any]:
-    """The JSON document of ``--json`` / ``--output`` (``latencies``: every timed call, in ms)."""
+               latencies: bool = False, *, header: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The JSON document of ``--json`` / ``--output`` (``latencies``: every timed call, in ms; ``header``:
+    machine, versions, inputs, tolerance)."""
     def row(r: BenchRow) -> dict[str, Any]:
         d = asdict(r)
         if not latencies:
@@ -292,7 +286,7 @@ def report_doc(model: str, reference: str, batch: int, timing: Timing, rows: lis
             d["latencies_ms"] = list(r.latencies_ms)
         return d
 
-    return {"model": model, "reference": reference, "batch": batch, "timing": asdict(timing),
+    return {"model": model, "reference": reference, "batch": batch, "timing": asdict(timing), **(header or {}),
             "rows": [row(r) for r in rows]}
 
 
@@ -302,12 +296,15 @@ def _positive(name: str, value: float | None, integer: bool = False) -> None:
 
 
 def bench_command(
-    model: Annotated[Path, typer.Argument(help="An .onnx model or a .hybrid bundle.")],
+    model: Annotated[Path, typer.Argument(help="An .onnx model or a .hybrid bundle (or a folder holding one).")],
     targets: Annotated[str, typer.Option("--targets", "-t", help="'all', or targets separated by commas "
                                          "(onnxruntime,openvino:cpu).")] = "all",
     precisions: Annotated[str, typer.Option("--precisions", "-p", help="'all' or some of fp32,fp16,bf16.")] = "all",
     shapes: opt.Shapes = None,
-    batch: Annotated[int, typer.Option("--batch", help="Size of symbolic dims --shapes does not set.", min=1)] = 1,
+    min_shapes: opt.MinShapes = None,
+    opt_shapes: opt.OptShapes = None,
+    max_shapes: opt.MaxShapes = None,
+    batch: opt.Batch = None,
     inputs: opt.Inputs = None,
     duration: Annotated[float | None, typer.Option("--duration", "-d", help="Seconds of timed calls per "
                                                    "contender, over all blocks (trtexec --duration).")] = None,
@@ -315,7 +312,25 @@ def bench_command(
                                                    "blocks (trtexec --iterations).")] = None,
     warmup: Annotated[int, typer.Option("--warmup", help="Untimed calls per contender first.", min=0)] = 2,
     concurrency: Annotated[int, typer.Option("--concurrency", "-c", help="Callers at once per contender "
-                                             "(throughput mode; benchmark_app -nireq).", min=1)] = 1,
+                                             "(throughput mode; benchmark_app -nireq, with --hint "
+                                             "throughput).", min=1)] = 1,
+    hint: Annotated[str | None, typer.Option("--hint", help="OpenVINO's performance hint: latency (its "
+                                             "default), throughput or cumulative_throughput (benchmark_app "
+                                             "-hint).")] = None,
+    nstreams: Annotated[int | None, typer.Option("--nstreams", help="OpenVINO's NUM_STREAMS (benchmark_app "
+                                                 "-nstreams).", min=1)] = None,
+    nthreads: Annotated[int | None, typer.Option("--nthreads", help="Threads: OpenVINO's INFERENCE_NUM_THREADS, "
+                                                 "ONNX Runtime's intra_op_num_threads (benchmark_app "
+                                                 "-nthreads).", min=1)] = None,
+    backend_option: Annotated[list[str] | None, typer.Option("--backend-option", help="BACKEND.KEY=VALUE, any "
+                                                             "backend option (repeatable), e.g. "
+                                                             "onnxruntime.inter_op_num_threads=2.")] = None,
+    rtol: Annotated[float | None, typer.Option("--rtol", help="Relative tolerance of the accuracy verdict "
+                                               "(default: fp32 1e-3, fp16/bf16 1e-2).")] = None,
+    atol: Annotated[float | None, typer.Option("--atol", help="Absolute tolerance (default: fp32 1e-4, "
+                                               "fp16/bf16 1e-2).")] = None,
+    min_cosine: Annotated[float | None, typer.Option("--min-cosine", help="Lowest cosine against the reference "
+                                                     "per output, in (0, 1] (default 0.999).")] = None,
     blocks: Annotated[int, typer.Option("--blocks", help="Interleaved timing blocks.", min=1)] = 5,
     per_block: Annotated[int, typer.Option("--per-block", help="Calls per contender per block (when neither "
                                            "--duration nor --iterations is given).", min=1)] = 10,
@@ -323,16 +338,20 @@ def bench_command(
                                            "does not offer.")] = False,
     device_fallback: opt.DeviceFallback = "error",
     as_json: opt.Json = False,
+    as_markdown: Annotated[bool, typer.Option("--markdown", help="Print the table as Markdown (for a README or "
+                                              "a ticket).")] = False,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Also write the rows as JSON to this "
                                                 "file (every timed call included).")] = None,
     report: Annotated[Path | None, typer.Option("--report", help="Write a self-contained HTML report (plots "
                                                 "of latency and error; opens offline).")] = None,
 ) -> None:
-    """Benchmark every backend x device x precision here: latency, throughput, error vs the reference.
+    """Benchmark every backend x device x precision here: latency, throughput, accuracy vs the reference.
 
-    Latency p50/p90/p99 and throughput (--concurrency callers) per contender, timed interleaved; the
-    largest error against the reference backend on the same inputs. Exits 1 when nothing asked for can run."""
-    from hybrid.cli._inputs import load_inputs, parse_shapes
+    Latency min/mean/p50/p95/p99/max and throughput (--concurrency callers) per contender, timed interleaved;
+    the error against the reference backend on the same inputs (the --input files where given) with a
+    pass/fail verdict (a failed row is reported, the exit code stays 0). A dynamic input needs --shapes or
+    --input (HYB-417). Exits 1 when nothing asked for can run."""
+    from hybrid.cli._inputs import declared_shapes, load_inputs, load_model, model_path, resolve_inputs
     from hybrid.ir import atomic_write_bytes
 
     with report_errors(as_json):
@@ -341,40 +360,67 @@ def bench_command(
         _positive("--iterations", iterations, integer=True)
         if duration is not None and iterations is not None:
             raise ConfigError("HYB-102", "--duration and --iterations both bound the timed calls; give one")
+        if as_json and as_markdown:
+            raise ConfigError("HYB-102", "--json and --markdown both choose what stdout gets; give one")
+        tolerance = Tolerance(rtol, atol, min_cosine)
+        config = opt.backend_config(backend_option, hint, nstreams, nthreads)
         timing = Timing(blocks, per_block, warmup, duration, iterations, concurrency)
         precs = PRECISIONS if precisions == "all" else tuple(p.strip().lower() for p in precisions.split(",") if p)
         target_list = "all" if targets == "all" else [t.strip() for t in targets.split(",") if t.strip()]
-        given_shapes = parse_shapes(shapes)
-        model_obj = _load_model(model)
+        declared = declared_shapes(shapes, min_shapes, opt_shapes, max_shapes)
+        model = model_path(model)
+        model_obj = load_model(model)
+        feeds = resolve_inputs(model_obj, load_inputs(inputs), declared, batch=batch, command=f"bench {model}")
         with progress(f"benchmarking {model.name}") as update:
-            rows, reference = bench(model_obj, target_list, precs, batch=batch, inputs=load_inputs(inputs),
-                                    timing=timing, shapes=given_shapes, on_step=update)
+            rows, reference = bench(model_obj, target_list, precs, timing=timing, on_step=update,
+                                    tolerance=tolerance, config=config, feeds=feeds)
         if not any(r.status == "ok" for r in rows):
             reasons = "; ".join(f"{r.target} {r.precision}: {r.note}" for r in rows)
             raise BackendError("HYB-304", f"nothing asked for can run on this machine: {reasons}",
                                "`pyasc devices` lists the backends and devices here; --targets all --precisions "
                                "all benchmarks what they offer")
+        items = _items(feeds.feeds)
+        ran_precs = tuple(r.precision_run or r.precision for r in rows if r.status == "ok")
+        timing_text = ", ".join(f"{k} {v}" for k, v in asdict(timing).items() if v is not None)
+        lines = header_lines(str(model), reference, feeds.describe(), tolerance.describe(ran_precs),
+                             [r.target.partition(":")[0] for r in rows] + [reference.partition(":")[0]], timing_text)
+        header = {"header": lines, "inputs": feeds.shapes, "input_sources": feeds.sources,
+                  "tolerance": {p: dict(zip(("rtol", "atol", "min_cosine"), tolerance.of(p))) for p in ran_precs},
+                  "backend_options": config}
         if output is not None:
-            doc = report_doc(str(model), reference, batch, timing, rows, latencies=True)
+            doc = report_doc(str(model), reference, items, timing, rows, latencies=True, header=header)
             atomic_write_bytes(output, json.dumps(doc, indent=1).encode())
         if report is not None:
             from hybrid.cli._report import bench_html
 
-            atomic_write_bytes(report, bench_html(str(model), reference, batch, timing, rows).encode("utf-8"))
+            atomic_write_bytes(report, bench_html(str(model), reference, items, timing, rows,
+                                                  header=lines).encode("utf-8"))
+    failed = [r for r in rows if r.accuracy_ok is False]
     if as_json:
-        typer.echo(json.dumps(report_doc(str(model), reference, batch, timing, rows), indent=1))
+        typer.echo(json.dumps(report_doc(str(model), reference, items, timing, rows, header=header), indent=1))
     else:
-        mode = f", {concurrency} callers" if concurrency > 1 else ""
-        console.print(f"migration report: {model.name}, batch {batch}{mode}, errors against {reference}",
-                      soft_wrap=True)
-        # precisions asked for by name are shown when they cannot run; 'all' shows what runs
-        typer.echo(markdown(rows, reference, ok_only=not (all_rows or precisions != "all")))  # must not wrap
+        for line in lines:
+            console.print(line, soft_wrap=True)
+        ok_only = not (all_rows or precisions != "all")  # precisions asked for by name are shown when n/a
+        if as_markdown:
+            typer.echo(markdown(rows, reference, ok_only=ok_only))  # must not wrap
+        else:
+            print_wide(rich_table(rows, reference, ok_only=ok_only))
         for r in rows:
             if r.status == "ok" and r.note:
                 console.print(f"note: {r.note}", soft_wrap=True)
+        if concurrency > 1 and hint is None and any(r.target.startswith("openvino") for r in rows):
+            console.print("note: OpenVINO ran on its LATENCY hint; --hint throughput is benchmark_app's -hint "
+                          "throughput", soft_wrap=True)
     for path in (output, report):
         if path is not None:
             err_console.print(f"wrote {path}", soft_wrap=True)
+    if failed:
+        err_console.print(styled(f"accuracy check failed for {len(failed)} of {len(rows)} rows", "bold red"),
+                          ": " + "; ".join(f"{r.target} {r.precision_run or r.precision}: {r.accuracy_note}"
+                                          for r in failed), sep="", soft_wrap=True)
+        err_console.print(f"  tolerance: {tolerance.describe(ran_precs)} (--rtol, --atol, --min-cosine)",
+                          soft_wrap=True)
 
 
 def register(app: typer.Typer) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -10,6 +11,7 @@ from rich.table import Table
 
 from hybrid.cli import _options as opt
 from hybrid.cli._console import console, progress, report_errors
+from hybrid.errors import ConfigError
 
 __all__ = ["compile_command", "plan_doc", "register"]
 
@@ -39,22 +41,20 @@ def plan_doc(cm: Any, per_node: bool = False) -> dict[str, Any]:
     return doc
 
 
-def _declared_shapes(shapes: str | None, min_s: str | None, opt_s: str | None,
-                     max_s: str | None) -> dict[str, Any] | None:
-    """``--shapes`` and trtexec's ``--minShapes/--optShapes/--maxShapes`` as ``compile(shapes=...)``."""
-    from hybrid.runtime.auto import parse_shapes
+def _shapes_text(declared: dict[str, Any]) -> str:
+    from hybrid.cli._inputs import dims
 
-    out: dict[str, Any] = dict(parse_shapes(shapes)) if shapes else {}
-    for key, text in (("min", min_s), ("opt", opt_s), ("max", max_s)):
-        for name, dims in (parse_shapes(text) if text else {}).items():
-            current = out.get(name)
-            rng = current if isinstance(current, dict) else ({"opt": current} if current else {})
-            out[name] = {**rng, key: dims}
-    return out or None
+    out = []
+    for name, value in declared.items():
+        if isinstance(value, dict):
+            out.append(f"{name}: " + ", ".join(f"{k} {dims(v)}" for k, v in value.items()))
+        else:
+            out.append(f"{name}: {dims(value)}")
+    return "; ".join(out)
 
 
 def compile_command(
-    model: Annotated[str, typer.Argument(help="An .onnx file.")],
+    model: Annotated[Path, typer.Argument(help="An .onnx file (or a folder holding one).")],
     target: opt.Target = "auto",
     precision: Annotated[str, typer.Option("--precision", "-p", help="fp32, fp16, bf16 or auto.")] = "fp32",
     explain: Annotated[bool, typer.Option("--explain", help="Say where the graph runs and why: one line when one "
@@ -67,24 +67,46 @@ def compile_command(
                                                   help="Time the candidates (default: for 'auto').")] = None,
     shapes: Annotated[str | None, typer.Option("--shapes", help="The shapes users run, where auto checks and "
                                                "times: NAME:1x3x480x640[,NAME2:1x128] (trtexec's spelling).")] = None,
-    min_shapes: Annotated[str | None, typer.Option("--min-shapes", help="Smallest shapes of a range.")] = None,
-    opt_shapes: Annotated[str | None, typer.Option("--opt-shapes", help="Typical shapes of a range (timed).")] = None,
-    max_shapes: Annotated[str | None, typer.Option("--max-shapes", help="Largest shapes of a range.")] = None,
+    min_shapes: opt.MinShapes = None,
+    opt_shapes: opt.OptShapes = None,
+    max_shapes: opt.MaxShapes = None,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Save the compiled model as a .hybrid "
+                                                "bundle (the choice made here, with this machine's compiled "
+                                                "cache; cm.save).")] = None,
     device_fallback: opt.DeviceFallback = "error",
     as_json: opt.Json = False,
 ) -> None:
     """Compile MODEL for a target and print the plan: segments, backends, and how they were chosen."""
     import hybrid
+    from hybrid.cli._inputs import check_declared, declared_shapes, load_model, model_path
 
     with report_errors(as_json):
         opt.apply_device_fallback(device_fallback)
+        if output is not None and output.suffix != ".hybrid":
+            raise ConfigError("HYB-102", f"--output {str(output)!r}: compile writes a .hybrid bundle, got "
+                              f"{output.suffix or 'no suffix'}", f"e.g. -o {output.with_suffix('.hybrid').name}")
+        if min_cosine is not None and not 0 < min_cosine <= 1:
+            raise ConfigError("HYB-102", f"--min-cosine: expected a cosine in (0, 1], got {min_cosine:g}",
+                              "e.g. --min-cosine 0.995")
         accuracy = {"min_cosine": min_cosine} if min_cosine is not None else None
-        declared = _declared_shapes(shapes, min_shapes, opt_shapes, max_shapes)
-        with progress(f"compiling {model} for {target} ({precision})"):
-            cm = hybrid.compile(model, target=target, precision=precision, autotune=autotune, accuracy=accuracy,
+        declared = declared_shapes(shapes, min_shapes, opt_shapes, max_shapes)
+        model = model_path(model)
+        source = load_model(model)
+        if declared:
+            check_declared(source.signature, declared)
+        with progress(f"compiling {model.name} for {target} ({precision})"):
+            cm = hybrid.compile(source, target=target, precision=precision, autotune=autotune, accuracy=accuracy,
                                 shapes=declared)
+        if output is not None:
+            with progress(f"writing {output.name}"):
+                cm.save(str(output))
     explain = explain or per_node
     doc = plan_doc(cm, per_node=per_node)
+    if declared:
+        doc["shapes"] = {k: {r: list(x) for r, x in v.items()} if isinstance(v, dict) else list(v)
+                         for k, v in declared.items()}
+    if output is not None:
+        doc["written"] = str(output)
     if as_json:
         typer.echo(json.dumps(doc, indent=2))
         return
@@ -97,6 +119,10 @@ def compile_command(
         table.add_row(str(i), f"{s['backend']}:{s['device']}", prec, str(s["nodes"]),
                       ", ".join(s["inputs"]) or "-", ", ".join(s["outputs"]) or "-", s["reason"])
     console.print(table)
+    if declared:
+        console.print(f"shapes: {_shapes_text(declared)}", soft_wrap=True)
+    if output is not None:
+        console.print(f"wrote {output} (load it with hybrid.load or pyasc run/serve)", soft_wrap=True)
     for note in doc["notes"]:
         console.print(f"note: {note}", soft_wrap=True)
     if not explain:

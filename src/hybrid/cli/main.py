@@ -6,7 +6,7 @@ import json
 import statistics
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import numpy as np
 import typer
@@ -91,12 +91,16 @@ def devices(as_json: Annotated[bool, typer.Option("--json", help="Print JSON ins
     console.print(btable)
 
 
-def _load_compiled(model: Path, target: str):
+def _load_compiled(model: Path, target: str, precision: str | None = None, shapes: dict | None = None,
+                   source: Any = None):
+    """MODEL compiled for TARGET: a bundle loads (its compiled choice); an .onnx compiles, auto measuring at
+    ``shapes``."""
     import hybrid
 
     if model.suffix == ".hybrid":
-        return hybrid.load(str(model), target=target)
-    return hybrid.compile(str(model), target=target)
+        return hybrid.load(str(model), target=target, precision=precision)
+    return hybrid.compile(source if source is not None else str(model), target=target,
+                          precision=precision or "fp32", shapes=shapes)
 
 
 def _stats(arr: np.ndarray) -> dict[str, float | None]:
@@ -105,51 +109,89 @@ def _stats(arr: np.ndarray) -> dict[str, float | None]:
     return {"min": None, "max": None, "mean": None}
 
 
+def _write_outputs(path: Path, outs: dict[str, Any]) -> None:
+    """``-o``: ``.npy`` for a one-output model, ``.npz`` for any (one array per output name)."""
+    import io
+
+    from hybrid.errors import ConfigError
+    from hybrid.ir import atomic_write_bytes
+
+    buf = io.BytesIO()
+    if path.suffix == ".npy":
+        if len(outs) != 1:
+            raise ConfigError("HYB-102", f"--output {path.name}: a .npy holds one array, the model has "
+                              f"{len(outs)} outputs ({', '.join(outs)})", f"write {path.with_suffix('.npz')} "
+                              "(one array per output name)")
+        np.save(buf, np.asarray(next(iter(outs.values()))), allow_pickle=False)
+    elif path.suffix == ".npz":
+        np.savez(buf, **{k: np.asarray(v) for k, v in outs.items()})
+    else:
+        raise ConfigError("HYB-102", f"--output {str(path)!r}: expected a .npz (every output) or a .npy (a "
+                          f"one-output model), got {path.suffix or 'no suffix'}", "e.g. -o outputs.npz")
+    atomic_write_bytes(path, buf.getvalue())
+
+
 @app.command()
 def run(
-    model: Annotated[Path, typer.Argument(help="An .onnx model or a .hybrid bundle.")],
-    inputs: opt.Inputs = None,
+    model: Annotated[Path, typer.Argument(help="An .onnx model or a .hybrid bundle (or a folder holding one).")],
+    inputs: Annotated[list[str] | None, typer.Option("--input", "-i", help="NAME=FILE.npy (repeatable). Inputs "
+                                                     "not given are generated only with --random or --shapes; "
+                                                     "else the command stops (HYB-401).")] = None,
     target: opt.Target = "auto",
-    random: Annotated[bool, typer.Option("--random", help="Generate inputs missing from --input (as "
-                                         "target='auto' and bench do).")] = False,
-    shapes: opt.Shapes = None,
-    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write outputs to this .npz.")] = None,
+    precision: Annotated[str | None, typer.Option("--precision", "-p", help="fp32, fp16, bf16 or auto (default "
+                                                  "fp32; a bundle's own precision when MODEL is a .hybrid).")] = None,
+    random: Annotated[bool, typer.Option("--random", help="Generate the inputs --input does not give (standard "
+                                         "normal floats, as target='auto' and bench do); dynamic dims need "
+                                         "--shapes.")] = False,
+    shapes: Annotated[str | None, typer.Option("--shapes", help="Shapes to run (and for auto to measure at), "
+                                               "trtexec's spelling: NAME:1x3x480x640[,NAME2:1x128]; implies "
+                                               "--random for the inputs not given.")] = None,
+    min_shapes: opt.MinShapes = None,
+    opt_shapes: opt.OptShapes = None,
+    max_shapes: opt.MaxShapes = None,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the outputs: .npz (one array per "
+                                                "output) or .npy (a one-output model).")] = None,
     device_fallback: opt.DeviceFallback = "error",
     as_json: opt.Json = False,
 ) -> None:
-    """Compile MODEL for TARGET, run it once, print the outputs' names, shapes, dtypes and stats."""
+    """Compile MODEL for TARGET, run it once, print the inputs' and outputs' shapes, dtypes and stats."""
+    from hybrid.cli._inputs import declared_shapes, dims, load_model, model_path, resolve_inputs
+
     with report_errors(as_json):
         opt.apply_device_fallback(device_fallback)
+        model = model_path(model)
+        declared = declared_shapes(shapes, min_shapes, opt_shapes, max_shapes)
+        if output is not None and output.suffix not in (".npz", ".npy"):
+            _write_outputs(output, {})  # HYB-102 before anything runs
+        source = load_model(model)
+        feeds = resolve_inputs(source, load_inputs(inputs), declared, generate=random or declared is not None,
+                               command=f"run {model}")
         with progress(f"compiling {model.name} for {target}"):
-            cm = _load_compiled(model, target)
-        feeds = load_inputs(inputs) or {}
-        if random or shapes:
-            from hybrid.cli._inputs import generated_inputs
-
-            feeds = {**generated_inputs(cm.model, shapes), **feeds}
+            cm = _load_compiled(model, target, precision, feeds.compile_shapes, source)
         t0 = time.perf_counter()
-        outs = cm.run(feeds)
+        outs = cm.run(feeds.feeds)
         ms = (time.perf_counter() - t0) * 1e3
         if output is not None:
-            import io
-
-            from hybrid.ir import atomic_write_bytes
-
-            buf = io.BytesIO()
-            np.savez(buf, **{k: np.asarray(v) for k, v in outs.items()})
-            atomic_write_bytes(output, buf.getvalue())
+            _write_outputs(output, outs)
     rows = [{"name": name, "shape": list(np.shape(v)), "dtype": str(np.asarray(v).dtype), **_stats(np.asarray(v))}
             for name, v in outs.items()]
+    ran = getattr(cm.executable, "precision", None) or precision or "fp32"
     if as_json:
-        typer.echo(json.dumps({"model": str(model), "backend": cm.backend, "device": cm.device, "ms": ms,
+        typer.echo(json.dumps({"model": str(model), "backend": cm.backend, "device": cm.device, "precision": ran,
+                               "ms": ms, "inputs": [{"name": k, "shape": v, "dtype": str(feeds.feeds[k].dtype),
+                                                     "source": feeds.sources[k]} for k, v in feeds.shapes.items()],
                                "outputs": rows, "written": None if output is None else str(output)}, indent=2))
         return
-    table = Table(title=f"{model.name} on {cm.backend}:{cm.device} ({ms:.2f} ms)")
-    for col in ("output", "shape", "dtype", "min", "max", "mean"):
+    table = Table(title=f"{model.name} on {cm.backend}:{cm.device} {ran} ({ms:.2f} ms)")
+    for col in ("", "name", "shape", "dtype", "min", "max", "mean"):
         table.add_column(col)
+    for k, v in feeds.feeds.items():
+        arr = np.asarray(v)
+        stats = ["-" if x is None else f"{x:.6g}" for x in _stats(arr).values()]
+        table.add_row(f"input ({feeds.sources[k]})", k, dims(arr.shape), str(arr.dtype), *stats)
     for r in rows:
         stats = ["-" if r[k] is None else f"{r[k]:.6g}" for k in ("min", "max", "mean")]
-        table.add_row(r["name"], str(tuple(r["shape"])), r["dtype"], *stats)
+        table.add_row("output", r["name"], dims(r["shape"]), r["dtype"], *stats)
     console.print(table)
     if output is not None:
         console.print(f"wrote {output}")
