@@ -15,6 +15,7 @@ from hybrid.hal.registry import (
     register_backend,
     reset_discovery,
 )
+from hybrid.hal.roles import accelerated_first, fallback_backend, is_fallback, split_fallback
 from hybrid.hal.target import Candidate, apply_device_fallback, devices, resolve_device, resolve_target, statuses
 
 __all__ = [
@@ -27,16 +28,20 @@ __all__ = [
     "NodeSpan",
     "Option",
     "ProbedDevice",
+    "accelerated_first",
     "apply_device_fallback",
     "backend_class",
     "backend_names",
     "backend_status",
     "devices",
+    "fallback_backend",
     "get_backend",
+    "is_fallback",
     "is_installed_backend",
     "register_backend",
     "reset_discovery",
     "resolve_device",
     "resolve_target",
+    "split_fallback",
     "statuses",
 ]

@@ -137,12 +137,18 @@ class Backend(abc.ABC):
     Subclasses set ``name``, ``priority`` (lower runs first when several can), ``options``, and
     implement ``_probe``, ``version`` and ``_compile``. ``probe`` never raises: a missing library
     becomes an unavailable backend with the reason recorded by the registry.
+
+    ``exact_and_complete`` is the fallback role, declared by the backend itself: True for one that runs
+    every op (custom ops included) on the CPU with the kernels that define it (the reference backend).
+    Such a backend is the yardstick ``target='auto'`` checks the others against, and the one that gets
+    only what no other backend runs; the runtime asks :func:`hybrid.hal.is_fallback`, never a name.
     """
 
     name: ClassVar[str]
     priority: ClassVar[int] = 100
     options: ClassVar[dict[str, Option]] = {}
     install_hint: ClassVar[str] = ""
+    exact_and_complete: ClassVar[bool] = False
 
     # ---------------------------------------------------------------- options
     @classmethod

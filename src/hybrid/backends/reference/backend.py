@@ -120,6 +120,7 @@ class ReferenceBackend(Backend):
 
     name = "reference"
     priority = 90
+    exact_and_complete = True  # the fallback: the defining kernels of every op (hybrid.hal.is_fallback)
     install_hint = "the reference backend needs only numpy and onnx"
     options = {
         "conv_algorithm": Option((str,), "auto", ("auto", *ALGORITHMS),
