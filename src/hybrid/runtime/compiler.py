@@ -8,13 +8,12 @@ from typing import Any
 
 from hybrid.config import expect_mapping, get_config
 from hybrid.errors import BackendError, ConfigError, HybridError
-from hybrid.hal import Candidate, backend_names, get_backend, resolve_target
+from hybrid.hal import Candidate, backend_names, get_backend, resolve_target, split_fallback
 from hybrid.ir import Model
 from hybrid.runtime import auto
 from hybrid.runtime.auto.shapes import normalize_shapes
 from hybrid.runtime.auto.tolerance import parse_accuracy
 from hybrid.runtime.compiled import CompiledModel
-from hybrid.runtime.partition import FALLBACK_BACKEND
 from hybrid.runtime.plan import Plan, Segment
 
 __all__ = ["PRECISIONS", "compile_model", "split_config"]
@@ -116,8 +115,7 @@ def _first_that_compiles(model: Model, target: str, candidates: list[Candidate],
     """The first accelerated candidate that compiles the whole graph; else a partition across the
     candidates (the reference backend taking only what none of the others runs); else the reference."""
     errors: list[HybridError] = []
-    accelerated = [c for c in candidates if c.backend != FALLBACK_BACKEND]
-    fallback = [c for c in candidates if c.backend == FALLBACK_BACKEND]
+    accelerated, fallback = split_fallback(candidates)
     for k, cand in enumerate(accelerated + fallback):
         if k == len(accelerated) and accelerated and fallback and precision == "fp32":
             try:  # no accelerated backend runs it all: split the graph across them

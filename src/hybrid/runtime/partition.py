@@ -22,7 +22,7 @@ import onnx
 import onnx_ir as ir
 
 from hybrid.errors import BackendError
-from hybrid.hal import Candidate, get_backend
+from hybrid.hal import Candidate, fallback_backend, get_backend, is_fallback
 from hybrid.hal.capability import captured_values, node_opset
 from hybrid.ir import Model
 from hybrid.runtime.plan import Placement, Segment
@@ -33,6 +33,8 @@ __all__ = ["FALLBACK_BACKEND", "Part", "Partition", "node_label", "partition_gra
 logger = logging.getLogger("hybrid")
 
 _ONNX_DOMAINS = ("", "ai.onnx", "ai.onnx.ml")
+# Deprecated: ask hybrid.hal.is_fallback / fallback_backend (the role is the backend's own declaration,
+# Backend.exact_and_complete); kept only while runtime/auto's online.py, search.py, trials.py and lab.py name it
 FALLBACK_BACKEND = "reference"
 
 
@@ -108,7 +110,7 @@ def _type_by_running(typed: ir.Model, proto: onnx.ModelProto, untyped: list[ir.V
     probe.graph.output.extend(onnx.helper.make_empty_tensor_value_info(v.name) for v in untyped)
     model = Model(proto=probe, name="typing")
     try:
-        exe = get_backend(FALLBACK_BACKEND).compile(model, "cpu")
+        exe = get_backend(fallback_backend()).compile(model, "cpu")
         first = dict(zip(exe.output_names, exe.run(dict(samples))))
     except Exception as e:
         logger.debug("could not type %d values by running the reference backend: %s", len(untyped), e)
@@ -180,11 +182,11 @@ def _dependencies(nodes: list[ir.Node]) -> tuple[list[set[int]], list[list[int]]
 def _absorb(label: Candidate, ready: set[int], indeg: list[int], succs: list[list[int]],
             able: list[tuple[Candidate, ...]]) -> list[int]:
     """Take every node ``label`` may run that becomes ready, smallest index first (mutates)."""
+    fallback = is_fallback(label.backend)
 
     def fits(i: int) -> bool:
         # the fallback backend runs anything, so it takes only what no other backend can
-        return label in able[i] and (label.backend != FALLBACK_BACKEND
-                                     or all(c.backend == FALLBACK_BACKEND for c in able[i]))
+        return label in able[i] and (not fallback or all(is_fallback(c.backend) for c in able[i]))
 
     heap = [i for i in ready if fits(i)]
     heapq.heapify(heap)
@@ -209,7 +211,7 @@ def _choose(ready: set[int], indeg: list[int], succs: list[list[int]], able: lis
 
     def score(c: Candidate) -> tuple[bool, int, int]:
         taken = _absorb(c, set(ready), list(indeg), succs, able)
-        return (c.backend == FALLBACK_BACKEND, -len(taken), rank[c])
+        return (is_fallback(c.backend), -len(taken), rank[c])
 
     return min(labels, key=score)
 
@@ -231,7 +233,7 @@ def _node_reason(label: Candidate, able: tuple[Candidate, ...], order: list[Cand
     lacking = [str(c) for c in before if c not in able]
     also = [str(c) for c in before if c in able]
     parts = []
-    if label.backend == FALLBACK_BACKEND and node.domain not in _ONNX_DOMAINS and not also:
+    if is_fallback(label.backend) and node.domain not in _ONNX_DOMAINS and not also:
         parts.append("custom op: only the reference backend has a kernel")
     elif lacking:
         parts.append(f"not supported by {', '.join(lacking)}")
