@@ -15,9 +15,9 @@ import logging
 from collections.abc import Mapping, Sequence
 
 from hybrid.config import autotune_config
+from hybrid.hal import is_fallback
 from hybrid.runtime.auto import tolerance as checks
 from hybrid.runtime.auto.trials import Search, Trial
-from hybrid.runtime.partition import FALLBACK_BACKEND
 
 __all__ = ["close_all", "deviation", "fastest_or_most_exact", "outvote", "tie_bounds", "tie_slack"]
 
@@ -69,7 +69,7 @@ def outvote(trials: list[Trial], search: Search, name: str) -> None:
     reference's own rounding is one opinion among several: those candidates are reinstated and the
     reference trial is rejected instead. A candidate that differs from every other opinion stays out.
     """
-    if any(t.rejected is None and t.precision == "fp32" and t.backend != FALLBACK_BACKEND for t in trials):
+    if any(t.rejected is None and t.precision == "fp32" and not is_fallback(t.backend) for t in trials):
         return
     disputed = [t for t in trials if t.disputed]
     best: list[Trial] = []
@@ -87,7 +87,7 @@ def outvote(trials: list[Trial], search: Search, name: str) -> None:
     for t in best:
         t.rejected = None
     for t in trials:
-        if t.backend == FALLBACK_BACKEND and t.rejected is None:
+        if is_fallback(t.backend) and t.rejected is None:
             t.rejected = "outvoted"
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hybrid.errors import HybridError, first_line
-from hybrid.hal import backend_status, get_backend
+from hybrid.hal import backend_status, fallback_backend, get_backend
 from hybrid.hal.backend import Executable
 from hybrid.ir import Model
 from hybrid.runtime.auto import tolerance as checks
@@ -31,7 +31,6 @@ __all__ = ["Verdict", "Verifier"]
 
 logger = logging.getLogger("hybrid")
 
-REFERENCE = "reference"
 MORE_SAMPLES_BELOW_S = 0.5  # more samples are checked when the reference answers faster than this
 MORE_SAMPLES_MAGNITUDE = 64.0  # a power of two: scaling the floats adds no rounding of its own
 MORE_SAMPLES_INT_HIGH = 8  # integers in [1, 8): longer windows, strides, lengths than 1 or 2
@@ -105,9 +104,10 @@ class Verifier:
         """The reference backend compiled for the model (None when it cannot be)."""
         if not self._ref_done:
             self._ref_done = True
-            if backend_status(REFERENCE).available:
+            reference = fallback_backend()  # the backend exact and complete by its own declaration
+            if backend_status(reference).available:
                 try:
-                    self._ref = get_backend(REFERENCE).compile(self.model, "cpu")
+                    self._ref = get_backend(reference).compile(self.model, "cpu")
                 except HybridError as e:
                     self.notes.append(f"the reference backend cannot check this model: {e.message}")
         return self._ref
