@@ -208,7 +208,8 @@ def evaluate_node(node: ir.Node, inputs: list[np.ndarray | None],
             opsets[node.domain] = node.version
     opsets = dict(opsets)
     opsets.setdefault("", onnx.defs.onnx_opset_version())
-    from hybrid.backends.reference.interpreter import Step, _describe, compile_graph, free_names
+    from hybrid.backends.reference.interpreter import _describe, compile_graph, free_names
+    from hybrid.backends.reference.step import Step
 
     subgraphs = [a.value for a in node.attributes.values() if a.type is ir.AttributeType.GRAPH]
     outer = [n for g in subgraphs for n in free_names(g)]

@@ -12,14 +12,11 @@ options turns it off.
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from hybrid.backends.reference.ops_conv import ConvKernel
-
-if TYPE_CHECKING:
-    from hybrid.backends.reference.interpreter import Step
+from hybrid.backends.reference.step import Step
 
 __all__ = ["fuse_steps"]
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -25,27 +24,13 @@ import onnx_ir as ir
 from hybrid.backends.reference import registry
 from hybrid.backends.reference.fallback import fallback_kernel, onnx_reference_has
 from hybrid.backends.reference.fusion import fuse_steps
+from hybrid.backends.reference.step import Step  # re-exported: the interpreter's steps
 from hybrid.errors import BackendError, HybridError, RunError, first_line
 from hybrid.hal import memory
 
 __all__ = ["Program", "Step", "compile_graph", "convert_attr", "free_names", "node_runner"]
 
 logger = logging.getLogger("hybrid")
-
-
-@dataclass(slots=True)
-class Step:
-    """One node ready to run: its callable, input and output slots, and slots dead after it."""
-
-    run: Callable[..., tuple]
-    inputs: tuple[int, ...]
-    outputs: tuple[int, ...]
-    free: tuple[int, ...]
-    label: str
-    op_type: str
-    kernel: str
-    consts: tuple[Any, ...] = ()
-    ctx: registry.NodeContext | None = None
 
 
 def convert_attr(attr: ir.Attr) -> Any:
