@@ -3,9 +3,9 @@
 ``create_app(registry, options)`` is the one factory for both the single-machine server (uvicorn) and
 the Ray Serve replicas. Routes: ``GET /v2``, ``/v2/health/live``, ``/v2/health/ready``,
 ``/v2/models/{m}[/versions/{v}]``, ``.../ready``, ``POST .../infer`` and ``GET /metrics``, Triton's
-extensions (:mod:`hybrid.serve.triton_http`: config, stats, repository index/load/unload), and, when
-``ServeOptions.grpc_address`` is set, the gRPC service on the same event loop
-(:mod:`hybrid.serve.grpc_server`). Every error
+extensions (:mod:`hybrid.serve.triton_http`: config, stats, repository index/load/unload). Inference
+goes through the transports' shared path (:func:`hybrid.serve.state.infer`); the gRPC service is started
+beside this app by the composition root (:mod:`hybrid.serve.server`), not by it. Every error
 is ``{"error": "[HYB-7xx] ...", "code": ..., "hint": ...}`` with a 4xx/5xx status.
 """
 
@@ -13,12 +13,9 @@ from __future__ import annotations
 
 import hmac
 import logging
-import threading
-import time
 import zlib
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -31,11 +28,11 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from hybrid._version import __version__
 from hybrid.errors import HybridError, ServingError
-from hybrid.runtime.validate import InputValidator
 from hybrid.serve.metrics import CONTENT_TYPE, ServerMetrics
 from hybrid.serve.protocol import Limits, Precheck, check_head, encode_response, parse_request
 from hybrid.serve.repository import ModelRegistry
-from hybrid.serve.triton_http import EXTENSIONS, add_triton_routes, request_rows
+from hybrid.serve.state import EXTENSIONS, Decoded, ServeOptions, ServerState, http_status, infer
+from hybrid.serve.triton_http import add_triton_routes
 
 __all__ = ["ServeOptions", "ServerState", "create_app", "http_status"]
 
@@ -46,76 +43,11 @@ LIVE_PATH = "/v2/health/live"
 # body did not arrive in time: the disconnect is then reported with reason "body_timeout"
 BODY_TIMEOUT_SCOPE_KEY = "pyasc.body_timeout"
 _PARSE_INLINE = 64 << 10  # a body above this is decoded in a worker thread, not on the event loop
-_STATUS = {"HYB-701": 404, "HYB-702": 400, "HYB-703": 401, "HYB-704": 413, "HYB-705": 503, "HYB-706": 503,
-           "HYB-707": 400, "HYB-709": 403, "HYB-411": 504, "HYB-412": 503, "HYB-414": 503, "HYB-415": 503}
-_INPUT_CODES = {f"HYB-40{i}" for i in range(1, 8)}
-
-
-@dataclass(frozen=True, slots=True)
-class ServeOptions:
-    """Server-wide settings.
-
-    Attributes:
-        auth_token: When set, every endpoint but liveness needs ``Authorization: Bearer <token>``.
-        limits: Body size (after decompression) and JSON nesting limits.
-        drain_timeout: Longest time in seconds the models take to run their queues at shutdown.
-        grpc_address: 'host:port' of the gRPC service (port 0: a free one); None: no gRPC.
-        model_control: Allow the repository load and unload endpoints (off: HYB-709).
-    """
-
-    auth_token: str | None = None
-    limits: Limits = field(default_factory=Limits)
-    drain_timeout: float = 30.0
-    grpc_address: str | None = None
-    model_control: bool = False
-
-
-def http_status(code: str) -> int:
-    """The HTTP status of a HybridError code: 400 for bad inputs, 404 unknown model, 503 overload..."""
-    if code in _STATUS:
-        return _STATUS[code]
-    return 400 if code in _INPUT_CODES else 500
-
-
 def _error_body(code: str, message: str, hint: str | None) -> dict[str, Any]:
     body: dict[str, Any] = {"error": f"[{code}] {message}", "code": code}
     if hint:
         body["hint"] = hint
     return body
-
-
-class ServerState:
-    """What the routes share: the models, the metrics, the options and the draining flag."""
-
-    def __init__(self, registry: ModelRegistry, options: ServeOptions) -> None:
-        self.registry = registry
-        self.options = options
-        self.metrics = ServerMetrics(registry)
-        for model in registry:
-            model.observer = self.metrics.observe_batch
-        self.draining = False
-        self.grpc_port: int | None = None  # the bound gRPC port once the app has started
-        self._drained = threading.Event()
-
-    def begin_drain(self) -> None:
-        """Refuse new requests and run every queued one now (in a thread: callable from a signal handler)."""
-        if self.draining:
-            return
-        self.draining = True
-        logger.info("draining: no new requests; running the queued ones")
-
-        def drain() -> None:
-            try:
-                self.registry.drain(self.options.drain_timeout)
-            finally:
-                self._drained.set()
-
-        threading.Thread(target=drain, name="hybrid-serve-drain", daemon=True).start()
-
-    def close(self) -> None:
-        self.begin_drain()
-        self._drained.wait(self.options.drain_timeout)
-        self.registry.close()
 
 
 class _AuthMiddleware:
@@ -233,7 +165,8 @@ def _header_length(request: Request) -> int | None:
 
 def _head_check(request: Request, header_length: int | None, limits: Limits,
                 precheck: Precheck) -> tuple[int, Callable[[bytes], object]] | None:
-    """For a binary-extension request with a small JSON header: the check of that header alone."""
+    """For a binary-extension request with a small JSON header: the check of that header alone (the
+    request's pre-decode check; :func:`parse_request` then does not repeat it)."""
     if header_length is None or header_length > _PARSE_INLINE:
         return None
     if request.headers.get("content-encoding", "identity").strip().lower() not in ("", "identity"):
@@ -249,13 +182,6 @@ def _client(request: Request) -> str:
 
 def _add_routes(app: FastAPI, state: ServerState) -> None:
     registry, metrics, limits = state.registry, state.metrics, state.options.limits
-    prechecks = {(m.name, m.version): (m, InputValidator(m.signature).feeds) for m in registry}
-
-    def precheck(model: Any) -> Any:  # a model loaded later (model control) gets its checks then
-        found = prechecks.get((model.name, model.version))
-        if found is None or found[0] is not model:
-            found = prechecks[(model.name, model.version)] = (model, InputValidator(model.signature).feeds)
-        return found[1]
 
     @app.get("/v2")
     async def server_metadata() -> dict[str, Any]:
@@ -290,38 +216,33 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.post("/v2/models/{model_name}/infer")
     @app.post("/v2/models/{model_name}/versions/{model_version}/infer")
-    async def infer(request: Request, model_name: str, model_version: str | None = None) -> Response:
-        if state.draining:
-            raise ServingError("HYB-706", "the server is shutting down; request refused",
-                               "retry on another replica")
-        model = registry.get(model_name, model_version)
-        key = (model.name, model.version)
-        metrics.requests.labels(*key).inc()
-        t0 = time.perf_counter()
-        ok, rows = False, 1
-        try:
+    async def infer_route(request: Request, model_name: str, model_version: str | None = None) -> Response:
+        model = state.model(model_name, model_version)
+        parsed: list[Any] = []
+
+        async def decode() -> Decoded:
             header_length = _header_length(request)
-            body = await read_body(request, limits.max_body,
-                                   _head_check(request, header_length, limits, precheck(model)))
-            # the inputs are checked against the model before their data is decoded; decoding a large
-            # body (JSON, BYTES elements) runs in a worker thread so the event loop keeps answering
+            checked: list[bool] = []
+
+            def precheck_once(feeds: Any) -> None:
+                model.precheck(feeds)
+                checked.append(True)
+
+            body = await read_body(request, limits.max_body, _head_check(request, header_length, limits,
+                                                                         precheck_once))
+            # the declared inputs are checked against the model before their data is decoded (here unless
+            # the header was checked on its own as it arrived); a large body (JSON, BYTES elements) is
+            # decoded in a worker thread so the event loop keeps answering
+            precheck = None if checked else model.precheck
             if len(body) > _PARSE_INLINE:
-                parsed = await run_in_threadpool(parse_request, body, header_length, limits, precheck(model))
+                found = await run_in_threadpool(parse_request, body, header_length, limits, precheck)
             else:
-                parsed = parse_request(body, header_length, limits, precheck(model))
-            del body
-            rows = request_rows(model, parsed.inputs)
-            outputs = await model.infer(parsed.inputs, parsed.timeout_s)
-            parsed.inputs.clear()  # the request's arrays (views of the body) are not kept while answering
-            content, json_length = encode_response(model.name, model.version, parsed, outputs)
-            ok = True
-        except HybridError as e:
-            metrics.failures.labels(*key, e.code).inc()
-            raise
-        finally:
-            elapsed = time.perf_counter() - t0
-            metrics.latency.labels(*key).observe(elapsed)
-            metrics.request_done(model, ok, elapsed, rows)
+                found = parse_request(body, header_length, limits, precheck)
+            parsed.append(found)
+            return Decoded(found.inputs, found.timeout_s)
+
+        content, json_length = await infer(
+            state, model, decode, lambda outputs: encode_response(model.name, model.version, parsed[0], outputs))
         if await request.is_disconnected():  # gone while its request ran: nobody to answer
             raise ClientDisconnect()
         if json_length is None:
@@ -385,18 +306,11 @@ def create_app(registry: ModelRegistry, options: ServeOptions | None = None) -> 
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        grpc_server = None
-        if options.grpc_address:
-            from hybrid.serve.grpc_server import start_grpc
-
-            grpc_server, state.grpc_port = await start_grpc(state, options.grpc_address)
         try:
             yield
         finally:
-            if grpc_server is not None:  # in-flight calls finish (the drain has begun), new ones are refused
-                state.begin_drain()
-                await grpc_server.stop(options.drain_timeout)
-            await run_in_threadpool(state.close)
+            if not state.managed:  # served by something else than the composition root (Ray Serve)
+                await run_in_threadpool(state.close)
 
     app = FastAPI(title="pyasc inference server", version=__version__, lifespan=lifespan,
                   docs_url=None, redoc_url=None, openapi_url=None)

@@ -2,11 +2,13 @@
 
 The service is built on the generated code that ships with tritonclient (``tritonclient.grpc.service_pb2``
 and ``service_pb2_grpc``, from Triton's published ``grpc_service.proto``), so the wire format is protobuf's,
-never hand-written. It runs on the HTTP server's event loop (started and stopped by the app's lifespan) and
-shares everything with it: the models and their batchers, the bearer token (``authorization`` metadata),
-the body limit (the largest message accepted), the metrics and statistics, the draining state, and the
-HYB error codes, sent as the status message ``[HYB-7xx] ...`` with the code also in the trailing metadata
-``hyb-code``; the status code follows the HTTP status of the same error (:func:`grpc_status`).
+never hand-written. It runs on the HTTP server's event loop (started and stopped by the composition
+root, :mod:`hybrid.serve.server`) and shares everything with it through :mod:`hybrid.serve.state`,
+inference included (:func:`hybrid.serve.state.infer`): the models and their batchers, the bearer token
+(``authorization`` metadata), the body limit (the largest message accepted), the metrics and statistics,
+the draining state, and the HYB error codes, sent as the status message ``[HYB-7xx] ...`` with the code
+also in the trailing metadata ``hyb-code``; the status code follows the HTTP status of the same
+error (:func:`grpc_status`).
 
 Methods: ServerLive, ServerReady, ModelReady, ServerMetadata, ModelMetadata, ModelInfer (inputs as
 ``raw_input_contents`` or typed ``contents``; outputs always as ``raw_output_contents``, as Triton does),
@@ -22,7 +24,6 @@ import asyncio
 import functools
 import hmac
 import logging
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -34,9 +35,10 @@ from tritonclient.grpc import service_pb2_grpc as pb_grpc
 from hybrid._version import __version__
 from hybrid.errors import ConfigError, HybridError, ServingError
 from hybrid.serve.protocol import DATATYPES, Limits, binary_of, datatype_of
+from hybrid.serve.state import EXTENSIONS, Decoded, ServerState, http_status, infer, selected_models, statistics_of
+from hybrid.serve.triton_config import model_config
 
 if TYPE_CHECKING:
-    from hybrid.serve.app import ServerState
     from hybrid.serve.model import ServedModel
 
 __all__ = ["GrpcService", "decode_inputs", "encode_outputs", "grpc_status", "start_grpc"]
@@ -57,8 +59,6 @@ _HINT = "build requests with tritonclient.grpc (InferInput.set_data_from_numpy)"
 def grpc_status(code: str) -> grpc.StatusCode:
     """The gRPC status of a HybridError code: the counterpart of its HTTP status (400 -> INVALID_ARGUMENT,
     404 -> NOT_FOUND, 503 -> UNAVAILABLE, 504 -> DEADLINE_EXCEEDED, ...; anything else INTERNAL)."""
-    from hybrid.serve.app import http_status
-
     return _BY_HTTP.get(http_status(code), grpc.StatusCode.INTERNAL)
 
 
@@ -283,8 +283,6 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
 
     @_rpc()
     async def ServerMetadata(self, request: pb.ServerMetadataRequest, context: Any) -> pb.ServerMetadataResponse:
-        from hybrid.serve.triton_http import EXTENSIONS
-
         return pb.ServerMetadataResponse(name="pyasc", version=__version__, extensions=EXTENSIONS)
 
     @_rpc()
@@ -298,17 +296,13 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
 
     @_rpc()
     async def ModelConfig(self, request: pb.ModelConfigRequest, context: Any) -> pb.ModelConfigResponse:
-        from hybrid.serve.triton_config import model_config
-
         return pb.ModelConfigResponse(config=model_config(self._model(request.name, request.version)))
 
     @_rpc()
     async def ModelStatistics(self, request: pb.ModelStatisticsRequest,
                               context: Any) -> pb.ModelStatisticsResponse:
-        from hybrid.serve.triton_http import selected_models
-
         models = selected_models(self.state.registry, request.name or None, request.version or None)
-        return pb.ModelStatisticsResponse(model_stats=[self.state.metrics.stats(m).to_proto() for m in models])
+        return pb.ModelStatisticsResponse(model_stats=statistics_of(self.state, models))
 
     # ------------------------------------------------------------------ repository
     @_rpc()
@@ -339,39 +333,17 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
 
     # ------------------------------------------------------------------ inference
     async def _infer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
-        if self.state.draining:
-            raise ServingError("HYB-706", "the server is shutting down; request refused", "retry on another replica")
-        model = self._model(request.model_name, request.model_version)
-        metrics, limits = self.state.metrics, self.state.options.limits
-        metrics.requests.labels(model.name, model.version).inc()
-        t0 = time.perf_counter()
-        ok = False
-        rows = 1
-        input_s = output_s = 0.0
-        try:
-            timeout = _request_timeout(request, context)
-            size = sum(len(r) for r in request.raw_input_contents)
-            if size > _OFFLOAD:
-                inputs = await asyncio.get_running_loop().run_in_executor(None, decode_inputs, request, limits)
-            else:
-                inputs = decode_inputs(request, limits)
-            input_s = time.perf_counter() - t0
-            from hybrid.serve.triton_http import request_rows
+        model = self.state.model(request.model_name, request.model_version or None)
+        limits = self.state.options.limits
 
-            rows = request_rows(model, inputs)
-            outputs = await model.infer(inputs, timeout)
-            t1 = time.perf_counter()
-            response = encode_outputs(model, request, outputs)
-            output_s = time.perf_counter() - t1
-            ok = True
-            return response
-        except HybridError as e:
-            metrics.failures.labels(model.name, model.version, e.code).inc()
-            raise
-        finally:  # a client that went away (CancelledError) counts as a failure too
-            elapsed = time.perf_counter() - t0
-            metrics.latency.labels(model.name, model.version).observe(elapsed)
-            metrics.request_done(model, ok, elapsed, rows, input_s, output_s)
+        def decode() -> Decoded | asyncio.Future[Decoded]:
+            timeout = _request_timeout(request, context)
+            if sum(len(r) for r in request.raw_input_contents) > _OFFLOAD:
+                loop = asyncio.get_running_loop()
+                return loop.run_in_executor(None, lambda: Decoded(decode_inputs(request, limits), timeout))
+            return Decoded(decode_inputs(request, limits), timeout)
+
+        return await infer(self.state, model, decode, lambda outputs: encode_outputs(model, request, outputs))
 
     @_rpc()
     async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:

@@ -1,7 +1,11 @@
 """A served model: one compiled model, its request checks, and its dynamic batcher.
 
-Requests are validated one by one (names, dtypes, ranks, static dims) before they queue, so a bad
-request fails alone. When the model's inputs and outputs share a symbolic first dimension, the batcher
+Each request is checked once (:meth:`ServedModel.check`: names, dtypes, ranks, static dims, Triton's
+``max_batch_size``) into a :class:`CheckedRequest` before it queues, so a bad request fails alone and the
+batches run with no further check (``CompiledModel.run_checked``). Errors name what the model expects the
+way Triton does (``Expected [-1,3,224,224], got [2,3,224,225]``; -1 for a dynamic dim).
+
+When the model's inputs and outputs share a symbolic first dimension, the batcher
 concatenates the requests of a batch along it (grouped by their other dims), runs the model once per
 group, and splits the outputs back by each request's own row count. Models with a static batch run each
 request of a batch in turn.
@@ -26,7 +30,7 @@ from hybrid.runtime.validate import InputValidator
 if TYPE_CHECKING:
     from hybrid.runtime.compiled import CompiledModel
 
-__all__ = ["BatchSettings", "ServedModel"]
+__all__ = ["BatchSettings", "CheckedRequest", "ServedModel"]
 
 logger = logging.getLogger("hybrid.serve")
 
@@ -65,12 +69,29 @@ class BatchSettings(ConfigSection):
 BatchObserver = Callable[["ServedModel", int, list[float], float], None]
 
 
-class _Item:
-    __slots__ = ("enqueued", "feeds")
+class CheckedRequest:
+    """One request, checked against its model once (:meth:`ServedModel.check`); it runs with no further check.
 
-    def __init__(self, feeds: dict[str, np.ndarray]) -> None:
+    Attributes:
+        feeds: Input name -> array, as the model's signature wants them.
+        rows: Inferences it holds as Triton counts them (its batch rows when the model batches, else 1).
+        enqueued: When it joined its model's queue (``time.monotonic``).
+    """
+
+    __slots__ = ("enqueued", "feeds", "rows")
+
+    def __init__(self, feeds: dict[str, np.ndarray], rows: int) -> None:
         self.feeds = feeds
-        self.enqueued = time.monotonic()
+        self.rows = rows
+        self.enqueued = 0.0
+
+
+_Item = CheckedRequest  # what the batcher queues
+
+
+def _dims(shape: Any) -> list[int]:
+    """A shape as Triton prints it: symbolic or unknown dims are -1."""
+    return [d if isinstance(d, int) else -1 for d in shape]
 
 
 def _batch_symbol(compiled: CompiledModel) -> str | None:
@@ -110,6 +131,8 @@ class ServedModel:
         self.observer = observer
         self.model_config: Any = None  # Triton's ModelConfig from the folder's config.pbtxt (triton_config)
         self._validator = InputValidator(self.signature)
+        self._specs = {spec.name: spec for spec in self.signature.inputs}
+        self._max_rows: int | None = None  # Triton's max_batch_size once known (0: no limit); see max_batch_size
         self._output_names = self.signature.output_names
         self._in_flight = 0  # unbatched mode's queue
         self._closed = False
@@ -131,27 +154,93 @@ class ServedModel:
     def ready(self) -> bool:
         return not self._closed
 
+    @property
+    def max_batch_size(self) -> int:
+        """Triton's ``max_batch_size`` of this model (its configuration's): most rows a request may carry; 0: no
+        limit (the model does not batch)."""
+        if self._max_rows is None:  # as hybrid.serve.triton_config.model_config reports it
+            if self.model_config is not None:
+                self._max_rows = int(self.model_config.max_batch_size)
+            else:
+                batched = self.batch_symbol is not None and self.settings.max_batch > 0
+                self._max_rows = self.settings.max_batch if batched else 0
+        return self._max_rows
+
+    def precheck(self, feeds: Mapping[str, np.ndarray]) -> None:
+        """The check of :meth:`check` on a request's declared inputs (placeholder arrays), before its data
+        is decoded."""
+        self._checked(feeds)
+
+    def check(self, feeds: Mapping[str, np.ndarray]) -> CheckedRequest:
+        """Check one request's inputs against the model, once: the request then runs with no further check.
+
+        Raises:
+            RunError: HYB-401..407 naming the input, what the model expects (Triton's dims, -1 dynamic) and
+                what came; HYB-405 when a request holds more rows than ``max_batch_size``.
+        """
+        checked, rows = self._checked(feeds)
+        return CheckedRequest(checked, rows)
+
+    def _checked(self, feeds: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], int]:
+        try:
+            checked = self._validator.feeds(feeds)
+        except RunError as e:
+            raise self._triton_wording(e, feeds) from None
+        rows = 1
+        if self.batch_symbol is not None and checked:
+            first = next(iter(checked.values()))
+            rows = int(first.shape[0]) if first.ndim else 1
+            limit = self._max_rows if self._max_rows is not None else self.max_batch_size
+            if limit and rows > limit:
+                raise RunError("HYB-405", f"inference request batch-size must be <= {limit} for {self.name!r} "
+                               f"(the request has {rows} rows)",
+                               f"split the request into requests of at most {limit} rows")
+        return checked, rows
+
+    def _triton_wording(self, e: RunError, feeds: Mapping[str, np.ndarray]) -> RunError:
+        """A shape or dtype error worded as Triton's, naming the expected dims (-1 for a dynamic one)."""
+        from hybrid.serve.protocol import datatype_of
+
+        for name, value in feeds.items():
+            spec = self._specs.get(name)
+            if spec is None or spec.kind != "tensor" or not isinstance(value, np.ndarray):
+                continue
+            if e.code == "HYB-403" and spec.dtype is not None and value.dtype != spec.dtype:
+                return RunError("HYB-403", f"inference input {name!r} data-type is {datatype_of(value.dtype)!r}, "
+                                f"but model {self.name!r} expects {datatype_of(spec.dtype)!r}",
+                                f"send {name!r} as {datatype_of(spec.dtype)}")
+            if e.code in ("HYB-404", "HYB-405") and spec.shape is not None and name in e.message:
+                want = _dims(spec.shape)
+                return RunError(e.code, f"unexpected shape for input {name!r} for model {self.name!r}. Expected "
+                                f"{str(want).replace(' ', '')}, got {str(list(value.shape)).replace(' ', '')}",
+                                "send the shape the model's metadata gives (-1: any size)")
+        return e
+
     async def infer(self, feeds: Mapping[str, np.ndarray], timeout: float | None = None) -> dict[str, np.ndarray]:
-        """Validate one request's inputs, run it (in a batch when batching is on), return its outputs.
+        """Check one request's inputs and run it: :meth:`check`, then :meth:`run`."""
+        return await self.run(self.check(feeds), timeout)
+
+    async def run(self, request: CheckedRequest, timeout: float | None = None) -> dict[str, np.ndarray]:
+        """Run one checked request (in a batch when batching is on), return its outputs.
 
         Args:
-            feeds: Input name -> array.
+            request: From :meth:`check`.
             timeout: The client's own timeout in seconds; the shorter of it and ``request_timeout`` applies.
 
         Raises:
-            RunError: HYB-401..407 for inputs that do not fit the model, HYB-411 on timeout, HYB-408 when
-                the backend fails.
+            RunError: HYB-411 on timeout, HYB-408 when the backend fails.
             ServingError: HYB-705 when the queue is full, HYB-706 when the model is shutting down.
         """
-        checked = self._validator.feeds(feeds)
-        limits = [t for t in (timeout, self.settings.request_timeout) if t is not None]
-        limit = min(limits) if limits else None
+        limit = self.settings.request_timeout
+        if timeout is not None and (limit is None or timeout < limit):
+            limit = timeout
         if self._closed:
             raise self._closing_error()
+        request.enqueued = time.monotonic()
         if self._batcher is None:
-            return await self._infer_alone(checked, limit)
+            return await self._infer_alone(request.feeds, limit)
         try:
-            return await self._batcher.acall(_Item(checked), timeout=limit)
+            return await self._batcher.acall(request, timeout=limit)
         except RunError as e:
             if e.code == "HYB-412":
                 raise ServingError("HYB-705", f"model {self.name!r} version {self.version}: "
@@ -179,7 +268,7 @@ class ServedModel:
 
     def _run_alone(self, feeds: dict[str, np.ndarray], enqueued: float) -> dict[str, np.ndarray]:
         t0 = time.monotonic()
-        out = self.compiled.run(feeds)
+        out = self.compiled.run_checked(feeds)
         if self.observer is not None:
             self.observer(self, 1, [t0 - enqueued], time.monotonic() - t0)
         return out
@@ -210,7 +299,7 @@ class ServedModel:
         outs: list[dict[str, np.ndarray] | Exception] = []
         for item in group:
             try:
-                outs.append(self.compiled.run(item.feeds))
+                outs.append(self.compiled.run_checked(item.feeds))
             except Exception as e:
                 outs.append(self._error_for_one(e, 1))
         return outs
@@ -237,17 +326,17 @@ class ServedModel:
 
     def _run_group(self, group: list[_Item]) -> list[dict[str, np.ndarray]]:
         if len(group) == 1:
-            return [self.compiled.run(group[0].feeds)]
-        rows = [len(next(iter(it.feeds.values()))) for it in group]
+            return [self.compiled.run_checked(group[0].feeds)]
+        rows = [it.rows for it in group]
         names = list(group[0].feeds)
         joined = {k: np.concatenate([it.feeds[k] for it in group], axis=0) for k in names}
-        outs = self.compiled.run(joined)
+        outs = self.compiled.run_checked(joined)
         total = sum(rows)
         if any(np.ndim(v) == 0 or len(v) != total for v in outs.values()):
             # the graph does not keep rows independent after all: fall back to one run per request
             logger.warning("model %s:%s returned outputs without the batch of %d rows; running requests one "
                            "by one", self.name, self.version, total)
-            return [self.compiled.run(it.feeds) for it in group]
+            return [self.compiled.run_checked(it.feeds) for it in group]
         bounds = np.cumsum(rows)[:-1]
         parts = {k: np.split(v, bounds, axis=0) for k, v in outs.items()}
         return [{k: parts[k][j] for k in self._output_names} for j in range(len(group))]

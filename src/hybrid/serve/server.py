@@ -1,4 +1,8 @@
-"""Running the app with uvicorn, with a graceful shutdown that drains in-flight requests.
+"""The composition root: the HTTP app on uvicorn and the gRPC service beside it, with a graceful shutdown.
+
+:class:`HybridServer` starts both transports on one event loop (the gRPC service first, when
+``ServeOptions.grpc_address`` is set) and, at shutdown, stops both and then closes the models; the
+transports share only :mod:`hybrid.serve.state`.
 
 On SIGTERM or SIGINT (or :meth:`BackgroundServer.stop`) the server, in order: marks itself draining
 (readiness turns 503, new inference requests get HYB-706), flushes every model's queue at once instead of
@@ -45,7 +49,7 @@ from hybrid.serve.app import BODY_TIMEOUT_SCOPE_KEY
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
-    from hybrid.serve.app import ServerState
+    from hybrid.serve.state import ServerState
 
 __all__ = ["BackgroundServer", "ConnectionLimits", "HybridServer", "limit_allocator_retention", "make_server", "run"]
 
@@ -199,11 +203,28 @@ def guarded_protocol(base: type[asyncio.Protocol], limits: ConnectionLimits,
 
 
 class HybridServer(uvicorn.Server):
-    """uvicorn's server with the drain step before uvicorn's own graceful shutdown."""
+    """uvicorn's server with the gRPC service beside it and the drain step before uvicorn's own graceful
+    shutdown; it closes the models once both transports have stopped."""
 
     def __init__(self, config: uvicorn.Config, state: ServerState) -> None:
         super().__init__(config)
         self.state = state
+        state.managed = True
+
+    async def serve(self, sockets: list[Any] | None = None) -> None:
+        grpc_server = None
+        address = self.state.options.grpc_address
+        try:
+            if address:
+                from hybrid.serve.grpc_server import start_grpc
+
+                grpc_server, self.state.grpc_port = await start_grpc(self.state, address)
+            await super().serve(sockets)
+        finally:
+            if grpc_server is not None:  # in-flight calls finish (the drain has begun), new ones are refused
+                self.state.begin_drain()
+                await grpc_server.stop(self.state.options.drain_timeout)
+            await asyncio.get_running_loop().run_in_executor(None, self.state.close)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         # the signal is not re-raised after the drain (uvicorn's default): a drained server exits 0

@@ -20,18 +20,17 @@ from fastapi import FastAPI, Request
 from starlette.concurrency import run_in_threadpool
 
 from hybrid.errors import ServingError
+from hybrid.serve.state import EXTENSIONS, selected_models, statistics_of
 from hybrid.serve.triton_config import config_json, model_config
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from hybrid.serve.app import ServerState
     from hybrid.serve.model import ServedModel
-    from hybrid.serve.repository import ModelRegistry
+    from hybrid.serve.state import ServerState
 
 __all__ = ["EXTENSIONS", "add_triton_routes", "request_rows", "selected_models"]
 
-EXTENSIONS = ["binary_tensor_data", "model_configuration", "statistics", "model_repository"]
 _CONTROL_BODY_MAX = 64 << 10
 
 
@@ -41,16 +40,6 @@ def request_rows(model: ServedModel, inputs: dict[str, np.ndarray]) -> int:
         return 1
     first = next(iter(inputs.values()))
     return int(first.shape[0]) if first.ndim else 1
-
-
-def selected_models(registry: ModelRegistry, name: str | None, version: str | None) -> list[ServedModel]:
-    """The models a statistics request names: all, every version of ``name``, or one version."""
-    if name is None:
-        return list(registry)
-    if version is not None:
-        return [registry.get(name, version)]
-    registry.get(name)
-    return [registry.get(name, v) for v in registry.versions(name)]
 
 
 async def _control_body(request: Request) -> dict[str, Any]:
@@ -83,7 +72,7 @@ def add_triton_routes(app: FastAPI, state: ServerState) -> None:
     @app.get("/v2/models/{model_name}/versions/{model_version}/stats")
     async def statistics(model_name: str | None = None, model_version: str | None = None) -> dict[str, Any]:
         models = selected_models(registry, model_name, model_version)
-        return {"model_stats": [config_json(metrics.stats(m).to_proto()) for m in models]}
+        return {"model_stats": [config_json(m) for m in statistics_of(state, models)]}
 
     @app.get("/v2/models/{model_name}/config")
     @app.get("/v2/models/{model_name}/versions/{model_version}/config")

@@ -1,0 +1,185 @@
+"""What both transports share: the options, the models and metrics, the draining flag, and the one infer path.
+
+The HTTP app (:mod:`hybrid.serve.app`) and the gRPC service (:mod:`hybrid.serve.grpc_server`) sit above
+this module and never import each other; the composition root (:mod:`hybrid.serve.server`) starts both.
+Every inference request, whatever its transport, goes through :func:`infer`: decoded once by the
+transport into arrays, checked once against the model (:meth:`ServedModel.check`), queued and batched,
+run with no further check, encoded by the transport; the metrics and Triton's statistics are kept here.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from hybrid.errors import HybridError, ServingError
+from hybrid.serve.metrics import ServerMetrics
+from hybrid.serve.protocol import Limits
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from hybrid.serve.model import ServedModel
+    from hybrid.serve.repository import ModelRegistry
+
+__all__ = ["EXTENSIONS", "Decoded", "ServeOptions", "ServerState", "http_status", "infer", "selected_models"]
+
+logger = logging.getLogger("hybrid.serve")
+
+EXTENSIONS = ["binary_tensor_data", "model_configuration", "statistics", "model_repository"]
+_STATUS = {"HYB-701": 404, "HYB-702": 400, "HYB-703": 401, "HYB-704": 413, "HYB-705": 503, "HYB-706": 503,
+           "HYB-707": 400, "HYB-709": 403, "HYB-411": 504, "HYB-412": 503, "HYB-414": 503, "HYB-415": 503}
+_INPUT_CODES = {f"HYB-40{i}" for i in range(1, 8)}
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class ServeOptions:
+    """Server-wide settings.
+
+    Attributes:
+        auth_token: When set, every endpoint but liveness needs ``Authorization: Bearer <token>``.
+        limits: Body size (after decompression) and JSON nesting limits.
+        drain_timeout: Longest time in seconds the models take to run their queues at shutdown.
+        grpc_address: 'host:port' of the gRPC service (port 0: a free one); None: no gRPC.
+        model_control: Allow the repository load and unload endpoints (off: HYB-709).
+    """
+
+    auth_token: str | None = None
+    limits: Limits = field(default_factory=Limits)
+    drain_timeout: float = 30.0
+    grpc_address: str | None = None
+    model_control: bool = False
+
+
+def http_status(code: str) -> int:
+    """The HTTP status of a HybridError code: 400 for bad inputs, 404 unknown model, 503 overload..."""
+    if code in _STATUS:
+        return _STATUS[code]
+    return 400 if code in _INPUT_CODES else 500
+
+
+class ServerState:
+    """What the transports share: the models, the metrics, the options and the draining flag.
+
+    Attributes:
+        managed: Set by the composition root (:class:`hybrid.serve.server.HybridServer`) when it starts
+            and stops the transports and closes the models itself; otherwise the HTTP app's lifespan does.
+        grpc_port: The bound gRPC port once the gRPC service has started.
+    """
+
+    def __init__(self, registry: ModelRegistry, options: ServeOptions) -> None:
+        self.registry = registry
+        self.options = options
+        self.metrics = ServerMetrics(registry)
+        for model in registry:
+            model.observer = self.metrics.observe_batch
+        self.draining = False
+        self.managed = False
+        self.grpc_port: int | None = None
+        self._drained = threading.Event()
+        self._closed = False
+
+    def begin_drain(self) -> None:
+        """Refuse new requests and run every queued one now (in a thread: callable from a signal handler)."""
+        if self.draining:
+            return
+        self.draining = True
+        logger.info("draining: no new requests; running the queued ones")
+
+        def drain() -> None:
+            try:
+                self.registry.drain(self.options.drain_timeout)
+            finally:
+                self._drained.set()
+
+        threading.Thread(target=drain, name="hybrid-serve-drain", daemon=True).start()
+
+    def close(self) -> None:
+        """Drain (if not begun), wait for it, then close the models (once)."""
+        self.begin_drain()
+        self._drained.wait(self.options.drain_timeout)
+        if not self._closed:
+            self._closed = True
+            self.registry.close()
+
+    def model(self, name: str, version: str | None) -> ServedModel:
+        """The served model, refusing new requests while draining (HYB-706) or for an unknown model (HYB-701)."""
+        if self.draining:
+            raise ServingError("HYB-706", "the server is shutting down; request refused", "retry on another replica")
+        return self.registry.get(name, version)
+
+
+@dataclass(slots=True)
+class Decoded:
+    """A request as its transport decoded it: the input arrays and the client's own timeout (seconds)."""
+
+    inputs: dict[str, np.ndarray]
+    timeout_s: float | None
+
+
+async def infer(state: ServerState, model: ServedModel, decode: Callable[[], Awaitable[Decoded] | Decoded],
+                encode: Callable[[Mapping[str, np.ndarray]], T]) -> T:
+    """The one inference path of both transports.
+
+    Args:
+        state: The server's state (metrics).
+        model: From :meth:`ServerState.model`.
+        decode: The transport's decoding of the request (its own checks before decoding any data); a
+            coroutine function or a plain one.
+        encode: The transport's encoding of the outputs into its answer.
+
+    Returns:
+        What ``encode`` returned.
+
+    Raises:
+        HybridError: From decoding, the check, the run or encoding; counted in the metrics.
+    """
+    metrics = state.metrics
+    key = (model.name, model.version)
+    metrics.requests.labels(*key).inc()
+    t0 = time.perf_counter()
+    ok, rows = False, 1
+    input_s = output_s = 0.0
+    try:
+        decoded = decode()
+        if not isinstance(decoded, Decoded):
+            decoded = await decoded
+        request = model.check(decoded.inputs)
+        decoded.inputs = {}  # the request holds the arrays now (views of the body): nothing else keeps them
+        rows = request.rows
+        t1 = time.perf_counter()
+        input_s = t1 - t0
+        outputs = await model.run(request, decoded.timeout_s)
+        del request
+        t2 = time.perf_counter()
+        answer = encode(outputs)
+        output_s = time.perf_counter() - t2
+        ok = True
+        return answer
+    except HybridError as e:
+        metrics.failures.labels(*key, e.code).inc()
+        raise
+    finally:  # a client that went away (CancelledError) counts as a failure too
+        elapsed = time.perf_counter() - t0
+        metrics.latency.labels(*key).observe(elapsed)
+        metrics.request_done(model, ok, elapsed, rows, input_s, output_s)
+
+
+def selected_models(registry: ModelRegistry, name: str | None, version: str | None) -> list[ServedModel]:
+    """The models a statistics request names: all, every version of ``name``, or one version."""
+    if name is None:
+        return list(registry)
+    if version is not None:
+        return [registry.get(name, version)]
+    registry.get(name)
+    return [registry.get(name, v) for v in registry.versions(name)]
+
+
+def statistics_of(state: ServerState, models: list[ServedModel]) -> list[Any]:
+    """Triton's ``ModelStatistics`` messages of ``models``."""
+    return [state.metrics.stats(m).to_proto() for m in models]
