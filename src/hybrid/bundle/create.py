@@ -212,12 +212,16 @@ def _optimize(model: Model, level: str | None, layout: str) -> tuple[Model, bool
 
 
 def _compile_here(model: Model, profile: PlatformProfile, target: str | None, precision: str | None,
-                  config: Mapping[str, Any] | None) -> CompiledModel | None:
-    """Compile for the first of the profile's targets present here (None if this machine cannot)."""
+                  config: Mapping[str, Any] | None, shapes: Mapping[str, Any] | None = None) -> CompiledModel | None:
+    """Compile for the first of the profile's targets present here (None if this machine cannot); target
+    'auto' measures the candidates here at ``shapes`` and bundles the choice."""
     if profile.arch != machine_arch() or profile.os != _platform.system().lower():
         logger.info("platform %r is %s/%s, this machine %s/%s: bundling the IR only", profile.name, profile.os,
                     profile.arch, _platform.system().lower(), machine_arch())
         return None
+    if target is not None and target.strip().lower() == "auto":
+        return compile_model(model, target="auto", precision=precision or profile.precision, config=config,
+                             shapes=shapes)
     errors = []
     for backend, device in available_pairs([target] if target else profile.targets):
         wanted = precision or profile.precision
@@ -227,7 +231,8 @@ def _compile_here(model: Model, profile: PlatformProfile, target: str | None, pr
             for note in notes:
                 logger.warning(note)
             try:
-                return compile_model(model, target=f"{backend}:{device}", precision=prec, config={backend: options})
+                return compile_model(model, target=f"{backend}:{device}", precision=prec, config={backend: options},
+                                     shapes=shapes)
             except HybridError as e:
                 errors.append(f"{backend}:{device} {prec}: {e.message}")
     if target:
@@ -248,7 +253,7 @@ def create_bundle(model: Any, output: str | os.PathLike, *, platform: str | Plat
                   platforms_file: str | os.PathLike | None = None,
                   external_data_bytes: int = EXTERNAL_DATA_MODEL_BYTES,
                   task_options: Mapping[str, Any] | None = None,
-                  serving: Mapping[str, Any] | None = None) -> Manifest:
+                  serving: Mapping[str, Any] | None = None, shapes: Mapping[str, Any] | None = None) -> Manifest:
     """Build a bundle for a platform (``pyasc bundle create``).
 
     Args:
@@ -274,6 +279,8 @@ def create_bundle(model: Any, output: str | os.PathLike, *, platform: str | Plat
             see docs/vision.md), written to the manifest's ``preprocess`` / ``postprocess``.
         serving: Dynamic-batching settings for ``pyasc serve`` (``max_batch``, ``batch_timeout``,
             ``max_queue``, ``request_timeout``, ``concurrency``), written to the manifest's ``serving``.
+        shapes: The shapes users run, as for ``hybrid.compile(shapes=...)``: with ``target='auto'`` the
+            candidates are measured at them and the choice is bundled.
 
     Raises:
         BundleError: HYB-508 for an unknown platform, HYB-509 when fetching wheels fails, HYB-502 for
@@ -284,7 +291,7 @@ def create_bundle(model: Any, output: str | os.PathLike, *, platform: str | Plat
     hmodel, optimized = _optimize(Model.load(model), optimize_level, profile.layout)
     if name is None and isinstance(model, (str, os.PathLike)):
         name = Path(model).stem
-    cm = _compile_here(hmodel, profile, target, precision, config) if caches or target else None
+    cm = _compile_here(hmodel, profile, target, precision, config, shapes) if caches or target else None
     with tempfile.TemporaryDirectory(prefix="hybrid-libs-") as tmp:
         libs = _libs_for(profile, include_libs, python_version, requirements, wheels, include_hybrid, Path(tmp))
         return _write(output, hmodel, profile, cm, caches=caches, calibration=calibration, libs=libs, name=name,
