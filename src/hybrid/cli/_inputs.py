@@ -18,7 +18,7 @@ import numpy as np
 from hybrid.errors import ConfigError, ModelError, RunError
 
 __all__ = ["Inputs", "check_declared", "declared_shapes", "dims", "generated_inputs", "load_inputs", "load_model",
-           "model_path", "parse_shapes", "resolve_inputs", "shapes_line"]
+           "model_path", "parse_shapes", "resolve_inputs", "shapes_line", "shapes_text"]
 
 _MODEL_SUFFIXES = (".onnx", ".hybrid")
 
@@ -158,6 +158,17 @@ def check_declared(signature: Any, declared: Mapping[str, Any]) -> None:
                                       f"use {want} for dim {i}")
 
 
+def shapes_text(declared: Mapping[str, Any]) -> str:
+    """Declared shapes in words: ``x: 1x3x480x640`` or ``x: min 1x3x320x320, opt ..., max ...``."""
+    out = []
+    for name, value in declared.items():
+        if isinstance(value, Mapping):
+            out.append(f"{name}: " + ", ".join(f"{k} {dims(v)}" for k, v in value.items()))
+        else:
+            out.append(f"{name}: {dims(value)}")
+    return "; ".join(out)
+
+
 def shapes_line(spec: Any) -> str:
     """``NAME:DIMS`` for ``--shapes`` with the model's static dims and each dynamic dim as a placeholder
     to replace: its name in capitals (``x:1x3xHEIGHTxWIDTH``), ``D<axis>`` for an unnamed one."""
@@ -202,7 +213,7 @@ class Inputs:
 
 def resolve_inputs(model: Any, given: Mapping[str, np.ndarray] | None = None,
                    declared: Mapping[str, Any] | None = None, *, generate: bool = True, batch: int | None = None,
-                   seed: int = 0, command: str = "run MODEL") -> Inputs:
+                   seed: int = 0, command: str = "run MODEL", alternative: str = "--input NAME=FILE.npy") -> Inputs:
     """The inputs a command runs ``model`` (a hybrid.Model) on: the ``--input`` files, the rest generated
     the way auto-selection makes its samples at sizes the user gave.
 
@@ -214,6 +225,7 @@ def resolve_inputs(model: Any, given: Mapping[str, np.ndarray] | None = None,
         batch: ``--batch``: the size of dim 0 where it is dynamic and nothing else sizes it.
         seed: Random seed of generated inputs.
         command: The command and model, for the hint (``bench det.onnx``: ``pyasc bench det.onnx --shapes ...``).
+        alternative: The other way to give a size, for the hint ('' for none).
 
     Raises:
         ConfigError: HYB-102 for ``--shapes`` that do not fit the model or contradict an ``--input`` file.
@@ -282,7 +294,7 @@ def resolve_inputs(model: Any, given: Mapping[str, np.ndarray] | None = None,
         line = ",".join(shapes_line(s) for s, _ in unsized)
         raise RunError("HYB-417", f"dynamic input dims have no size: {what}; give the shapes to run (nothing is "
                        "made up)", f"pyasc {command} --shapes {line} (replace the capitals with the sizes "
-                       "you run), or --input NAME=FILE.npy")
+                       "you run)" + (f", or {alternative}" if alternative else ""))
     feeds: dict[str, np.ndarray] = {}
     if concrete:
         made = sample_inputs(model, 1, seed, shapes=concrete)

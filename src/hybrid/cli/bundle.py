@@ -10,6 +10,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
+from hybrid.cli import _options as opt
 from hybrid.cli import _serving_options as so
 from hybrid.cli import _vision_options as vo
 from hybrid.cli._console import console, err_console, progress, report_errors, styled
@@ -34,14 +35,20 @@ def _size(n: int) -> str:
 
 @bundle_app.command("create")
 def create(
-    model: Annotated[Path, typer.Argument(help="The model: an .onnx file.")],
+    model: Annotated[Path, typer.Argument(help="The model: an .onnx file (or a folder holding one).")],
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Bundle to write (default: "
                                                 "MODEL's name with .hybrid, in the current folder).")] = None,
     platform: Annotated[str, typer.Option("--platform", "-P", help="Platform profile (`pyasc platforms`); "
                                           "auto: this machine.")] = "auto",
     platforms_file: _PlatformsFile = None,
     target: Annotated[str | None, typer.Option("--target", "-t", help="Compile for this target instead of the "
-                                               "profile's first present one.")] = None,
+                                               "profile's first present one; auto measures the candidates here "
+                                               "(at --shapes) and bundles the choice.")] = None,
+    shapes: Annotated[str | None, typer.Option("--shapes", help="The shapes users run, NAME:1x3x480x640[,...]: "
+                                               "-t auto measures at them (a dynamic input needs them).")] = None,
+    min_shapes: opt.MinShapes = None,
+    opt_shapes: opt.OptShapes = None,
+    max_shapes: opt.MaxShapes = None,
     precision: Annotated[str | None, typer.Option("--precision", "-p", help="fp32, fp16 or bf16 (default: the "
                                                   "profile's).")] = None,
     optimize_level: Annotated[str | None, typer.Option("--optimize-level", "-O", help="O0..O3 graph "
@@ -69,11 +76,22 @@ def create(
     """Package MODEL for a platform: the IR, a compiled cache when this machine can run the platform,
     optional calibration data, vendored wheels and the dynamic batching `pyasc serve` applies."""
     from hybrid.bundle import create_bundle
+    from hybrid.cli._inputs import check_declared, declared_shapes, load_model, model_path, resolve_inputs
 
-    out = output or Path(model.stem + ".hybrid")
     with report_errors():
+        model = model_path(model)
+        out = output or Path(model.stem + ".hybrid")
         task_options = vo.task_options(fmt, classes, conf_threshold, iou_threshold, max_det, agnostic, resize,
                                        input_size, color, scale, mean, std, task_option)
+        declared = declared_shapes(shapes, min_shapes, opt_shapes, max_shapes)
+        if declared or (target or "").strip().lower() == "auto":
+            source = load_model(model)
+            if declared:
+                check_declared(source.signature, declared)
+            if (target or "").strip().lower() == "auto":
+                # auto measures: a dynamic input needs the sizes users run (HYB-417), never made-up ones
+                declared = resolve_inputs(source, None, declared, command=f"bundle create {model} -t auto",
+                                          alternative="").compile_shapes or declared
         with progress(f"bundling {model.name}" + (" (fetching wheels)" if include_libs else "")):
             manifest = create_bundle(
                 model, out, platform=platform, target=target, precision=precision, optimize_level=optimize_level,
@@ -81,9 +99,16 @@ def create(
                 requirements=requirement or None, wheels=wheel or (), include_hybrid=not no_hybrid_wheel, name=name,
                 task=task, platforms_file=platforms_file, task_options=task_options,
                 serving=so.serving_settings(max_batch, batch_timeout, max_queue, request_timeout, concurrency,
-                                            zero_means_off=False) or None)
+                                            zero_means_off=False) or None, shapes=declared)
     console.print(Text.assemble(f"wrote {out} ({_size(out.stat().st_size)}) for platform ",
                                 (manifest.platform.name, "bold")), soft_wrap=True)
+    if declared:
+        from hybrid.cli._inputs import shapes_text
+
+        console.print(f"  shapes: {shapes_text(declared)}", soft_wrap=True)
+    if manifest.compile is not None:
+        console.print(f"  compiled for {manifest.compile.backend}:{manifest.compile.device} "
+                      f"{manifest.compile.precision}", soft_wrap=True)
     if manifest.caches:
         for c in manifest.caches:
             console.print(f"  compiled cache: {c.backend}:{c.device} {c.precision}, fingerprint {c.fingerprint}")

@@ -41,18 +41,6 @@ def plan_doc(cm: Any, per_node: bool = False) -> dict[str, Any]:
     return doc
 
 
-def _shapes_text(declared: dict[str, Any]) -> str:
-    from hybrid.cli._inputs import dims
-
-    out = []
-    for name, value in declared.items():
-        if isinstance(value, dict):
-            out.append(f"{name}: " + ", ".join(f"{k} {dims(v)}" for k, v in value.items()))
-        else:
-            out.append(f"{name}: {dims(value)}")
-    return "; ".join(out)
-
-
 def compile_command(
     model: Annotated[Path, typer.Argument(help="An .onnx file (or a folder holding one).")],
     target: opt.Target = "auto",
@@ -78,7 +66,7 @@ def compile_command(
 ) -> None:
     """Compile MODEL for a target and print the plan: segments, backends, and how they were chosen."""
     import hybrid
-    from hybrid.cli._inputs import check_declared, declared_shapes, load_model, model_path
+    from hybrid.cli._inputs import check_declared, declared_shapes, load_model, model_path, shapes_text
 
     with report_errors(as_json):
         opt.apply_device_fallback(device_fallback)
@@ -120,7 +108,7 @@ def compile_command(
                       ", ".join(s["inputs"]) or "-", ", ".join(s["outputs"]) or "-", s["reason"])
     console.print(table)
     if declared:
-        console.print(f"shapes: {_shapes_text(declared)}", soft_wrap=True)
+        console.print(f"shapes: {shapes_text(declared)}", soft_wrap=True)
     if output is not None:
         console.print(f"wrote {output} (load it with hybrid.load or pyasc run/serve)", soft_wrap=True)
     for note in doc["notes"]:

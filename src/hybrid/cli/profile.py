@@ -11,20 +11,25 @@ import typer
 
 from hybrid.cli import _options as opt
 from hybrid.cli._console import console, progress, report_errors
-from hybrid.cli._inputs import generated_inputs, load_inputs
+from hybrid.cli._inputs import load_inputs
 
 __all__ = ["register"]
 
 
 def profile(
-    model: Annotated[Path, typer.Argument(help="A .hybrid bundle or an .onnx model.")],
+    model: Annotated[Path, typer.Argument(help="A .hybrid bundle or an .onnx model (or a folder holding one).")],
     duration: Annotated[float, typer.Option("--duration", "-d", help="Seconds of timed plain runs (> 0).")] = 10.0,
     output: Annotated[Path, typer.Option("--output", "-o", help="Chrome trace to write (opens in Perfetto); "
                                          "its folder must exist.")] = Path("profile.json"),
     target: opt.Target = "auto",
+    precision: Annotated[str | None, typer.Option("--precision", "-p", help="fp32, fp16, bf16 or auto (default "
+                                                  "fp32; a bundle's own precision for a .hybrid).")] = None,
     inputs: opt.Inputs = None,
     shapes: opt.Shapes = None,
-    batch: Annotated[int, typer.Option("--batch", help="Size of symbolic dims in generated inputs.")] = 1,
+    min_shapes: opt.MinShapes = None,
+    opt_shapes: opt.OptShapes = None,
+    max_shapes: opt.MaxShapes = None,
+    batch: opt.Batch = None,
     warmup: Annotated[int, typer.Option("--warmup", help="Untimed runs first.")] = 3,
     node_runs: Annotated[int, typer.Option("--node-runs", help="Runs with the backend's profiler on, for node "
                                            "spans (before the timed runs; 0: none).")] = 100,
@@ -35,27 +40,32 @@ def profile(
     """Profile MODEL: p50/p90/p99 latency, throughput, top operators, and a Chrome trace.
 
     Node spans come from --node-runs runs with the backend's profiler on; then --duration seconds of plain
-    runs give the latency and throughput. The trace is bounded in size."""
-    from hybrid.api import profile as run_profile  # loads a .hybrid bundle, then the runtime profiles it
+    runs give the latency and throughput. The trace is bounded in size. A dynamic input needs --shapes or
+    --input (HYB-417): no size is made up; the shapes run are printed."""
+    from hybrid.cli._inputs import declared_shapes, load_model, model_path, resolve_inputs
+    from hybrid.cli.main import _load_compiled
+    from hybrid.runtime.profiler import check_arguments
+    from hybrid.runtime.profiler import profile as run_profile
 
     with report_errors(as_json):
         opt.apply_device_fallback(device_fallback)
-        feeds = load_inputs(inputs)
-        source = model
-        if feeds is not None or shapes:
-            import hybrid
-
-            with progress(f"compiling {model.name} for {target}"):
-                cm = hybrid.load(str(model), target=target) if model.suffix == ".hybrid" else \
-                    hybrid.compile(str(model), target=target)
-            feeds = {**generated_inputs(cm.model, shapes, batch), **(feeds or {})}
-            source = cm
+        check_arguments(duration, batch or 1, warmup, node_runs, output)
+        declared = declared_shapes(shapes, min_shapes, opt_shapes, max_shapes)
+        model = model_path(model)
+        source = load_model(model)
+        feeds = resolve_inputs(source, load_inputs(inputs), declared, batch=batch, command=f"profile {model}")
+        with progress(f"compiling {model.name} for {target}"):
+            cm = _load_compiled(model, target, precision, feeds.compile_shapes, source)
+        first = next(iter(feeds.feeds.values()), None)
+        items = int(first.shape[0]) if first is not None and first.ndim else 1
         with progress(f"profiling {model.name} for {duration:g} s"):
-            report = run_profile(source, duration=duration, output=output, target=target, inputs=feeds,
-                                 batch=batch, warmup=warmup, node_runs=node_runs, quiet=True)
+            report = run_profile(cm, duration=duration, output=output, target=target, inputs=feeds.feeds,
+                                 batch=items, warmup=warmup, node_runs=node_runs, quiet=True)
     if as_json:
-        typer.echo(json.dumps(asdict(report), indent=2))
+        typer.echo(json.dumps({**asdict(report), "inputs": feeds.shapes, "input_sources": feeds.sources},
+                              indent=2))
         return
+    console.print(f"inputs: {feeds.describe()}", soft_wrap=True)
     console.print(report.summary(top), soft_wrap=True)
 
 
