@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 __all__ = [
     "CATALOG",
+    "FIXES",
     "BackendError",
     "BundleError",
     "ConfigError",
@@ -214,6 +215,93 @@ CATALOG: dict[str, ErrorInfo] = {
 }
 
 
+# what to do about each code (`pyasc explain CODE` prints it after the cause); every code has one
+FIXES: dict[str, str] = {
+    "HYB-101": "Spell the key as the message lists it; `pyasc explain` and the config docs name every key.",
+    "HYB-102": ("Give a value the message allows (on the command line: the flag's `--help` states the choices and "
+              "ranges)."),
+    "HYB-103": "Write the size as bytes or with a unit: 536870912, '512MB', '4GB', '1.5GiB'.",
+    "HYB-104": "Use debug, info, warning, error or critical (pyasc --log-level info, or HYBRID_LOG_LEVEL=info).",
+    "HYB-201": "Check the path (a relative path is from the current folder); give the .onnx or .hybrid file itself.",
+    "HYB-202": ("Re-export or re-download the model; `python -c \"import onnx; onnx.load('m.onnx')\"` shows onnx's own "
+              "error."),
+    "HYB-203": ("Pass a path, bytes or an onnx.ModelProto; export a torch module with hybrid.export first; give the "
+              "model file, not a folder of several."),
+    "HYB-204": "Move the data file next to the model and set each tensor's 'location' to its plain file name.",
+    "HYB-205": ("Fix the exporter's output (re-export; onnx.checker.check_model(m, full_check=True) names the rule), "
+              "or restore the missing external data file beside the model."),
+    "HYB-206": ("Read torch's error in the message; give example inputs of the real dtype and shape, or mark the "
+              "failing submodule for tracing; export with another opset."),
+    "HYB-207": "Install the extra the message names, e.g. pip install 'pyasc[torch]' or 'pyasc[report]'.",
+    "HYB-208": "Compile at a lower optimize level (-O O1, or config optimize_level) or disable the named pass.",
+    "HYB-209": ("Re-export the model with a dynamic batch axis (dynamic_axes / dynamic_shapes), or run it at its "
+              "batch."),
+    "HYB-210": ("Give example inputs matching the module's forward(), names that match them, and dynamic axes that "
+              "exist."),
+    "HYB-211": "Use one of hybrid.zoo.NAMES (the message lists them).",
+    "HYB-301": "Use a target the message lists (`pyasc devices` shows this machine's), or 'auto'.",
+    "HYB-302": ("Install the backend's package (pyasc devices says why it is unavailable), e.g. pip install "
+              "'pyasc[openvino]'."),
+    "HYB-303": "Pick a device that is present (`pyasc devices`), or 'auto' / 'cpu'.",
+    "HYB-304": ("Try another target (-t openvino, -t onnxruntime) or 'auto'; for a precision error ask for one the "
+              "backend offers on that device (the message lists them) or let --precision auto choose."),
+    "HYB-305": ("Register the op with @hybrid.custom_op, install a backend that implements it, or re-export the model "
+              "without it."),
+    "HYB-306": "Use an option the message lists for that backend, with a value of the listed type.",
+    "HYB-307": ("Run where the device is, or fall back: --device-fallback warn (hybrid.init({'device_fallback': "
+              "'warn'}))."),
+    "HYB-401": ("Give every input: on the command line -i NAME=FILE.npy, or --random to generate them (with --shapes "
+              "for dynamic dims); in Python pass it by name."),
+    "HYB-402": ("Name the inputs as the model does (the message lists them; `pyasc bundle inspect` or "
+              "hybrid.Model.load(p).signature shows them)."),
+    "HYB-403": "Cast the array to the model's dtype, e.g. x.astype(np.float32).",
+    "HYB-404": "Reshape the array to the model's rank (np.expand_dims(x, 0) adds a batch axis).",
+    "HYB-405": "Give the static dims the model fixes, and the same size to every input sharing a symbolic dim.",
+    "HYB-406": "Pass numpy arrays (torch tensors: .cpu().numpy()); on the command line save inputs with numpy.save.",
+    "HYB-407": "Pass at most one positional input per model input, or pass them by name.",
+    "HYB-408": "Check the inputs' values and shapes; try another target; the message carries the backend's error.",
+    "HYB-409": "Check the input shapes against the operator's definition; the message names the node and operator.",
+    "HYB-410": "Raise the pool size (hybrid.init({'memory_pool': {...}})) or free tensors you hold.",
+    "HYB-411": "Raise the timeout (request_timeout, --request-timeout) or the capacity (max_batch, concurrency).",
+    "HYB-412": "Retry later, or raise max_queue (--max-queue) / add capacity.",
+    "HYB-413": "Return a list with exactly one result per request from the @dynamic_batch function.",
+    "HYB-414": "Submit the request again if it is still wanted.",
+    "HYB-415": "Create a new pipeline, stream or batcher; do not submit after close().",
+    "HYB-416": "Free each block once, with the pool that allocated it, and ask for sizes > 0.",
+    "HYB-417": ("Give the sizes you run: --shapes x:1x3x480x640 (the message's line, with the capitals replaced), a "
+              "--min-shapes/--opt-shapes/--max-shapes range, or an input file (-i x=image.npy)."),
+    "HYB-501": ("Check that the file is a complete .hybrid (re-copy it); `pyasc bundle verify FILE` says what is "
+              "wrong."),
+    "HYB-502": "Re-create the bundle with pyasc bundle create; do not edit manifest.json by hand.",
+    "HYB-503": "Re-create or re-download the bundle; it was modified after it was written.",
+    "HYB-504": "Re-create the bundle with pyasc bundle create (it never writes such members).",
+    "HYB-505": "Use a bundle from a trusted source; raise the limits only if you wrote it (hybrid.load(limits=...)).",
+    "HYB-506": "Upgrade pyasc (pip install -U pyasc) to the version that wrote the bundle or later.",
+    "HYB-507": "Re-create the bundle; a member was removed or added after it was written.",
+    "HYB-508": "Use a name `pyasc platforms` lists, or define the profile in a TOML file (--platforms-file).",
+    "HYB-509": ("Check network access to the index and the platform/Python asked for, or vendor local wheels (--wheel "
+              "FILE)."),
+    "HYB-601": "Use the keys and values the message lists (pyasc quantize --help states each flag's choices).",
+    "HYB-602": ("Give samples: --calibration data.npz (arrays named by input) or a folder of .npz files; or use "
+              "--method dynamic, which needs none."),
+    "HYB-603": "Name each array after the input it feeds, with the model's dtype and rank, the same count per input.",
+    "HYB-604": "Remove or clean the samples with NaN or Inf (np.isfinite(x).all()).",
+    "HYB-605": ("Relax the budget (a lower --min-cosine), calibrate on more representative samples, or keep the float "
+              "model."),
+    "HYB-606": ("Read the quantizer's error in the message; try --method dynamic, --per-tensor, or another "
+              "--calibration-method."),
+    "HYB-701": "Use a model name and version the server lists (GET /v2/models or the start-up table).",
+    "HYB-702": "Send the body the protocol defines: matching names, shapes, datatypes and byte sizes.",
+    "HYB-703": "Send Authorization: Bearer <token> with the server's token.",
+    "HYB-704": "Send a smaller request (split the batch) or raise the server's body limit.",
+    "HYB-705": "Retry later with backoff, or raise the model's max_queue / add replicas.",
+    "HYB-706": "Send to another replica, or retry once the server is back.",
+    "HYB-707": "Fix the path the message names so the repository follows repo/<model>/<version>/model.hybrid.",
+    "HYB-708": "Look in the server's log for the traceback and report it; retry the request.",
+    "HYB-709": "Restart the server with --model-control to load and unload models at run time.",
+}
+
+
 class HybridError(Exception):
     """Base class of every error hybrid raises for a failure a user can cause.
 
@@ -283,7 +371,8 @@ def explain(code: str) -> str:
     if not key.startswith("HYB-"):
         key = f"HYB-{key}"
     info = CATALOG[key]
-    return f"{key}: {info.title}\n\n{info.explanation}"
+    fix = FIXES.get(key)
+    return f"{key}: {info.title}\n\ncause: {info.explanation}" + (f"\n\nfix: {fix}" if fix else "")
 
 
 def first_line(error: BaseException, limit: int = 300) -> str:
