@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures as cf
 import re
+import threading
+import time
 
 import numpy as np
 import onnx
@@ -13,6 +15,7 @@ import pytest
 from onnx import TensorProto, helper
 from tests._serve_support import request, tiny_expected, tiny_model
 
+from hybrid.runtime.batching import Batcher
 from hybrid.runtime.compiler import compile_model
 from hybrid.serve import BackgroundServer, BatchSettings, ServedModel, build_registry, create_app
 
@@ -38,15 +41,45 @@ async def infer_all(model, requests):
     return await asyncio.gather(*(model.infer(r) for r in requests))
 
 
+def wait_for(condition, what, limit=60.0):
+    deadline = time.monotonic() + limit
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.002)
+
+
+async def infer_while_busy(model, requests):
+    """Run a first request whose batch blocks until every one of ``requests`` is queued behind it: the
+    requests then join one batch (a lone request on an idle model runs at once)."""
+    release = threading.Event()
+    run = model.compiled.run_checked
+    first = [True]
+
+    def held(feeds):
+        if first[0]:
+            first[0] = False
+            release.wait(60)
+        return run(feeds)
+
+    model.compiled.run_checked = held
+    blocker = asyncio.ensure_future(model.infer(requests[0]))
+    await asyncio.to_thread(wait_for, lambda: model._batcher.stats().running == 1, "the first batch runs")
+    rest = [asyncio.ensure_future(model.infer(r)) for r in requests]
+    await asyncio.to_thread(wait_for, lambda: model.queued == len(requests), "every request is queued")
+    release.set()
+    await blocker
+    return await asyncio.gather(*rest)
+
+
 def test_requests_join_by_inner_shape_and_split_by_their_own_rows(tmp_path, rng):
     model, batches = served(relu_model(tmp_path / "relu.onnx", ["N", "C"]), max_batch=8, batch_timeout=0.5)
     try:
         reqs = [{"x": rng.standard_normal((rows, cols)).astype(np.float32)}
                 for rows, cols in [(1, 2), (3, 2), (2, 5), (1, 2), (4, 5), (2, 2), (1, 5), (2, 2)]]
-        outs = asyncio.run(infer_all(model, reqs))
+        outs = asyncio.run(infer_while_busy(model, reqs))
         for r, out in zip(reqs, outs):
             np.testing.assert_array_equal(out["y"], np.maximum(r["x"], 0))
-        assert batches == [8]  # one batch of 8 requests, run as two groups (C=2 and C=5)
+        assert batches == [1, 8]  # the blocker, then one batch of 8 requests run as two groups (C=2 and C=5)
     finally:
         model.close()
 
@@ -56,9 +89,9 @@ def test_static_batch_model_runs_a_batch_request_by_request(tmp_path, rng):
     try:
         assert model.batch_symbol is None
         reqs = [{"x": rng.standard_normal((1, 3)).astype(np.float32)} for _ in range(4)]
-        for r, out in zip(reqs, asyncio.run(infer_all(model, reqs))):
+        for r, out in zip(reqs, asyncio.run(infer_while_busy(model, reqs))):
             np.testing.assert_array_equal(out["y"], np.maximum(r["x"], 0))
-        assert batches == [4]
+        assert batches == [1, 4]
     finally:
         model.close()
 
@@ -148,3 +181,48 @@ def test_batching_settings_come_from_the_bundle_manifest(tmp_path):
         save_bundle(cm, tmp_path / "bad.hybrid", serving={"max_batch": -1})
     assert e.value.code == "HYB-502" and "max_batch" in e.value.message
     assert not (tmp_path / "bad.hybrid").exists()
+
+
+def test_a_lone_request_on_an_idle_batcher_does_not_wait_for_its_batch_to_fill():
+    seen = []
+    batcher = Batcher(lambda items: seen.append(len(items)) or items, max_batch=8, timeout=3600,
+                      dispatch_when_idle=True)
+    try:
+        for i in range(3):  # a batch that cannot form would hold each call for the hour-long timeout
+            assert batcher(i, timeout=60) == i
+        assert seen == [1, 1, 1]
+    finally:
+        batcher.close()
+
+
+def test_what_queues_while_the_runner_is_busy_goes_as_one_batch_when_it_frees():
+    release, started, seen = threading.Event(), threading.Event(), []
+
+    def fn(items):
+        seen.append(list(items))
+        if len(seen) == 1:
+            started.set()
+            release.wait(60)
+        return items
+
+    batcher = Batcher(fn, max_batch=4, timeout=3600, dispatch_when_idle=True)
+    try:
+        first = batcher.submit("a")
+        assert started.wait(60)
+        later = [batcher.submit(x) for x in "bcdefg"]
+        wait_for(lambda: batcher.stats().queued == 6, "six requests queued behind the running batch")
+        release.set()
+        assert first.result(60) == "a" and [f.result(60) for f in later] == list("bcdefg")
+        assert seen == [["a"], ["b", "c", "d", "e"], ["f", "g"]]  # max_batch still bounds a batch
+    finally:
+        batcher.close()
+
+
+def test_without_dispatch_when_idle_a_batch_waits_to_fill():
+    seen = []
+    batcher = Batcher(lambda items: seen.append(len(items)) or items, max_batch=3, timeout=3600)
+    try:
+        futures = [batcher.submit(i) for i in range(3)]  # only a full batch goes before the timeout
+        assert [f.result(60) for f in futures] == [0, 1, 2] and seen == [3]
+    finally:
+        batcher.close()

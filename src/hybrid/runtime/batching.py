@@ -2,9 +2,11 @@
 
 Callers in many threads (``f(x)``, ``f.submit(x)``) or asyncio tasks (``await f.acall(x)``) each pass
 one request. A collector thread forms batches: a batch is sent as soon as it holds ``max_batch``
-requests or its oldest request has waited ``timeout`` seconds, whichever is first. Batch formation
-goes on while earlier batches run, so a request that arrives during a slow batch starts at most
-``timeout`` after it arrived or as soon as a batch slot frees, whichever is later. Runner threads
+requests or its oldest request has waited ``timeout`` seconds, whichever is first; with
+``dispatch_when_idle`` (the server's batching) also as soon as a runner is idle, so a lone request on an
+idle model runs at once and ``timeout`` is only an upper bound (Triton's default queue delay is 0).
+Batch formation goes on while earlier batches run, so the requests that arrive during a batch run
+together as soon as a runner frees (at most ``timeout`` after they arrived or then, whichever is later). Runner threads
 (``max_concurrent_batches``, default 1) call the function with a list and hand result ``i`` to the
 caller of request ``i``.
 
@@ -128,13 +130,16 @@ class Batcher:
         max_queue: Most requests waiting at once; more are rejected with HYB-412. None: unbounded.
         max_concurrent_batches: Batches that may run at the same time (runner threads).
         name: Used in thread names and messages; default: the function's name.
+        dispatch_when_idle: Send what is queued as soon as a runner is idle instead of waiting for the
+            batch to fill (``timeout`` stays the longest wait).
 
     Raises:
         ConfigError: HYB-102 for a bad setting.
     """
 
     def __init__(self, fn: Callable[[list[Any]], Sequence[Any]], max_batch: int = 16, timeout: float = 0.1,
-                 max_queue: int | None = None, max_concurrent_batches: int = 1, name: str | None = None) -> None:
+                 max_queue: int | None = None, max_concurrent_batches: int = 1, name: str | None = None,
+                 dispatch_when_idle: bool = False) -> None:
         if not callable(fn):
             raise ConfigError("HYB-102", f"dynamic_batch: expected a function, got {type(fn).__name__}")
         _positive("max_batch", max_batch)
@@ -148,6 +153,8 @@ class Batcher:
         self.timeout: float = float(timeout)
         self.max_queue = max_queue
         self.max_concurrent_batches = max_concurrent_batches
+        # with dispatch_when_idle the collector waits for the batch to fill only while every runner is busy
+        self._busy_at = max_concurrent_batches if dispatch_when_idle else 0
         self.name: str = name or getattr(fn, "__name__", "batched")
         self._is_async = inspect.iscoroutinefunction(fn)
         self._cond = threading.Condition()  # guards the queue, the counters and the lifecycle
@@ -255,7 +262,8 @@ class Batcher:
                     self._cond.wait()
                 if not self._queue:
                     break  # closing and drained
-                while self._queue and len(self._queue) < self.max_batch and not self._closing:
+                while (self._queue and len(self._queue) < self.max_batch and not self._closing
+                       and self._counts["running"] >= self._busy_at):
                     remaining = self._queue[0].enqueued + self.timeout - time.monotonic()
                     if remaining <= 0:
                         break
@@ -342,6 +350,7 @@ class Batcher:
                 self._counts["failed"] += failed
                 self._counts["running"] -= 1
                 self._run_sum += time.monotonic() - t0
+                self._cond.notify_all()  # a runner is idle: what queued meanwhile goes now
 
     @staticmethod
     def _fail(batch: list[_Request], code: str, message: str, hint: str | None,

@@ -41,7 +41,8 @@ class BatchSettings(ConfigSection):
     Attributes:
         max_batch: Most requests run in one call of the model; 0 turns batching off (each request runs
             on its own, concurrently, in the server's thread pool).
-        batch_timeout: Longest time in seconds a request waits for its batch to fill.
+        batch_timeout: Longest time in seconds a request waits for its batch to fill; a request that finds
+            the model idle runs at once (what queued while a batch ran goes as soon as the model is free).
         max_queue: Most requests waiting at once; more get HTTP 503 (HYB-705). None: unbounded.
         request_timeout: Longest time in seconds a request may take in the server; None: no limit.
         concurrency: Batches that may run at the same time.
@@ -140,7 +141,7 @@ class ServedModel:
         if settings.max_batch > 0:
             self._batcher = Batcher(self._run_batch, max_batch=settings.max_batch, timeout=settings.batch_timeout,
                                     max_queue=settings.max_queue, max_concurrent_batches=settings.concurrency,
-                                    name=f"{name}:{version}")
+                                    name=f"{name}:{version}", dispatch_when_idle=True)
         if settings.max_batch > 1 and self.batch_symbol is None:
             logger.warning("model %s:%s has no symbolic batch dimension shared by its inputs and outputs; its "
                            "batches run request by request", name, version)
