@@ -147,14 +147,17 @@ class AutotuneSettings(BaseModel):
             the answer closest to the reference.
         online: With nothing declared about a dynamic-shape model's inputs, tune on real calls per
             shape bucket (False: decide once on generated samples).
-        calls_per_bucket: Real calls each candidate serves in a bucket before the bucket's decision.
+        calls_per_bucket: Calls each turn of online tuning times, at the serving candidate's speed.
         overhead_cap: Share of a busy core the background checks of online tuning may take (their process's
             nice level; in a thread, the share of wall time they run).
         rtol: Model-level relative tolerance of the fp32 parity check (ONNX's model tests use 1e-3).
         check_process: Run online tuning's checks in a separate low-priority process (False: in a thread).
-        explore_share: Share of a bucket's calls that candidates under test (not the one serving) may answer
-            during their turns: a round of turns waits until the bucket's calls allow it, so that the p99 of
-            the calls while tuning stays the serving runtime's (1.0: turns start at once).
+        decide_within_s: Online tuning decides a shape bucket at most this long after its first call (or
+            after 200 calls of a slow model).
+        max_tax: The mean latency the turns of online tuning may add while a bucket is tuned (0.1: 10 %).
+        confidence: Confidence of the sequential test that compares candidates on paired turns.
+        recheck_after_s: A decided bucket's tied runners-up take turns again this long later (then twice as
+            long after each re-check).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
@@ -166,7 +169,10 @@ class AutotuneSettings(BaseModel):
     overhead_cap: float = Field(0.1, gt=0.0, le=1.0)
     rtol: float = Field(1e-3, ge=0.0, lt=1.0)
     check_process: bool = True
-    explore_share: float = Field(0.005, gt=0.0, le=1.0)
+    decide_within_s: float = Field(30.0, gt=0.0, le=86_400.0)
+    max_tax: float = Field(0.1, gt=0.0, le=10.0)
+    confidence: float = Field(0.9, gt=0.0, lt=1.0)
+    recheck_after_s: float = Field(60.0, gt=0.0, le=86_400.0)
 
 
 AUTOTUNE_KEYS = tuple(AutotuneSettings.model_fields)

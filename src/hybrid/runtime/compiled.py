@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
 
 from hybrid.errors import HybridError, RunError, first_line
 from hybrid.runtime.validate import InputValidator
@@ -13,7 +13,25 @@ if TYPE_CHECKING:
     from hybrid.ir import Model, Signature
     from hybrid.runtime.plan import Plan
 
-__all__ = ["CompiledModel"]
+__all__ = ["CompiledModel", "LiveView"]
+
+
+class LiveView(Protocol):
+    """An executable that decides its backend while it serves (``target='auto'`` tuning online): what the
+    compiled model reports is read from it, never written into the model from another thread."""
+
+    def view(self) -> tuple[str, str, dict[str, Any], Any]:
+        """(backend, device, options, plan) of what serves now."""
+        ...
+
+    def status(self) -> tuple[Any, ...]:
+        """The per-bucket tuning records (``cm.tuning``)."""
+        ...
+
+    def tune(self, samples: Iterable[Mapping[str, Any]], timeout_s: float | None = None,
+             run: Any = None) -> tuple[Any, ...]:
+        """Decide the samples' buckets before returning."""
+        ...
 
 
 class CompiledModel:
@@ -22,9 +40,12 @@ class CompiledModel:
     Attributes:
         model: The hybrid.Model it was compiled from.
         signature: Inputs and outputs (DESIGN 2.9).
-        backend: Backend name ('onnxruntime', ...; 'hybrid' joined with '+' when partitioned).
-        device: Device name.
-        plan: The partition: which nodes run where, printable.
+        backend: Backend name ('onnxruntime', ...; 'hybrid' joined with '+' when partitioned). While
+            ``target='auto'`` tunes online, each shape bucket may be served by another backend: then this is
+            the one serving the bucket with the most calls so far (the start before any call); ``tuning``
+            has every bucket's.
+        device: Device name (of the same candidate as ``backend``).
+        plan: The partition: which nodes run where, printable (of the same candidate, with the tuning notes).
         options: The backend options the executable was built with.
     """
 
@@ -33,14 +54,72 @@ class CompiledModel:
         self.model = model
         self.signature: Signature = model.signature
         self.executable = executable
-        self.plan = plan
-        self.backend = backend
-        self.device = device
-        self.options: dict[str, Any] = dict(options or {})
+        self._plan = plan
+        self._backend = backend
+        self._device = device
+        self._options: dict[str, Any] = dict(options or {})
+        self._live: LiveView | None = executable if hasattr(executable, "view") else None  # type: ignore[assignment]
         self.target = target
         self._validator = InputValidator(self.signature)
         self._output_names = self.signature.output_names
         self._exec_run = executable.run
+
+    # ------------------------------------------------------------------ what serves (read, never pushed)
+    @property
+    def backend(self) -> str:
+        return self._live.view()[0] if self._live is not None else self._backend
+
+    @backend.setter
+    def backend(self, value: str) -> None:
+        self._backend = value
+
+    @property
+    def device(self) -> str:
+        return self._live.view()[1] if self._live is not None else self._device
+
+    @device.setter
+    def device(self, value: str) -> None:
+        self._device = value
+
+    @property
+    def options(self) -> dict[str, Any]:
+        return self._live.view()[2] if self._live is not None else self._options
+
+    @options.setter
+    def options(self, value: Mapping[str, Any]) -> None:
+        self._options = dict(value)
+
+    @property
+    def plan(self) -> Plan:
+        return self._live.view()[3] if self._live is not None else self._plan
+
+    @plan.setter
+    def plan(self, value: Plan) -> None:
+        self._plan = value
+
+    @property
+    def tuning(self) -> tuple[Any, ...]:
+        """Per shape bucket, where ``target='auto'``'s online tuning stands (``hybrid.runtime.auto.BucketTuning``:
+        bucket, state 'tuning' | 'decided', serving, calls, decided_after_calls, decided_after_s, candidates);
+        empty for a model decided at compile with nothing left to confirm."""
+        return self._live.status() if self._live is not None else ()
+
+    def tune(self, samples: Iterable[Mapping[str, Any]] | Mapping[str, Any], timeout_s: float | None = None
+             ) -> tuple[Any, ...]:
+        """Decide before serving: call the model on each sample (a mapping of input name -> array, or several)
+        until its shape bucket is decided, then return :attr:`tuning`. A model with nothing to decide runs each
+        sample once (a warm-up, as Triton's ``model_warmup``).
+
+        Raises:
+            RunError: HYB-401..407 for a bad sample, HYB-411 when a bucket is not decided within ``timeout_s``.
+        """
+        batch = [samples] if isinstance(samples, Mapping) else list(samples)
+        checked = [self._validator.feeds(s) for s in batch]
+        if self._live is None:
+            for feeds in checked:
+                self._execute(feeds)
+            return ()
+        return self._live.tune(checked, timeout_s, run=self._execute)
 
     def run(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
         """Run on a mapping of input name -> array; return outputs by name in signature order.

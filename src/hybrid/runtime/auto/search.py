@@ -31,12 +31,14 @@ from hybrid.ir import Model
 from hybrid.runtime.auto import cache, judge
 from hybrid.runtime.auto import tolerance as checks
 from hybrid.runtime.auto.decision import decision_from_json
-from hybrid.runtime.auto.online import CONFIRM_RATIO, Confirmation, OnlineTuner
+from hybrid.runtime.auto.lab import Confirmation, RealLab
+from hybrid.runtime.auto.online import CONFIRM_RATIO, OnlineTuner
+from hybrid.runtime.auto.policy import TuningPolicy
 from hybrid.runtime.auto.samples import make_samples
 from hybrid.runtime.auto.shapes import has_dynamic_inputs, normalize_shapes
 from hybrid.runtime.auto.timing import METHOD as TIMING_METHOD
 from hybrid.runtime.auto.timing import QUICK_S, time_candidates
-from hybrid.runtime.auto.trials import OptionsOf, Search, Trial, build_partition, trial_of, trials
+from hybrid.runtime.auto.trials import OptionsOf, Search, Trial, build_partition, check_trials, trial_of
 from hybrid.runtime.compiled import CompiledModel
 from hybrid.runtime.partition import FALLBACK_BACKEND, node_label, supporters, typed_model
 from hybrid.runtime.plan import Plan, Segment
@@ -97,10 +99,14 @@ def select(model: Model, target: str, order: list[Candidate], options_of: Option
     ranges = normalize_shapes(sig, shapes)
     settings = autotune_config()
     rtol = settings.rtol if acc.rtol is None else acc.rtol
-    online = (sample_inputs is None and not ranges and precision == "fp32" and autotune is not False
-              and settings.online and has_dynamic_inputs(sig))
+    # reduced precisions race online only within a budget the caller gave: without one nothing changes numerics
+    explicit_budget = precision == "auto" and any(k in (accuracy or {}) for k in checks.ACCURACY_KEYS)
+    online = (sample_inputs is None and not ranges and (precision == "fp32" or explicit_budget)
+              and autotune is not False and settings.online and has_dynamic_inputs(sig))
+    start_precision = "fp32" if online else precision  # the start of online tuning runs the model as exported
     if online:
-        autotune = False  # the start is the first checked candidate by priority; real calls decide the rest
+        autotune = False  # nothing is timed at made-up shapes: the start is the first checked candidate by
+        # priority, and real calls decide (the plan says so)
     elif autotune is None:
         autotune = True  # how many full-graph candidates there are is known only after compiling
     samples = make_samples(model, sample_inputs)
@@ -124,26 +130,27 @@ def select(model: Model, target: str, order: list[Candidate], options_of: Option
         (trial, notes), reason = found, "chosen by autotune (cached)"
     else:
         confirm = not online and precision == "fp32" and settings.online  # declared or static shapes
-        trial, notes, reason, rivals = _search(model, target, order, options_of, precision, acc, autotune,
+        trial, notes, reason, rivals = _search(model, target, order, options_of, start_precision, acc, autotune,
                                                sample_inputs, ranges, rtol, online, confirm)
         path = cache.save_decision(key, material, trial.decision.to_json(), notes)
         if path is not None:
             notes.append(f"decision cached in {path}")
-    if online:
-        tuner = OnlineTuner(model, trial, order, options_of, settings, rtol, acc.rules, base, notes)
-    elif rivals:
+    confirmation = None
+    if rivals and not online:
         def save(confirmed: Trial) -> None:
             cache.save_decision(key, material, confirmed.decision.to_json(),
                                 [*notes, f"confirmed on real calls: {confirmed.label}"])
 
         confirmation = Confirmation(rivals[0], tuple(rivals[1]), save)
-        tuner = OnlineTuner(model, trial, order, options_of, settings, rtol, acc.rules, base, notes, confirmation)
-    else:
+    elif not online:
         return _compiled(model, trial, target, notes, reason)
-    cm = CompiledModel(model, tuner, single_plan(model, trial, tuner.notes(), "start of online tuning" if online
-                                                 else reason), trial.backend, trial.device, trial.options, target)
-    tuner.attach(cm, lambda t, notes, reason: single_plan(model, t, notes, reason))
-    return cm
+    policy = TuningPolicy.from_settings(settings)
+    lab = RealLab(model, trial, order, options_of, precision if explicit_budget else "fp32",
+                  acc.budget if explicit_budget else None, rtol, acc.rules, base, policy.check_share,
+                  settings.check_process, confirmation)
+    tuner = OnlineTuner(model, lab, policy, notes, lambda t, notes, why: single_plan(model, t, notes, why))
+    return CompiledModel(model, tuner, single_plan(model, trial, tuner.notes(), reason), trial.backend,
+                         trial.device, trial.options, target)
 
 
 def _search(model: Model, target: str, order: list[Candidate], options_of: OptionsOf, precision: str,
@@ -159,22 +166,9 @@ def _search(model: Model, target: str, order: list[Candidate], options_of: Optio
                           if hasattr(v, "shape"))
         origin = "given" if sample_inputs is not None else "at the declared shapes" if ranges else "generated"
         search.notes.append(f"sample input ({origin}): {shown}")
-    tried: list[Trial] = []
-    winner: Trial | None = None
     rivals: Rivals = None
-    for trial in trials(search, autotune):
-        tried.append(trial)
-        why = search.check(trial)
-        if why is not None:
-            logger.warning("auto: rejected %s for %r: %s", trial.label, model.name, why)
-            search.notes.append(f"rejected {trial.label}: {why}")
-            trial.rejected = why
-            continue
-        if trial.precision == "fp32" and trial.outputs is not None and not trial.partitioned:
-            search.fp32_outputs[Candidate(trial.backend, trial.device)] = trial.outputs
-        if not autotune and search.verifier.ok and trial.backend != FALLBACK_BACKEND:
-            winner = trial
-            break
+    tried, winner = check_trials(search, autotune, first_accelerated=not autotune,
+                                 log=lambda line: logger.warning("auto: %s for %r", line, model.name))
     if winner is None:
         judge.outvote(tried, search, model.name)
     survivors = [t for t in tried if t.rejected is None]
@@ -205,6 +199,8 @@ def _search(model: Model, target: str, order: list[Candidate], options_of: Optio
                 rivals = (feeds, [t for t in survivors if t is not winner and t.backend != FALLBACK_BACKEND
                                   and not t.partitioned and t.precision == "fp32"
                                   and times[t.label] <= CONFIRM_RATIO * times[winner.label]])
+    elif online:
+        reason = "first candidate by priority that passed the check; real calls decide (online tuning)"
     else:
         reason = "first candidate by priority that passed the check (autotune=False)"
     if winner is None:

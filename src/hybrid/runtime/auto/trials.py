@@ -9,6 +9,7 @@ backend at model-level tolerance, reduced precisions against fp32 within the acc
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -26,7 +27,8 @@ from hybrid.runtime.executor import compile_partitioned
 from hybrid.runtime.partition import FALLBACK_BACKEND, supporters, typed_model
 from hybrid.runtime.plan import Plan
 
-__all__ = ["OptionsOf", "Search", "Trial", "build_partition", "offered_precisions", "trial_of", "trials"]
+__all__ = ["OptionsOf", "Search", "Trial", "build_partition", "check_trials", "offered_precisions", "trial_of",
+           "trials"]
 
 OptionsOf = Callable[[Candidate, str], dict[str, Any]]
 
@@ -193,3 +195,39 @@ def trial_of(model: Model, decision: Decision, order: list[Candidate], options_o
     if any(a[0] not in order for a in able):
         return None
     return build_partition(model, typed, able, order, lambda c: options_of(c, "fp32"), [])
+
+
+def check_trials(search: Search, autotune: bool, *, first_accelerated: bool = False,
+                 stop: Callable[[], bool] | None = None, after_each: Callable[[float], None] | None = None,
+                 log: Callable[[str], None] | None = None) -> tuple[list[Trial], Trial | None]:
+    """Check the trials of ``search`` in order (the one loop of the offline search, the check process and the
+    in-thread check); returns them with ``rejected`` set, and the first accelerated trial that passed when
+    ``first_accelerated`` (the loop stops there: nothing is timed).
+
+    Args:
+        search: The search.
+        autotune: Whether the trials will be timed (the reduced precisions come after fp32 then).
+        first_accelerated: Stop at the first accelerated trial that passes a meaningful check.
+        stop: Polled before each trial: True ends the loop (a closing tuner).
+        after_each: Called with the seconds each trial took (a background check paces itself with it).
+        log: Receives each rejection (the caller's logger).
+    """
+    tried: list[Trial] = []
+    for trial in trials(search, autotune):
+        if stop is not None and stop():
+            break
+        t0 = time.perf_counter()
+        tried.append(trial)
+        why = trial.rejected = search.check(trial)
+        if after_each is not None:
+            after_each(time.perf_counter() - t0)
+        if why is not None:
+            search.notes.append(f"rejected {trial.label}: {why}")
+            if log is not None:
+                log(f"rejected {trial.label}: {why}")
+            continue
+        if trial.precision == "fp32" and trial.outputs is not None and not trial.partitioned:
+            search.fp32_outputs[Candidate(trial.backend, trial.device)] = trial.outputs
+        if first_accelerated and search.verifier.ok and trial.backend != FALLBACK_BACKEND:
+            return tried, trial
+    return tried, None

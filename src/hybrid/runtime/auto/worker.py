@@ -3,10 +3,9 @@
 Checking candidates on a copy of a real input means running the numpy reference and every candidate:
 seconds of CPU on a real model, and Python code that would hold the interpreter lock the caller's
 thread needs. Done in one shared worker process started at a low scheduling priority (the nice
-level whose CPU share matches ``autotune.overhead_cap``; at the default 0.1 or below, Linux's SCHED_IDLE
-as well), it takes only the cores the callers leave idle, so tuning stays off their critical path.
-Callers that never leave a core idle would starve it: for them the tuner opens short yield windows
-on a bounded share of calls (:mod:`.online`).
+level whose CPU share matches the tuning policy's ``check_share``), it takes the cores the callers leave
+idle and, where they want every core, about that share of one: its cost on the callers is bounded, and so is
+the time it takes (no caller waits for it).
 The worker runs one thread per session (it must not crowd the callers' cores).
 
 The worker is ``python -c "from hybrid.runtime.auto.worker import serve; serve()"`` (``-m`` would run a
@@ -38,7 +37,7 @@ from hybrid.ir import Model
 from hybrid.runtime.auto import judge
 from hybrid.runtime.auto.timing import settle, warm_estimate
 from hybrid.runtime.auto.tolerance import OutputRule
-from hybrid.runtime.auto.trials import Search, trials
+from hybrid.runtime.auto.trials import Search, check_trials
 
 logger = logging.getLogger("hybrid")
 
@@ -50,7 +49,6 @@ _CFS_WEIGHTS = (1024, 820, 655, 526, 423, 335, 272, 215, 172, 137, 110, 87, 70, 
 
 
 _WORKER_MAIN = "from hybrid.runtime.auto.worker import serve; serve()"
-IDLE_FROM_NICE = 10  # at this share (10 % of a busy core) or less, the worker is also SCHED_IDLE
 
 
 def nice_for(share: float) -> int:
@@ -72,6 +70,8 @@ class CheckRequest:
     rtol: float
     rules: dict[str, dict[str, Any]]
     sample: dict[str, Any]
+    precision: str = "fp32"  # 'auto': the reduced precisions each backend offers join, within ``budget``
+    budget: dict[str, float] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,16 +110,13 @@ _WORKER_LOCK = threading.Lock()
 
 
 def _lower_priority(pid: int, nice: int) -> None:
-    """Put the just-started worker ``pid`` at ``nice`` and, from IDLE_FROM_NICE on, Linux's SCHED_IDLE: it runs
-    only on cores nobody else wants, and a caller's thread that wakes up takes the core at once (at nice 10
-    alone it could hold it for a scheduler slice, milliseconds). Set from here, before the worker has
-    imported anything (seconds of CPU) or started a thread: the threads it starts later (the runtimes'
-    pools) inherit it."""
+    """Put the just-started worker ``pid`` at ``nice``: where the callers want every core, it gets about the
+    share of a core its nice level's CFS weight gives it (the tuning policy's ``check_share``), and any core
+    they leave idle. Not SCHED_IDLE: a caller that keeps every core busy would starve it, and the decision
+    is bounded in time. Set from here, before the worker has imported anything (seconds of CPU) or started a
+    thread: the threads it starts later (the runtimes' pools) inherit it."""
     with contextlib.suppress(OSError, AttributeError):  # not permitted here: still correct, only less polite
         os.setpriority(os.PRIO_PROCESS, pid, nice)
-    if nice >= IDLE_FROM_NICE and hasattr(os, "SCHED_IDLE"):
-        with contextlib.suppress(OSError):
-            os.sched_setscheduler(pid, os.SCHED_IDLE, os.sched_param(0))
 
 
 def _send(stream: Any, obj: Any) -> None:
@@ -180,12 +177,9 @@ def check(request: CheckRequest) -> Verdicts | None:
     model.name = request.name
     order = [Candidate(*label.split(":", 1)) for label in request.order]
     rules = {k: OutputRule(**v) for k, v in request.rules.items()}
-    search = Search(model, order, lambda c, p: dict(request.options[str(c)]), "fp32", None, request.sample,
-                    rtol=request.rtol, rules=rules)
-    tried = []
-    for trial in trials(search, autotune=True):
-        trial.rejected = search.check(trial)
-        tried.append(trial)
+    search = Search(model, order, lambda c, p: dict(request.options[f"{c} {p}" if p != "fp32" else str(c)]),
+                    request.precision, request.budget, request.sample, rtol=request.rtol, rules=rules)
+    tried, _ = check_trials(search, autotune=True)
     judge.outvote(tried, search, model.name)
     results = []
     for t in tried:

@@ -1,0 +1,450 @@
+"""The control plane of online tuning: one controller decides every bucket, by one rule (docs/auto.md).
+
+Per shape bucket the controller walks an explicit lifecycle (:class:`Phase`, :data:`TRANSITIONS`):
+
+``new`` -> ``checking`` (every candidate on a copy of the bucket's first real inputs, against the reference)
+-> ``compiling`` (those that passed, in this process, while the start keeps serving) -> ``racing`` (rounds of
+paired turns on real calls, judged by :mod:`.rule`) -> ``decided``; ``new`` -> ``installing`` -> ``decided``
+for a decision read from the cache; ``decided`` -> ``racing`` for a re-check.
+
+Only the controller writes a bucket's state, and only through :meth:`Controller._enter`; the router reads the
+routes it publishes. :meth:`Controller.step` does what is due at the clock's time and returns when to call it
+again: the production tuner calls it from one background thread; tests call it on scripted time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import logging
+import math
+import queue
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+from hybrid.errors import first_line
+from hybrid.runtime.auto import rule
+from hybrid.runtime.auto.lab import CheckResult, Lab
+from hybrid.runtime.auto.policy import Clock, TuningPolicy
+from hybrid.runtime.auto.router import Event, Lane, Probe, Route, Router
+from hybrid.runtime.auto.status import Bucket, BucketTuning, CandidateResult, bucket_label
+
+__all__ = ["TRANSITIONS", "Controller", "Phase"]
+
+logger = logging.getLogger("hybrid")
+
+RELEASE_GRACE_S = 2.0  # a candidate that serves no bucket any more is closed this much later (a call it was
+# answering when the route changed has ended by then)
+
+
+class Phase(enum.Enum):
+    """Where a bucket is in its lifecycle (module doc)."""
+
+    NEW = "new"
+    CHECKING = "checking"
+    COMPILING = "compiling"
+    RACING = "racing"
+    INSTALLING = "installing"
+    DECIDED = "decided"
+
+
+TRANSITIONS: dict[Phase, frozenset[Phase]] = {
+    Phase.NEW: frozenset({Phase.CHECKING, Phase.INSTALLING, Phase.RACING, Phase.DECIDED}),
+    Phase.INSTALLING: frozenset({Phase.DECIDED, Phase.CHECKING}),
+    Phase.CHECKING: frozenset({Phase.COMPILING, Phase.DECIDED}),
+    Phase.COMPILING: frozenset({Phase.RACING, Phase.DECIDED}),
+    Phase.RACING: frozenset({Phase.DECIDED}),
+    Phase.DECIDED: frozenset({Phase.RACING}),
+}
+
+
+@dataclass(slots=True)
+class _Bucket:
+    """The controller's own record of one bucket (never read by another thread)."""
+
+    key: Bucket
+    sample: dict[str, Any] | None
+    phase: Phase = Phase.NEW
+    incumbent: str = ""
+    lanes: dict[str, Lane] = field(default_factory=dict)  # the candidates of the race, the incumbent included
+    logs: dict[str, list[float]] = field(default_factory=dict)  # challenger -> paired log-ratios vs the incumbent
+    estimate: dict[str, float] = field(default_factory=dict)  # challenger -> speed ratio before any pair
+    results: dict[str, CandidateResult] = field(default_factory=dict)
+    runners: list[str] = field(default_factory=list)  # tied candidates, re-checked later
+    probe: Probe | None = None
+    next_round: float = 0.0
+    race_from: float = 0.0  # the first call, or the start of a re-check: the deadline counts from here
+    spent: float = 0.0  # seconds the rounds of turns since race_from added to the calls (the tax paid)
+    decided_at: float | None = None
+    decided_calls: int | None = None
+    recheck_at: float | None = None
+    recheck_every: float = 0.0
+    note: str = ""
+
+
+class Controller:
+    """Decides every shape bucket of one model (module doc).
+
+    Args:
+        router: The data plane it publishes routes to.
+        lab: Checks, compiles, releases, caches.
+        policy: Every threshold it decides by.
+        clock: Its time (the router's clock).
+        start: The candidate that serves a bucket until it is decided.
+        model_name: For the log and the notes.
+        confirm: A bucket that starts racing at once, and its candidates (a decision made at compile whose near
+            rivals confirm it on real calls).
+    """
+
+    def __init__(self, router: Router, lab: Lab, policy: TuningPolicy, clock: Clock, start: Lane, model_name: str,
+                 confirm: tuple[Bucket, tuple[Lane, ...]] | None = None) -> None:
+        self._router = router
+        self._lab = lab
+        self._policy = policy
+        self._clock = clock
+        self._start = start
+        self._name = model_name
+        self._confirm = confirm
+        self._inbox: queue.SimpleQueue[Event] = queue.SimpleQueue()
+        self._buckets: dict[Bucket, _Bucket] = {}
+        self._lanes: dict[str, Lane] = {start.label: start}
+        self._releases: list[tuple[float, str]] = []
+        self._status: dict[Bucket, BucketTuning] = {}  # replaced per key: read by any thread
+        self._notes: dict[Bucket, str] = {}
+        self.closing = False
+        self._order = lab.order()
+        router.set_lanes(self._lanes, self._order)
+
+    # ------------------------------------------------------------------ what other threads call
+    def notify(self, event: Event) -> None:
+        """The router's inbox (never blocks)."""
+        self._inbox.put(event)
+
+    def status(self) -> tuple[BucketTuning, ...]:
+        """Where every bucket seen stands: the controller's last record of each, with the router's call count
+        and serving candidate as of now (each read is one reference: no lock, no torn record)."""
+        out = []
+        for key, status in list(self._status.items()):
+            route = self._router.route(key)
+            if route is not None:
+                status = dataclasses.replace(status, calls=route.tally.calls, serving=route.serving.label)
+            out.append(status)
+        return tuple(out)
+
+    def notes(self) -> list[str]:
+        """One plan note per bucket that was checked or decided."""
+        return list(self._notes.values())
+
+    # ------------------------------------------------------------------ the loop
+    def step(self) -> float:
+        """Do what is due now; return the clock time at which something falls due next (inf: only an event)."""
+        while True:
+            try:
+                self._receive(self._inbox.get_nowait())
+            except queue.Empty:
+                break
+        wake = math.inf
+        for b in list(self._buckets.values()):
+            if self.closing:
+                return math.inf
+            wake = min(wake, self._advance(b))
+            self._refresh(b)
+        now = self._clock()
+        due = [lb for t, lb in self._releases if t <= now]
+        self._releases = [(t, lb) for t, lb in self._releases if t > now]
+        for label in due:
+            if not self._wanted(label):
+                self._lanes.pop(label, None)
+                self._router.set_lanes(self._lanes, self._order)
+                self._lab.release(label)
+        if self._releases:
+            wake = min(wake, min(t for t, _ in self._releases))
+        return wake
+
+    def _receive(self, event: Event) -> None:
+        if event.kind == "new":
+            self._buckets.setdefault(event.key, _Bucket(event.key, event.sample, incumbent=self._start.label))
+            return
+        b = self._buckets.get(event.key)
+        if b is None:
+            return
+        b.results[event.label] = CandidateResult(event.label, None, "failed", event.why)
+        b.logs.pop(event.label, None)
+        b.lanes.pop(event.label, None)
+        if event.label in b.runners:
+            b.runners.remove(event.label)
+        if b.incumbent == event.label:
+            b.incumbent = event.answered_by
+            b.lanes.setdefault(event.answered_by, self._lane(event.answered_by, None) or self._start)
+        if b.probe is not None:  # the round's turns name a candidate that fails: plan it again
+            b.probe, b.next_round = None, self._clock()
+        self._note(b, f"{event.answered_by} serves ({event.label} failed on a real call: {event.why})")
+
+    def _enter(self, b: _Bucket, phase: Phase) -> None:
+        if phase not in TRANSITIONS[b.phase]:
+            raise RuntimeError(f"online tuning: bucket {bucket_label(b.key)} cannot go from {b.phase.value} "
+                               f"to {phase.value}")
+        b.phase = phase
+
+    def _advance(self, b: _Bucket) -> float:
+        """Move one bucket on as far as it can go now; the clock time it next needs attention."""
+        try:
+            if b.phase is Phase.NEW:
+                self._begin(b)
+            if b.phase is Phase.RACING:
+                return self._race(b)
+            if b.phase is Phase.DECIDED and b.recheck_at is not None:
+                if self._clock() >= b.recheck_at:
+                    self._recheck(b)
+                    return self._race(b) if b.phase is Phase.RACING else math.inf
+                return b.recheck_at
+        except Exception as e:  # tuning never takes the model down: the bucket keeps what serves it
+            logger.warning("auto (online): tuning bucket %s of %r failed: %s", bucket_label(b.key), self._name,
+                           first_line(e))
+            if b.phase is not Phase.DECIDED:
+                b.runners = []
+                self._decide(b, f"as it stood when tuning failed ({first_line(e)})")
+        return math.inf
+
+    # ------------------------------------------------------------------ check and compile
+    def _begin(self, b: _Bucket) -> None:
+        b.race_from = self._route(b).tally.first_call
+        cached = self._lab.cached(b.key)
+        if cached is not None:
+            self._enter(b, Phase.INSTALLING)
+            lane = self._lane(cached, None)
+            if lane is not None:
+                b.incumbent, b.lanes = cached, {cached: lane}
+                self._decide(b, f"{cached} (decision read from the autotune cache)")
+                return
+        elif self._confirm is not None and b.key == self._confirm[0]:
+            b.lanes = {lane.label: lane for lane in (self._start, *self._confirm[1])}
+            for lane in self._confirm[1]:
+                self._lanes[lane.label] = lane
+            self._router.set_lanes(self._lanes, self._order)
+            self._enter(b, Phase.RACING)
+            self._start_race(b, {})
+            return
+        self._enter(b, Phase.CHECKING)
+        self._refresh(b)
+        result = self._lab.check(b.sample or {}, lambda: self.closing)
+        self._compile(b, result)
+
+    def _compile(self, b: _Bucket, result: CheckResult) -> None:
+        for label, why in result.rejected:
+            b.results[label] = CandidateResult(label, None, "rejected", why)
+        passed = [lb for lb, _ in result.passed]
+        if not passed:
+            b.logs = {}
+            self._decide(b, "no candidate passed the check on a real input; "
+                         + "; ".join(f"rejected {lb}: {why}" for lb, why in result.rejected))
+            return
+        self._enter(b, Phase.COMPILING)
+        self._refresh(b)
+        for label in passed:
+            lane = self._lane(label, b.sample)
+            if lane is None:
+                b.results[label] = CandidateResult(label, None, "failed", "could not compile in this process")
+            else:
+                b.lanes[label] = lane
+        if b.incumbent not in b.lanes:  # the start failed the check on the real input: replaced at once
+            if not b.lanes:
+                self._decide(b, "no candidate that passed the check compiled here")
+                return
+            was, b.incumbent = b.incumbent, next(iter(b.lanes))
+            logger.warning("auto (online): %s for %r failed the check on a real input; %s serves", was, self._name,
+                           b.incumbent)
+            self._publish(b)
+        b.sample = None
+        self._enter(b, Phase.RACING)
+        self._start_race(b, self._estimates(b, dict(result.passed)))
+
+    def _estimates(self, b: _Bucket, check_warm: dict[str, float | None]) -> dict[str, float]:
+        """Each challenger's call time over the serving one's before any turn (it paces the first round): its
+        warm-up here over the serving candidate's calls, else the check process's warm runs, else 1."""
+        serving_s = self._route(b).tally.last_s or b.lanes[b.incumbent].warm_s
+        base = check_warm.get(b.incumbent)
+        out = {}
+        for label, lane in b.lanes.items():
+            if lane.warm_s and serving_s:
+                out[label] = lane.warm_s / serving_s
+            elif check_warm.get(label) and base:
+                out[label] = check_warm[label] / base  # type: ignore[operator]
+        return out
+
+    def _lane(self, label: str, sample: dict[str, Any] | None) -> Lane | None:
+        lane = self._lanes.get(label) or self._lab.lane(label, sample)
+        if lane is not None and label not in self._lanes:
+            self._lanes[label] = lane
+            self._router.set_lanes(self._lanes, self._order)
+        return lane
+
+    # ------------------------------------------------------------------ the race
+    def _start_race(self, b: _Bucket, estimates: dict[str, float]) -> None:
+        challengers = [lb for lb in b.lanes if lb != b.incumbent]
+        if not challengers:
+            self._decide(b, "as the only candidate that passed the check on a real input")
+            return
+        b.logs = {lb: [] for lb in challengers}
+        b.estimate = {lb: estimates.get(lb, 1.0) for lb in challengers}
+        b.spent = 0.0
+
+    def _ratio(self, b: _Bucket, label: str) -> float:
+        """A challenger's call time over the serving one's: from its paired turns, else the estimate."""
+        logs = b.logs.get(label)
+        return math.exp(statistics.fmean(logs)) if logs else b.estimate.get(label, 1.0)
+
+    def _race(self, b: _Bucket) -> float:
+        """Run the rounds of turns, each paced by the tax budget (:meth:`.TuningPolicy.next_round_at`) and the
+        last ending before the bound in time; judge each round when it is over."""
+        now = self._clock()
+        if b.probe is not None:
+            if now < b.probe.end:
+                return b.probe.end
+            probe, b.probe = b.probe, None
+            self._judge(b, probe)
+            if b.phase is not Phase.RACING:
+                return math.inf
+            self._publish(b)
+        turn_s = self._turn_s(b)
+        round_s = turn_s * (1 + 3 * len(b.logs))
+        extra = self._policy.round_extra_s(turn_s, [self._ratio(b, lb) for lb in b.logs])
+        start = max(now, self._policy.next_round_at(b.race_from, b.spent, extra, round_s))
+        if start + round_s > self._deadline(b):
+            self._conclude(b)
+            return math.inf
+        if now < start:
+            return start
+        lanes = [b.lanes[b.incumbent]]
+        for label in b.logs:
+            lanes += [b.lanes[label], b.lanes[label], b.lanes[b.incumbent]]
+        b.probe = Probe(now, turn_s, tuple(lanes))
+        self._publish(b)
+        return b.probe.end
+
+    def _turn_s(self, b: _Bucket) -> float:
+        return self._policy.turn_s(self._route(b).tally.last_s)
+
+    def _deadline(self, b: _Bucket) -> float:
+        return self._policy.deadline(b.race_from, self._route(b).tally.last_s)
+
+    def _judge(self, b: _Bucket, probe: Probe) -> None:
+        """Add the round's paired log-ratios and apply the rule to each challenger (module :mod:`.rule`)."""
+        lead = self._policy.lead_share
+        for j, label in enumerate(list(b.logs)):
+            a0, x1, x2, a3 = (probe.timed(3 * j + k, lead) for k in range(4))
+            pairs = [v for v in (rule.log_ratio(x1, a0), rule.log_ratio(x2, a3)) if v is not None]
+            b.logs[label] += pairs
+            ratio = math.exp(statistics.fmean(pairs)) if pairs else b.estimate.get(label, 1.0)
+            b.spent += self._policy.round_extra_s(probe.turn_s, [ratio])  # the tax this round paid
+        verdicts = {lb: rule.compare(v, self._policy.confidence, self._policy.tie_rel) for lb, v in b.logs.items()}
+        self._apply(b, verdicts)
+
+    def _apply(self, b: _Bucket, verdicts: dict[str, rule.Outcome]) -> None:
+        faster = {lb: statistics.fmean(b.logs[lb]) for lb, v in verdicts.items() if v is rule.Outcome.FASTER}
+        for label, verdict in verdicts.items():
+            logs = b.logs[label]
+            b.results[label] = CandidateResult(label, math.exp(statistics.fmean(logs)) if logs else None,
+                                               verdict.value)
+            if verdict in (rule.Outcome.SLOWER, rule.Outcome.TIE):
+                del b.logs[label]
+                if verdict is rule.Outcome.TIE:
+                    b.runners.append(label)
+        if faster:
+            best = min(faster, key=faster.__getitem__)
+            was = b.incumbent
+            b.results[was] = CandidateResult(was, math.exp(-faster[best]), "slower")
+            b.incumbent = best
+            del b.logs[best]
+            for label in b.logs:  # they were compared with the one before: compare them with the new one afresh
+                b.estimate[label] = math.exp(statistics.fmean(b.logs[label]) - faster[best]) if b.logs[label] else 1.0
+                b.logs[label] = []
+            b.runners = [lb for lb in b.runners if lb != best]
+            logger.info("auto (online): %s bucket %s: %s is faster than %s (%.3gx); it serves", self._name,
+                        bucket_label(b.key), best, was, math.exp(faster[best]))
+        if not b.logs:
+            self._decide(b, "by the paired turns")
+
+    def _conclude(self, b: _Bucket) -> None:
+        """The bound in time: the point estimate of each challenger still open decides (:func:`.rule.settle`);
+        one never timed (its turns would have cost more than the budget allowed) is judged by its estimate,
+        which can drop it but never make it serve."""
+        tie = self._policy.tie_rel
+        self._apply(b, {lb: rule.settle(v, tie) if v else (rule.Outcome.SLOWER if b.estimate.get(lb, 1.0) > 1 + tie
+                                                           else rule.Outcome.TIE) for lb, v in b.logs.items()})
+        if b.phase is Phase.RACING:
+            self._decide(b, "at the time bound")
+
+    def _decide(self, b: _Bucket, why: str) -> None:
+        now = self._clock()
+        b.probe, b.logs = None, {}
+        self._enter(b, Phase.DECIDED)
+        b.decided_at, b.decided_calls = now - b.race_from, self._route(b).tally.calls
+        b.results[b.incumbent] = CandidateResult(b.incumbent, 1.0, "serving")
+        b.runners = [lb for lb in b.runners if lb in b.lanes and lb != b.incumbent]
+        if b.runners:
+            b.recheck_every = b.recheck_every * 2 if b.recheck_every else self._policy.recheck_after_s
+            b.recheck_at = now + b.recheck_every
+        else:
+            b.recheck_at = None
+        self._publish(b)
+        ratios = ", ".join(f"{r.label} {r.ratio:.3f}" for r in b.results.values() if r.ratio is not None)
+        self._note(b, f"{b.incumbent} serves, decided {why} after {b.decided_at:.3g} s and {b.decided_calls} calls"
+                   + (f" (time relative to it: {ratios})" if ratios else ""))
+        for label in list(self._lanes):
+            if not self._wanted(label):
+                self._releases.append((now + RELEASE_GRACE_S, label))
+        try:
+            self._lab.persist(b.key, b.incumbent)
+        except Exception as e:  # a cache that cannot be written costs the next compile its turns, nothing more
+            logger.info("auto (online): decision of bucket %s not cached: %s", bucket_label(b.key), first_line(e))
+
+    def _recheck(self, b: _Bucket) -> None:
+        """Let the runners-up take turns with the bucket's candidate again, by the same rule."""
+        runners = [lb for lb in b.runners if lb in self._lanes]
+        b.runners = []
+        if not runners:
+            b.recheck_at = None
+            return
+        b.lanes = {lb: self._lanes[lb] for lb in (b.incumbent, *runners)}
+        b.race_from = self._clock()
+        self._enter(b, Phase.RACING)
+        self._start_race(b, {lb: (b.results[lb].ratio or 1.0) if lb in b.results else 1.0 for lb in runners})
+
+    # ------------------------------------------------------------------ publishing
+    def _route(self, b: _Bucket) -> Route:
+        route = self._router.route(b.key)
+        assert route is not None, "a bucket the router never opened"
+        return route
+
+    def _publish(self, b: _Bucket) -> None:
+        self._router.publish(b.key, Route(b.lanes.get(b.incumbent) or self._lanes[b.incumbent], self._route(b).tally,
+                                          b.probe))
+
+    def _wanted(self, label: str) -> bool:
+        return label == self._start.label or any(
+            label == b.incumbent or label in b.logs or label in b.runners
+            or (b.phase is not Phase.DECIDED and label in b.lanes) for b in self._buckets.values())
+
+    def _note(self, b: _Bucket, text: str) -> None:
+        b.note = text
+        self._notes[b.key] = f"bucket {bucket_label(b.key)}: {text}"
+        logger.info("auto (online): %s: %s", self._name, self._notes[b.key])
+
+    def _refresh(self, b: _Bucket) -> BucketTuning:
+        route = self._router.route(b.key)
+        calls = route.tally.calls if route is not None else 0
+        serving = route.serving.label if route is not None else b.incumbent
+        results = dict(b.results)
+        for label in b.logs:
+            logs = b.logs[label]
+            results[label] = CandidateResult(label, math.exp(statistics.fmean(logs)) if logs else None, "open")
+        if b.phase is not Phase.DECIDED:
+            results[serving] = CandidateResult(serving, 1.0, "serving")
+        status = BucketTuning(
+            bucket_label(b.key), b.key, "decided" if b.phase is Phase.DECIDED else "tuning", b.phase.value, serving,
+            calls, b.decided_calls, b.decided_at, tuple(results.values()),
+            None if b.recheck_at is None or route is None else b.recheck_at - route.tally.first_call)
+        self._status[b.key] = status
+        return status

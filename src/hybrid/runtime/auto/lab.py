@@ -1,0 +1,266 @@
+"""The work behind online tuning's decisions, off the callers' path: check, compile, cache (docs/auto.md).
+
+The controller (:mod:`.controller`) asks a :class:`Lab` to check the candidates on a copy of a bucket's real
+inputs (in the low-priority check process of :mod:`.worker`, or in the controller's thread where that process
+cannot see a backend or an op), to compile and warm the ones that passed, to release those that serve no
+bucket, and to read and write the decision cache per bucket. Tests give the controller a lab of their own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from hybrid.errors import HybridError, first_line
+from hybrid.hal import Candidate, is_installed_backend
+from hybrid.ir import Model
+from hybrid.runtime.auto import cache, judge, worker
+from hybrid.runtime.auto.decision import decision_from_json
+from hybrid.runtime.auto.router import Lane
+from hybrid.runtime.auto.status import Bucket
+from hybrid.runtime.auto.tolerance import OutputRule
+from hybrid.runtime.auto.trials import OptionsOf, Search, Trial, check_trials, offered_precisions, trial_of
+from hybrid.runtime.partition import FALLBACK_BACKEND
+
+__all__ = ["CheckResult", "Confirmation", "Lab", "RealLab"]
+
+logger = logging.getLogger("hybrid")
+
+WARM_CALLS = 3  # a candidate compiled here runs this many times before its first turn (lazy initialisation)
+
+
+@dataclass(frozen=True, slots=True)
+class CheckResult:
+    """The check of one bucket: the candidates that passed in priority order (with the CPU seconds of a warm
+    run where measured), those rejected and why, and the check's notes."""
+
+    passed: tuple[tuple[str, float | None], ...]
+    rejected: tuple[tuple[str, str], ...] = ()
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Confirmation:
+    """A decision made at compile (declared, sample or static shapes) whose near rivals take turns with it on the
+    first real calls of its bucket (docs/auto.md, "Decided at compile, near ties").
+
+    Attributes:
+        sample: The sample the candidates were timed on (its bucket is the one confirmed).
+        rivals: Checked candidates, compiled, timed near the start at compile.
+        save: Writes the confirmed winner as the compile's decision (the next compile starts on it).
+    """
+
+    sample: Mapping[str, Any]
+    rivals: tuple[Trial, ...]
+    save: Callable[[Trial], Any]
+
+
+class Lab(Protocol):
+    """What the controller needs done (the production one is :class:`RealLab`)."""
+
+    def check(self, sample: Mapping[str, Any], closing: Callable[[], bool]) -> CheckResult: ...
+
+    def lane(self, label: str, sample: Mapping[str, Any] | None) -> Lane | None: ...
+
+    def release(self, label: str) -> None: ...
+
+    def order(self) -> tuple[str, ...]: ...
+
+    def cached(self, key: Bucket) -> str | None: ...
+
+    def persist(self, key: Bucket, label: str) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class RealLab:
+    """The production lab of one model.
+
+    Args:
+        model: The model.
+        start: The checked start (it serves every bucket until real calls decide).
+        order: The candidates, in priority order.
+        options_of: Backend options per candidate and precision.
+        precision: 'fp32', or 'auto' with an explicit budget: the reduced precisions join the check.
+        budget: The accuracy budget of reduced precisions (None at fp32).
+        rtol: The model-level tolerance of the fp32 check.
+        rules: Per-output rules of the check.
+        key_base: What the decisions depend on besides the shapes (for the decision cache).
+        check_share: The check process's share of a busy core (its nice level).
+        check_process: Whether to check in the worker process at all.
+        confirm: Rivals of a decision made at compile (their bucket starts with them checked).
+    """
+
+    def __init__(self, model: Model, start: Trial, order: list[Candidate], options_of: OptionsOf, precision: str,
+                 budget: dict[str, float] | None, rtol: float, rules: Mapping[str, OutputRule],
+                 key_base: Mapping[str, Any], check_share: float, check_process: bool,
+                 confirm: Confirmation | None = None) -> None:
+        self.model = model
+        self.start = start
+        self._order = order
+        self._options_of = options_of
+        self._precision = precision
+        self._budget = budget
+        self._rtol = rtol
+        self._rules = dict(rules)
+        self._share = check_share
+        self.confirm = confirm
+        self.trials: dict[str, Trial] = {start.label: start}
+        self._compiled = {start.label: start.executable}
+        for t in confirm.rivals if confirm else ():
+            self.trials[t.label], self._compiled[t.label] = t, t.executable
+        self._lock = threading.Lock()  # the fallback compiles in a caller's thread, the controller in its own
+        self._index_key, self._index_material = cache.decision_key({**key_base, "online_buckets": True})
+        self._index = self._read_index()
+        # the worker process sees the built-in and installed backends and the standard op domains only
+        self._portable = check_process and all(
+            n.domain in ("", "ai.onnx", "ai.onnx.ml", "com.microsoft") for n in model.graph.all_nodes()) and all(
+            is_installed_backend(c.backend) for c in order)
+
+    # ------------------------------------------------------------------ candidates
+    def order(self) -> tuple[str, ...]:
+        """Every candidate label in the fallback's priority order: the accelerated ones, then the reference."""
+        first = [str(c) for c in self._order if c.backend != FALLBACK_BACKEND]
+        return tuple(dict.fromkeys([*first, *(str(c) for c in self._order if c.backend == FALLBACK_BACKEND)]))
+
+    def lane(self, label: str, sample: Mapping[str, Any] | None) -> Lane | None:
+        """``label`` compiled in this process (once) and run :data:`WARM_CALLS` times on ``sample``."""
+        with self._lock:
+            exe = self._compiled.get(label)
+            fresh = exe is None
+            if fresh:
+                name, _, precision = label.partition(" ")
+                backend, _, device = name.partition(":")
+                search = Search(self.model, self._order, self._options_of, precision or "fp32", self._budget, None,
+                                compiled=self._compiled)
+                trial = search.single(Candidate(backend, device), precision or "fp32")
+                if trial is None:
+                    return None
+                self.trials[label], exe = trial, trial.executable
+        warm: list[float] = []
+        if fresh and sample is not None:
+            with contextlib.suppress(Exception):  # a failure shows when it serves, and is handled there
+                for _ in range(WARM_CALLS):
+                    t0 = time.perf_counter()
+                    exe.run(sample)
+                    warm.append(time.perf_counter() - t0)
+        return Lane(label, exe, min(warm[1:] or warm) if warm else None)  # the first call pays lazy initialisation
+
+    def release(self, label: str) -> None:
+        """Close a candidate that serves no bucket (its session holds the weights: tens to hundreds of MB)."""
+        if label == self.start.label:
+            return
+        with self._lock:
+            exe = self._compiled.pop(label, None)
+            self.trials.pop(label, None)
+            shared = exe is not None and any(e is exe for e in self._compiled.values())
+        if exe is not None and not shared:
+            exe.close()
+            logger.info("auto (online): %s: released %s (it serves no bucket)", self.model.name, label)
+
+    # ------------------------------------------------------------------ the check
+    def check(self, sample: Mapping[str, Any], closing: Callable[[], bool]) -> CheckResult:
+        """Every candidate run on ``sample`` against the reference, as ``compile(shapes=...)`` checks them."""
+        verdicts = worker.check_elsewhere(self._request(sample), self._share) if self._portable else None
+        if verdicts is None or any(partitioned for *_, partitioned in verdicts.results):
+            verdicts = self._check_here(sample, closing)
+        passed = [(lb, warm) for lb, why, warm, _ in verdicts.results if why is None]
+        accelerated = [(lb, w) for lb, w in passed if not lb.startswith(f"{FALLBACK_BACKEND}:")]
+        return CheckResult(tuple(accelerated or passed),
+                           tuple((lb, why) for lb, why, _, _ in verdicts.results if why is not None), verdicts.notes)
+
+    def _labels(self) -> list[tuple[Candidate, str]]:
+        reduced = self._precision == "auto" and self._budget is not None
+        out = [(c, "fp32") for c in self._order]
+        if reduced:
+            out += [(c, p) for c in self._order if c.backend != FALLBACK_BACKEND for p in offered_precisions(c)]
+        return out
+
+    def _request(self, sample: Mapping[str, Any]) -> worker.CheckRequest:
+        options = {(str(c) if p == "fp32" else f"{c} {p}"): self._options_of(c, p) for c, p in self._labels()}
+        reduced = self._precision == "auto" and self._budget is not None
+        return worker.CheckRequest(
+            self.model.to_bytes(), self.model.name, tuple(str(c) for c in self._order), options, self._rtol,
+            {k: r.model_dump() for k, r in self._rules.items()}, dict(sample),
+            "auto" if reduced else "fp32", self._budget if reduced else None)
+
+    def _check_here(self, sample: Mapping[str, Any], closing: Callable[[], bool]) -> worker.Verdicts:
+        """The check in the controller's thread (custom ops or backends the worker cannot see), pausing after
+        each candidate so that it runs at most ``check_share`` of the wall time."""
+        reduced = self._precision == "auto" and self._budget is not None
+        search = Search(self.model, self._order, self._options_of, "auto" if reduced else "fp32",
+                        self._budget if reduced else None, sample, rtol=self._rtol, rules=self._rules,
+                        compiled=self._compiled)
+
+        def pace(busy_s: float) -> None:
+            if self._share < 1.0:
+                time.sleep(min(2.0, busy_s * (1.0 / self._share - 1.0)))  # the controller's thread, not a caller
+
+        tried, _ = check_trials(search, autotune=True, stop=closing, after_each=pace)
+        judge.outvote(tried, search, self.model.name)
+        for t in tried:
+            self.trials.setdefault(t.label, t)
+        return worker.Verdicts(tuple((t.label, t.rejected, None, t.partitioned) for t in tried), tuple(search.notes))
+
+    # ------------------------------------------------------------------ the decision cache
+    def cached(self, key: Bucket) -> str | None:
+        """The label of a decision made on real calls before, for this bucket (None: none)."""
+        decision = self._index.get(key)
+        if decision is None:
+            return None
+        label = decision.label
+        with self._lock:
+            if label not in self._compiled:
+                trial = trial_of(self.model, decision, self._order, self._options_of)
+                if trial is None:
+                    return None
+                self._compiled[label], self.trials[label] = trial.executable, trial
+        return label
+
+    def persist(self, key: Bucket, label: str) -> None:
+        """Write the bucket's decision (and a confirmed compile-time decision) to the decision cache."""
+        trial = self.trials.get(label)
+        if trial is None:
+            return
+        if self.confirm is not None and key == confirm_key(self.model, self.confirm):
+            self.confirm.save(trial)
+        known = self._read_index()
+        known[key] = trial.decision
+        self._index = known
+        buckets = [[[[n, list(s)] for n, s in k], d.to_json()] for k, d in known.items()]
+        cache.save_decision(self._index_key, self._index_material, {"kind": "buckets", "buckets": buckets},
+                            [f"online decisions of {self.model.name!r} per shape bucket"])
+
+    def _read_index(self) -> dict[Bucket, Any]:
+        record = cache.load_decision(self._index_key, self._index_material)
+        out: dict[Bucket, Any] = {}
+        for bucket, decision in (record or {}).get("decision", {}).get("buckets", []):
+            try:
+                out[tuple((str(n), tuple(int(d) for d in s)) for n, s in bucket)] = decision_from_json(decision)
+            except (KeyError, TypeError, ValueError):
+                continue
+        return out
+
+    def close(self) -> None:
+        with self._lock:
+            compiled, self._compiled = self._compiled, {}
+        for exe in {id(e): e for e in compiled.values()}.values():
+            with contextlib.suppress(Exception):
+                exe.close()
+
+
+def confirm_key(model: Model, confirm: Confirmation) -> Bucket:
+    """The bucket a :class:`Confirmation` is about."""
+    from hybrid.runtime.auto.shapes import bucket_of
+
+    return bucket_of(model.signature, confirm.sample)
+
+
+def describe_failure(error: BaseException) -> str:
+    """One line for a plan note or a status (HybridError's message, else the exception's first line)."""
+    return error.message if isinstance(error, HybridError) else first_line(error)

@@ -1,0 +1,89 @@
+"""The policy of online tuning: every number the tuner decides by, in one frozen record (docs/auto.md).
+
+The tuner's data plane (:mod:`.router`) only routes and records; its controller (:mod:`.controller`) reads
+every threshold from a :class:`TuningPolicy` and the time from an injected clock, so the same rule holds on
+another machine and is tested on scripted time.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from hybrid.config import AutotuneSettings
+
+__all__ = ["Clock", "TuningPolicy", "monotonic"]
+
+Clock = Callable[[], float]  # seconds, monotonic: time.perf_counter in production, a script in tests
+
+
+def monotonic() -> float:
+    """The production clock (``time.perf_counter``)."""
+    return time.perf_counter()
+
+
+@dataclass(frozen=True, slots=True)
+class TuningPolicy:
+    """How a shape bucket is decided on real calls. Each field is a statistical or a cost bound.
+
+    Attributes:
+        decide_within_s: A bucket is decided at most this long after its first call (the check and the
+            compiles included), or after ``decide_within_calls`` calls of the serving candidate where that is
+            longer. Until then the sequential test runs; at the bound the point estimate decides.
+        decide_within_calls: See ``decide_within_s``: the bound for slow models, in calls.
+        max_tax: The mean latency the turns may add while a bucket is tuned, as a share of the serving
+            candidate's (0.1: the calls are on average at most 10 % slower). A slower candidate under test is
+            given its turns only as often as this allows: rounds of turns are spaced by a rest in which the
+            serving candidate answers every call.
+        confidence: Confidence of the interval of the mean log-ratio of paired turns (Student's t). A candidate
+            is faster or slower only when the whole interval lies beyond the tie band, tied when it lies inside.
+        tie_rel: Half-width of the tie band: candidates whose speed ratio to the serving one lies within
+            ``1 +/- tie_rel`` tie, and the serving one keeps the bucket.
+        calls_per_turn: Calls a turn should time at the serving candidate's speed (its length follows).
+        min_turn_s: A turn lasts at least this long: a runtime's thread pool needs tens of milliseconds to reach
+            the speed at which it serves a stream of calls, and the one before it may still spin that long.
+        lead_share: The first share of every turn is served but not timed (that warm-up, and the spinning of the
+            candidate before).
+        recheck_after_s: After a decision, candidates that were not clearly slower take turns again this long
+            later, by the same rule (then twice as long after each re-check); one that does not win leaves.
+        check_share: The share of a busy core the background check may take (its process's nice level).
+    """
+
+    decide_within_s: float = 30.0
+    decide_within_calls: int = 200
+    max_tax: float = 0.10
+    confidence: float = 0.90
+    tie_rel: float = 0.02
+    calls_per_turn: int = 8
+    min_turn_s: float = 0.2
+    lead_share: float = 0.25
+    recheck_after_s: float = 60.0
+    check_share: float = 0.1
+
+    @classmethod
+    def from_settings(cls, settings: AutotuneSettings) -> TuningPolicy:
+        """The policy that ``hybrid.init({'autotune': {...}})`` asks for."""
+        return cls(decide_within_s=settings.decide_within_s, max_tax=settings.max_tax,
+                   confidence=settings.confidence, tie_rel=settings.tie_rel,
+                   calls_per_turn=settings.calls_per_bucket, recheck_after_s=settings.recheck_after_s,
+                   check_share=settings.overhead_cap)
+
+    def deadline(self, first_call: float, call_s: float) -> float:
+        """When a bucket whose first call came at ``first_call`` and whose calls take ``call_s`` is decided."""
+        return first_call + max(self.decide_within_s, self.decide_within_calls * call_s)
+
+    def turn_s(self, call_s: float) -> float:
+        """How long a turn lasts for calls of ``call_s``: ``calls_per_turn`` timed calls after the lead-in."""
+        return max(self.min_turn_s, self.calls_per_turn * call_s / (1.0 - self.lead_share))
+
+    def round_extra_s(self, turn_s: float, ratios: list[float]) -> float:
+        """The time a round of turns adds for candidates under test at ``ratios`` of the serving one's call time:
+        each has two turns, and a call rate that holds (an open loop) makes each turn cost ``turn_s * (ratio - 1)``
+        more (a closed loop costs less: it makes fewer calls in a slow turn)."""
+        return sum(2.0 * turn_s * max(0.0, r - 1.0) for r in ratios)
+
+    def next_round_at(self, race_from: float, spent_s: float, extra_s: float, round_s: float) -> float:
+        """When a round that adds ``extra_s`` may start, the rounds before it having added ``spent_s``: the time
+        added since tuning began (``race_from``) stays within ``max_tax`` of the time passed, at the round's end."""
+        return race_from + (spent_s + extra_s) / self.max_tax - round_s

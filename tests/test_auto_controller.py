@@ -1,0 +1,352 @@
+"""Online tuning's router and controller on scripted time: no sleeps, no real backends, exact expectations."""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+from hybrid.hal.backend import Executable
+from hybrid.ir import Model
+from hybrid.runtime.auto import rule
+from hybrid.runtime.auto.controller import TRANSITIONS, Controller, Phase
+from hybrid.runtime.auto.lab import CheckResult
+from hybrid.runtime.auto.policy import TuningPolicy
+from hybrid.runtime.auto.router import Lane, Router
+
+
+class FakeClock:
+    """Seconds that move only when a scripted executable runs (or the test says so)."""
+
+    def __init__(self) -> None:
+        self.t = 1000.0
+        self._lock = threading.Lock()
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance(self, seconds: float) -> None:
+        with self._lock:
+            self.t += seconds
+
+
+class Scripted(Executable):
+    """An executable whose calls take ``latency(clock)`` seconds of the fake clock and answer ``2 * x``
+    (``wrong``: ``2 * x + 1``); ``fails_on`` a batch size raises."""
+
+    def __init__(self, clock: FakeClock, latency, wrong: bool = False, fails_on: int | None = None) -> None:
+        self.input_names, self.output_names = ["x"], ["y"]
+        self.clock, self.latency, self.wrong, self.fails_on = clock, latency, wrong, fails_on
+        self.calls = 0
+        self.closed = False
+
+    def run(self, feeds):
+        x = feeds["x"]
+        if self.fails_on is not None and x.shape[0] == self.fails_on:
+            raise RuntimeError(f"cannot run batch {x.shape[0]}")
+        self.calls += 1
+        self.clock.advance(self.latency(self.clock) if callable(self.latency) else self.latency)
+        return [2 * x + (1 if self.wrong else 0)]
+
+    def close(self):
+        self.closed = True
+
+
+class FakeLab:
+    """Passes every candidate it was given, compiles them instantly, caches in a dict."""
+
+    def __init__(self, exes: dict[str, Executable], rejected: dict[str, str] | None = None,
+                 warm: dict[str, float] | None = None) -> None:
+        self.exes = exes
+        self.rejected = dict(rejected or {})
+        self.warm = dict(warm or {})
+        self.released: list[str] = []
+        self.cache: dict = {}
+        self.checks = 0
+
+    def check(self, sample, closing):
+        self.checks += 1
+        return CheckResult(tuple((lb, self.warm.get(lb)) for lb in self.exes if lb not in self.rejected),
+                           tuple(self.rejected.items()))
+
+    def lane(self, label, sample):
+        exe = self.exes.get(label)
+        return None if exe is None else Lane(label, exe)
+
+    def release(self, label):
+        self.released.append(label)
+
+    def order(self):
+        return tuple(self.exes)
+
+    def cached(self, key):
+        return self.cache.get(key)
+
+    def persist(self, key, label):
+        self.cache[key] = label
+
+    def close(self):
+        pass
+
+
+def signature():
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])])
+    return Model.load(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])).signature
+
+
+def tuner(exes: dict[str, Executable], clock: FakeClock, policy: TuningPolicy | None = None, **lab_kw):
+    lab = FakeLab(exes, **lab_kw)
+    first = next(iter(exes))
+    start = Lane(first, exes[first])
+    holder: dict = {}
+    router = Router(signature(), start, clock, lambda e: holder["c"].notify(e), lambda lb: lab.lane(lb, None))
+    controller = holder["c"] = Controller(router, lab, policy or TuningPolicy(), clock, start, "fake")
+    return router, controller, lab
+
+
+def drive(router, controller, x, until, limit_calls=300_000, gap_s=0.0, clock=None):
+    """Call ``router`` on ``x`` (checking every answer), stepping the controller when something is due, until
+    ``until()``; returns the calls made and their latencies on the fake clock."""
+    wake, calls, latencies = -math.inf, 0, []
+    expected = 2 * x
+    while not until():
+        if router._clock() >= wake or not controller._inbox.empty():  # due, or the router told it something
+            wake = controller.step()
+        t0 = router._clock()
+        (y,) = router.run({"x": x})
+        latencies.append(router._clock() - t0)
+        np.testing.assert_array_equal(y, expected)
+        calls += 1
+        if gap_s and clock is not None:
+            clock.advance(gap_s)
+        assert calls < limit_calls, f"not done after {calls} calls: {controller.status()}"
+    return calls, latencies
+
+
+def decided(controller, bucket=None):
+    """Every bucket seen decided (``bucket``: that one, once seen)."""
+    def done():
+        status = [s for s in controller.status() if bucket is None or s.bucket == bucket]
+        return bool(status) and all(s.state == "decided" for s in status)
+    return done
+
+
+X = np.ones((2, 4), np.float32)
+
+
+def test_a_twice_faster_candidate_serves_within_the_bound_and_few_rounds():
+    clock = FakeClock()
+    router, controller, _ = tuner({"a:cpu": Scripted(clock, 2e-3), "b:cpu": Scripted(clock, 1e-3)}, clock)
+    calls, _ = drive(router, controller, X, decided(controller))
+    (status,) = controller.status()
+    assert status.serving == "b:cpu" and status.state == "decided"
+    assert status.decided_after_s <= TuningPolicy().decide_within_s
+    assert status.decided_after_s < 3.0  # one round of four 0.2 s turns (a 2x gap is not a near tie)
+    assert {c.label: c.outcome for c in status.candidates} == {"a:cpu": "slower", "b:cpu": "serving"}
+    assert status.bucket == "x: 2x4" and status.decided_after_calls <= calls
+
+
+def test_a_slower_candidate_is_dropped_and_the_mean_tax_stays_within_the_policy():
+    clock = FakeClock()
+    policy = TuningPolicy(max_tax=0.1)
+    router, controller, lab = tuner({"a:cpu": Scripted(clock, 1e-3), "b:cpu": Scripted(clock, 3e-3)}, clock,
+                                    policy, warm={"a:cpu": 1e-3, "b:cpu": 3e-3})
+    t0 = clock()
+    calls, lat = drive(router, controller, X, decided(controller))
+    (status,) = controller.status()
+    assert status.serving == "a:cpu"
+    assert {c.label: c.outcome for c in status.candidates}["b:cpu"] == "slower"
+    assert status.decided_after_s <= policy.decide_within_s
+    # the time the calls took while tuning, over what the serving candidate alone would have taken
+    assert (clock() - t0) / (calls * 1e-3) <= 1 + policy.max_tax + 1e-9
+    drive(router, controller, X, lambda: "b:cpu" in lab.released)  # it serves nothing: released after a grace
+    assert lab.exes["b:cpu"].calls > 0
+
+
+def test_a_near_tie_keeps_the_serving_candidate_and_is_rechecked_later_by_the_same_rule():
+    clock = FakeClock()
+    policy = TuningPolicy(recheck_after_s=60.0)
+    speed = {"b": 0.995e-3}
+    router, controller, _ = tuner({"a:cpu": Scripted(clock, 1e-3),
+                                   "b:cpu": Scripted(clock, lambda c: speed["b"])}, clock, policy)
+    drive(router, controller, X, decided(controller))
+    (status,) = controller.status()
+    assert status.serving == "a:cpu"  # 0.5 % faster: inside the 2 % tie band
+    assert {c.label: c.outcome for c in status.candidates}["b:cpu"] == "tie"
+    assert status.recheck_at_s is not None
+    speed["b"] = 0.5e-3  # the machine's state moved: b is now twice as fast
+    drive(router, controller, X, lambda: controller.status()[0].serving == "b:cpu"
+          and controller.status()[0].state == "decided")
+    (status,) = controller.status()
+    assert status.decided_after_s < 5.0  # counted from the re-check's start
+
+
+def test_a_noisy_near_tie_is_decided_at_the_time_bound():
+    clock = FakeClock()
+    rng = np.random.default_rng(0)
+    policy = TuningPolicy(decide_within_s=20.0)
+    noisy = lambda c: 1e-3 * float(rng.lognormal(0.0, 0.5))  # noqa: E731 - 50 % call-to-call noise
+    router, controller, _ = tuner({"a:cpu": Scripted(clock, noisy), "b:cpu": Scripted(clock, noisy)}, clock, policy)
+    first = clock()
+    drive(router, controller, X, decided(controller))
+    (status,) = controller.status()
+    assert status.serving == "a:cpu"
+    assert status.decided_after_s <= policy.decide_within_s + 1e-9
+    assert clock() - first <= policy.decide_within_s + 0.01
+
+
+def test_the_bound_holds_for_slow_models_in_calls():
+    clock = FakeClock()
+    policy = TuningPolicy(decide_within_s=5.0, decide_within_calls=200)
+    rng = np.random.default_rng(1)
+    noisy = lambda c: 0.1 * float(rng.lognormal(0.0, 0.3))  # noqa: E731 - a near tie the turns cannot settle
+    router, controller, _ = tuner({"a:cpu": Scripted(clock, noisy), "b:cpu": Scripted(clock, noisy)}, clock, policy)
+    calls, _ = drive(router, controller, X, decided(controller))
+    (status,) = controller.status()
+    assert 5.0 < status.decided_after_s <= 200 * 0.15  # ~200 calls of ~0.1 s, not 5 s
+    assert calls <= 300
+
+
+def test_a_candidate_rejected_by_the_check_never_serves():
+    clock = FakeClock()
+    router, controller, _ = tuner({"a:cpu": Scripted(clock, 2e-3), "wrong:cpu": Scripted(clock, 1e-4, wrong=True)},
+                                  clock, rejected={"wrong:cpu": "outputs differ (max abs 1)"})
+    drive(router, controller, X, decided(controller))
+    (status,) = controller.status()
+    assert status.serving == "a:cpu"
+    assert {c.label: (c.outcome, c.reason) for c in status.candidates}["wrong:cpu"] == (
+        "rejected", "outputs differ (max abs 1)")
+
+
+def test_a_start_that_fails_the_check_is_replaced_before_any_turn():
+    clock = FakeClock()
+    router, controller, _ = tuner({"a:cpu": Scripted(clock, 1e-3), "b:cpu": Scripted(clock, 1e-3)}, clock,
+                                  rejected={"a:cpu": "wrong at batch 2"})
+    drive(router, controller, X, decided(controller))
+    assert controller.status()[0].serving == "b:cpu"
+
+
+def test_a_decided_bucket_falls_back_to_the_next_candidate_on_a_call_it_cannot_run():
+    clock = FakeClock()
+    a = Scripted(clock, 1e-3, fails_on=3)  # decides the 2x4 bucket, and cannot run batch 3 (same 4x4 bucket? no:
+    b = Scripted(clock, 2e-3)  # batch 3 rounds up to 4)
+    router, controller, _ = tuner({"a:cpu": a, "b:cpu": b}, clock)
+    x4 = np.ones((4, 4), np.float32)
+    drive(router, controller, x4, decided(controller))
+    assert controller.status()[0].serving == "a:cpu"
+    x3 = np.ones((3, 4), np.float32)  # the same bucket (4x4): a fails, b answers, and serves the bucket from now
+    (y,) = router.run({"x": x3})
+    np.testing.assert_array_equal(y, 2 * x3)
+    controller.step()
+    (status,) = controller.status()
+    assert status.serving == "b:cpu"
+    assert {c.label: c.outcome for c in status.candidates}["a:cpu"] == "failed"
+
+
+def test_each_bucket_decides_for_itself_and_the_cache_installs_a_decision_without_a_check():
+    clock = FakeClock()
+    exes = {"a:cpu": Scripted(clock, lambda c: 1e-3), "b:cpu": Scripted(clock, lambda c: 2e-3)}
+    router, controller, lab = tuner(exes, clock)
+    drive(router, controller, X, decided(controller))
+    big = np.ones((16, 4), np.float32)
+    exes["a:cpu"].latency = 3e-3  # at batch 16, a is the slower one
+    drive(router, controller, big, decided(controller, "x: 16x4"))
+    assert {s.bucket: s.serving for s in controller.status()} == {"x: 2x4": "a:cpu", "x: 16x4": "b:cpu"}
+    checks = lab.checks
+    router2, controller2, _ = tuner(exes, clock)
+    controller2._lab = lab  # the same cache
+    drive(router2, controller2, big, decided(controller2, "x: 16x4"))
+    assert lab.checks == checks and controller2.status()[0].serving == "b:cpu"
+
+
+def test_the_lifecycle_follows_its_transition_table():
+    assert Phase.DECIDED in TRANSITIONS[Phase.RACING] and Phase.RACING in TRANSITIONS[Phase.DECIDED]
+    clock = FakeClock()
+    router, controller, _ = tuner({"a:cpu": Scripted(clock, 1e-3), "b:cpu": Scripted(clock, 1e-3)}, clock)
+    seen = []
+    original = controller._enter
+
+    def record(b, phase):
+        seen.append((b.phase, phase))
+        original(b, phase)
+
+    controller._enter = record
+    drive(router, controller, X, decided(controller))
+    assert seen[:3] == [(Phase.NEW, Phase.CHECKING), (Phase.CHECKING, Phase.COMPILING),
+                        (Phase.COMPILING, Phase.RACING)]
+    assert all(to in TRANSITIONS[frm] for frm, to in seen)
+
+
+def test_sixteen_callers_each_get_their_own_answer_through_a_switch_and_never_sleep(monkeypatch):
+    clock = FakeClock()
+    a, b = Scripted(clock, 2e-4), Scripted(clock, 1e-4)
+    router, controller, _ = tuner({"a:cpu": a, "b:cpu": b}, clock, TuningPolicy(min_turn_s=0.01))
+    callers: set[int] = set()
+    slept: list[str] = []
+    real_sleep = time.sleep
+
+    def watch_sleep(seconds):
+        if threading.get_ident() in callers:
+            slept.append(threading.current_thread().name)
+        real_sleep(seconds)
+
+    monkeypatch.setattr(time, "sleep", watch_sleep)
+    errors: list[str] = []
+    stop = threading.Event()
+
+    def caller(k):
+        callers.add(threading.get_ident())
+        x = np.full((2, 4), float(k), np.float32)
+        for _ in range(4000):
+            (y,) = router.run({"x": x})
+            if not np.array_equal(y, 2 * x):
+                errors.append(f"caller {k} got another caller's or a wrong answer")
+
+    def control():
+        while not stop.is_set():
+            controller.step()
+
+    ctl = threading.Thread(target=control)
+    ctl.start()
+    threads = [threading.Thread(target=caller, args=(k,), name=f"caller-{k}") for k in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    stop.set()
+    ctl.join(timeout=30)
+    assert not errors and not slept
+    (status,) = controller.status()
+    assert status.serving == "b:cpu" and status.state == "decided"
+    assert status.calls == pytest.approx(16 * 4000, rel=0.02)  # counted without a lock: a few may be lost
+
+
+def test_the_rule_compares_paired_log_ratios_against_the_tie_band():
+    assert rule.t_quantile(0.95, 1) == pytest.approx(6.3138, abs=1e-3)
+    assert rule.t_quantile(0.975, 10) == pytest.approx(2.2281, abs=1e-3)
+    assert rule.compare([math.log(2.0), math.log(2.1)], 0.9, 0.02) is rule.Outcome.SLOWER
+    assert rule.compare([math.log(0.5), math.log(0.52)], 0.9, 0.02) is rule.Outcome.FASTER
+    assert rule.compare([0.001, -0.002, 0.0, 0.001, -0.001], 0.9, 0.02) is rule.Outcome.TIE
+    assert rule.compare([0.2, -0.2], 0.9, 0.02) is rule.Outcome.OPEN
+    assert rule.compare([0.5], 0.9, 0.02) is rule.Outcome.OPEN  # one pair is no interval
+    assert rule.settle([math.log(0.9)] * 3, 0.02) is rule.Outcome.FASTER
+    assert rule.settle([], 0.02) is rule.Outcome.TIE
+
+
+@pytest.mark.parametrize("ratios", [[1.0], [3.0], [1.5, 2.0], [0.5, 5.0]])
+def test_rounds_paced_by_the_policy_keep_the_tax_within_it(ratios):
+    policy = TuningPolicy(max_tax=0.1)
+    turn, spent, start = 0.2, 0.0, 0.0
+    round_s = turn * (1 + 3 * len(ratios))
+    for _ in range(5):  # five rounds, each started as early as the policy allows
+        extra = policy.round_extra_s(turn, ratios)
+        start = max(start, policy.next_round_at(0.0, spent, extra, round_s))
+        spent += extra
+        start += round_s
+        assert spent / start <= policy.max_tax + 1e-12
