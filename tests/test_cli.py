@@ -39,7 +39,7 @@ def test_run_with_inputs_and_output(tmp_path):
     r = runner.invoke(app, ["run", str(tmp_path / "m.onnx"), "--input", f"x={tmp_path / 'x.npy'}",
                             "--target", "openvino", "--output", str(out)])
     assert r.exit_code == 0, r.output
-    assert "y" in r.output and "(2, 3)" in r.output and "float32" in r.output
+    assert "y" in r.output and "2x3" in r.output and "float32" in r.output
     with np.load(out, allow_pickle=False) as z:
         assert z["y"].shape == (2, 3)
 
@@ -50,7 +50,7 @@ def test_run_errors_are_coded(tmp_path):
     assert r.exit_code == 1 and "HYB-401" in r.output and "'x'" in r.output
     r = runner.invoke(app, ["run", str(tmp_path / "m.onnx"), "--input", "x"])
     assert r.exit_code == 1 and "HYB-406" in r.output
-    r = runner.invoke(app, ["run", str(tmp_path / "m.onnx"), "--random", "--target", "tpu"])
+    r = runner.invoke(app, ["run", str(tmp_path / "m.onnx"), "--random", "--shapes", "x:2x4", "--target", "tpu"])
     assert r.exit_code == 1 and "HYB-301" in r.output
     r = runner.invoke(app, ["run", str(tmp_path / "missing.onnx"), "--random"])
     assert r.exit_code == 1 and "HYB-201" in r.output
@@ -58,7 +58,7 @@ def test_run_errors_are_coded(tmp_path):
 
 def test_run_random_inputs(tmp_path):
     onnx.save(matmul_add(), tmp_path / "m.onnx")
-    r = runner.invoke(app, ["run", str(tmp_path / "m.onnx"), "--random"])
+    r = runner.invoke(app, ["run", str(tmp_path / "m.onnx"), "--random", "--shapes", "x:2x4"])
     assert r.exit_code == 0, r.output
 
 

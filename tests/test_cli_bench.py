@@ -36,7 +36,7 @@ def test_bench_json_on_stdout_with_percentiles_and_shapes(model_path):
     assert row["status"] == "ok" and row["runs"] >= 20 and row["concurrency"] == 1
     assert 0 < row["p50_ms"] <= row["p90_ms"] <= row["p99_ms"]
     assert row["items_per_s"] > 0 and row["max_abs_err"] < 1e-4 and "latencies_ms" not in row
-    assert doc["timing"]["iterations"] == 20 and doc["batch"] == 1
+    assert doc["timing"]["iterations"] == 20 and doc["batch"] == 6 and doc["inputs"] == {"x": [6, 4]}
 
 
 def test_bench_shapes_reach_the_model(model_path):
@@ -55,7 +55,7 @@ def test_bench_shapes_reach_the_model(model_path):
 
 def test_bench_duration_and_concurrency(model_path):
     r = invoke("bench", model_path, "-t", "onnxruntime", "-p", "fp32", "--duration", "0.4", "--blocks", "2",
-               "--concurrency", "3", "--json")
+               "--concurrency", "3", "--json", "--batch", "2")
     assert r.exit_code == 0, r.output
     (row,) = json.loads(r.stdout)["rows"]
     assert row["concurrency"] == 3 and row["runs"] >= 3 and row["items_per_s"] > 0
@@ -71,7 +71,7 @@ def test_bench_refuses_bad_timing_options(model_path, args):
 def test_bench_output_file_has_every_timed_call(model_path, tmp_path):
     out = tmp_path / "rows.json"
     r = invoke("bench", model_path, "-t", "onnxruntime", "-p", "fp32", "--iterations", "7", "--blocks", "1",
-               "-o", out)
+               "-o", out, "--shapes", "x:1x4")
     assert r.exit_code == 0, r.output
     (row,) = json.loads(out.read_text())["rows"]
     assert len(row["latencies_ms"]) == row["runs"] >= 7
@@ -81,7 +81,7 @@ def test_bench_html_report_is_self_contained(model_path, tmp_path):
     pytest.importorskip("matplotlib")
     report = tmp_path / "report.html"
     r = invoke("bench", model_path, "-t", "onnxruntime,openvino", "-p", "fp32", "--iterations", "6", "--blocks", "2",
-               "--report", report)
+               "--report", report, "--shapes", "x:3x4")
     assert r.exit_code == 0, r.output
     text = report.read_text(encoding="utf-8")
     assert text.startswith("<!DOCTYPE html>")
@@ -93,7 +93,7 @@ def test_bench_html_report_is_self_contained(model_path, tmp_path):
     figures = re.findall(r"<figure class='plot' data-metric='(\w+)'>.*?</figure>", text, re.S)
     assert figures == ["latency", "throughput", "error"]
     assert text.count("<svg") == 3
-    assert "onnxruntime:cpu" in text
+    assert "onnxruntime:cpu" in text and "x: float32[3x4] (generated)" in text  # the header: the shapes run
 
 
 def test_quantize_dynamic_and_static_with_report(tmp_path, model_path):
@@ -104,7 +104,7 @@ def test_quantize_dynamic_and_static_with_report(tmp_path, model_path):
                "--samples", "24")
     assert r.exit_code == 0, r.output
     assert out.is_file() and "cosine min" in r.output and "accuracy against fp32" in r.output
-    r = invoke("quantize", model_path, "--method", "dynamic", "-o", out, "--json")
+    r = invoke("quantize", model_path, "--method", "dynamic", "-o", out, "--json", "--shapes", "x:2x4")
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
     assert doc["mode"] == "dynamic" and doc["outputs"][0]["name"] == "y" and doc["output"] == str(out)

@@ -36,7 +36,7 @@ def test_bracketed_names_print_literally(tmp_path, name):
     path = tmp_path / name  # 'model[/v2].onnx' is v2].onnx in a folder 'model['
     path.parent.mkdir(exist_ok=True)
     onnx.save(matmul_add(), path)
-    r = invoke("run", path, "--random", "-t", "onnxruntime")
+    r = invoke("run", path, "--random", "--shapes", "x:2x4", "-t", "onnxruntime")
     assert r.exit_code == 0, r.output
     assert f"{path.name} on onnxruntime:cpu" in r.output and "MarkupError" not in r.output
     missing = path.with_name("missing" + path.name)
@@ -46,7 +46,7 @@ def test_bracketed_names_print_literally(tmp_path, name):
 
 def test_bracketed_signature_and_node_names(tmp_path):
     _bracket_model(tmp_path / "b.onnx")
-    r = invoke("run", tmp_path / "b.onnx", "--random", "-t", "onnxruntime")
+    r = invoke("run", tmp_path / "b.onnx", "--random", "--shapes", "x:2x4", "-t", "onnxruntime")
     assert r.exit_code == 0, r.output
     assert "y[0]" in r.output
     r = invoke("compile", tmp_path / "b.onnx", "-t", "onnxruntime", "--explain", "--per-node")
@@ -104,7 +104,8 @@ def test_bench_rows_carry_the_precision_that_ran(tmp_path):
     pytest.importorskip("openvino")
     from hybrid.cli.bench import bench
 
-    rows, _ = bench(matmul_add(), targets=["openvino:cpu"], precisions=("fp32", "fp16"), blocks=1, per_block=2)
+    rows, _ = bench(matmul_add(), targets=["openvino:cpu"], precisions=("fp32", "fp16"), blocks=1, per_block=2,
+                    batch=1)
     for r in rows:
         if r.status == "ok":
             cm = hybrid.compile(matmul_add(), target="openvino:cpu", precision=r.precision)
@@ -121,26 +122,27 @@ def test_absent_device_fails_unless_fallback_is_asked_for(tmp_path):
     if _has_cuda():
         pytest.skip("this machine has a GPU")
     onnx.save(matmul_add(), tmp_path / "m.onnx")
-    r = invoke("run", tmp_path / "m.onnx", "--random", "-t", "cuda")
+    r = invoke("run", tmp_path / "m.onnx", "--shapes", "x:2x4", "-t", "cuda")
     assert r.exit_code == 1 and "HYB-307" in r.output and "--device-fallback warn" in r.output
-    r = invoke("run", tmp_path / "m.onnx", "--random", "-t", "cuda", "--device-fallback", "warn")
+    r = invoke("run", tmp_path / "m.onnx", "--shapes", "x:2x4", "-t", "cuda", "--device-fallback", "warn")
     assert r.exit_code == 0, r.output
-    r = invoke("bench", tmp_path / "m.onnx", "--targets", "onnxruntime,cuda", "--blocks", "1", "--per-block", "1")
+    r = invoke("bench", tmp_path / "m.onnx", "--targets", "onnxruntime,cuda", "--blocks", "1", "--per-block", "1",
+               "--batch", "1")
     assert r.exit_code == 1 and "HYB-307" in r.output
     r = invoke("compile", tmp_path / "m.onnx", "-t", "cuda")
     assert r.exit_code == 1 and "HYB-307" in r.output
-    r = invoke("run", tmp_path / "m.onnx", "--random", "--device-fallback", "maybe")
+    r = invoke("run", tmp_path / "m.onnx", "--shapes", "x:2x4", "--device-fallback", "maybe")
     assert r.exit_code == 1 and "HYB-102" in r.output
 
 
 def test_bench_refuses_precisions_nothing_offers(tmp_path):
     onnx.save(matmul_add(), tmp_path / "m.onnx")
-    r = invoke("bench", tmp_path / "m.onnx", "--precisions", "int8")
+    r = invoke("bench", tmp_path / "m.onnx", "--precisions", "int8", "--batch", "1")
     assert r.exit_code == 1 and "HYB-102" in r.output and "quantize" in r.output
-    r = invoke("bench", tmp_path / "m.onnx", "--targets", "onnxruntime", "--precisions", "fp16")
+    r = invoke("bench", tmp_path / "m.onnx", "--targets", "onnxruntime", "--precisions", "fp16", "--batch", "1")
     assert r.exit_code == 1 and "HYB-304" in r.output and "onnxruntime:cpu fp16" in r.output
     r = invoke("bench", tmp_path / "m.onnx", "--targets", "onnxruntime", "--precisions", "fp32,fp16",
-               "--blocks", "1", "--per-block", "1")
+               "--blocks", "1", "--per-block", "1", "--batch", "1", "--markdown")
     assert r.exit_code == 0, r.output
     assert "| onnxruntime:cpu | fp16 | n/a |" in r.output  # asked for explicitly: shown, not dropped
 
@@ -252,7 +254,7 @@ def test_profile_trace_is_bounded_and_latency_excludes_profiled_runs(tmp_path, m
     monkeypatch.setattr(profiler, "MAX_RUN_SPANS", 5)
     onnx.save(matmul_add(), tmp_path / "m.onnx")
     r = invoke("profile", tmp_path / "m.onnx", "--duration", "0.3", "-o", tmp_path / "p.json", "-t", "onnxruntime",
-               "--node-runs", "3", "--json")
+               "--node-runs", "3", "--json", "--batch", "1")
     assert r.exit_code == 0, r.output
     report = json.loads(r.stdout)
     doc = json.loads((tmp_path / "p.json").read_text())

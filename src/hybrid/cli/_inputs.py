@@ -213,7 +213,8 @@ class Inputs:
 
 def resolve_inputs(model: Any, given: Mapping[str, np.ndarray] | None = None,
                    declared: Mapping[str, Any] | None = None, *, generate: bool = True, batch: int | None = None,
-                   seed: int = 0, command: str = "run MODEL", alternative: str = "--input NAME=FILE.npy") -> Inputs:
+                   seed: int = 0, command: str = "run MODEL", alternative: str = "--input NAME=FILE.npy",
+                   has_batch: bool = False) -> Inputs:
     """The inputs a command runs ``model`` (a hybrid.Model) on: the ``--input`` files, the rest generated
     the way auto-selection makes its samples at sizes the user gave.
 
@@ -226,6 +227,7 @@ def resolve_inputs(model: Any, given: Mapping[str, np.ndarray] | None = None,
         seed: Random seed of generated inputs.
         command: The command and model, for the hint (``bench det.onnx``: ``pyasc bench det.onnx --shapes ...``).
         alternative: The other way to give a size, for the hint ('' for none).
+        has_batch: The command has ``--batch`` (the hint names it when only dim 0 lacks a size).
 
     Raises:
         ConfigError: HYB-102 for ``--shapes`` that do not fit the model or contradict an ``--input`` file.
@@ -248,7 +250,7 @@ def resolve_inputs(model: Any, given: Mapping[str, np.ndarray] | None = None,
     specs = [s for s in sig.inputs]
     missing = [s for s in specs if s.name not in given]
     if missing and not generate:
-        names = ", ".join(s.name for s in missing)
+        names = ", ".join(repr(s.name) for s in missing)
         raise RunError("HYB-401", f"model {model.name!r} needs input{'s' if len(missing) > 1 else ''} {names} "
                        f"and none was given; its inputs: {', '.join(str(s) for s in specs)}",
                        f"-i {missing[0].name}=FILE.npy gives it from a file; --random generates it"
@@ -290,11 +292,13 @@ def resolve_inputs(model: Any, given: Mapping[str, np.ndarray] | None = None,
         else:
             concrete[s.name] = tuple(shape)
     if unsized:
+        only_dim0 = all(len(lack) == 1 and lack[0].split(" ")[:2] == ["dim", "0"] for _, lack in unsized)
         what = "; ".join(f"{s.name} {s.dtype}[{dims(s.shape)}]: {', '.join(lacking)}" for s, lacking in unsized)
         line = ",".join(shapes_line(s) for s, _ in unsized)
         raise RunError("HYB-417", f"dynamic input dims have no size: {what}; give the shapes to run (nothing is "
                        "made up)", f"pyasc {command} --shapes {line} (replace the capitals with the sizes "
-                       "you run)" + (f", or {alternative}" if alternative else ""))
+                       "you run)" + (f", or {alternative}" if alternative else "")
+                       + (" (--batch N sizes a dynamic dim 0)" if has_batch and only_dim0 else ""))
     feeds: dict[str, np.ndarray] = {}
     if concrete:
         made = sample_inputs(model, 1, seed, shapes=concrete)

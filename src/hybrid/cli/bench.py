@@ -370,7 +370,8 @@ def bench_command(
         declared = declared_shapes(shapes, min_shapes, opt_shapes, max_shapes)
         model = model_path(model)
         model_obj = load_model(model)
-        feeds = resolve_inputs(model_obj, load_inputs(inputs), declared, batch=batch, command=f"bench {model}")
+        feeds = resolve_inputs(model_obj, load_inputs(inputs), declared, batch=batch, command=f"bench {model}",
+                               has_batch=True)
         with progress(f"benchmarking {model.name}") as update:
             rows, reference = bench(model_obj, target_list, precs, timing=timing, on_step=update,
                                     tolerance=tolerance, config=config, feeds=feeds)

@@ -53,7 +53,8 @@ def profile(
         declared = declared_shapes(shapes, min_shapes, opt_shapes, max_shapes)
         model = model_path(model)
         source = load_model(model)
-        feeds = resolve_inputs(source, load_inputs(inputs), declared, batch=batch, command=f"profile {model}")
+        feeds = resolve_inputs(source, load_inputs(inputs), declared, batch=batch, command=f"profile {model}",
+                               has_batch=True)
         with progress(f"compiling {model.name} for {target}"):
             cm = _load_compiled(model, target, precision, feeds.compile_shapes, source)
         first = next(iter(feeds.feeds.values()), None)
