@@ -340,6 +340,8 @@ class Controller:
             b.spent += self._policy.round_extra_s(probe.turn_s, [ratio])  # the tax this round paid
         verdicts = {lb: rule.compare(v, self._policy.confidence, self._policy.tie_rel) for lb, v in b.logs.items()}
         self._apply(b, verdicts)
+        if not b.logs:
+            self._decide(b, "by the paired turns")
 
     def _apply(self, b: _Bucket, verdicts: dict[str, rule.Outcome]) -> None:
         faster = {lb: statistics.fmean(b.logs[lb]) for lb, v in verdicts.items() if v is rule.Outcome.FASTER}
@@ -363,18 +365,21 @@ class Controller:
             b.runners = [lb for lb in b.runners if lb != best]
             logger.info("auto (online): %s bucket %s: %s is faster than %s (%.3gx); it serves", self._name,
                         bucket_label(b.key), best, was, math.exp(faster[best]))
-        if not b.logs:
-            self._decide(b, "by the paired turns")
 
     def _conclude(self, b: _Bucket) -> None:
-        """The bound in time: the point estimate of each challenger still open decides (:func:`.rule.settle`);
-        one never timed (its turns would have cost more than the budget allowed) is judged by its estimate,
-        which can drop it but never make it serve."""
+        """The bound in time: the point estimate of each challenger still open decides (:func:`.rule.settle`).
+        One never timed (its turns would have cost more than the tax budget allows before the bound) is judged by
+        its estimate, which can drop it but never make it serve."""
         tie = self._policy.tie_rel
+        untimed = [lb for lb, v in b.logs.items() if not v]
         self._apply(b, {lb: rule.settle(v, tie) if v else (rule.Outcome.SLOWER if b.estimate.get(lb, 1.0) > 1 + tie
                                                            else rule.Outcome.TIE) for lb, v in b.logs.items()})
-        if b.phase is Phase.RACING:
-            self._decide(b, "at the time bound")
+        for label in untimed:
+            r = b.results[label]
+            b.results[label] = CandidateResult(label, b.estimate.get(label), r.outcome,
+                                               "not timed: its turns, at the estimated ratio, would cost more than "
+                                               "the tax budget allows within the time bound")
+        self._decide(b, "at the time bound")
 
     def _decide(self, b: _Bucket, why: str) -> None:
         now = self._clock()

@@ -31,7 +31,9 @@ __all__ = ["CheckResult", "Confirmation", "Lab", "RealLab"]
 
 logger = logging.getLogger("hybrid")
 
-WARM_CALLS = 3  # a candidate compiled here runs this many times before its first turn (lazy initialisation)
+WARM_CALLS, WARM_S = 10, 0.2  # a candidate compiled here runs up to this many times (and this long) before its
+# first turn: its first calls pay for lazy initialisation (OpenVINO compiles kernels over its first few calls of a
+# new shape), and the fastest of the later ones estimates its speed, which paces the first round of turns
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +123,8 @@ class RealLab:
         self._portable = check_process and all(
             n.domain in ("", "ai.onnx", "ai.onnx.ml", "com.microsoft") for n in model.graph.all_nodes()) and all(
             is_installed_backend(c.backend) for c in order)
+        if self._portable:
+            worker.prestart()
 
     # ------------------------------------------------------------------ candidates
     def order(self) -> tuple[str, ...]:
@@ -129,7 +133,7 @@ class RealLab:
         return tuple(dict.fromkeys([*first, *(str(c) for c in self._order if c.backend == FALLBACK_BACKEND)]))
 
     def lane(self, label: str, sample: Mapping[str, Any] | None) -> Lane | None:
-        """``label`` compiled in this process (once) and run :data:`WARM_CALLS` times on ``sample``."""
+        """``label`` compiled in this process (once) and run up to :data:`WARM_CALLS` times on ``sample``."""
         with self._lock:
             exe = self._compiled.get(label)
             fresh = exe is None
@@ -145,7 +149,7 @@ class RealLab:
         warm: list[float] = []
         if fresh and sample is not None:
             with contextlib.suppress(Exception):  # a failure shows when it serves, and is handled there
-                for _ in range(WARM_CALLS):
+                while len(warm) < WARM_CALLS and sum(warm) < WARM_S:
                     t0 = time.perf_counter()
                     exe.run(sample)
                     warm.append(time.perf_counter() - t0)
@@ -166,7 +170,7 @@ class RealLab:
     # ------------------------------------------------------------------ the check
     def check(self, sample: Mapping[str, Any], closing: Callable[[], bool]) -> CheckResult:
         """Every candidate run on ``sample`` against the reference, as ``compile(shapes=...)`` checks them."""
-        verdicts = worker.check_elsewhere(self._request(sample), self._share) if self._portable else None
+        verdicts = worker.check_elsewhere(self._request(sample)) if self._portable else None
         if verdicts is None or any(partitioned for *_, partitioned in verdicts.results):
             verdicts = self._check_here(sample, closing)
         passed = [(lb, warm) for lb, why, warm, _ in verdicts.results if why is None]
@@ -187,7 +191,7 @@ class RealLab:
         return worker.CheckRequest(
             self.model.to_bytes(), self.model.name, tuple(str(c) for c in self._order), options, self._rtol,
             {k: r.model_dump() for k, r in self._rules.items()}, dict(sample),
-            "auto" if reduced else "fp32", self._budget if reduced else None)
+            "auto" if reduced else "fp32", self._budget if reduced else None, self._share)
 
     def _check_here(self, sample: Mapping[str, Any], closing: Callable[[], bool]) -> worker.Verdicts:
         """The check in the controller's thread (custom ops or backends the worker cannot see), pausing after

@@ -101,7 +101,7 @@ def select(model: Model, target: str, order: list[Candidate], options_of: Option
     rtol = settings.rtol if acc.rtol is None else acc.rtol
     # reduced precisions race online only within a budget the caller gave: without one nothing changes numerics
     explicit_budget = precision == "auto" and any(k in (accuracy or {}) for k in checks.ACCURACY_KEYS)
-    online = (sample_inputs is None and not ranges and (precision == "fp32" or explicit_budget)
+    online = (sample_inputs is None and not ranges and precision in ("fp32", "auto")
               and autotune is not False and settings.online and has_dynamic_inputs(sig))
     start_precision = "fp32" if online else precision  # the start of online tuning runs the model as exported
     if online:

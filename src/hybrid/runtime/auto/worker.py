@@ -2,10 +2,12 @@
 
 Checking candidates on a copy of a real input means running the numpy reference and every candidate:
 seconds of CPU on a real model, and Python code that would hold the interpreter lock the caller's
-thread needs. Done in one shared worker process started at a low scheduling priority (the nice
-level whose CPU share matches the tuning policy's ``check_share``), it takes the cores the callers leave
-idle and, where they want every core, about that share of one: its cost on the callers is bounded, and so is
-the time it takes (no caller waits for it).
+thread needs. Done in one shared worker process that paces itself to ``share`` of the wall time in CPU
+time (after each candidate it sleeps until its CPU time is within that share: the tuning policy's
+``check_share``), its cost on the callers is bounded whatever the load, and so is the time it takes: a
+low scheduling priority alone would starve it where the callers, or other processes, want every core.
+No caller ever waits for it. The process is started when a model begins to tune (:func:`prestart`), so
+its imports are done before the first check.
 The worker runs one thread per session (it must not crowd the callers' cores).
 
 The worker is ``python -c "from hybrid.runtime.auto.worker import serve; serve()"`` (``-m`` would run a
@@ -21,18 +23,18 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
-import os
 import pickle
 import struct
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from hybrid.config import validated_update
-from hybrid.hal import Candidate, backend_names
+from hybrid.hal import Candidate, backend_names, devices
 from hybrid.ir import Model
 from hybrid.runtime.auto import judge
 from hybrid.runtime.auto.timing import settle, warm_estimate
@@ -41,22 +43,9 @@ from hybrid.runtime.auto.trials import Search, check_trials
 
 logger = logging.getLogger("hybrid")
 
-__all__ = ["CheckRequest", "Verdicts", "check", "check_elsewhere", "serve", "shutdown"]
-
-# Linux CFS weights of nice 0..19: a thread at nice n gets weight[n] / (weight[n] + 1024) of a core that a
-# nice-0 thread also wants
-_CFS_WEIGHTS = (1024, 820, 655, 526, 423, 335, 272, 215, 172, 137, 110, 87, 70, 56, 45, 36, 29, 23, 18, 15)
-
+__all__ = ["CheckRequest", "Verdicts", "check", "check_elsewhere", "pacer", "prestart", "serve", "shutdown"]
 
 _WORKER_MAIN = "from hybrid.runtime.auto.worker import serve; serve()"
-
-
-def nice_for(share: float) -> int:
-    """The nice level at which the worker takes at most ``share`` of a core the callers also want."""
-    for level, weight in enumerate(_CFS_WEIGHTS):
-        if weight / (weight + 1024) <= share:
-            return level
-    return len(_CFS_WEIGHTS) - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +61,7 @@ class CheckRequest:
     sample: dict[str, Any]
     precision: str = "fp32"  # 'auto': the reduced precisions each backend offers join, within ``budget``
     budget: dict[str, float] | None = None
+    share: float = 1.0  # the share of the wall time the check may spend in CPU time (it paces itself)
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,14 +76,12 @@ class Verdicts:
 class _Worker:
     """The worker process and the lock that keeps one request at a time on its pipes."""
 
-    def __init__(self, nice: int) -> None:
-        self.nice = nice
+    def __init__(self) -> None:
         self.proc = subprocess.Popen([sys.executable, "-c", _WORKER_MAIN], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE)
-        _lower_priority(self.proc.pid, nice)
         self.lock = threading.Lock()
 
-    def ask(self, request: CheckRequest) -> Any:
+    def ask(self, request: CheckRequest | str) -> Any:
         with self.lock:
             assert self.proc.stdin is not None and self.proc.stdout is not None
             _send(self.proc.stdin, request)
@@ -107,16 +95,6 @@ class _Worker:
 
 _WORKER: _Worker | None = None
 _WORKER_LOCK = threading.Lock()
-
-
-def _lower_priority(pid: int, nice: int) -> None:
-    """Put the just-started worker ``pid`` at ``nice``: where the callers want every core, it gets about the
-    share of a core its nice level's CFS weight gives it (the tuning policy's ``check_share``), and any core
-    they leave idle. Not SCHED_IDLE: a caller that keeps every core busy would starve it, and the decision
-    is bounded in time. Set from here, before the worker has imported anything (seconds of CPU) or started a
-    thread: the threads it starts later (the runtimes' pools) inherit it."""
-    with contextlib.suppress(OSError, AttributeError):  # not permitted here: still correct, only less polite
-        os.setpriority(os.PRIO_PROCESS, pid, nice)
 
 
 def _send(stream: Any, obj: Any) -> None:
@@ -142,21 +120,30 @@ def shutdown() -> None:
         w.close()
 
 
-def check_elsewhere(request: CheckRequest, share: float) -> Verdicts | None:
-    """Run :func:`check` in the worker process, at the priority that gives it at most ``share`` of a busy
-    core; None when it cannot (the caller then checks itself)."""
+def _worker() -> _Worker:
     global _WORKER
-    nice = nice_for(share)
+    with _WORKER_LOCK:
+        if _WORKER is None or _WORKER.proc.poll() is not None:
+            atexit.register(shutdown)  # registering twice is harmless
+            _WORKER = _Worker()
+        return _WORKER
+
+
+def prestart() -> None:
+    """Start the worker process and let it import the backends' libraries, in a background thread (its first
+    check then spends its time checking)."""
+
+    def warm() -> None:
+        with contextlib.suppress(Exception):
+            _worker().ask("probe")
+
+    threading.Thread(target=warm, name="hybrid-check-prestart", daemon=True).start()
+
+
+def check_elsewhere(request: CheckRequest) -> Verdicts | None:
+    """Run :func:`check` in the worker process; None when it cannot (the caller then checks itself)."""
     try:
-        with _WORKER_LOCK:
-            if _WORKER is not None and _WORKER.nice != nice:
-                _WORKER.close()
-                _WORKER = None
-            if _WORKER is None or _WORKER.proc.poll() is not None:
-                atexit.register(shutdown)  # registering twice is harmless
-                _WORKER = _Worker(nice)
-            w = _WORKER
-        answer = w.ask(request)
+        answer = _worker().ask(request)
     except Exception as e:  # a broken or missing worker must never fail the model
         logger.info("auto (online): the check process is unavailable (%s); checking in a thread", e)
         shutdown()
@@ -165,6 +152,20 @@ def check_elsewhere(request: CheckRequest, share: float) -> Verdicts | None:
         logger.info("auto (online): the check process could not check (%s); checking in a thread", answer)
         return None
     return answer
+
+
+def pacer(share: float) -> Callable[[], None]:
+    """A function that sleeps until this process's CPU time since the last call is at most ``share`` of the
+    wall time since then (call it between units of work)."""
+    last = [time.process_time(), time.perf_counter()]
+
+    def pace() -> None:
+        if share < 1.0:
+            cpu, wall = time.process_time() - last[0], time.perf_counter() - last[1]
+            time.sleep(min(5.0, max(0.0, cpu / share - wall)))
+        last[0], last[1] = time.process_time(), time.perf_counter()
+
+    return pace
 
 
 def check(request: CheckRequest) -> Verdicts | None:
@@ -179,7 +180,8 @@ def check(request: CheckRequest) -> Verdicts | None:
     rules = {k: OutputRule(**v) for k, v in request.rules.items()}
     search = Search(model, order, lambda c, p: dict(request.options[f"{c} {p}" if p != "fp32" else str(c)]),
                     request.precision, request.budget, request.sample, rtol=request.rtol, rules=rules)
-    tried, _ = check_trials(search, autotune=True)
+    pace = pacer(request.share)
+    tried, _ = check_trials(search, autotune=True, after_each=lambda _s: pace())
     judge.outvote(tried, search, model.name)
     results = []
     for t in tried:
@@ -194,9 +196,16 @@ def check(request: CheckRequest) -> Verdicts | None:
                                      within_s=0.5, clock=time.process_time)
             except Exception as e:
                 t.rejected = f"failed on a second run: {e}"
+            pace()
         results.append((t.label, t.rejected, warm, t.partitioned))
     judge.close_all(tried, None, search)
     return Verdicts(tuple(results), tuple(search.notes))
+
+
+def _probe() -> str:
+    """Import every backend's library (what the first check would otherwise pay for)."""
+    devices()
+    return "ok"
 
 
 def serve() -> None:
@@ -210,7 +219,7 @@ def serve() -> None:
         except EOFError:
             return
         try:
-            answer: Any = check(request)
+            answer: Any = _probe() if request == "probe" else check(request)
         except Exception as e:
             answer = f"{type(e).__name__}: {e}"
         _send(stdout, answer)
