@@ -8,6 +8,7 @@ from ``--batch``; else the command stops with HYB-417 naming the dims. No size i
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -156,6 +157,13 @@ def check_declared(signature: Any, declared: Mapping[str, Any]) -> None:
                     raise ConfigError("HYB-102", f"{flag} {name}:{dims(shape)}: dim {i} of {name} is fixed at "
                                       f"{want} in the model ({dims(spec.shape)}), got {got}",
                                       f"use {want} for dim {i}")
+        if isinstance(value, Mapping):
+            order = [value[k] for k in ("min", "opt", "max") if k in value]
+            if len({len(x) for x in order}) == 1 and not all(
+                    all(a <= b for a, b in zip(lo, hi)) for lo, hi in itertools.pairwise(order)):
+                given = ", ".join(f"--{k}-shapes {name}:{dims(value[k])}" for k in ("min", "opt", "max") if k in value)
+                raise ConfigError("HYB-102", f"the range of {name} is out of order: {given}",
+                                  "every dim needs min <= opt <= max")
 
 
 def shapes_text(declared: Mapping[str, Any]) -> str:

@@ -69,7 +69,8 @@ def read_calibration(path: Path, signature: Any) -> list[dict[str, np.ndarray]]:
     arrays = _npz(path)
     unknown = [k for k in arrays if k not in names]
     if unknown:
-        raise QuantizationError("HYB-603", f"--calibration: arrays {unknown} are named after no input; the "
+        raise QuantizationError("HYB-603", f"--calibration: arrays {', '.join(map(repr, unknown))} are named after "
+                                "no input; the "
                                 f"model's inputs: {', '.join(names)}", "name each array after the input it feeds")
     if not arrays:
         raise QuantizationError("HYB-602", f"--calibration: {str(path)!r} holds no arrays",
@@ -81,8 +82,9 @@ def read_calibration(path: Path, signature: Any) -> list[dict[str, np.ndarray]]:
         split[name] = list(arr) if stacked else [arr[i:i + 1] for i in range(arr.shape[0])]
         counts.add(len(split[name]))
     if len(counts) != 1:
-        raise QuantizationError("HYB-603", f"--calibration: the arrays hold different numbers of samples "
-                                f"({ {k: len(v) for k, v in split.items()} })", "stack the same N samples per input")
+        raise QuantizationError("HYB-603", "--calibration: the arrays hold different numbers of samples ("
+                                + ", ".join(f"{k}: {len(v)}" for k, v in split.items()) + ")",
+                                "stack the same N samples per input")
     return [{k: v[i] for k, v in split.items()} for i in range(counts.pop())]
 
 
