@@ -192,6 +192,27 @@ def test_fuse_conv_batchnorm(rng):
     same(model, new, {"x": rng.standard_normal((1, 3, 6, 6)).astype(np.float32)})
 
 
+def test_the_reference_backend_folds_with_the_rule_table(rng):
+    """One home for Conv + BN folding: the reference compiles fold_into_weights' copy, the model stays as given."""
+    from hybrid.passes.fuse import FUSION_RULES, WEIGHT_FOLDING_RULES, fold_into_weights
+
+    assert set(WEIGHT_FOLDING_RULES) < set(FUSION_RULES)
+    bn = {"s": rng.uniform(0.5, 2, 8).astype(np.float32), "bb": rng.standard_normal(8).astype(np.float32),
+          "m": rng.standard_normal(8).astype(np.float32), "v": rng.uniform(0.5, 2, 8).astype(np.float32),
+          "k": rng.uniform(0.5, 2, (8, 1, 1)).astype(np.float32)}
+    model = _conv_model(rng, [helper.make_node("BatchNormalization", ["c", "s", "bb", "m", "v"], ["n"]),
+                              helper.make_node("Mul", ["n", "k"], ["y"])], bn)
+    folded = fold_into_weights(model.ir)
+    assert ops(model) == {"Conv": 1, "BatchNormalization": 1, "Mul": 1}  # the given model is not touched
+    assert collections.Counter(n.op_type for n in folded.graph) == {"Conv": 1}
+    x = rng.standard_normal((1, 3, 6, 6)).astype(np.float32)
+    fused = hybrid.compile(model, target="reference")
+    plain = hybrid.compile(model, target="reference", config={"fuse": False})
+    assert [s.op_type for s in fused.executable.program.steps] == ["Conv"]
+    assert len(plain.executable.program.steps) == 3
+    np.testing.assert_allclose(fused(x), plain(x), rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("op", ["Mul", "Add", "Sub", "Div"])
 def test_fuse_conv_per_channel_affine(rng, op):
     c = rng.uniform(0.5, 2, (8, 1, 1)).astype(np.float32)

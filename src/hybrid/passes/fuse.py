@@ -9,6 +9,10 @@ with the original to within float32 rounding (1e-5 relative is checked on every 
 - BatchNormalization + Mul / Add by a per-channel constant -> BatchNormalization (DenseNet writes its
   "scale" layers this way).
 - MatMul + Add -> Gemm when both MatMul operands are matrices and the addend broadcasts one way.
+
+The first three rows (:data:`WEIGHT_FOLDING_RULES`) are also what the reference backend folds when it
+compiles a model (:func:`fold_into_weights`); it keeps only kernel-level epilogues of its own (a
+residual Add and a Relu applied in a Conv's output buffer).
 """
 
 from __future__ import annotations
@@ -17,10 +21,11 @@ from collections.abc import Sequence
 
 import numpy as np
 import onnx_ir as ir
+from onnx_ir.passes.common import RemoveInitializersFromInputsPass
 
 from hybrid.passes.rewrite import Context, Rewrite, Rule, RuleRewritePass, per_channel, rank_of, static_shape
 
-__all__ = ["FUSION_RULES", "fuse_operators"]
+__all__ = ["FUSION_RULES", "WEIGHT_FOLDING_RULES", "fold_into_weights", "fuse_operators"]
 
 _FLOATS = frozenset({ir.DataType.FLOAT, ir.DataType.DOUBLE, ir.DataType.FLOAT16, ir.DataType.BFLOAT16})
 
@@ -159,14 +164,42 @@ def _matmul_add(ctx: Context, match: Sequence[ir.Node]) -> Rewrite | None:
     return Rewrite([node], node.outputs)
 
 
-FUSION_RULES: tuple[Rule, ...] = (
+# the rows that fold constants into a producer's weights: what a backend may do at compile time as well
+WEIGHT_FOLDING_RULES: tuple[Rule, ...] = (
     (("Conv", "BatchNormalization"), _conv_bn),
     (("Conv", frozenset({"Mul", "Div", "Add", "Sub"})), _conv_affine),
     (("BatchNormalization", frozenset({"Mul", "Add"})), _bn_affine),
-    (("MatMul", "Add"), _matmul_add),
 )
+FUSION_RULES: tuple[Rule, ...] = (*WEIGHT_FOLDING_RULES, (("MatMul", "Add"), _matmul_add))
+_MAX_SWEEPS = 8  # a chain Conv -> BN -> Mul -> Add folds in one sweep; more is a safeguard
 
 
 def fuse_operators() -> RuleRewritePass:
     """The fusion rule table as one pass."""
     return RuleRewritePass("fuse_operators", FUSION_RULES)
+
+
+def fold_into_weights(model: ir.Model, *, fold_constants: bool = True) -> ir.Model:
+    """A copy of ``model`` with :data:`WEIGHT_FOLDING_RULES` applied until nothing changes.
+
+    The reference backend compiles this copy (its ``fuse`` option), so a model that was never optimized
+    runs with the same folded weights as one that was: one definition of the folding, this table. The
+    copy shares the model's tensors (``ir.Model.clone``); only folded weights are new. Top-level graph only.
+
+    Args:
+        model: The model (not changed).
+        fold_constants: Evaluate constant nodes first, without a size limit (weights computed by a
+            ``ConstantOfShape`` or a ``Reshape`` of an initializer fold too, as the backend's own
+            compile-time folding would evaluate them anyway).
+    """
+    work = model.clone()
+    RemoveInitializersFromInputsPass()(work)  # old models list weights as inputs; hybrid never feeds those
+    if fold_constants:
+        from hybrid.passes.fold import FoldConstants  # (evaluates with the reference kernels)
+
+        FoldConstants(size_limit=1 << 62).call(work)
+    folding = RuleRewritePass("fold_into_weights", WEIGHT_FOLDING_RULES)
+    for _ in range(_MAX_SWEEPS):
+        if not folding.call(work).modified:
+            break
+    return work

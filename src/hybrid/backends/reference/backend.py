@@ -15,12 +15,12 @@ import onnx_ir as ir
 from hybrid.backends.reference import registry
 from hybrid.backends.reference.conv_algorithms import ALGORITHMS
 from hybrid.backends.reference.fallback import onnx_reference_has
-from hybrid.backends.reference.interpreter import Program, compile_graph, node_runner
+from hybrid.backends.reference.interpreter import Program, compile_graph
 from hybrid.backends.reference.parallel import set_threads
-from hybrid.errors import BackendError, HybridError, first_line
+from hybrid.errors import BackendError, HybridError
 from hybrid.hal.backend import Backend, Executable, Option, ProbedDevice
 
-__all__ = ["ReferenceBackend", "ReferenceExecutable", "evaluate_node"]
+__all__ = ["ReferenceBackend", "ReferenceExecutable"]
 
 
 class ReferenceExecutable(Executable):
@@ -125,7 +125,8 @@ class ReferenceBackend(Backend):
     options = {
         "conv_algorithm": Option((str,), "auto", ("auto", *ALGORITHMS),
                                  doc="Conv algorithm: 'auto' picks per shape (docs/reference-backend.md)"),
-        "fuse": Option((bool,), True, doc="fuse Conv with a following BatchNormalization, Relu and Add"),
+        "fuse": Option((bool,), True, doc="fold BatchNormalization and per-channel Mul/Add into Conv weights (the "
+                                          "optimizer's rules), and a following Add and Relu into the Conv kernel"),
         "fold_constants": Option((bool,), True, doc="evaluate constant nodes once at compile time"),
         "num_threads": Option((int,), None, doc="threads for the big GEMMs (default: all cores); BLAS itself "
                                                "runs single-threaded while the model runs"),
@@ -162,6 +163,10 @@ class ReferenceBackend(Backend):
             # every core, when BLAS can be held to one thread; else leave numpy's BLAS threading alone
             threads = (os.cpu_count() or 1) if _threadpoolctl_available() else None
         m = _model_ir(model)
+        if opts["fuse"]:  # Conv + BN / per-channel Mul, Add: the graph optimizer's own rows, on a copy
+            from hybrid.passes.fuse import fold_into_weights  # (at first compile: import hybrid stays light)
+
+            m = fold_into_weights(m, fold_constants=opts["fold_constants"])
         opsets = dict(m.opset_imports)
         opsets.setdefault("", onnx.defs.onnx_opset_version())
         try:
@@ -185,52 +190,3 @@ def _supports(domain: str, op_type: str, version: int) -> bool:
     if registry.find_kernel(domain, op_type, version) is not None:
         return True
     return _supports_cached(domain, op_type, version)
-
-
-def evaluate_node(node: ir.Node, inputs: list[np.ndarray | None],
-                  opsets: Mapping[str, int] | None = None) -> list[np.ndarray]:
-    """Evaluate one node on given inputs (constant folding in the graph optimizer).
-
-    Args:
-        node: The node; its opset comes from ``opsets``, else ``node.version``, else its graph's
-            imports, else the newest opset onnx knows.
-        inputs: One value per node input (None for a missing optional one).
-        opsets: Opset version per domain.
-
-    Raises:
-        BackendError: HYB-305 when no kernel exists for the node.
-        RunError: HYB-409 when the kernel rejects the inputs.
-    """
-    if opsets is None:
-        graph = node.graph
-        opsets = dict(graph.opset_imports) if graph is not None else {}
-        if node.version is not None:
-            opsets[node.domain] = node.version
-    opsets = dict(opsets)
-    opsets.setdefault("", onnx.defs.onnx_opset_version())
-    from hybrid.backends.reference.interpreter import _describe, compile_graph, free_names
-    from hybrid.backends.reference.step import Step
-
-    subgraphs = [a.value for a in node.attributes.values() if a.type is ir.AttributeType.GRAPH]
-    outer = [n for g in subgraphs for n in free_names(g)]
-    if outer:
-        raise BackendError("HYB-305", f"node {node.name or node.op_type!r} ({node.op_type}): its subgraph reads "
-                           f"outer-scope values {outer[:5]}, which a single-node evaluation cannot supply",
-                           "evaluate the node as part of its graph (compile the model)")
-
-    def compile_sub(graph: ir.Graph) -> Program:
-        return compile_graph(graph, opsets, {}, [v.name for v in graph.inputs])
-
-    run, kind, _ = node_runner(node, opsets, {}, list(inputs), [], compile_sub)
-    try:
-        out = run(*inputs)
-    except HybridError:
-        raise
-    except Exception as e:
-        from hybrid.errors import RunError
-
-        step = Step(run, (), (), (), node.name or node.op_type, node.op_type, kind)
-        raise RunError("HYB-409", f"node {step.label!r} ({node.op_type}) rejected its inputs "
-                       f"{_describe(list(inputs))}: {first_line(e)}",
-                       "check the input shapes and dtypes against the operator's definition") from e
-    return [np.asarray(v) if isinstance(v, np.generic) else v for v in out]

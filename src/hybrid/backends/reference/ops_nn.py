@@ -151,7 +151,7 @@ def _channel(v, ndim):
 class _FoldedBatchNorm:
     """Inference BatchNormalization with constant statistics: ``x * a + shift`` per channel.
 
-    ``scale_shift`` is read by the Conv fusion; ``relu`` is set when a following Relu is fused.
+    ``scale_shift`` holds the folded per-channel factors; ``relu`` is set when a following Relu is fused.
     """
 
     def __init__(self, a: np.ndarray, shift: np.ndarray) -> None:
