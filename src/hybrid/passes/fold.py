@@ -48,7 +48,7 @@ def evaluate_node(node: ir.Node, inputs: list[np.ndarray | None]) -> list[np.nda
     passes; :func:`_evaluate_with_onnx_reference` (ONNX's ``onnx.reference`` on a one-node graph) is the
     stand-in kept for a node the reference backend has no kernel for.
     """
-    from hybrid.backends.reference import evaluate_node as reference_evaluate
+    from hybrid.backends.reference.evaluate import evaluate_node as reference_evaluate
     from hybrid.errors import BackendError
 
     try:

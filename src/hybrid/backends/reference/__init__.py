@@ -20,7 +20,8 @@ from hybrid.backends.reference import (  # noqa: F401 - importing registers the 
     ops_shape,
     ops_spectral,
 )
-from hybrid.backends.reference.backend import ReferenceBackend, ReferenceExecutable, evaluate_node
+from hybrid.backends.reference.backend import ReferenceBackend, ReferenceExecutable
+from hybrid.backends.reference.evaluate import evaluate_node
 from hybrid.backends.reference.registry import custom_op, registered_ops
 
 __all__ = ["ReferenceBackend", "ReferenceExecutable", "custom_op", "evaluate_node", "registered_ops"]
