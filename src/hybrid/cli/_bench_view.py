@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import platform
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -20,8 +20,8 @@ from rich.table import Table
 
 from hybrid.errors import ConfigError
 
-__all__ = ["COLUMNS", "Accuracy", "Tolerance", "header_lines", "markdown", "measure_accuracy", "rich_table",
-           "row_cells"]
+__all__ = ["COLUMNS", "Accuracy", "Tolerance", "header_lines", "markdown", "measure_accuracy", "report_doc",
+           "rich_table", "row_cells"]
 
 DEFAULT_TOLERANCE = {"fp32": (1e-3, 1e-4), "fp16": (1e-2, 1e-2), "bf16": (1e-2, 1e-2)}
 DEFAULT_MIN_COSINE = 0.999
@@ -191,3 +191,19 @@ def markdown(rows: list[Any], reference: str, ok_only: bool = False) -> str:
             cells[-1] = f"FAIL: {r.accuracy_note}"
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def report_doc(model: str, reference: str, batch: int, timing: Any, rows: list[Any],
+               latencies: bool = False, *, header: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The JSON document of ``--json`` / ``--output`` (``latencies``: every timed call, in ms; ``header``:
+    machine, versions, inputs, tolerance)."""
+    def row(r: Any) -> dict[str, Any]:
+        d = asdict(r)
+        if not latencies:
+            d.pop("latencies_ms")
+        else:
+            d["latencies_ms"] = list(r.latencies_ms)
+        return d
+
+    return {"model": model, "reference": reference, "batch": batch, "timing": asdict(timing), **(header or {}),
+            "rows": [row(r) for r in rows]}

@@ -28,7 +28,7 @@ import numpy as np
 import typer
 
 from hybrid.cli import _options as opt
-from hybrid.cli._bench_view import Tolerance, header_lines, markdown, measure_accuracy, rich_table
+from hybrid.cli._bench_view import Tolerance, header_lines, markdown, measure_accuracy, report_doc, rich_table
 from hybrid.cli._console import console, err_console, print_wide, progress, report_errors, styled
 from hybrid.cli._inputs import Inputs
 from hybrid.errors import BackendError, ConfigError, HybridError
@@ -272,22 +272,6 @@ def _config_for(config: Mapping[str, Any] | None, target: str) -> dict[str, Any]
         return None
     backend = target.partition(":")[0]
     return {backend: dict(config[backend])} if backend in config else None
-
-
-def report_doc(model: str, reference: str, batch: int, timing: Timing, rows: list[BenchRow],
-               latencies: bool = False, *, header: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The JSON document of ``--json`` / ``--output`` (``latencies``: every timed call, in ms; ``header``:
-    machine, versions, inputs, tolerance)."""
-    def row(r: BenchRow) -> dict[str, Any]:
-        d = asdict(r)
-        if not latencies:
-            d.pop("latencies_ms")
-        else:
-            d["latencies_ms"] = list(r.latencies_ms)
-        return d
-
-    return {"model": model, "reference": reference, "batch": batch, "timing": asdict(timing), **(header or {}),
-            "rows": [row(r) for r in rows]}
 
 
 def _positive(name: str, value: float | None, integer: bool = False) -> None:
