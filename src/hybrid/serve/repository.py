@@ -204,7 +204,13 @@ def discover(paths: Sequence[str | Path]) -> list[ModelSource]:
     sources: list[ModelSource] = []
     for arg in paths:
         path = Path(arg)
-        sources += _repository(path) if path.is_dir() else [_single_file(str(arg))]
+        if not path.is_dir():
+            sources.append(_single_file(str(arg)))
+            continue
+        from hybrid.serve.model_dir import folder_layout  # a repository, loose model files or an unpacked bundle
+
+        kind, files = folder_layout(path)
+        sources += _repository(path) if kind == "repository" else [_single_file(f) for f in files]
     seen: set[tuple[str, str]] = set()
     for s in sources:
         if (s.name, s.version) in seen:
