@@ -86,6 +86,7 @@ def test_the_shapes_run_are_printed_everywhere(neg_dim, tmp_path):
                "--node-runs", "1", "--json")
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["inputs"] == {"x": [1, 3, 48, 192]}
+    assert json.loads((tmp_path / "p.json").read_text())["otherData"]["inputs"] == {"x": [1, 3, 48, 192]}
 
 
 # ------------------------------------------------------------------ --shapes reach the selection
@@ -119,6 +120,13 @@ def test_shapes_reach_compile_in_run_profile_and_bench(neg_dim, tmp_path, monkey
     seen.clear()
     assert invoke("bench", neg_dim, *QUICK_BENCH, "-i", f"x={tmp_path / 'x.npy'}").exit_code == 0
     assert seen and all(kw["shapes"] == {"x": (2, 3, 48, 96)} for kw in seen)
+
+
+def test_compile_hands_autotune_through(neg_dim, monkeypatch):
+    seen = _spy(monkeypatch, hybrid, "compile")
+    for flag, want in (("--autotune", True), ("--no-autotune", False)):
+        assert invoke("compile", neg_dim, "--shapes", SHAPES, flag, "--json").exit_code == 0
+        assert seen[-1]["autotune"] is want and seen[-1]["shapes"] == {"x": (1, 3, 48, 192)}
 
 
 def test_bundle_create_auto_packages_the_measured_choice(neg_dim, tmp_path):

@@ -16,6 +16,15 @@ from hybrid.cli._inputs import load_inputs
 __all__ = ["register"]
 
 
+def _note_inputs(trace: Path, shapes: dict[str, list[int]]) -> None:
+    """The shapes run, in the trace's ``otherData`` (Perfetto shows it as the trace's metadata)."""
+    from hybrid.ir import atomic_write_bytes
+
+    doc = json.loads(trace.read_text(encoding="utf-8"))
+    doc.setdefault("otherData", {})["inputs"] = shapes
+    atomic_write_bytes(trace, json.dumps(doc).encode("utf-8"))
+
+
 def profile(
     model: Annotated[Path, typer.Argument(help="A .hybrid bundle or an .onnx model (or a folder holding one).")],
     duration: Annotated[float, typer.Option("--duration", "-d", help="Seconds of timed plain runs (> 0).")] = 10.0,
@@ -62,6 +71,7 @@ def profile(
         with progress(f"profiling {model.name} for {duration:g} s"):
             report = run_profile(cm, duration=duration, output=output, target=target, inputs=feeds.feeds,
                                  batch=items, warmup=warmup, node_runs=node_runs, quiet=True)
+        _note_inputs(output, feeds.shapes)
     if as_json:
         typer.echo(json.dumps({**asdict(report), "inputs": feeds.shapes, "input_sources": feeds.sources},
                               indent=2))
