@@ -177,7 +177,7 @@ def test_a_near_tie_at_compile_is_confirmed_on_real_calls_and_cached(monkeypatch
         return {name: {"slowfake:cpu": 1e-3, "quickfake:cpu": 1.05e-3}.get(name, 1.0) for name in runs}
 
     monkeypatch.setattr(search, "time_candidates", timed_at_compile)
-    hybrid.init({"autotune": {"calls_per_bucket": 2, "explore_share": 1.0}})
+    hybrid.init({"autotune": {"decide_within_s": 10.0}})
     x = np.random.default_rng(0).random((2, 3, 16, 16), np.float32)
     expected = reference_answer(conv_net(), x)
     how = {"shapes": {"x": (2, 3, 16, 16)}} if declared == "shapes" else {"sample_inputs": {"x": x}}
@@ -185,16 +185,18 @@ def test_a_near_tie_at_compile_is_confirmed_on_real_calls_and_cached(monkeypatch
         cm = hybrid.compile(conv_net(), target="auto", **how)
         assert cm.backend == "slowfake"
         assert any(n.startswith("confirming on real calls: quickfake:cpu") for n in cm.plan.notes)
-        (status,) = cm.executable.status()
-        assert (status.bucket, status.state) == ((("x", (2, 3, 16, 16)),), "confirming")  # no check needed
+        assert cm.tuning == ()  # nothing called yet
+        cm(x)
         deadline = time.monotonic() + 60
-        while cm.executable.status()[0].state != "settled":
+        while cm.tuning[0].state != "decided":
+            assert cm.tuning[0].phase == "racing"  # no check needed: the rivals passed it at compile
             np.testing.assert_allclose(cm(x), expected, rtol=1e-4, atol=1e-5)  # right on every candidate
-            assert time.monotonic() < deadline, cm.executable.status()
-        assert cm.executable.status()[0].serving == "quickfake:cpu" and cm.backend == "quickfake"
-        cm.close()  # writes the confirmed decision
+            assert time.monotonic() < deadline, cm.tuning
+        assert cm.tuning[0].bucket == "x: 2x3x16x16"
+        assert cm.tuning[0].serving == "quickfake:cpu" and cm.backend == "quickfake"
+        cm.close()  # the confirmed decision was written when it was made
         again = hybrid.compile(conv_net(), target="auto", **how)
-        assert again.backend == "quickfake" and not hasattr(again.executable, "status")
+        assert again.backend == "quickfake" and again.tuning == ()
         assert any("confirmed on real calls: quickfake:cpu" in n for n in again.plan.notes)
 
 

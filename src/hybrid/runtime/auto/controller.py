@@ -124,12 +124,14 @@ class Controller:
     def status(self) -> tuple[BucketTuning, ...]:
         """Where every bucket seen stands: the controller's last record of each, with the router's call count
         and serving candidate as of now (each read is one reference: no lock, no torn record)."""
+        known = dict(self._status)
         out = []
-        for key, status in list(self._status.items()):
-            route = self._router.route(key)
-            if route is not None:
-                status = dataclasses.replace(status, calls=route.tally.calls, serving=route.serving.label)
-            out.append(status)
+        for key, route in self._router.routes().items():
+            status = known.get(key)
+            if status is None:  # called, not yet seen by the controller
+                status = BucketTuning(bucket_label(key), key, "tuning", Phase.NEW.value, route.serving.label, 0,
+                                      None, None)
+            out.append(dataclasses.replace(status, calls=route.tally.calls, serving=route.serving.label))
         return tuple(out)
 
     def notes(self) -> list[str]:

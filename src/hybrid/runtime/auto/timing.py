@@ -1,20 +1,25 @@
 """Timing candidates fairly on a shared machine, at the speed each serves a stream of calls: blocks that start
-once the process is quiet, untimed lead-ins, interleaved rounds, medians of block medians (DESIGN 4)."""
+once the process is quiet, untimed lead-ins, paired rounds A X X A judged by the sequential rule of :mod:`.rule`
+(the rule online tuning applies to real calls; DESIGN 4)."""
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["BLOCKS", "LEAD_CALLS", "LEAD_S", "MAX_BLOCK_CALLS", "METHOD", "NEAR_TIE_REL", "QUICK_BLOCK_CALLS",
+from hybrid.config import autotune_config
+from hybrid.runtime.auto import rule
+
+__all__ = ["BLOCKS", "LEAD_CALLS", "LEAD_S", "MAX_BLOCK_CALLS", "METHOD", "QUICK_BLOCK_CALLS",
            "QUICK_S", "SETTLE_MAX_S", "TIME_BUDGET_S", "settle", "steady_calls", "time_candidates", "warm_estimate"]
 
-METHOD = 2  # part of the decision cache's key: decisions timed by an older method are made again
+METHOD = 3  # part of the decision cache's key: decisions timed by an older method are made again (3: paired
+# blocks judged by the sequential rule)
 TIME_BUDGET_S = 1.0  # measuring time per candidate, at most
 BLOCKS = 5
-NEAR_TIE_REL = 0.1  # candidates this close to the fastest get a second set of rounds
 MAX_BLOCK_CALLS = 500  # a block ends after 500 timed calls (a 0.1 ms graph: 50 ms, not 0.2 s)
 LEAD_S = 0.05  # the calls of a block's first 50 ms are run but not counted (see time_candidates)...
 LEAD_CALLS = 200  # ...and at most 200 calls of lead-in
@@ -67,25 +72,26 @@ def warm_estimate(fn: Callable[[], Any], calls: int = 3, within_s: float = 0.3,
 
 def time_candidates(runs: Mapping[str, Callable[[], Any]], budget_s: float | None = None,
                     blocks: int = BLOCKS) -> dict[str, float]:
-    """Seconds per call of each candidate at its steady state: the median of its block medians, measured
-    interleaved in blocks (a block that met a burst of load on the shared machine moves no result).
+    """Seconds per call of each candidate at its steady state, measured as online tuning measures real calls:
+    paired blocks A X X A judged by the sequential test of :mod:`.rule` (one timing path, docs/auto.md).
 
     Each candidate is first called up to 3 times (within 0.3 s) and the least call is its estimate: the calls
     right after a first run still pay for lazy initialisation (OpenVINO compiles kernels for a new shape of a
     dynamic model over its first few calls: 15, 0.6, then 0.3 ms). One more than 3x slower than the best
-    estimate is not measured further (it cannot win) and reports its estimate. The rest run ``blocks`` rounds
-    in rotated order, each round calling each candidate back to back for about ``budget_s / blocks`` seconds
-    (at most :data:`MAX_BLOCK_CALLS` calls). A block starts only once the process is quiet (:func:`settle`:
-    the thread pool of the one timed before it may still be spinning), and the calls of its first
-    :data:`LEAD_S` (at most :data:`LEAD_CALLS` calls) are not counted: a runtime whose pool idled (while the
-    others ran) takes that long to run at the speed it serves a stream of calls with (OpenVINO on a 0.3 ms
-    encoder: 0.45 ms over its first 5 calls, 0.28 ms from the 150th on; ONNX Runtime is at speed after 20).
-    Candidates within :data:`NEAR_TIE_REL` of the fastest then run as many rounds again: that is where one
-    timing's noise decides (ORT vs OpenVINO on the encoder: OpenVINO 6-32 % ahead in 12 timings a minute long,
-    yet 15 % behind in one timing inside a benchmark run). Graphs faster than :data:`QUICK_S` are timed
-    with short pauses and blocks instead (see there).
+    estimate is not measured further (it cannot win) and reports its estimate. The fastest estimate is the
+    incumbent A; each other candidate X runs rounds of four blocks A X X A, each block calling one candidate back
+    to back for about ``budget_s / blocks`` seconds (at most :data:`MAX_BLOCK_CALLS` calls). A block starts only
+    once the process is quiet (:func:`settle`: the thread pool of the one timed before it may still be spinning),
+    and the calls of its first :data:`LEAD_S` (at most :data:`LEAD_CALLS` calls) are not counted: a runtime whose
+    pool idled takes that long to run at the speed it serves a stream of calls with (OpenVINO on a 0.3 ms
+    encoder: 0.45 ms over its first 5 calls, 0.28 ms from the 150th on). Each adjacent pair of blocks gives the
+    log-ratio of X's block median to A's; X's rounds stop as soon as the rule says faster, slower or tied (a clear
+    gap: after one round), or after ``blocks`` rounds. A's time is the median of its block medians, X's that
+    times the geometric mean of its ratios. Graphs faster than :data:`QUICK_S` are timed with short pauses and
+    blocks instead (see there).
     """
     budget_s = TIME_BUDGET_S if budget_s is None else budget_s
+    settings = autotune_config()
     est: dict[str, float] = {}
     for name, fn in runs.items():
         time.sleep(_PAUSE_S)
@@ -97,24 +103,35 @@ def time_candidates(runs: Mapping[str, Callable[[], Any]], budget_s: float | Non
     lead_calls, max_kept = (QUICK_BLOCK_CALLS, QUICK_BLOCK_CALLS) if quick else (LEAD_CALLS, MAX_BLOCK_CALLS)
     # a lead-in where there is room for one (slow calls count whole), of at most lead_calls calls
     lead = {n: min(LEAD_S, lead_calls * est[n]) if est[n] * 4 <= block_s else 0.0 for n in alive}
-    medians: dict[str, list[float]] = {n: [] for n in alive}  # per block
 
-    def rounds(names: list[str]) -> None:
-        for b in range(blocks):
-            order = names[b % len(names):] + names[:b % len(names)]
-            for name in order:
-                if quick:
-                    time.sleep(_PAUSE_S)
-                else:
-                    settle()
-                medians[name].append(statistics.median(steady_calls(runs[name], block_s, lead[name], max_kept)))
+    def block(name: str) -> float:
+        if quick:
+            time.sleep(_PAUSE_S)
+        else:
+            settle()
+        return statistics.median(steady_calls(runs[name], block_s, lead[name], max_kept))
 
-    rounds(alive)
-    first = {n: statistics.median(medians[n]) for n in alive}
-    near = [n for n in alive if first[n] <= (1 + NEAR_TIE_REL) * min(first.values())]
-    if len(near) > 1:
-        rounds(near)
-    return {n: (statistics.median(medians[n]) if n in medians else est[n]) for n in runs}
+    incumbent = min(alive, key=est.__getitem__)
+    mine: list[float] = []
+    logs: dict[str, list[float]] = {n: [] for n in alive if n != incumbent}
+    open_ = list(logs)
+    for _ in range(blocks):
+        if not open_:
+            break
+        for name in list(open_):
+            a0, x1, x2, a3 = block(incumbent), block(name), block(name), block(incumbent)
+            mine += [a0, a3]
+            logs[name] += [v for v in (rule.log_ratio([x1], [a0]), rule.log_ratio([x2], [a3])) if v is not None]
+            if rule.compare(logs[name], settings.confidence, settings.tie_rel) is not rule.Outcome.OPEN:
+                open_.remove(name)
+    if not mine:  # one candidate alive: its own blocks
+        mine = [block(incumbent) for _ in range(min(blocks, 3))]
+    base = statistics.median(mine)
+    out = {n: est[n] for n in runs}
+    out[incumbent] = base
+    for name, values in logs.items():
+        out[name] = base * math.exp(statistics.fmean(values)) if values else est[name]
+    return out
 
 
 def steady_calls(fn: Callable[[], Any], block_s: float, lead_s: float,

@@ -158,8 +158,10 @@ class Verifier:
                           "candidates not timed; pass sample_inputs= to check and time them")
 
     def _note_wrong_declarations(self, outputs: list[Any]) -> None:
-        """Say so when an output's declared shape (rank or static dims) is not what the model computes:
-        such models are common and run fine; the answer the model computes is what counts."""
+        """Say so when an output's declared shape (rank or static dims) is not what the model computes.
+
+        Such models are common and run fine; the answer the model computes is what counts.
+        """
         for spec, value in zip(self.model.signature.outputs, outputs):
             got = getattr(value, "shape", None)
             if spec.shape is None or got is None:
@@ -173,9 +175,11 @@ class Verifier:
                 self.notes.append(note)
 
     def _more_cases(self, style: int) -> None:
-        """Widen the check with other values: longer integers (window lengths, sequence lengths,
-        strides), then also floats 64 times larger (rounding harmless near 1 shows up there). A
-        variant the reference rejects is retried with the first sample's integers."""
+        """Widen the check with other values.
+
+        Longer integers (window lengths, sequence lengths, strides), then also floats 64 times larger (rounding harmless
+        near 1 shows up there). A variant the reference rejects is retried with the first sample's integers.
+        """
         for seed, magnitude in ((1, 1.0), (2, MORE_SAMPLES_MAGNITUDE)):
             for high in (MORE_SAMPLES_INT_HIGH, None):
                 sample = make_samples(self.model, style=style, seed=seed, magnitude=magnitude, int_high=high)
@@ -185,8 +189,10 @@ class Verifier:
                     break
 
     def _moved(self, case: _Case) -> list[Any] | None:
-        """The reference answer for the sample nudged by rounding-level noise, computed only when a
-        candidate disagrees: it tells a wrong answer from an ill-conditioned output."""
+        """The reference answer for the sample nudged by rounding-level noise, computed only when a candidate disagrees.
+
+        It tells a wrong answer from an ill-conditioned output.
+        """
         if not case.moved_done:
             case.moved_done = True
             near = checks.nudged(case.samples)
@@ -197,8 +203,11 @@ class Verifier:
 
     # ------------------------------------------------------------------------- the check
     def check(self, exe: Executable, precision: str, fp32_truth: list[Any] | None = None) -> Verdict:
-        """Check one candidate: fp32 against the reference's answers with the dtype tolerances,
-        reduced precisions against fp32 (the reference's, else ``fp32_truth``) with the budget."""
+        """Check one candidate.
+
+        Fp32 against the reference's answers with the dtype tolerances, reduced precisions against fp32 (the
+        reference's, else ``fp32_truth``) with the budget.
+        """
         self.prepare()
         if self.samples is None:
             return Verdict(None)
