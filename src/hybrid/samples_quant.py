@@ -228,8 +228,10 @@ def _detector_loss(out: Any, targets: Any, size: int) -> Any:
 
 
 def _spread_ranges(net: Any, spread: float) -> None:
-    """Rescale channels across every ReLU -> Conv boundary and along MobileNet's linear bottlenecks
-    (function-preserving: ReLU and the projection without activation are homogeneous)."""
+    """Rescale channels across every ReLU -> Conv boundary and along MobileNet's linear bottlenecks.
+
+    Function-preserving: ReLU and the projection without activation are homogeneous.
+    """
     import torch
     from torch import nn
 

@@ -84,9 +84,11 @@ def precision_of(cm: CompiledModel) -> str:
 
 
 def strategy_for(backend: str, device: str, options: Mapping[str, Any]) -> CacheStrategy | None:
-    """The cache strategy for a (backend, device, options) (``Backend.cache_strategy``), or None when the
-    backend has none, or names an option it does not declare or that is not one of :data:`MACHINE_OPTIONS`
-    (a bundle never carries those: a path in a bundle's options could point anywhere)."""
+    """The cache strategy for a (backend, device, options) (``Backend.cache_strategy``), or None.
+
+    None when the backend has none, or names an option it does not declare or that is not one of
+    :data:`MACHINE_OPTIONS` (a bundle never carries those: a path in a bundle's options could point anywhere).
+    """
     try:
         cls = backend_class(backend)
         strategy = cls.cache_strategy(device, options)
@@ -101,8 +103,10 @@ def strategy_for(backend: str, device: str, options: Mapping[str, Any]) -> Cache
 
 
 def compile_for(model: Model, backend: str, device: str, precision: str, options: Mapping[str, Any]) -> CompiledModel:
-    """``hybrid.compile`` for one backend and device (options given per backend: flat keys such as
-    'tensorrt' would read as backend names)."""
+    """``hybrid.compile`` for one backend and device (options given per backend.
+
+    Flat keys such as 'tensorrt' would read as backend names).
+    """
     return compile_model(model, target=f"{backend}:{device}", precision=precision, config={backend: dict(options)})
 
 
@@ -125,8 +129,9 @@ def _clean_optimized(data: bytes, model: Model, where: str) -> bytes:
 
 
 def check_optimized(proto: onnx.ModelProto, model: Model, where: str, strict: bool = True) -> None:
-    """An optimized graph may not read external data, and (strict) must take only the model's inputs
-    and produce its outputs.
+    """Check an optimized graph: no external data, and (strict) only the model's inputs and outputs.
+
+    It may not read external data, and (strict) must take only the model's inputs and produce its outputs.
 
     Raises:
         BundleError: HYB-504 for external data, HYB-502 when the inputs or outputs differ.
@@ -147,8 +152,10 @@ def check_optimized(proto: onnx.ModelProto, model: Model, where: str, strict: bo
 
 def capture(model: Model, backend: str, device: str, precision: str, options: Mapping[str, Any],
             workdir: Path) -> tuple[CompiledModel, dict[str, bytes]]:
-    """Compile ``model`` with the backend writing its artifact into ``workdir``; return the compiled
-    model and the artifact's files (empty when the backend has no cache or wrote nothing)."""
+    """Compile ``model`` with the backend writing its artifact into ``workdir``.
+
+    Return the compiled model and the artifact's files (empty when the backend has no cache or wrote nothing).
+    """
     opts = portable_options(options)
     strategy = strategy_for(backend, device, opts)
     if strategy is None:
@@ -175,8 +182,10 @@ def capture(model: Model, backend: str, device: str, precision: str, options: Ma
 
 
 def _directory_files(workdir: Path) -> dict[str, bytes]:
-    """Every plain file under ``workdir`` by its relative '/'-joined path (a backend may nest its cache:
-    TensorRT writes ``tensorrt/<fingerprint>/<key>.engine``); links are not followed."""
+    """Every plain file under ``workdir`` by its relative '/'-joined path (a backend may nest its cache.
+
+    TensorRT writes ``tensorrt/<fingerprint>/<key>.engine``); links are not followed.
+    """
     files: dict[str, bytes] = {}
     for folder, dirs, names in os.walk(workdir, followlinks=False):
         dirs.sort()
@@ -196,8 +205,10 @@ def _with_options(cm: CompiledModel, options: Mapping[str, Any], model: Model | 
 
 
 def loaded_from_cache(cm: CompiledModel) -> bool | None:
-    """Whether the backend says it imported its cache (``Executable.loaded_from_cache``; OpenVINO's
-    LOADED_FROM_CACHE); None: unknown."""
+    """Whether the backend says it imported its cache (``Executable.loaded_from_cache``.
+
+    OpenVINO's LOADED_FROM_CACHE); None: unknown.
+    """
     return getattr(cm.executable, "loaded_from_cache", None)
 
 

@@ -177,9 +177,13 @@ def save_bundle(cm: CompiledModel, path: str | os.PathLike, *, platform: str | P
         platform: Profile recorded in the manifest ('auto': this machine's).
         caches: Include the compiled artifact for this machine's fingerprint.
         calibration: Calibration samples: an .npz path or a mapping name -> array.
-        name, task: Recorded in the manifest.
-        include_libs, python_version, requirements, wheels, include_hybrid: Vendored wheels (see
-            :func:`create_bundle`).
+        name: Recorded in the manifest (default: the model's name).
+        task: Recorded in the manifest ('detection', 'classification', or any label).
+        include_libs: Vendor the wheels the target needs (see :func:`create_bundle`).
+        python_version: Target Python 'X.Y' for the wheels.
+        requirements: Packages to fetch.
+        wheels: Local wheel files to add.
+        include_hybrid: Add a wheel of hybrid itself.
         external_data_bytes: Weight bytes above which large tensors are stored as external data.
         task_options: Pre/postprocessing of a 'detection' or 'classification' task (see :func:`create_bundle`).
             Neither ``task`` nor ``task_options`` given: the model's own (``cm.task_declarations()``: a
@@ -213,8 +217,10 @@ def _optimize(model: Model, level: str | None, layout: str) -> tuple[Model, bool
 
 def _compile_here(model: Model, profile: PlatformProfile, target: str | None, precision: str | None,
                   config: Mapping[str, Any] | None, shapes: Mapping[str, Any] | None = None) -> CompiledModel | None:
-    """Compile for the first of the profile's targets present here (None if this machine cannot); target
-    'auto' measures the candidates here at ``shapes`` and bundles the choice."""
+    """Compile for the first of the profile's targets present here (None if this machine cannot).
+
+    Target 'auto' measures the candidates here at ``shapes`` and bundles the choice.
+    """
     if profile.arch != machine_arch() or profile.os != _platform.system().lower():
         logger.info("platform %r is %s/%s, this machine %s/%s: bundling the IR only", profile.name, profile.os,
                     profile.arch, _platform.system().lower(), machine_arch())
@@ -271,7 +277,8 @@ def create_bundle(model: Any, output: str | os.PathLike, *, platform: str | Plat
         requirements: Packages to fetch (default: the profile's runtimes, pinned to the versions here).
         wheels: Local wheel files to add (their dependencies are fetched too).
         include_hybrid: Add a wheel of hybrid itself.
-        name, task: Recorded in the manifest.
+        name: Recorded in the manifest (default: the model file's stem, else the model's name).
+        task: Recorded in the manifest ('detection', 'classification', or any label).
         platforms_file: TOML file with user-defined profiles.
         external_data_bytes: Weight bytes above which large tensors are stored as external data.
         task_options: For task 'detection' or 'classification': the pre/postprocessing keys that make the

@@ -48,12 +48,14 @@ class BundleWriter:
         self._members: dict[str, tuple[bytes | Path, MemberEntry]] = {}
 
     def add_bytes(self, name: str, data: bytes) -> MemberEntry:
+        """Add a member from bytes; returns its manifest entry (size and sha256)."""
         check_member_name(name, "writer")
         entry = MemberEntry(sha256=hashlib.sha256(data).hexdigest(), size=len(data))
         self._members[name] = (data, entry)
         return entry
 
     def add_file(self, name: str, path: Path) -> MemberEntry:
+        """Add a member from a file on disk; returns its manifest entry (size and sha256)."""
         check_member_name(name, "writer")
         digest = hashlib.sha256()
         with open(path, "rb") as f:
@@ -64,6 +66,7 @@ class BundleWriter:
         return entry
 
     def members(self) -> dict[str, MemberEntry]:
+        """The members added so far, by name."""
         return {name: entry for name, (_, entry) in self._members.items()}
 
     @staticmethod
@@ -170,8 +173,9 @@ class BundleReader:
 
     # ------------------------------------------------------------------ members
     def read(self, name: str, keep: bool = True) -> bytes:
-        """The bytes of member ``name``, checked against the manifest's sha256 (``keep=False``: only
-        check, return b"").
+        """The bytes of member ``name``, checked against the manifest's sha256 (``keep=False``.
+
+        Only check, return b"").
 
         Raises:
             BundleError: HYB-507 when it is not a member, HYB-503 when its hash differs.
@@ -188,8 +192,10 @@ class BundleReader:
         return data
 
     def verify(self) -> int:
-        """Check the sha256 of every member not read yet (streaming, nothing kept); return the bundle's
-        member bytes."""
+        """Check the sha256 of every member not read yet (streaming, nothing kept).
+
+        Return the bundle's member bytes.
+        """
         for name in self.manifest.members:
             if name not in self._checked:
                 self.read(name, keep=False)
@@ -201,6 +207,7 @@ class BundleReader:
             yield name, info.file_size, info.compress_size
 
     def close(self) -> None:
+        """Close the archive."""
         zf = getattr(self, "_zf", None)
         if zf is not None:
             zf.close()

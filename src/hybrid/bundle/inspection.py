@@ -30,8 +30,10 @@ def _signature(m: Manifest) -> dict[str, Any]:
 
 
 def inspect_bundle(source: Source, limits: Limits | None = None) -> dict[str, Any]:
-    """A JSON-able summary: manifest facts, signature, platform, compile choice, caches (and whether one
-    matches this machine), calibration, vendored wheels, and every member with its size.
+    """A JSON-able summary.
+
+    Manifest facts, signature, platform, compile choice, caches (and whether one matches this machine), calibration,
+    vendored wheels, and every member with its size.
 
     Checks the archive's structure and the manifest, not the member hashes (that is :func:`verify_bundle`).
     """
@@ -91,8 +93,10 @@ def read_calibration(source: Source, limits: Limits | None = None) -> dict[str, 
 
 
 def verify_bundle(source: Source, limits: Limits | None = None) -> dict[str, Any]:
-    """Run every check a load runs, without compiling: archive structure and caps, manifest schema,
-    every member's sha256, the model and its external data, compiled caches, calibration data.
+    """Run every check a load runs, without compiling.
+
+    Archive structure and caps, manifest schema, every member's sha256, the model and its external data, compiled
+    caches, calibration data.
 
     Returns:
         A report: ``{"ok": True, "members": n, "bytes": total, "checks": [...]}``.

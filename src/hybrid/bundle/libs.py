@@ -63,8 +63,11 @@ def lock_wheel(path: Path) -> LockEntry:
 
 
 def _pip(args: Sequence[str], what: str, python: str | None = None, isolated: bool = False) -> str:
-    """Run pip; ``isolated`` ignores every pip config file and PIP_* variable (offline installs must see
-    only the bundle's wheels, not a find-links folder configured on the machine)."""
+    """Run pip.
+
+    ``isolated`` ignores every pip config file and PIP_* variable (offline installs must see only the bundle's wheels,
+    not a find-links folder configured on the machine).
+    """
     cmd = [python or sys.executable, "-m", "pip", *args]
     env = dict(os.environ)
     if isolated:

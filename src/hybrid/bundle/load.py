@@ -305,7 +305,12 @@ def load_task(source: Source, target: str = "auto", precision: str | None = None
     ``hybrid.load_task``; it lived in ``hybrid.vision`` before, which sits below the bundle layer.
 
     Args:
-        source, target, precision, config, use_cache, limits: As for :func:`load`.
+        source: Path of the bundle, or its bytes.
+        target: As for :func:`load`.
+        precision: As for :func:`load`.
+        config: As for :func:`load`.
+        use_cache: As for :func:`load`.
+        limits: As for :func:`load`.
 
     Raises:
         BundleError: HYB-502 when the bundle declares no vision task (and the 5xx :func:`load` raises).

@@ -139,8 +139,10 @@ class LibsEntry(_Strict):
 
 
 class ServingEntry(_Strict):
-    """Dynamic-batching settings ``pyasc serve`` applies to this model (docs/serving.md); keys left out
-    keep the server's defaults or its command-line values."""
+    """Dynamic-batching settings ``pyasc serve`` applies to this model (docs/serving.md).
+
+    Keys left out keep the server's defaults or its command-line values.
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid", strict=False)
 
@@ -193,6 +195,7 @@ class Manifest(_Strict):
         return self
 
     def to_json(self) -> bytes:
+        """The manifest as JSON bytes (sorted keys), as stored in the bundle."""
         return json.dumps(self.model_dump(mode="json"), indent=1, sort_keys=True).encode("utf-8")
 
 

@@ -29,8 +29,11 @@ def _external_tensors(proto: onnx.ModelProto) -> list[onnx.TensorProto]:
 
 
 def split_external_data(model: Model, min_model_bytes: int, min_tensor_bytes: int) -> tuple[bytes, bytes | None]:
-    """Serialize ``model``; when its weights exceed ``min_model_bytes``, move every tensor of at least
-    ``min_tensor_bytes`` into one external data blob (aligned offsets). Returns (model bytes, blob)."""
+    """Serialize ``model``.
+
+    When its weights exceed ``min_model_bytes``, move every tensor of at least ``min_tensor_bytes`` into one external
+    data blob (aligned offsets). Returns (model bytes, blob).
+    """
     proto = model.to_onnx()
     tensors = [t for t in external_data_helper._get_all_tensors(proto)
                if t.HasField("raw_data") and not t.HasField("data_location")]

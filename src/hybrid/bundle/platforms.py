@@ -110,7 +110,7 @@ class PlatformProfile(BaseModel):
 
     @property
     def pip_platforms(self) -> list[str]:
-        """pip ``--platform`` tags for this target: every manylinux level up to its glibc."""
+        """Pip ``--platform`` tags for this target: every manylinux level up to its glibc."""
         if self.os != "linux":
             raise ConfigError("HYB-102", f"platform {self.name!r}: --include-libs supports linux targets, got "
                               f"{self.os!r}", "vendor the wheels yourself for other systems")

@@ -29,6 +29,7 @@ class Extent:
 
     @property
     def end(self) -> int:
+        """One past the extent's last byte."""
         return self.offset + self.size
 
 
@@ -124,18 +125,22 @@ class Arena:
     # ------------------------------------------------------------------ inspection
     @property
     def free_bytes(self) -> int:
+        """Bytes not in use."""
         return self.capacity - self.used_bytes
 
     @property
     def largest_free(self) -> int:
+        """Size of the largest free extent."""
         return self._free_by_size[-1][0] if self._free_by_size else 0
 
     @property
     def free_blocks(self) -> int:
+        """Number of free extents."""
         return len(self._free_by_size)
 
     @property
     def used_blocks(self) -> int:
+        """Number of extents in use."""
         return len(self._used)
 
     def fragmentation(self) -> float:

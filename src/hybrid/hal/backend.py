@@ -110,20 +110,26 @@ class Executable(abc.ABC):
 
     @property
     def precision(self) -> str | None:
-        """The precision the backend actually runs ('fp32', 'fp16', 'bf16'), read back from it where it can
-        say (OpenVINO's INFERENCE_PRECISION_HINT); None: the precision that was requested."""
+        """The precision the backend actually runs ('fp32', 'fp16', 'bf16').
+
+        Read back from it where it can say (OpenVINO's INFERENCE_PRECISION_HINT); None: the precision that
+        was requested.
+        """
         return None
 
     @property
     def loaded_from_cache(self) -> bool | None:
-        """Whether the backend imported its compiled artifact from the cache its options named (True) or
-        compiled afresh (False; a cache it rejected); None: it cannot say."""
+        """Whether the backend imported its compiled artifact from the cache its options named.
+
+        True: it did; False: it compiled afresh (a cache it rejected); None: it cannot say.
+        """
         return None
 
     def node_spans(self, calls: Sequence[tuple[int, int]]) -> list[NodeSpan]:
-        """Per-node timings of the last ``len(calls)`` calls of :meth:`run`, from the backend's profiler
-        (compiled with :meth:`Backend.profiling_options`). Called once, after those calls; a backend may
-        stop its profiler then. Default: none (no profiler).
+        """Per-node timings of the last ``len(calls)`` calls of :meth:`run`, from the backend's profiler.
+
+        The executable was compiled with :meth:`Backend.profiling_options`. Called once, after those calls;
+        a backend may stop its profiler then. Default: none (no profiler).
 
         Args:
             calls: (start, end) of each profiled call, ``time.perf_counter_ns()``; earlier calls were warm-up.
@@ -177,8 +183,10 @@ class Backend(abc.ABC):
 
     # ---------------------------------------------------------------- discovery
     def probe(self) -> list[ProbedDevice]:
-        """Import the backend's library and list the devices it can use (may raise; the registry
-        turns any exception into 'unavailable' with the reason)."""
+        """Import the backend's library and list the devices it can use (may raise.
+
+        The registry turns any exception into 'unavailable' with the reason).
+        """
         return self._probe()
 
     @abc.abstractmethod
@@ -200,8 +208,10 @@ class Backend(abc.ABC):
 
     # ---------------------------------------------------------------- precisions
     def precisions(self, device: str) -> tuple[str, ...]:
-        """The reduced inference precisions ('bf16', 'fp16') this backend offers on ``device``; fp32 is
-        always offered and not listed. Never raises: a device it cannot ask offers none."""
+        """The reduced inference precisions ('bf16', 'fp16') this backend offers on ``device``.
+
+        Fp32 is always offered and not listed. Never raises: a device it cannot ask offers none.
+        """
         try:
             return tuple(self._precisions(device))
         except Exception:
@@ -233,25 +243,31 @@ class Backend(abc.ABC):
     # ---------------------------------------------------------------- sharing the machine
     @classmethod
     def shared_options(cls) -> dict[str, Any]:
-        """Options for when the backend shares the process's cores: a part of a graph that runs beside
-        other backends' parts, or a server whose event loop forms the next batch (the user's own options
-        still win). Default: none. ONNX Runtime turns off its spinning threads, which would starve the
-        others on few cores (DESIGN 4)."""
+        """Options for when the backend shares the process's cores.
+
+        A part of a graph that runs beside other backends' parts, or a server whose event loop forms the next batch (the
+        user's own options still win). Default: none. ONNX Runtime turns off its spinning threads, which would starve
+        the others on few cores (DESIGN 4).
+        """
         return {}
 
     # ---------------------------------------------------------------- profiling and caches
     @classmethod
     def profiling_options(cls, workdir: str) -> dict[str, Any]:
-        """Options that turn the backend's per-node profiler on ({}: it has none); its files, if any, go
-        under ``workdir``. Default: ``{'profile': True}`` when the backend declares a ``profile`` option."""
+        """Options that turn the backend's per-node profiler on ({}.
+
+        It has none); its files, if any, go under ``workdir``. Default: ``{'profile': True}`` when the backend declares
+        a ``profile`` option.
+        """
         return {"profile": True} if "profile" in cls.options else {}
 
     @classmethod
     def cache_strategy(cls, device: str, options: Mapping[str, Any]) -> CacheStrategy | None:
-        """How a compile on ``device`` with ``options`` captures its artifact (None: no cache). Default,
-        from the declared options: ``optimized_model_path`` -> 'optimized-model' (restored with
-        ``graph_optimization_level='disable'`` when declared); ``cache_dir`` or ``engine_cache_path`` ->
-        'directory'."""
+        """How a compile on ``device`` with ``options`` captures its artifact (None: no cache).
+
+        Default, from the declared options: ``optimized_model_path`` -> 'optimized-model' (restored with
+        ``graph_optimization_level='disable'`` when declared); ``cache_dir`` or ``engine_cache_path`` -> 'directory'.
+        """
         if "optimized_model_path" in cls.options:
             off = {"graph_optimization_level": "disable"} if "graph_optimization_level" in cls.options else {}
             return CacheStrategy("optimized-model", "optimized_model_path", off)

@@ -30,6 +30,7 @@ class Device:
 
     @property
     def is_gpu(self) -> bool:
+        """Whether the device is a GPU ('cuda' or 'gpu')."""
         return self.kind in ("cuda", "gpu")
 
     def __str__(self) -> str:

@@ -21,8 +21,10 @@ def is_framework_tensor(value: Any) -> bool:
 
 
 def host_array(value: Any) -> np.ndarray:
-    """``value`` as a numpy array on the host, without copying when it already lives there: a torch tensor
-    is detached (and copied from its device); anything else goes through ``numpy.asarray``."""
+    """``value`` as a numpy array on the host, without copying when it already lives there.
+
+    A torch tensor is detached (and copied from its device); anything else goes through ``numpy.asarray``.
+    """
     if is_framework_tensor(value):
         value = value.detach()
         if value.device.type != "cpu":
@@ -31,9 +33,11 @@ def host_array(value: Any) -> np.ndarray:
 
 
 class DeviceStream:
-    """A torch CUDA stream: work issued inside :meth:`issuing` is ordered on it, and ``record`` returns
-    an event that waits for that work (written against torch's API; unverified on this project's
-    CPU-only machines)."""
+    """A torch CUDA stream.
+
+    Work issued inside :meth:`issuing` is ordered on it, and ``record`` returns an event that waits for that work
+    (written against torch's API; unverified on this project's CPU-only machines).
+    """
 
     def __init__(self, torch: Any, device: str) -> None:
         self._torch = torch
@@ -63,8 +67,10 @@ class DeviceStream:
 
 
 def device_stream(device: str) -> DeviceStream | None:
-    """A :class:`DeviceStream` on a CUDA ``device`` when torch can reach it; None elsewhere (the caller's
-    thread order is then the only order there is)."""
+    """A :class:`DeviceStream` on a CUDA ``device`` when torch can reach it.
+
+    None elsewhere (the caller's thread order is then the only order there is).
+    """
     if not device.startswith("cuda"):
         return None
     try:

@@ -19,8 +19,11 @@ __all__ = ["cache_root", "cpu_facts"]
 
 
 def cache_root() -> Path:
-    """hybrid's cache folder: $HYBRID_CACHE_DIR, else ``hybrid.init(cache_dir=...)``, else the user
-    cache folder ($XDG_CACHE_HOME/hybrid, ~/Library/Caches/hybrid, %LOCALAPPDATA%/hybrid/Cache)."""
+    """Hybrid's cache folder.
+
+    $HYBRID_CACHE_DIR, else ``hybrid.init(cache_dir=...)``, else the user cache folder ($XDG_CACHE_HOME/hybrid,
+    ~/Library/Caches/hybrid, %LOCALAPPDATA%/hybrid/Cache).
+    """
     chosen = os.environ.get("HYBRID_CACHE_DIR") or get_config().cache_dir
     if chosen:
         return Path(chosen)
@@ -34,8 +37,10 @@ def cache_root() -> Path:
 
 @functools.lru_cache(maxsize=1)
 def cpu_facts() -> tuple[str, str]:
-    """The CPU model name and a digest of its feature flags (x86 'flags', ARM 'Features'; empty when
-    the system does not say)."""
+    """The CPU model name and a digest of its feature flags (x86 'flags', ARM 'Features'.
+
+    Empty when the system does not say).
+    """
     model = platform.processor() or platform.machine()
     flags: set[str] = set()
     try:

@@ -70,10 +70,12 @@ class TransferStats:
 
     @property
     def transfers(self) -> int:
+        """Transfers in both directions."""
         return self.transfers_in + self.transfers_out
 
     @property
     def bytes_moved(self) -> int:
+        """Bytes moved in both directions."""
         return self.bytes_in + self.bytes_out
 
 
@@ -105,8 +107,10 @@ def arena_allocations() -> int:
 
 # ---------------------------------------------------------------------------------------------- arenas
 def _torch_with(kind: str) -> tuple[Any, str] | None:
-    """(torch, device name) when torch can reach a device of this pool kind, else None. Imports torch
-    only if it is installed; torch_npu only for 'npu'."""
+    """(torch, device name) when torch can reach a device of this pool kind, else None.
+
+    Imports torch only if it is installed; torch_npu only for 'npu'.
+    """
     if importlib.util.find_spec("torch") is None:
         return None
     if kind == "npu":
@@ -213,8 +217,10 @@ def snapshot() -> dict[str, PoolStats]:
 
 # ---------------------------------------------------------------------------------------------- workspaces
 class Workspace:
-    """Arrays for one run's intermediates: views into the device's pool when one is configured, plain
-    numpy arrays otherwise. Not thread-safe: make one per run (it is cheap).
+    """Arrays for one run's intermediates.
+
+    Views into the device's pool when one is configured, plain numpy arrays otherwise. Not thread-safe: make one per run
+    (it is cheap).
 
     The interpreter's hook: ``adopt(value)`` (or ``empty(shape, dtype)`` for a kernel that writes into
     ``out=``) where a step produces an intermediate, ``release(array)`` where liveness says it is dead,
@@ -251,6 +257,7 @@ class Workspace:
         return out
 
     def owns(self, value: Any) -> bool:
+        """Whether ``value`` is a block this pool handed out."""
         return id(value) in self._blocks and self._blocks[id(value)][1] is value
 
     def release(self, value: Any) -> None:

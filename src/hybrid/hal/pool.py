@@ -65,6 +65,7 @@ class Block:
 
     @property
     def alive(self) -> bool:
+        """Whether the block is still allocated in its pool."""
         return self.handle in self.pool._table
 
     @property
@@ -82,6 +83,7 @@ class Block:
 
     @property
     def offset(self) -> int:
+        """The block's byte offset in its arena."""
         return self.extent.offset
 
     @property
@@ -174,10 +176,12 @@ class MemoryPool:
 
     @property
     def is_host(self) -> bool:
+        """Whether the pool's memory is host memory."""
         return self._host is not None
 
     @property
     def capacity(self) -> int:
+        """The pool's size in bytes."""
         return self._arena.capacity
 
     def alloc(self, nbytes: int, alignment: int = GRANULE) -> Block:
@@ -245,8 +249,10 @@ class MemoryPool:
                              a.fragmentation(), len(self._table), self._allocs, self._frees, self._failed, 1)
 
     def check(self) -> None:
-        """Assert the allocator's invariants (tests, debugging): extents tile the arena without overlap,
-        free neighbours are merged, the mapping table matches the allocator."""
+        """Assert the allocator's invariants (tests, debugging).
+
+        Extents tile the arena without overlap, free neighbours are merged, the mapping table matches the allocator.
+        """
         with self._lock:
             a = self._arena
             used = a.used_extents()

@@ -98,8 +98,11 @@ def register_backend(backend: type[Backend] | str, name: str | None = None) -> N
 
 
 def is_installed_backend(name: str) -> bool:
-    """Whether another Python process would find backend ``name`` too: a built-in or one installed through
-    the ``hybrid.backends`` entry points, not one registered at run time with :func:`register_backend`."""
+    """Whether another Python process would find backend ``name`` too.
+
+    A built-in or one installed through the ``hybrid.backends`` entry points, not one registered at run time with
+    :func:`register_backend`.
+    """
     with _LOCK:
         _load_entry_points()
         return name in _paths and name not in _registered_here
@@ -153,8 +156,10 @@ def get_backend(name: str) -> Backend:
 
 
 def backend_status(name: str) -> BackendStatus:
-    """Probe backend ``name`` once (cached) and return what was found. Never raises for a broken
-    library, only for an unknown name (HYB-301)."""
+    """Probe backend ``name`` once (cached) and return what was found.
+
+    Never raises for a broken library, only for an unknown name (HYB-301).
+    """
     with _LOCK:
         if name in _status:
             return _status[name]

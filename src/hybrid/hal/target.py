@@ -64,8 +64,10 @@ def _match(dev: Device, kind: str, index: int | None) -> bool:
 
 def apply_device_fallback(absent: str, why: str = "is not present", *, present: str | None = None,
                           warned: set[str] | None = None) -> None:
-    """The ``device_fallback`` policy for a device that cannot be used (the one home of it): raise under
-    'error'; under 'warn', log that the work falls back to the cpu (once per device when ``warned`` is given).
+    """The ``device_fallback`` policy for a device that cannot be used (the one home of it).
+
+    Raise under 'error'; under 'warn', log that the work falls back to the cpu (once per device when ``warned`` is
+    given).
 
     Args:
         absent: What was asked for, as the message names it ("device 'cuda:1'", "StreamContext: device 'npu'").

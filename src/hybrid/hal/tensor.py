@@ -46,7 +46,7 @@ def _canonical(device: str) -> str:
 
 
 def _torch_for(device: str) -> Any:
-    """torch when it can reach ``device`` ('cuda:N', 'npu:N'), else None."""
+    """Torch when it can reach ``device`` ('cuda:N', 'npu:N'), else None."""
     try:
         import torch
     except ImportError:
@@ -255,14 +255,17 @@ class Tensor:
     # ------------------------------------------------------------------ facts
     @property
     def shape(self) -> tuple[int, ...]:
+        """The tensor's shape."""
         return tuple(self._shape)
 
     @property
     def dtype(self) -> np.dtype:
+        """The tensor's numpy dtype."""
         return self._dtype
 
     @property
     def nbytes(self) -> int:
+        """Size of the tensor's data in bytes."""
         return int(np.prod(self._shape, dtype=np.int64)) * self._dtype.itemsize
 
     @property

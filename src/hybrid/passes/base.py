@@ -42,6 +42,7 @@ class Pass(Protocol):
         ...
 
     def __call__(self, model: ir.Model, /) -> PassResult:
+        """Run the pass on ``model``."""
         ...
 
 
@@ -71,9 +72,11 @@ class OnnxIrPass:
 
     @property
     def in_place(self) -> bool:
+        """Whether the wrapped pass edits the model in place."""
         return self.inner.in_place
 
     def __call__(self, model: ir.Model, /) -> PassResult:
+        """Run the wrapped onnx-ir pass."""
         result = self.inner(model)
         return result if self.counts else PassResult(result.model, False)
 
@@ -121,6 +124,7 @@ class PassManager:
     history: list[tuple[int, str]] = field(default_factory=list)
 
     def __call__(self, model: ir.Model) -> PassResult:
+        """Run the passes in order, repeating them until none changes the model (at most ``max_iterations`` rounds)."""
         check = verify_enabled(self.verify)
         self.history = []
         if check:

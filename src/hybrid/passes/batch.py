@@ -68,6 +68,7 @@ class MakeBatchDynamic(HybridPass):
         self.dim_name = dim_name
 
     def call(self, model: ir.Model) -> PassResult:
+        """Make the batch dimension of the inputs and outputs symbolic."""
         graph = model.graph
         NormalizeInitializers()(model)  # Reshape targets listed as inputs (IR < 4) are constants to hybrid
         inputs = list(graph.inputs)

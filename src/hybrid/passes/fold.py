@@ -85,6 +85,7 @@ class NormalizeInitializers(HybridPass):
     name = "normalize_initializers"
 
     def call(self, model: ir.Model) -> PassResult:
+        """Drop initializers from the graph inputs."""
         modified = RemoveInitializersFromInputsPass()(model).modified
         if modified and model.ir_version < 4:
             model.ir_version = 4
@@ -110,6 +111,7 @@ class FoldConstants(HybridPass):
         self.size_limit = size_limit
 
     def call(self, model: ir.Model) -> PassResult:
+        """Fold every node whose inputs are all constant (one sweep, in graph order)."""
         graph = model.graph
         folded = 0
         for node in list(graph):

@@ -140,6 +140,7 @@ class ConvertLayout(HybridPass):
         self.layout = layout
 
     def call(self, model: ir.Model) -> PassResult:
+        """Convert the model to the configured layout (NHWC) once."""
         if self.layout != "NHWC" or model.metadata_props.get(LAYOUT_KEY) == "NHWC":
             return PassResult(model, False)  # converting twice would transpose the inputs back
         graph = model.graph

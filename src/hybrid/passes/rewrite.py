@@ -53,6 +53,7 @@ class Context:
 
     @classmethod
     def of(cls, model: ir.Model) -> Context:
+        """The context of ``model``'s main graph (every name in use recorded)."""
         names = {v.name for v in model.graph.inputs if v.name}
         names.update(model.graph.initializers)
         for node in ir.traversal.RecursiveGraphIterator(model.graph):
@@ -71,6 +72,7 @@ class Context:
         return name
 
     def const(self, value: ir.Value | None) -> np.ndarray | None:
+        """The value's constant array, or None (see :func:`const_array`)."""
         return const_array(value)
 
     def initializer(self, array: np.ndarray, base: str) -> ir.Value:
@@ -136,8 +138,11 @@ def static_shape(value: ir.Value | None) -> tuple[int, ...] | None:
 
 
 def per_channel(array: np.ndarray, rank: int, channels: int, axis: int = 1) -> np.ndarray | None:
-    """``array`` as a length-``channels`` vector if it broadcasts against a rank-``rank`` tensor along
-    ``axis`` only, without changing that tensor's shape; None otherwise."""
+    """``array`` as a length-``channels`` vector, or None.
+
+    A vector when it broadcasts against a rank-``rank`` tensor along ``axis`` only, without changing that
+    tensor's shape; None otherwise.
+    """
     if array.ndim > rank:
         return None
     aligned = (1,) * (rank - array.ndim) + tuple(array.shape)
@@ -164,6 +169,7 @@ class RuleRewritePass(HybridPass):
                 self._by_anchor.setdefault(op, []).append(rule)
 
     def call(self, model: ir.Model) -> PassResult:
+        """Apply the rule table once over the graph's nodes."""
         ctx = Context.of(model)
         count = 0
         for node in list(model.graph):

@@ -83,6 +83,7 @@ class ProfileReport:
     notes: tuple[str, ...] = ()
 
     def summary(self, top: int = 10) -> str:
+        """A text summary: latency, throughput and the ``top`` operators and nodes."""
         lat = self.latency_ms
         lines = [f"profile of {self.model!r} on {self.backend}:{self.device}: {self.runs} runs in {self.wall_s:.2f} s"
                  + (f" (and {self.node_runs} profiled runs before them for node spans)" if self.node_runs else ""),
@@ -143,8 +144,9 @@ def _legacy_samples(signature: Any, batch: int, seed: int) -> dict[str, np.ndarr
 
 def sample_inputs(model: Any, batch: int = 1, seed: int = 0,
                   shapes: Mapping[str, tuple[int, ...]] | None = None) -> dict[str, np.ndarray]:
-    """Inputs generated the way ``target='auto'`` makes its samples (``make_samples``), so that profile,
-    bench and auto-selection run a model on the same kind of data: floats standard normal, integers
+    """Inputs generated the way ``target='auto'`` makes its samples (``make_samples``).
+
+    So profile, bench and auto-selection run a model on the same kind of data: floats standard normal, integers
     that index a constant table inside it, other integers 1 or 2.
 
     Args:

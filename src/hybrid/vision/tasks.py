@@ -412,6 +412,7 @@ class TaskModel(CompiledModel):
         return self._times.snapshot()
 
     def reset_stats(self) -> None:
+        """Zero the per-stage statistics."""
         self._times.reset()
 
     def task_options(self) -> dict[str, Any]:

@@ -41,6 +41,7 @@ class ReferenceExecutable(Executable):
         self._threads = threads or 1
 
     def run(self, feeds: Mapping[str, Any]) -> list[Any]:
+        """Run the program on feeds by input name; return the outputs in order."""
         inputs = [feeds.get(n) for n in self.input_names]
         if not self._blas:
             return self._run(inputs)
@@ -93,7 +94,7 @@ def _threadpoolctl_available() -> bool:
 
 
 def _blas_controllers() -> list[Any]:
-    """threadpoolctl's handles on the BLAS libraries numpy loaded (found once per process).
+    """Threadpoolctl's handles on the BLAS libraries numpy loaded (found once per process).
 
     Raises:
         BackendError: HYB-306 when threadpoolctl is not installed.
@@ -136,6 +137,7 @@ class ReferenceBackend(Backend):
         return [ProbedDevice("cpu", "cpu", 0, "numpy", (("numpy", np.__version__),))]
 
     def version(self) -> str:
+        """The versions of numpy and onnx (the kernels' libraries)."""
         return f"numpy {np.__version__}, onnx {onnx.__version__}"
 
     def supports(self, node: ir.Node, device: str = "cpu") -> bool:

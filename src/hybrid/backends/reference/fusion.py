@@ -20,8 +20,11 @@ __all__ = ["fuse_steps"]
 
 
 def fuse_steps(steps: list[Step], output_slots: list[int]) -> list[Step]:
-    """Return the step list with the kernel-level epilogues fused: Conv -> [Add|Sum] -> [Relu] (the Add
-    into the Conv's output buffer, the Relu in place) and BatchNormalization -> Relu."""
+    """Return the step list with the kernel-level epilogues fused.
+
+    Conv -> [Add|Sum] -> [Relu] (the Add into the Conv's output buffer, the Relu in place) and BatchNormalization ->
+    Relu.
+    """
     readers = Counter(s for step in steps for s in step.inputs)
     readers.update(output_slots)
     produced_at = {s: i for i, step in enumerate(steps) for s in step.outputs}

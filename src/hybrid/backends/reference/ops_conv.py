@@ -1,6 +1,9 @@
-"""Conv and ConvTranspose. Conv specializes at compile time: constant weights are laid out once per
-algorithm (GEMM matrix, Winograd-transformed filters), and the algorithm is chosen per input shape
-by :func:`conv_algorithms.select_algorithm` unless the ``conv_algorithm`` option fixes it."""
+"""Conv and ConvTranspose.
+
+Conv specializes at compile time: constant weights are laid out once per algorithm (GEMM matrix, Winograd-transformed
+filters), and the algorithm is chosen per input shape by :func:`conv_algorithms.select_algorithm` unless the
+``conv_algorithm`` option fixes it.
+"""
 
 from __future__ import annotations
 
@@ -76,6 +79,7 @@ class ConvKernel:
 
     def __call__(self, x: np.ndarray, w: np.ndarray | None = None, b: np.ndarray | None = None,
                  residual: np.ndarray | None = None) -> tuple[np.ndarray]:
+        """Convolve ``x`` (with ``w``/``b`` when the kernel holds none); add ``residual`` and apply Relu when fused."""
         const = self.w is not None
         if const:
             w, b = self.w, self.b

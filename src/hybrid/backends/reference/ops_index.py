@@ -1,5 +1,8 @@
-"""Indexing and ordering kernels: TopK, CumSum, NonZero, Trilu, GatherND, ScatterND, OneHot,
-Compress, DepthToSpace, SpaceToDepth, EyeLike, Einsum, Hardmax, InstanceNormalization."""
+"""Indexing and ordering kernels.
+
+TopK, CumSum, NonZero, Trilu, GatherND, ScatterND, OneHot, Compress, DepthToSpace, SpaceToDepth, EyeLike, Einsum,
+Hardmax, InstanceNormalization.
+"""
 
 from __future__ import annotations
 

@@ -40,8 +40,10 @@ def _pool_geometry(sp, k, s, d, pads, auto_pad, ceil_mode):
 
 
 def _windows_reduce(xp, k, s, d, out, fn):
-    """Reduce over the pooling window, one spatial axis at a time (max and sum are separable): one
-    strided view per tap of that axis, so a 3x3 window costs 3 + 3 passes instead of 9."""
+    """Reduce over the pooling window, one spatial axis at a time (max and sum are separable).
+
+    One strided view per tap of that axis, so a 3x3 window costs 3 + 3 passes instead of 9.
+    """
     nd = len(k)
     acc = xp
     for axis in range(nd):

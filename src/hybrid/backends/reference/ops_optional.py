@@ -1,6 +1,8 @@
-"""Optional values: an optional is its value, or None when empty (as onnx.reference's
-OptionalGetElement reads it; its Optional constructor wraps the value in a list, which breaks an
-optional sequence, so hybrid defines these three ops itself)."""
+"""Optional values.
+
+An optional is its value, or None when empty (as onnx.reference's OptionalGetElement reads it; its Optional constructor
+wraps the value in a list, which breaks an optional sequence, so hybrid defines these three ops itself).
+"""
 
 from __future__ import annotations
 

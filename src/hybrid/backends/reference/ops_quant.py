@@ -1,5 +1,6 @@
-"""Casts and quantization: Cast, CastLike, QuantizeLinear, DequantizeLinear, QLinearMatMul,
-QLinearConv, MatMulInteger, ConvInteger.
+"""Casts and quantization.
+
+Cast, CastLike, QuantizeLinear, DequantizeLinear, QLinearMatMul, QLinearConv, MatMulInteger, ConvInteger.
 
 Exotic types (bfloat16, the float8 variants, int4/uint4, float4) are ml_dtypes types, as
 ``onnx.numpy_helper`` returns them. Integer products run as float64 BLAS GEMMs: every product and

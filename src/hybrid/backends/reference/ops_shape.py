@@ -1,5 +1,7 @@
-"""Shape and data-movement kernels: Reshape, Transpose, Concat, Split, Gather, Slice, ... and the
-constant makers (Constant, ConstantOfShape, Shape, Size)."""
+"""Shape and data-movement kernels.
+
+Reshape, Transpose, Concat, Split, Gather, Slice, ... and the constant makers (Constant, ConstantOfShape, Shape, Size).
+"""
 
 from __future__ import annotations
 

@@ -114,8 +114,11 @@ def quantize(model_or_path: Any, quant_config: Mapping[str, Any] | None = None, 
 
 
 def _plain(engine: Engine, evaluator: Evaluator | None, cfg: QuantConfig, fp32: bytes) -> Outcome:
-    """One quantization (the configured recipe); with a budget (modes other than static QDQ), the most
-    sensitive layers are kept in float; with the speed check, fp32 is returned if it is faster."""
+    """One quantization (the configured recipe).
+
+    With a budget (modes other than static QDQ), the most sensitive layers are kept in float; with the speed check, fp32
+    is returned if it is faster.
+    """
     recipe = Recipe(engine.method, engine.activation, dict(cfg.extra_options))
     data = engine.run()
     outputs = evaluator.evaluate(data) if evaluator else ()

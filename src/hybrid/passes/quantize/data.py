@@ -1,5 +1,6 @@
-"""Calibration data: any iterable of samples, checked against the model and split into calibration
-and held-back evaluation samples.
+"""Calibration data.
+
+Any iterable of samples, checked against the model and split into calibration and held-back evaluation samples.
 
 A sample is a dict ``{input_name: array}``, one array or tensor (one-input models), or a tuple/list
 with one array per input in signature order; extra trailing items are dropped, so the ``(x, label)``
@@ -135,8 +136,10 @@ def _check(spec: TensorSpec, value: Any, index: int) -> np.ndarray:
 
 
 def synthetic(signature: Signature, n: int, seed: int = 0) -> tuple[Feed, ...]:
-    """Inputs made up from the signature when no dataset is given (dynamic mode's accuracy report):
-    standard-normal floats, zeros for integers, ones for booleans; symbolic dims are 1 (batch) or 8."""
+    """Inputs made up from the signature when no dataset is given (dynamic mode's accuracy report).
+
+    Standard-normal floats, zeros for integers, ones for booleans; symbolic dims are 1 (batch) or 8.
+    """
     rng = np.random.default_rng(seed)
     feeds = []
     for _ in range(n):

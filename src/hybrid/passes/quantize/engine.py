@@ -209,8 +209,10 @@ class _Reader:
 
 # ------------------------------------------------------------------ helpers
 def _prepare(model: onnx.ModelProto, cfg: QuantConfig, workdir: Path) -> onnx.ModelProto:
-    """ORT's recommended pre-processing (shape inference, basic graph optimizations such as folding
-    BatchNorm into Conv); a model it cannot process is quantized as it is."""
+    """ORT's recommended pre-processing; a model it cannot process is quantized as it is.
+
+    Shape inference, and basic graph optimizations such as folding BatchNorm into Conv.
+    """
     if cfg.quant_mode in ("fp16", "bf16"):
         return model
     from onnxruntime.quantization import quant_pre_process

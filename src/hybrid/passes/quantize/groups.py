@@ -166,9 +166,12 @@ def neighbours(model: onnx.ModelProto, groups: Sequence[Group]) -> dict[str, set
 
 
 def smooth(groups: Sequence[Group], links: dict[str, set[str]], excluded: Iterable[str]) -> set[str]:
-    """``excluded`` grown into contiguous float regions: a quantized group all of whose neighbours stay
-    in float (an int8 island, paying a Quantize and a Dequantize for one op), and a group without a
-    weighted op next to a float one (an Add or a pooling alone in int8 saves next to nothing), join it."""
+    """``excluded`` grown into contiguous float regions.
+
+    A quantized group all of whose neighbours stay in float (an int8 island, paying a Quantize and a Dequantize for one
+    op), and a group without a weighted op next to a float one (an Add or a pooling alone in int8 saves next to
+    nothing), join it.
+    """
     out = set(excluded)
     weighted = {grp.label: any(op in HEAVY_OPS for op in grp.op_types) for grp in groups}
     changed = True

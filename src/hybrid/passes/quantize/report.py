@@ -33,6 +33,7 @@ class OutputAccuracy:
     top1_agreement: float | None = None
 
     def line(self) -> str:
+        """One line of the report for this output."""
         top1 = "" if self.top1_agreement is None else f", top-1 agreement {self.top1_agreement:.1%}"
         return (f"{self.name}: cosine min {self.cosine_min:.5f} mean {self.cosine_mean:.5f}, SNR {self.snr_db:.1f} dB, "
                 f"max abs error {self.max_abs_error:.3g}{top1}")
@@ -62,6 +63,7 @@ class FloatGroup:
     speed_cost: float | None = None
 
     def line(self) -> str:
+        """One line of the report for this candidate."""
         cost = "" if self.speed_cost is None else f", costs {self.speed_cost:.2f}x time"
         return (f"{self.label} ({self.kind}, {len(self.nodes)} ops): {self.reason}, "
                 f"sensitivity {self.sensitivity:.2e}{cost}")
@@ -119,12 +121,14 @@ class QuantizationReport:
         return min((o.cosine_min for o in self.outputs), default=float("nan"))
 
     def output(self, name: str) -> OutputAccuracy:
+        """The accuracy of output ``name``."""
         for o in self.outputs:
             if o.name == name:
                 return o
         raise KeyError(name)
 
     def to_dict(self) -> dict[str, Any]:
+        """The report as plain data (JSON-ready)."""
         return asdict(self)
 
     def __str__(self) -> str:

@@ -52,11 +52,13 @@ class Recipe:
 
     @property
     def activations(self) -> str:
+        """How activations are quantized, in words."""
         sym = self.activation == "int8" and self.extra.get("ActivationSymmetric", False)
         return f"{self.activation}{' symmetric' if sym else ''} activations"
 
     @property
     def name(self) -> str:
+        """The configuration's name in reports."""
         return f"{self.method}, {self.activations}"
 
 
@@ -198,8 +200,11 @@ def search(engine: Engine, evaluator: Evaluator, cfg: QuantConfig, fp32: bytes) 
 
 def _search_from(s: _Search, base: Trial, cfg: QuantConfig,
                  finalists: list[Trial]) -> tuple[list[Group], list[tuple[str, float]]]:
-    """Rank the op groups of ``base`` by sensitivity, then add to ``finalists`` the fewest most sensitive
-    groups kept in float that meet the budget, and the same grown into contiguous regions."""
+    """Rank the op groups of ``base`` by sensitivity and add the fewest kept in float to ``finalists``.
+
+    The fewest most sensitive groups kept in float that meet the budget, and the same grown into
+    contiguous regions.
+    """
     groups = group_nodes(s.engine.proto, quantized_nodes(s.engine.proto, onnx.load_from_string(base.model)))
     s.groups.update({g.label: g for g in groups})
     ranked = []
@@ -245,8 +250,10 @@ def _smallest_k(s: _Search, recipe: Recipe, ranked: Sequence[str]) -> int | None
 
 
 def _costs(s: _Search, chosen: Trial, scores: dict[str, float], evaluator: Evaluator) -> dict[str, float]:
-    """Speed cost of each of the most sensitive kept groups: the returned model against itself with
-    that group quantized (timed together, interleaved)."""
+    """Speed cost of each of the most sensitive kept groups.
+
+    The returned model against itself with that group quantized (timed together, interleaved).
+    """
     kept = sorted(chosen.excluded, key=lambda g: scores.get(g, 0.0), reverse=True)[:_COSTED_GROUPS]
     variants = {g: s.trial(chosen.recipe, chosen.excluded - {g}).model for g in kept}
     times = speed.TIMER({"chosen": chosen.model, **variants}, evaluator.samples[0])

@@ -34,6 +34,7 @@ class Trial:
 
     @property
     def ok(self) -> bool:
+        """Whether every check passed."""
         return not self.failures
 
 
