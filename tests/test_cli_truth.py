@@ -347,7 +347,13 @@ def test_a_folder_as_model(neg_dim, tmp_path):
     assert r.exit_code == 1 and "HYB-203" in r.output and "is a folder" in r.output and "not found" not in r.output
 
 
-def test_messages_show_the_command_lines_spelling(crnn):
+def test_messages_show_the_command_lines_spelling(crnn, tmp_path):
+    np.save(tmp_path / "x.npy", np.zeros((1, 3, 40, 320), np.float32))
+    r = invoke("run", crnn, "-i", f"x={tmp_path / 'x.npy'}")
+    assert r.exit_code == 1 and "HYB-405" in r.output and "holds 1x3x40x320" in r.output
+    assert "(1, 3" not in r.output and "shapes['x']" not in r.output
+    r = invoke("run", crnn, "-i", f"y={tmp_path / 'x.npy'}")
+    assert r.exit_code == 1 and "HYB-402" in r.output and "no input 'y'" in r.output
     r = invoke("run", crnn, "--shapes", "x:1x3x40x320")
     assert r.exit_code == 1 and "HYB-102" in r.output
     assert "x:1x3x40x320" in r.output and "dim 2 of x is fixed at 48" in r.output

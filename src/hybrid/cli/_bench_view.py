@@ -175,11 +175,13 @@ def rich_table(rows: list[Any], reference: str, ok_only: bool = False) -> Table:
 
 
 def markdown(rows: list[Any], reference: str, ok_only: bool = False) -> str:
-    """The report as a Markdown table (``--markdown``; precision: asked for, and what ran where the backend
-    differs).
+    """The report as a Markdown table (``--markdown``).
+
+    Precision: asked for, and what ran where the backend differs.
 
     ``ok_only`` leaves out the n/a rows, except for a target none of whose precisions ran (so a target that
-    was asked for never vanishes from the table)."""
+    was asked for never vanishes from the table).
+    """
     head = [c if c != "max abs err" else f"max abs err vs {reference}" for c in COLUMNS]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in _shown(rows, ok_only):
@@ -195,8 +197,10 @@ def markdown(rows: list[Any], reference: str, ok_only: bool = False) -> str:
 
 def report_doc(model: str, reference: str, batch: int, timing: Any, rows: list[Any],
                latencies: bool = False, *, header: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The JSON document of ``--json`` / ``--output`` (``latencies``: every timed call, in ms; ``header``:
-    machine, versions, inputs, tolerance)."""
+    """The JSON document of ``--json`` / ``--output``.
+
+    ``latencies``: every timed call, in ms; ``header``: machine, versions, inputs, tolerance.
+    """
     def row(r: Any) -> dict[str, Any]:
         d = asdict(r)
         if not latencies:

@@ -48,8 +48,11 @@ def styled(text: Any, style: str) -> Text:
 
 
 def print_wide(renderable: Any, con: Console | None = None) -> None:
-    """Print a table on a terminal as Rich fits it; elsewhere (a log, a pipe, a test runner) as wide as
-    it needs, so no column is cut at the 80 columns Rich assumes when it cannot ask a terminal."""
+    """Print a table as wide as it needs when not on a terminal.
+
+    On a terminal Rich fits it; elsewhere (a log, a pipe, a test runner) no column is cut at the 80
+    columns Rich assumes when it cannot ask a terminal.
+    """
     con = con or console
     if con.is_terminal:
         con.print(renderable)
@@ -105,7 +108,8 @@ def fail(err: HybridError, code: int = 1, as_json: bool = False) -> None:
     """Print a HybridError the way every command does (stderr), then exit with status ``code``.
 
     With ``as_json`` (the command's ``--json``) stdout also gets ``{"ok": false, "code", "message", "hint"}``,
-    so a script reading stdout sees why there is no result."""
+    so a script reading stdout sees why there is no result.
+    """
     if as_json:
         import json
 
@@ -122,8 +126,10 @@ def fail(err: HybridError, code: int = 1, as_json: bool = False) -> None:
 
 @contextmanager
 def report_errors(as_json: bool = False) -> Iterator[None]:
-    """Turn HybridErrors raised inside the block into a clean message and exit code 1 (``as_json``: also a
-    JSON error document on stdout)."""
+    """Turn HybridErrors raised inside the block into a clean message and exit code 1.
+
+    With ``as_json`` stdout also gets a JSON error document.
+    """
     try:
         yield
     except HybridError as e:
@@ -162,8 +168,11 @@ def configure_logging(verbose: int, log_level: str | None) -> None:
 
 
 def hide_flag_types() -> None:
-    """Help without ``<bool>`` after flags (``--help <bool>``): typer >= 0.2x prints a type for every option,
-    flags included; a flag takes no value, so nothing is shown for it."""
+    """Help without ``<bool>`` after flags (``--help <bool>``).
+
+    typer >= 0.2x prints a type for every option, flags included; a flag takes no value, so nothing is
+    shown for it.
+    """
     from typer.core import TyperOption
 
     original = TyperOption.display_type_rich

@@ -178,8 +178,11 @@ def shapes_text(declared: Mapping[str, Any]) -> str:
 
 
 def shapes_line(spec: Any) -> str:
-    """``NAME:DIMS`` for ``--shapes`` with the model's static dims and each dynamic dim as a placeholder
-    to replace: its name in capitals (``x:1x3xHEIGHTxWIDTH``), ``D<axis>`` for an unnamed one."""
+    """``NAME:DIMS`` for ``--shapes``, with a placeholder for each dynamic dim.
+
+    Static dims as the model has them; a dynamic dim as its name in capitals (``x:1x3xHEIGHTxWIDTH``),
+    ``D<axis>`` for an unnamed one.
+    """
     if spec.shape is None:
         return f"{spec.name}:D0xD1"
     parts = []
@@ -223,8 +226,10 @@ def resolve_inputs(model: Any, given: Mapping[str, np.ndarray] | None = None,
                    declared: Mapping[str, Any] | None = None, *, generate: bool = True, batch: int | None = None,
                    seed: int = 0, command: str = "run MODEL", alternative: str = "--input NAME=FILE.npy",
                    has_batch: bool = False) -> Inputs:
-    """The inputs a command runs ``model`` (a hybrid.Model) on: the ``--input`` files, the rest generated
-    the way auto-selection makes its samples at sizes the user gave.
+    """The inputs a command runs ``model`` (a hybrid.Model) on.
+
+    The ``--input`` files, the rest generated the way auto-selection makes its samples at sizes the user
+    gave.
 
     Args:
         model: The model.
@@ -250,7 +255,21 @@ def resolve_inputs(model: Any, given: Mapping[str, np.ndarray] | None = None,
     declared = dict(declared or {})
     check_declared(sig, declared)
     normalize_shapes(sig, declared)  # range order and the rest
+    specs_by_name = {s.name: s for s in sig.inputs}
     for name, arr in given.items():
+        spec = specs_by_name.get(name)
+        if spec is None:
+            raise RunError("HYB-402", f"--input {name}: the model has no input {name!r}; its inputs: "
+                           f"{', '.join(str(s) for s in sig.inputs)}", "name the file after one of the model's inputs")
+        shape = tuple(np.shape(arr))
+        if spec.shape is not None and len(shape) != len(spec.shape):
+            raise RunError("HYB-404", f"--input {name}: the file holds {dims(shape)} (rank {len(shape)}), the model's "
+                           f"{name} is {dims(spec.shape)} (rank {len(spec.shape)})",
+                           "save the array with the model's rank (np.expand_dims(x, 0) adds a batch axis)")
+        for i, (want, got) in enumerate(zip(spec.shape or (), shape)):
+            if not _is_dynamic(want) and want != got:
+                raise RunError("HYB-405", f"--input {name}: the file holds {dims(shape)}; dim {i} of {name} is fixed "
+                               f"at {want} in the model ({dims(spec.shape)}), got {got}", f"use {want} for dim {i}")
         if name in declared and _opt(declared[name]) != tuple(np.shape(arr)):
             raise ConfigError("HYB-102", f"--input {name} is {dims(np.shape(arr))} but --shapes says "
                               f"{name}:{dims(_opt(declared[name]))}; they contradict",
@@ -321,8 +340,10 @@ def resolve_inputs(model: Any, given: Mapping[str, np.ndarray] | None = None,
 
 def generated_inputs(model: Any, shapes: str | Mapping[str, tuple[int, ...]] | None = None, batch: int | None = None,
                      seed: int = 0) -> dict[str, np.ndarray]:
-    """Inputs for ``model`` (a hybrid.Model) made the way auto-selection makes its samples
-    (:func:`hybrid.runtime.profiler.sample_inputs`), at the sizes given (:func:`resolve_inputs`).
+    """Inputs for ``model`` (a hybrid.Model) at the sizes given.
+
+    Made the way auto-selection makes its samples (:func:`hybrid.runtime.profiler.sample_inputs`), sized
+    as :func:`resolve_inputs` sizes them.
 
     Raises:
         ConfigError: HYB-102 for bad ``--shapes`` text or a shape that does not fit the model.

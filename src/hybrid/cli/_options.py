@@ -54,9 +54,11 @@ def apply_device_fallback(policy: str) -> None:
 
 def backend_config(options: list[str] | None, hint: str | None, nstreams: int | None,
                    nthreads: int | None) -> dict[str, dict[str, Any]]:
-    """``--backend-option BACKEND.KEY=VALUE`` and benchmark_app's ``-hint/-nstreams/-nthreads`` as backend
-    options: ``--hint`` is OpenVINO's performance_hint, ``--nstreams`` its num_streams, ``--nthreads`` its
-    num_threads and ONNX Runtime's intra_op_num_threads. VALUE is read as JSON, else kept as text.
+    """``--backend-option`` and benchmark_app's ``-hint/-nstreams/-nthreads`` as backend options.
+
+    ``--hint`` is OpenVINO's performance_hint, ``--nstreams`` its num_streams, ``--nthreads`` its
+    num_threads and ONNX Runtime's intra_op_num_threads; ``--backend-option BACKEND.KEY=VALUE`` any
+    option, VALUE read as JSON, else kept as text.
 
     Raises:
         ConfigError: HYB-102 for an option that does not parse or a hint that is not one of OpenVINO's.

@@ -105,8 +105,9 @@ def _table(rows: list[Any], reference: str) -> str:
 
 def bench_html(model: str, reference: str, batch: int, timing: Any, rows: list[Any],
                header: list[str] | None = None) -> str:
-    """The report as one HTML document (no external resources); ``header``: the lines bench prints first
-    (machine, versions, inputs, tolerance).
+    """The report as one HTML document (no external resources).
+
+    ``header``: the lines bench prints first (machine, versions, inputs, tolerance).
 
     Raises:
         ModelError: HYB-207 when matplotlib is not installed (``pip install 'pyasc[report]'``).

@@ -78,9 +78,11 @@ class BenchRow:
 
 @dataclass(frozen=True, slots=True)
 class Timing:
-    """How contenders are timed: per contender ``warmup`` untimed calls, then ``blocks`` rotating blocks of
-    ``per_block`` calls (or ``duration`` seconds in all, or ``iterations`` calls in all), ``concurrency``
-    callers at once."""
+    """How contenders are timed.
+
+    Per contender ``warmup`` untimed calls, then ``blocks`` rotating blocks of ``per_block`` calls (or
+    ``duration`` seconds in all, or ``iterations`` calls in all), ``concurrency`` callers at once.
+    """
 
     blocks: int = 5
     per_block: int = 10
@@ -99,8 +101,10 @@ def reference_target() -> str:
 
 
 def _block(fn: Callable[[], Any], calls: int, seconds: float | None, concurrency: int) -> tuple[list[float], float]:
-    """One block of one contender: ``calls`` calls per caller (or calls until ``seconds`` have passed),
-    ``concurrency`` callers at once. Returns (seconds per call, wall seconds of the block)."""
+    """One block of one contender; returns (seconds per call, wall seconds of the block).
+
+    ``calls`` calls per caller (or calls until ``seconds`` have passed), ``concurrency`` callers at once.
+    """
     def caller(out: list[float], start: threading.Barrier | None) -> None:
         if start is not None:
             start.wait()
@@ -178,7 +182,9 @@ def bench(model: Any, targets: str | list[str] = "all", precisions: tuple[str, .
         model: A model (path, proto, hybrid.Model).
         targets: 'all' (every backend x device here) or a list of targets.
         precisions: Some of fp32, fp16, bf16.
-        blocks, per_block, pause: Interleaved timing (used when ``timing`` is not given).
+        blocks: Interleaved timing blocks (used when ``timing`` is not given).
+        per_block: Calls per contender per block (idem).
+        pause: Seconds between contenders (idem).
         batch: Size of dim 0 where it is dynamic and ``shapes`` does not set it.
         inputs: Feeds to use instead of generated ones (per input); errors are measured on them.
         timing: Warmup, duration/iterations and concurrency (overrides blocks/per_block/pause).
@@ -334,7 +340,8 @@ def bench_command(
     Latency min/mean/p50/p95/p99/max and throughput (--concurrency callers) per contender, timed interleaved;
     the error against the reference backend on the same inputs (the --input files where given) with a
     pass/fail verdict (a failed row is reported, the exit code stays 0). A dynamic input needs --shapes or
-    --input (HYB-417). Exits 1 when nothing asked for can run."""
+    --input (HYB-417). Exits 1 when nothing asked for can run.
+    """
     from hybrid.cli._inputs import declared_shapes, load_inputs, load_model, model_path, resolve_inputs
     from hybrid.ir import atomic_write_bytes
 

@@ -73,8 +73,11 @@ def create(
     max_batch: so.MaxBatch = None, batch_timeout: so.BatchTimeout = None, max_queue: so.MaxQueue = None,
     request_timeout: so.RequestTimeout = None, concurrency: so.Concurrency = None,
 ) -> None:
-    """Package MODEL for a platform: the IR, a compiled cache when this machine can run the platform,
-    optional calibration data, vendored wheels and the dynamic batching `pyasc serve` applies."""
+    """Package MODEL for a platform as a .hybrid bundle.
+
+    The IR, a compiled cache when this machine can run the platform, optional calibration data, vendored
+    wheels and the dynamic batching `pyasc serve` applies.
+    """
     from hybrid.bundle import create_bundle
     from hybrid.cli._inputs import check_declared, declared_shapes, load_model, model_path, resolve_inputs
 

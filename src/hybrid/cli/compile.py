@@ -21,8 +21,10 @@ def _op(node: Any) -> str:
 
 
 def plan_doc(cm: Any, per_node: bool = False) -> dict[str, Any]:
-    """The plan of a compiled model as JSON-ready data (``per_node``: a row per node even when one backend
-    runs the whole graph)."""
+    """The plan of a compiled model as JSON-ready data.
+
+    ``per_node``: a row per node even when one backend runs the whole graph.
+    """
     plan = cm.plan
     segments = [{"backend": s.backend, "device": s.device, "precision": s.precision, "nodes": len(s.nodes),
                  "inputs": list(s.inputs), "outputs": list(s.outputs), "reason": s.reason} for s in plan.segments]

@@ -93,8 +93,10 @@ def devices(as_json: Annotated[bool, typer.Option("--json", help="Print JSON ins
 
 def _load_compiled(model: Path, target: str, precision: str | None = None, shapes: dict | None = None,
                    source: Any = None):
-    """MODEL compiled for TARGET: a bundle loads (its compiled choice); an .onnx compiles, auto measuring at
-    ``shapes``."""
+    """MODEL compiled for TARGET.
+
+    A bundle loads (its compiled choice); an .onnx compiles, auto measuring at ``shapes``.
+    """
     import hybrid
 
     if model.suffix == ".hybrid":

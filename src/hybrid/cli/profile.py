@@ -50,7 +50,8 @@ def profile(
 
     Node spans come from --node-runs runs with the backend's profiler on; then --duration seconds of plain
     runs give the latency and throughput. The trace is bounded in size. A dynamic input needs --shapes or
-    --input (HYB-417): no size is made up; the shapes run are printed."""
+    --input (HYB-417): no size is made up; the shapes run are printed.
+    """
     from hybrid.cli._inputs import declared_shapes, load_model, model_path, resolve_inputs
     from hybrid.cli.main import _load_compiled
     from hybrid.runtime.profiler import check_arguments

@@ -148,7 +148,8 @@ def quantize_command(
     Writes the model to --output and prints its format and precision, its speed against fp32 on --target
     (a warning when slower), and cosine, SNR and max error per output against fp32 on held-out samples.
     Exits 1 when --min-cosine cannot be met by a quantized model (HYB-605; nothing is written) or an
-    argument is invalid. Without --calibration, a dynamic input needs --shapes (HYB-417)."""
+    argument is invalid. Without --calibration, a dynamic input needs --shapes (HYB-417).
+    """
     import hybrid
     from hybrid.cli._inputs import declared_shapes, load_model, model_path, resolve_inputs
 
