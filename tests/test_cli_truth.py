@@ -371,3 +371,12 @@ def test_docs_state_every_commands_exit_codes():
     for command in ("devices", "run", "compile", "demo", "bench", "profile", "quantize", "bundle create",
                     "bundle inspect", "bundle verify", "bundle install-libs", "platforms", "serve", "explain"):
         assert f"| `pyasc {command}` |" in section, command
+
+
+def test_tables_are_not_cut_when_not_on_a_terminal(neg_dim):
+    # a log or a pipe: Rich assumes 80 columns (here 60); the tables print as wide as they need instead
+    r = runner.invoke(app, ["bench", str(neg_dim), *QUICK_BENCH, "--shapes", SHAPES], env={"COLUMNS": "60"})
+    assert r.exit_code == 0, r.output
+    assert "…" not in r.stdout and "err / max|ref|" in r.stdout and "│ onnxruntime:cpu │ fp32" in r.stdout
+    r = runner.invoke(app, ["run", str(neg_dim), "--shapes", SHAPES, "-t", "onnxruntime"], env={"COLUMNS": "30"})
+    assert r.exit_code == 0 and "…" not in r.stdout and "1x3x48x192" in r.stdout

@@ -13,7 +13,7 @@ from rich.text import Text
 from hybrid.cli import _options as opt
 from hybrid.cli import _serving_options as so
 from hybrid.cli import _vision_options as vo
-from hybrid.cli._console import console, err_console, progress, report_errors, styled
+from hybrid.cli._console import console, err_console, print_wide, progress, report_errors, styled
 from hybrid.errors import HybridError
 
 __all__ = ["register"]
@@ -171,20 +171,20 @@ def inspect(
             table.add_row(c["fingerprint"], f"{c['backend']}:{c['device']}", c["precision"], c["kind"],
                           _size(c["bytes"]), styled("matches", "green") if c["matches_this_machine"] else "no",
                           f"{info.get('cpu', '?')}, {c['backend']} {info.get('backend_version', '?')}")
-        console.print(table)
+        print_wide(table)
     if doc["libs"]:
         table = Table(title=f"vendored wheels for {doc['libs']['platform']} (Python {doc['libs']['python_version']})")
         for col in ("name", "version", "size", "sha256"):
             table.add_column(col)
         for w in doc["libs"]["wheels"]:
             table.add_row(w["name"], w["version"], _size(w["size"]), w["sha256"][:16] + "...")
-        console.print(table)
+        print_wide(table)
     table = Table(title=f"members ({_size(doc['total_bytes'])} uncompressed)")
     for col in ("member", "size", "stored"):
         table.add_column(col)
     for mem in doc["members"]:
         table.add_row(mem["name"], _size(mem["size"]), _size(mem["compressed"]))
-    console.print(table)
+    print_wide(table)
 
 
 @bundle_app.command("verify")
@@ -267,7 +267,7 @@ def platforms(
         if not (name in BUILTIN_PLATFORMS and BUILTIN_PLATFORMS[name] == p):
             label.append(" (user)", style="cyan")
         table.add_row(label, f"{p.os}/{p.arch}", ", ".join(p.targets), p.precision, p.layout, p.description)
-    console.print(table)
+    print_wide(table)
 
 
 def register(app: typer.Typer) -> None:

@@ -10,7 +10,7 @@ import typer
 from rich.table import Table
 
 from hybrid.cli import _options as opt
-from hybrid.cli._console import console, progress, report_errors
+from hybrid.cli._console import console, print_wide, progress, report_errors
 from hybrid.errors import ConfigError
 
 __all__ = ["compile_command", "plan_doc", "register"]
@@ -108,7 +108,7 @@ def compile_command(
             f"{s['precision_run']} (asked {s['precision']})"
         table.add_row(str(i), f"{s['backend']}:{s['device']}", prec, str(s["nodes"]),
                       ", ".join(s["inputs"]) or "-", ", ".join(s["outputs"]) or "-", s["reason"])
-    console.print(table)
+    print_wide(table)
     if declared:
         console.print(f"shapes: {shapes_text(declared)}", soft_wrap=True)
     if output is not None:
@@ -127,7 +127,7 @@ def compile_command(
         nodes.add_column(col, overflow="fold")
     for p in doc["placements"]:
         nodes.add_row(p["node"], p["op"], f"{p['backend']}:{p['device']}", p["reason"])
-    console.print(nodes)
+    print_wide(nodes)
 
 
 def register(app: typer.Typer) -> None:

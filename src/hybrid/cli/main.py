@@ -19,6 +19,7 @@ from hybrid.cli._console import (
     console,
     err_console,
     hide_flag_types,
+    print_wide,
     progress,
     progress_iter,
     report_errors,
@@ -81,14 +82,14 @@ def devices(as_json: Annotated[bool, typer.Option("--json", help="Print JSON ins
     for d in devs:
         details = ", ".join(f"{k}={v}" for k, v in d.properties.items() if k.endswith(("full_name", "providers")))
         table.add_row(d.name, d.kind, ", ".join(d.backends), details)
-    console.print(table)
+    print_wide(table)
     btable = Table(title="backends")
     for col in ("backend", "available", "version", "devices / reason"):
         btable.add_column(col)
     for s in sts:
         btable.add_row(s.name, "yes" if s.available else "no", s.version,
                        ", ".join(d.name for d in s.devices) if s.available else s.reason)
-    console.print(btable)
+    print_wide(btable)
 
 
 def _load_compiled(model: Path, target: str, precision: str | None = None, shapes: dict | None = None,
@@ -194,7 +195,7 @@ def run(
     for r in rows:
         stats = ["-" if r[k] is None else f"{r[k]:.6g}" for k in ("min", "max", "mean")]
         table.add_row("output", r["name"], dims(r["shape"]), r["dtype"], *stats)
-    console.print(table)
+    print_wide(table)
     if output is not None:
         console.print(f"wrote {output}")
 

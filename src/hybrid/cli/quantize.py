@@ -20,7 +20,7 @@ import typer
 from rich.table import Table
 
 from hybrid.cli import _options as opt
-from hybrid.cli._console import console, err_console, progress, report_errors, settings, styled
+from hybrid.cli._console import console, err_console, print_wide, progress, report_errors, settings, styled
 from hybrid.cli._inputs import dims
 from hybrid.errors import QuantizationError
 
@@ -240,7 +240,7 @@ def quantize_command(
     for o in report.outputs:
         table.add_row(o.name, f"{o.cosine_min:.5f}", f"{o.cosine_mean:.5f}", f"{o.snr_db:.1f}",
                       f"{o.max_abs_error:.3g}", "-" if o.top1_agreement is None else f"{o.top1_agreement:.1%}")
-    console.print(table)
+    print_wide(table)
     if report.budget is not None:
         console.print(f"budget min_cosine={min_cosine}: {'met' if report.budget_met else 'NOT met'}")
     if report.kept_float:
