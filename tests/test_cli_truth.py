@@ -171,12 +171,14 @@ def test_quantize_reports_what_it_wrote_and_its_speed(neg_dim, tmp_path, monkeyp
     assert doc["inputs"] == {"x": [1, 3, 48, 192]}
     speed = doc["speed"]
     assert speed["target"] == "onnxruntime:cpu" and speed["fp32_ms"] > 0 and speed["quantized_ms"] > 0
+    assert 0.9 < speed["cosine"] <= 1.0 + 1e-6 and speed["max_abs_err"] >= 0
     # slower than fp32: a warning (the timing is replaced: tests assert behaviour, not speed)
     monkeypatch.setattr(qcli, "_speed", lambda *a: {"target": "onnxruntime:cpu", "fp32_ms": 2.0, "quantized_ms": 11.9,
-                                                    "speedup": 2.0 / 11.9})
+                                                    "speedup": 2.0 / 11.9, "cosine": 0.99991, "max_abs_err": 0.01})
     r = invoke("quantize", neg_dim, "--method", "dynamic", "--shapes", SHAPES, "-o", out)
     assert r.exit_code == 0, r.output
     assert "wrote" in r.stdout and "int8" in r.stdout and "11.9 ms vs fp32 2 ms (0.17x fp32)" in r.stdout
+    assert "cosine 0.99991" in r.stdout
     assert "warning" in r.stderr and "slower than fp32 on onnxruntime:cpu" in r.stderr
 
 

@@ -102,7 +102,8 @@ def _written(report: Any, precision: str) -> tuple[str, str]:
 
 
 def _speed(source: Any, quantized: Any, target: str, feed: dict[str, np.ndarray]) -> dict[str, Any]:
-    """fp32 and the written model timed interleaved on ``target`` (medians over 3 blocks)."""
+    """fp32 and the written model timed interleaved on ``target`` (medians over 3 blocks), and compared there."""
+    from hybrid.cli._bench_view import measure_accuracy
     from hybrid.cli.bench import Timing, _interleave
     from hybrid.runtime.compiler import compile_model
 
@@ -112,8 +113,9 @@ def _speed(source: Any, quantized: Any, target: str, feed: dict[str, np.ndarray]
                         Timing(blocks=3, per_block=10, warmup=3, pause=0.02))
     fp32_ms = float(np.median(times["fp32"][0])) * 1e3
     q_ms = float(np.median(times["quantized"][0])) * 1e3
+    acc = measure_accuracy(fp32.run(feed), q.run(feed), 0.0, 0.0, 0.0)  # the figures, on the target itself
     return {"target": f"{q.backend}:{q.device}", "fp32_ms": fp32_ms, "quantized_ms": q_ms,
-            "speedup": fp32_ms / q_ms if q_ms else None}
+            "speedup": fp32_ms / q_ms if q_ms else None, "cosine": acc.cosine, "max_abs_err": acc.max_abs_err}
 
 
 def quantize_command(
@@ -228,8 +230,9 @@ def quantize_command(
     console.print(f"  inputs: {', '.join(f'{k}: {v.dtype}[{dims(v.shape)}]' for k, v in feed.items())}",
                   soft_wrap=True)
     if timing is not None:
-        console.print(f"  speed on {timing['target']}: {timing['quantized_ms']:.3g} ms vs fp32 "
-                      f"{timing['fp32_ms']:.3g} ms ({timing['speedup']:.2f}x fp32)", soft_wrap=True)
+        console.print(f"  on {timing['target']}: {timing['quantized_ms']:.3g} ms vs fp32 {timing['fp32_ms']:.3g} ms "
+                      f"({timing['speedup']:.2f}x fp32); against fp32 there: cosine {timing['cosine']:.5f}, max abs "
+                      f"error {timing['max_abs_err']:.3g}", soft_wrap=True)
     elif report is not None and report.result == "float":
         console.print("  speed: the float model, as fast as fp32", soft_wrap=True)
     if report is None:
