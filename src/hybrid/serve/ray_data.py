@@ -117,19 +117,24 @@ def batch_predict(dataset: Any, model: str | Path | ModelPackage, *, target: str
                   backend_config: Mapping[str, Mapping[str, Any]] | None = None, **map_batches: Any) -> Any:
     """``dataset.map_batches(HybridPredictor, ...)``: the model over every row, lazily (see :func:`consume`).
 
-    ``concurrency`` (actors, or Ray Data's ``(min, max)``), ``batch_size``, ``num_cpus`` and
-    ``batch_format`` ('numpy' or 'pandas') are passed through, as are other ``map_batches`` keywords. The
-    model file is read once, here.
+    ``concurrency`` (actors, or ``(min, max)`` for an autoscaling pool; passed as Ray Data's
+    ``compute=ActorPoolStrategy(...)``), ``batch_size``, ``num_cpus`` and ``batch_format`` ('numpy' or
+    'pandas') are passed through, as are other ``map_batches`` keywords. The model file is read once, here.
+    Leave the pipeline's other tasks a CPU: actors holding every CPU starve the read tasks that feed them.
     """
     if batch_format not in ("numpy", "pandas"):
         raise ConfigError("HYB-102", f"batch_format must be 'numpy' or 'pandas', got {batch_format!r}",
                           "batch_format='numpy'")
+    from ray.data import ActorPoolStrategy
+
     package = _package(model)
+    if "compute" not in map_batches:  # Ray 2.51 deprecates map_batches(concurrency=) for compute=
+        low, high = concurrency if isinstance(concurrency, tuple) else (concurrency, concurrency)
+        map_batches["compute"] = ActorPoolStrategy(min_size=low, max_size=high)
     return dataset.map_batches(HybridPredictor, fn_constructor_args=(package,),
                                fn_constructor_kwargs={"target": target, "inputs": dict(inputs or {}),
                                                       "backend_config": backend_config},
-                               concurrency=concurrency, batch_size=batch_size, num_cpus=num_cpus,
-                               batch_format=batch_format, **map_batches)
+                               batch_size=batch_size, num_cpus=num_cpus, batch_format=batch_format, **map_batches)
 
 
 @dataclass
@@ -152,6 +157,7 @@ class BatchReport:
 
     @property
     def rows_per_s(self) -> float:
+        """Rows answered per second since the first batch was asked for."""
         return self.rows / self.seconds if self.seconds > 0 else 0.0
 
 
