@@ -186,3 +186,27 @@ def test_app_builder_refuses_unknown_arguments_and_builds_an_application(tmp_pat
     built = app_builder({"models": [str(tmp_path / "t.onnx")], "replicas": 2, "overrides": {"max_batch": 4}})
     assert isinstance(built, Application)
     assert isinstance(built._bound_deployment.init_args[0][0], ModelPackage)
+
+
+def test_connect_passes_the_cluster_token_to_ray(monkeypatch):
+    import hybrid.serve.ray as ray_serve
+
+    seen = {}
+    monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    monkeypatch.setattr(ray_serve.ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray_serve.ray, "init", lambda **kw: seen.update(kw, env=(
+        __import__("os").environ.get("RAY_AUTH_TOKEN"), __import__("os").environ.get("RAY_AUTH_MODE"))))
+    ray_serve.connect("127.0.0.2:6390", {"num_cpus": 1}, auth_token="t0ken")
+    assert seen == {"address": "127.0.0.2:6390", "num_cpus": 1, "env": ("t0ken", "token")}
+
+
+def test_cli_refuses_a_bad_proxy_location(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).with_name("_serve_support.py")
+    done = subprocess.run([sys.executable, str(script), "serve", str(tiny_model(tmp_path / "t.onnx")), "--ray",
+                           "--ray-proxy-location", "Nowhere"], capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "HYB-102" in done.stdout + done.stderr
