@@ -243,6 +243,11 @@ def deploy(models: Sequence[str | Path], *, host: str = "127.0.0.1", port: int =
     start: dict[str, Any] = {"http_options": HTTPOptions(host=host, port=port)}
     if grpc_port:
         start["grpc_options"] = gRPCOptions(port=grpc_port, grpc_servicer_functions=[SERVICER_FUNCTION])
+        options = build.get("options")
+        if options is None or not options.auth_token:
+            logger.warning("Serve's gRPC proxy listens on every interface ([::]:%d), whatever the HTTP host %s; "
+                           "set an auth token, or a firewall, when this machine is reachable (grpc_port=0 turns "
+                           "gRPC off)", grpc_port, host)
     if proxy_location:
         start["proxy_location"] = proxy_location
     serve.start(**start)
