@@ -153,7 +153,7 @@ class Batcher:
         self.timeout: float = float(timeout)
         self.max_queue = max_queue
         self.max_concurrent_batches = max_concurrent_batches
-        # with dispatch_when_idle the collector waits for the batch to fill only while every runner is busy
+        # dispatch_when_idle: no collector; each runner takes what is queued whenever it is idle
         self._busy_at = max_concurrent_batches if dispatch_when_idle else 0
         self.name: str = name or getattr(fn, "__name__", "batched")
         self._is_async = inspect.iscoroutinefunction(fn)
@@ -216,18 +216,31 @@ class Batcher:
 
     async def acall(self, item: Any, *, timeout: float | None = None) -> Any:
         """``await f.acall(x)``: the asyncio form of ``f(x)``; cancelling the task withdraws a queued request."""
+        loop = asyncio.get_running_loop()
+        waiter = loop.create_future()
+
+        def wake() -> None:
+            if not waiter.done():
+                waiter.set_result(None)
+
+        def done(_: Future) -> None:  # in the runner thread: one hop back to the loop
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
+                loop.call_soon_threadsafe(wake)
+
         future = self.submit(item)
-        wrapped = asyncio.wrap_future(future)
+        timer = loop.call_later(timeout, wake) if timeout is not None else None
+        future.add_done_callback(done)
         try:
-            done, _ = await asyncio.wait({wrapped}, timeout=timeout)
+            await waiter
         except asyncio.CancelledError:
-            wrapped.cancel()
+            future.cancel()
             raise
-        if not done:
+        finally:
+            if timer is not None:
+                timer.cancel()
+        if not future.done():
             raise self._timed_out(future, timeout)
-        if wrapped.cancelled():
-            return future.result()  # raises HYB-414
-        return wrapped.result()
+        return future.result()  # the result, this request's error, or HYB-414 when it was cancelled
 
     def _timed_out(self, future: RequestFuture, timeout: float | None) -> RunError:
         withdrawn = future.cancel()
@@ -248,6 +261,12 @@ class Batcher:
     # ------------------------------------------------------------------ threads
     def _start(self) -> None:
         uid = next(_ids)
+        if self._busy_at:  # dispatch_when_idle: an idle runner takes what is queued itself (no collector hop)
+            self._threads = [threading.Thread(target=self._pull, name=f"hybrid-batch-{self.name}-{uid}-run{i}",
+                                              daemon=True) for i in range(self.max_concurrent_batches)]
+            for t in self._threads:
+                t.start()
+            return
         collector = threading.Thread(target=self._collect, name=f"hybrid-batch-{self.name}-{uid}", daemon=True)
         runners = [threading.Thread(target=self._runner, name=f"hybrid-batch-{self.name}-{uid}-run{i}",
                                     daemon=True) for i in range(self.max_concurrent_batches)]
@@ -262,8 +281,7 @@ class Batcher:
                     self._cond.wait()
                 if not self._queue:
                     break  # closing and drained
-                while (self._queue and len(self._queue) < self.max_batch and not self._closing
-                       and self._counts["running"] >= self._busy_at):
+                while self._queue and len(self._queue) < self.max_batch and not self._closing:
                     remaining = self._queue[0].enqueued + self.timeout - time.monotonic()
                     if remaining <= 0:
                         break
@@ -285,6 +303,20 @@ class Batcher:
         with self._batch_ready:
             self._batches.extend([None] * self.max_concurrent_batches)
             self._batch_ready.notify_all()
+
+    def _pull(self) -> None:
+        """A runner of ``dispatch_when_idle``: whenever it is idle it runs what is queued (up to max_batch)."""
+        while True:
+            with self._cond:
+                while not self._queue and not self._closing:
+                    self._cond.wait()
+                if not self._queue:
+                    return  # closing and drained
+                batch = self._take()
+                if not batch:
+                    continue
+                self._counts["running"] += 1
+            self._run(batch)
 
     def _take(self) -> list[_Request]:
         batch: list[_Request] = []
@@ -350,7 +382,6 @@ class Batcher:
                 self._counts["failed"] += failed
                 self._counts["running"] -= 1
                 self._run_sum += time.monotonic() - t0
-                self._cond.notify_all()  # a runner is idle: what queued meanwhile goes now
 
     @staticmethod
     def _fail(batch: list[_Request], code: str, message: str, hint: str | None,

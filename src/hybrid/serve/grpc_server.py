@@ -142,7 +142,7 @@ def decode_inputs(request: pb.ModelInferRequest, limits: Limits) -> dict[str, np
     Raises:
         ServingError: HYB-702 naming the tensor and what is wrong with it.
     """
-    raw = request.raw_input_contents
+    raw = list(request.raw_input_contents)  # protobuf makes a bytes object per access: take each once
     if len(raw) and len(raw) != len(request.inputs):
         raise _bad(f"the request has {len(request.inputs)} inputs but {len(raw)} raw_input_contents; send "
                    "every input raw or none")
@@ -338,7 +338,10 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
 
         def decode() -> Decoded | asyncio.Future[Decoded]:
             timeout = _request_timeout(request, context)
-            if sum(len(r) for r in request.raw_input_contents) > _OFFLOAD:
+            # raw contents become arrays without a copy (numpy views of the message's bytes): only typed
+            # contents and BYTES elements cost work proportional to their size, and only those leave the loop
+            if request.ByteSize() > _OFFLOAD and any(t.datatype == "BYTES" or not request.raw_input_contents
+                                                     for t in request.inputs):
                 loop = asyncio.get_running_loop()
                 return loop.run_in_executor(None, lambda: Decoded(decode_inputs(request, limits), timeout))
             return Decoded(decode_inputs(request, limits), timeout)

@@ -1,0 +1,179 @@
+"""``pyasc serve`` against the real Triton server, same model, same unmodified tritonclient.grpc load.
+
+Triton: ``tritonserver`` 2.51 from the nvidia-pytriton wheel (tests/_triton_real.py), the model in a
+``backend: "python"`` ``model.py`` that runs ONNX Runtime with 2 threads (the CPU-only Triton shop
+without the native onnxruntime backend), ``max_batch_size: 8``, ``dynamic_batching
+{ max_queue_delay_microseconds: 2000 }``, one instance. pyasc: ``pyasc serve cls=model.onnx --max-batch 8
+--batch-timeout 0.002`` with ``--target onnxruntime`` (ORT with 2 threads: serving efficiency alone) and
+with the default target (auto, after its warm-up: ``--warmup``). The model is hybrid.zoo's
+``external_data`` shape classifier (x [N, 3, 96, 96] -> probs [N, 5], dynamic batch), built here and
+re-saved as one file; nothing is downloaded.
+
+Load: 1, 4 and 16 closed-loop client threads, one tritonclient.grpc client each, one image per request.
+Every (round, clients) block runs each server for ``--seconds``, in an order that alternates between
+rounds; the ratios pyasc / Triton are paired within a block and the table gives their median over the
+rounds, with the p99 latencies (median over rounds). Run it under ``flock /tmp/coord/bench.lock``.
+
+    flock /tmp/coord/bench.lock python benchmarks/vs_triton.py --rounds 3 --seconds 6
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+import _triton_real as tr
+
+MODEL = "cls"
+MAX_BATCH, DELAY_S, THREADS = 8, 0.002, 2
+
+
+def build_model(folder: Path) -> tuple[Path, np.ndarray]:
+    import onnx
+
+    from hybrid import zoo
+
+    m = zoo.build("external_data")
+    model = onnx.load(str(m.path))  # its weights come in from the .onnx.data file beside it
+    path = folder / "model.onnx"
+    onnx.save(model, str(path))
+    x = m.feeds(seed=0)["x"][:1].astype(np.float32)
+    return path, x
+
+
+def start_pyasc(model: Path, target: str | None, warmup: int) -> tuple[subprocess.Popen[bytes], str, str]:
+    http, grpc = tr.free_port(), tr.free_port()
+    cmd = [sys.executable, "-m", "hybrid", "serve", f"{MODEL}={model}", "--port", str(http), "--grpc-port", str(grpc),
+           "--max-batch", str(MAX_BATCH), "--batch-timeout", str(DELAY_S), "--log-level", "warning",
+           "--backend-config", json.dumps({"onnxruntime": {"intra_op_num_threads": THREADS}})]
+    if target:
+        cmd += ["--target", target]
+    if warmup:
+        cmd += ["--warmup", str(warmup)]
+    log = tempfile.NamedTemporaryFile(prefix="pyasc-serve-", suffix=".log", delete=False)  # noqa: SIM115
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 900
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"pyasc serve exited: {Path(log.name).read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{http}/v2/health/ready", timeout=1) as r:
+                if r.status == 200:
+                    return proc, f"127.0.0.1:{grpc}", log.name
+        except OSError:
+            pass
+        time.sleep(0.3)
+    proc.kill()
+    raise RuntimeError("pyasc serve was not ready")
+
+
+def load(url: str, x: np.ndarray, clients: int, seconds: float) -> tuple[float, float]:
+    """Closed-loop load: (inferences per second, p99 latency in ms)."""
+    import tritonclient.grpc as grpcclient
+
+    start = threading.Barrier(clients + 1)
+    stop_at = [0.0]
+    lat: list[list[float]] = [[] for _ in range(clients)]
+
+    def client(i: int) -> None:
+        c = grpcclient.InferenceServerClient(url)
+        inp = grpcclient.InferInput("x", list(x.shape), "FP32")
+        inp.set_data_from_numpy(x)
+        c.infer(MODEL, [inp])  # connect
+        start.wait()
+        mine = lat[i]
+        while True:
+            t0 = time.perf_counter()
+            if t0 >= stop_at[0]:
+                break
+            c.infer(MODEL, [inp])
+            mine.append(time.perf_counter() - t0)
+        c.close()
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+    for t in threads:
+        t.start()
+    stop_at[0] = time.perf_counter() + 1e9
+    start.wait()
+    t0 = time.perf_counter()
+    stop_at[0] = t0 + seconds
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - t0
+    every = [v for mine in lat for v in mine]
+    return len(every) / elapsed, 1e3 * float(np.percentile(every, 99))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--seconds", type=float, default=6.0)
+    ap.add_argument("--clients", default="1,4,16")
+    ap.add_argument("--servers", default="triton,pyasc-ort,pyasc-auto")
+    ap.add_argument("--warmup", type=int, default=200, help="pyasc serve --warmup for the default target")
+    args = ap.parse_args()
+    counts = [int(c) for c in args.clients.split(",")]
+    names = args.servers.split(",")
+    work = Path(tempfile.mkdtemp(prefix="vs-triton-"))
+    model, x = build_model(work)
+    repo = work / "triton"
+    tr.write_model(repo, MODEL, model, [tr.TritonSpec("x", "TYPE_FP32", [3, 96, 96])],
+                   [tr.TritonSpec("probs", "TYPE_FP32", [5])], max_batch_size=MAX_BATCH,
+                   queue_delay_us=round(DELAY_S * 1e6), threads=THREADS)
+    servers: dict[str, str] = {}
+    stops = []
+    try:
+        if "triton" in names:
+            triton = tr.TritonServer(repo).start()
+            stops.append(triton.stop)
+            servers["triton"] = triton.grpc_url
+        for name, target, warm in (("pyasc-ort", "onnxruntime", 0), ("pyasc-auto", None, args.warmup)):
+            if name in names:
+                proc, url, _ = start_pyasc(model, target, warm)
+                stops.append(lambda p=proc: (p.terminate(), p.wait(60)))
+                servers[name] = url
+        for url in servers.values():  # first calls: connections, sessions, allocators
+            load(url, x, 4, 2.0)
+        results: dict[tuple[str, int], list[tuple[float, float]]] = {}
+        for r in range(args.rounds):
+            for n in counts:
+                order = list(servers) if r % 2 == 0 else list(reversed(servers))
+                for name in order:
+                    rate, p99 = load(servers[name], x, n, args.seconds)
+                    results.setdefault((name, n), []).append((rate, p99))
+                    print(f"round {r} clients {n:2d} {name:11s} {rate:7.1f} inf/s  p99 {p99:6.1f} ms", flush=True)
+        print()
+        print("| clients | Triton inf/s | p99 ms | " + " | ".join(f"{s} inf/s | ratio | p99 ms"
+                                                        for s in servers if s != "triton") + " |")
+        print("|---" * (3 + 3 * (len(servers) - 1)) + "|")
+        for n in counts:
+            base = results[("triton", n)]
+            row = [str(n), f"{statistics.median(v[0] for v in base):.0f}",
+                   f"{statistics.median(v[1] for v in base):.0f}"]
+            for s in servers:
+                if s == "triton":
+                    continue
+                mine = results[(s, n)]
+                ratios = [a[0] / b[0] for a, b in zip(mine, base)]
+                row += [f"{statistics.median(v[0] for v in mine):.0f}", f"x{statistics.median(ratios):.2f}",
+                        f"{statistics.median(v[1] for v in mine):.0f}"]
+            print("| " + " | ".join(row) + " |")
+    finally:
+        for stop in stops:
+            stop()
+
+
+if __name__ == "__main__":
+    main()
