@@ -90,6 +90,19 @@ class CheckedRequest:
 _Item = CheckedRequest  # what the batcher queues
 
 
+def _as_text(name: str, arr: np.ndarray) -> np.ndarray:
+    """BYTES elements (bytes) as the str elements an ONNX string tensor holds (UTF-8)."""
+    if arr.size == 0 or not isinstance(arr.flat[0], bytes):
+        return arr
+    out = np.empty(arr.shape, dtype=object)
+    try:
+        out.flat[:] = [v.decode("utf-8") if isinstance(v, bytes) else v for v in arr.flat]
+    except UnicodeDecodeError as e:
+        raise RunError("HYB-403", f"input {name!r}: the model takes text (UTF-8), element bytes are not UTF-8: {e}",
+                       "send UTF-8 encoded strings") from None
+    return out
+
+
 def _dims(shape: Any) -> list[int]:
     """A shape as Triton prints it: symbolic or unknown dims are -1."""
     return [d if isinstance(d, int) else -1 for d in shape]
@@ -133,6 +146,8 @@ class ServedModel:
         self.model_config: Any = None  # Triton's ModelConfig from the folder's config.pbtxt (triton_config)
         self._validator = InputValidator(self.signature)
         self._specs = {spec.name: spec for spec in self.signature.inputs}
+        # string inputs: the protocols carry BYTES elements, the runtimes take str elements (ONNX strings)
+        self._text = [s.name for s in self.signature.inputs if s.kind == "tensor" and s.dtype == np.dtype(object)]
         self._max_rows: int | None = None  # Triton's max_batch_size once known (0: no limit); see max_batch_size
         self._output_names = self.signature.output_names
         self._in_flight = 0  # unbatched mode's queue
@@ -187,6 +202,9 @@ class ServedModel:
             checked = self._validator.feeds(feeds)
         except RunError as e:
             raise self._triton_wording(e, feeds) from None
+        for name in self._text:
+            if name in checked:
+                checked[name] = _as_text(name, checked[name])
         rows = 1
         if self.batch_symbol is not None and checked:
             first = next(iter(checked.values()))

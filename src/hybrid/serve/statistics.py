@@ -84,10 +84,15 @@ class ModelStats:
         for phase, (count, ns) in snap["phase"].items():
             getattr(msg.inference_stats, phase).count = count
             getattr(msg.inference_stats, phase).ns = ns
+        for phase in ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output",
+                      "cache_hit", "cache_miss"):  # every phase Triton reports, zero when unused (no cache)
+            getattr(msg.inference_stats, phase).SetInParent()
         for size, (count, ns) in snap["batches"].items():
             entry = msg.batch_stats.add(batch_size=size)
             entry.compute_infer.count = count
             entry.compute_infer.ns = ns
+            entry.compute_input.SetInParent()
+            entry.compute_output.SetInParent()
         return msg
 
 

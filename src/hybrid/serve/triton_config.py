@@ -219,6 +219,10 @@ def model_config(model: ServedModel) -> mc.ModelConfig:
         device = str(getattr(model.compiled, "device", "cpu"))
         group.kind = mc.ModelInstanceGroup.KIND_CPU if device.startswith("cpu") else mc.ModelInstanceGroup.KIND_GPU
     config.name = model.name
+    if not config.HasField("version_policy"):  # Triton's defaults, which its config endpoint prints too
+        config.version_policy.latest.num_versions = 1
+    if not config.HasField("optimization"):
+        config.optimization.SetInParent()
     config.platform = config.platform or model.platform
     config.backend = config.backend or "pyasc"
     batched = config.max_batch_size > 0

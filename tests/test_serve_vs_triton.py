@@ -1,0 +1,225 @@
+"""The differential protocol test: the same requests to the real Triton server and to ``pyasc serve``.
+
+Triton is ``tritonserver`` 2.51 from the nvidia-pytriton wheel (tests/_triton_real.py), serving the same
+ONNX files through a Python-backend ``model.py`` that runs ONNX Runtime, ``max_batch_size: 8``. Over HTTP
+(raw requests) and gRPC (tritonclient.grpc) the status codes and the response structure must match:
+metadata, config, statistics, a good inference in JSON and binary, a wrong shape, a wrong dtype, an
+unknown input, an unknown model, a batch over the maximum and BYTES tensors. Values that differ by
+nature (server name, platform, counters, timings) are not compared; where Triton's message names what
+it expected, pyasc's names it the same way. Skipped, with the reason, only where the wheel cannot run.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+import tritonclient.grpc as grpcclient
+from onnx import TensorProto, helper
+from tritonclient.utils import InferenceServerException
+
+import _triton_real as tr
+from _serve_support import tiny_expected, tiny_model
+from hybrid.serve import BackgroundServer, ServeOptions, build_registry, create_app
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+_REASON = tr.unavailable_reason()
+
+
+def _text_model(path: Path) -> Path:
+    t = helper.make_tensor_value_info("t", TensorProto.STRING, ["N", 2])
+    u = helper.make_tensor_value_info("u", TensorProto.STRING, ["N", 2])
+    graph = helper.make_graph([helper.make_node("Identity", ["t"], ["u"])], "text", [t], [u])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tuple[str, str]]]:
+    if _REASON:
+        pytest.skip(_REASON)
+    root = tmp_path_factory.mktemp("vs_triton")
+    tiny, text = tiny_model(root / "tiny.onnx"), _text_model(root / "text.onnx")
+    repo = root / "triton"
+    tr.write_model(repo, "tiny", tiny, [tr.TritonSpec("x", "TYPE_FP32", [4]), tr.TritonSpec("scale", "TYPE_FP32", [1])],
+                   [tr.TritonSpec("y", "TYPE_FP32", [3]), tr.TritonSpec("s", "TYPE_FP32", [1])], threads=1)
+    tr.write_model(repo, "text", text, [tr.TritonSpec("t", "TYPE_STRING", [2])],
+                   [tr.TritonSpec("u", "TYPE_STRING", [2])], threads=1)
+    registry = build_registry([f"tiny={tiny}", f"text={text}"], target="onnxruntime",
+                              overrides={"max_batch": 8, "batch_timeout": 0.002})
+    with tr.TritonServer(repo) as triton, \
+            BackgroundServer(create_app(registry, ServeOptions(grpc_address="127.0.0.1:0"))) as pyasc:
+        yield {"triton": (triton.http_url, triton.grpc_url),
+               "pyasc": (pyasc.url, f"127.0.0.1:{pyasc.server.state.grpc_port}")}
+
+
+def _http(url: str, method: str, path: str, body: bytes | None = None,
+          headers: dict[str, str] | None = None) -> tuple[int, bytes, dict[str, str]]:
+    host, _, port = url.rpartition(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    try:
+        conn.request(method, path, body, headers or {})
+        r = conn.getresponse()
+        return r.status, r.read(), {k.lower(): v for k, v in r.getheaders()}
+    finally:
+        conn.close()
+
+
+def _both(servers: dict[str, tuple[str, str]], method: str, path: str, body: Any = None,
+          headers: dict[str, str] | None = None) -> dict[str, tuple[int, bytes, dict[str, str]]]:
+    data = json.dumps(body).encode() if isinstance(body, (dict, list)) else body
+    return {name: _http(urls[0], method, path, data, headers) for name, urls in servers.items()}
+
+
+def _keys(doc: Any) -> Any:
+    """The structure of a JSON document: the keys of its objects, recursively (first element of lists)."""
+    if isinstance(doc, dict):
+        return {k: _keys(v) for k, v in doc.items()}
+    if isinstance(doc, list):
+        return [_keys(doc[0])] if doc and isinstance(doc[0], (dict, list)) else []
+    return None
+
+
+X = np.arange(8, dtype=np.float32).reshape(2, 4)
+SCALE = np.full((2, 1), 0.5, np.float32)
+GOOD = [{"name": "x", "shape": [2, 4], "datatype": "FP32", "data": X.reshape(-1).tolist()},
+        {"name": "scale", "shape": [2, 1], "datatype": "FP32", "data": SCALE.reshape(-1).tolist()}]
+
+
+def test_metadata_config_and_statistics_have_triton_s_structure(servers) -> None:
+    for path in ("/v2/models/tiny", "/v2/models/tiny/config", "/v2/models/tiny/stats", "/v2/models/text"):
+        got = _both(servers, "GET", path)
+        assert got["pyasc"][0] == got["triton"][0] == 200, path
+        mine, theirs = (json.loads(got[k][1]) for k in ("pyasc", "triton"))
+        if path.endswith("/config"):
+            assert set(mine) >= set(theirs) - {"runtime", "model_transaction_policy"}, path
+            assert mine["max_batch_size"] == theirs["max_batch_size"] == 8
+            assert [(t["name"], t["data_type"], t["dims"]) for t in mine["input"]] == \
+                   [(t["name"], t["data_type"], t["dims"]) for t in theirs["input"]]
+        elif path.endswith("/stats"):
+            assert set(mine["model_stats"][0]) >= set(theirs["model_stats"][0]), path
+            assert set(mine["model_stats"][0]["inference_stats"]) == set(theirs["model_stats"][0]["inference_stats"])
+        else:
+            assert _keys(mine) == _keys(theirs), path
+            assert mine["inputs"] == theirs["inputs"] and mine["outputs"] == theirs["outputs"]
+
+
+def test_good_inference_json_and_binary_match(servers) -> None:
+    want = tiny_expected(X, SCALE)
+    got = _both(servers, "POST", "/v2/models/tiny/infer", {"inputs": GOOD})
+    docs = {k: json.loads(v[1]) for k, v in got.items()}
+    assert got["pyasc"][0] == got["triton"][0] == 200
+    assert _keys(docs["pyasc"]) == _keys(docs["triton"])
+    for doc in docs.values():
+        np.testing.assert_allclose(np.array(doc["outputs"][0]["data"]).reshape(2, 3), want["y"], rtol=1e-5)
+
+    head = json.dumps({"inputs": [{**{k: v for k, v in t.items() if k != "data"},
+                                   "parameters": {"binary_data_size": 4 * len(t["data"])}} for t in GOOD],
+                       "outputs": [{"name": "y", "parameters": {"binary_data": True}}]}).encode()
+    body = head + X.tobytes() + SCALE.tobytes()
+    got = _both(servers, "POST", "/v2/models/tiny/infer", body, {"Inference-Header-Content-Length": str(len(head))})
+    for status, data, headers in got.values():
+        assert status == 200
+        n = int(headers["inference-header-content-length"])
+        doc = json.loads(data[:n])
+        assert [(o["name"], o["shape"], o["parameters"]["binary_data_size"]) for o in doc["outputs"]] == \
+               [("y", [2, 3], 24)]
+        np.testing.assert_allclose(np.frombuffer(data[n:], np.float32).reshape(2, 3), want["y"], rtol=1e-5)
+
+
+@pytest.mark.parametrize(("case", "inputs", "model", "says"), [
+    ("wrong shape", [{**GOOD[0], "shape": [2, 5], "data": [0.0] * 10}, GOOD[1]], "tiny", "Expected [-1,4], got [2,5]"),
+    ("wrong dtype", [{**GOOD[0], "datatype": "FP64"}, GOOD[1]], "tiny", "data-type is 'FP64'"),
+    ("unknown input", [*GOOD, {"name": "z", "shape": [2, 1], "datatype": "FP32", "data": [1.0, 1.0]}], "tiny", "'z'"),
+    ("unknown model", GOOD, "nope", "nope"),
+    ("batch over the maximum", [{"name": "x", "shape": [9, 4], "datatype": "FP32", "data": [0.0] * 36},
+                                {"name": "scale", "shape": [9, 1], "datatype": "FP32", "data": [1.0] * 9}],
+     "tiny", "inference request batch-size must be <= 8"),
+])
+def test_bad_requests_answer_like_triton_over_http(servers, case, inputs, model, says) -> None:
+    got = _both(servers, "POST", f"/v2/models/{model}/infer", {"inputs": inputs})
+    assert got["pyasc"][0] == got["triton"][0], (case, got)
+    assert got["triton"][0] in (400, 404)
+    for name, (_, data, _) in got.items():
+        doc = json.loads(data)
+        assert isinstance(doc.get("error"), str), (name, doc)
+        assert says in doc["error"], (name, case, doc["error"])
+
+
+def test_bytes_tensors_round_trip_on_both(servers) -> None:
+    got = _both(servers, "POST", "/v2/models/text/infer",
+                {"inputs": [{"name": "t", "shape": [1, 2], "datatype": "BYTES", "data": ["a", "é"]}]})
+    docs = {k: json.loads(v[1]) for k, v in got.items()}
+    assert got["pyasc"][0] == got["triton"][0] == 200
+    assert docs["pyasc"]["outputs"] == docs["triton"]["outputs"] == [
+        {"name": "u", "datatype": "BYTES", "shape": [1, 2], "data": ["a", "é"]}]
+
+
+def _grpc_inputs(x: np.ndarray, scale: np.ndarray, extra: bool = False, dtype: Any = None) -> list[Any]:
+    arrays = {"x": x if dtype is None else x.astype(dtype), "scale": scale, **({"z": scale} if extra else {})}
+    inputs = []
+    for name, arr in arrays.items():
+        inp = grpcclient.InferInput(name, list(arr.shape), "FP64" if arr.dtype == np.float64 else "FP32")
+        inp.set_data_from_numpy(arr)
+        inputs.append(inp)
+    return inputs
+
+
+def _grpc(servers, call) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, (_, url) in servers.items():
+        client = grpcclient.InferenceServerClient(url)
+        try:
+            out[name] = call(client)
+        except InferenceServerException as e:
+            out[name] = e
+        finally:
+            client.close()
+    return out
+
+
+def test_grpc_answers_like_triton(servers) -> None:
+    meta = _grpc(servers, lambda c: c.get_model_metadata("tiny", as_json=True))
+    assert meta["pyasc"]["inputs"] == meta["triton"]["inputs"] and set(meta["pyasc"]) == set(meta["triton"])
+    config = _grpc(servers, lambda c: c.get_model_config("tiny", as_json=True))
+    assert config["pyasc"]["config"]["max_batch_size"] == config["triton"]["config"]["max_batch_size"] == 8
+    stats = _grpc(servers, lambda c: c.get_inference_statistics("tiny", as_json=True))
+    assert set(stats["pyasc"]["model_stats"][0]) >= set(stats["triton"]["model_stats"][0]) - {"memory_usage"}
+
+    good = _grpc(servers, lambda c: c.infer("tiny", _grpc_inputs(X, SCALE)))
+    for result in good.values():
+        np.testing.assert_allclose(result.as_numpy("y"), tiny_expected(X, SCALE)["y"], rtol=1e-5)
+    assert [o["name"] for o in good["pyasc"].get_response(as_json=True)["outputs"]] == \
+           [o["name"] for o in good["triton"].get_response(as_json=True)["outputs"]]
+    text = _grpc(servers, lambda c: c.infer("text", [_bytes_input()]))
+    for result in text.values():
+        assert result.as_numpy("u").tolist() == [[b"a", "é".encode()]]
+
+    nine = np.zeros((9, 4), np.float32), np.ones((9, 1), np.float32)
+    for case, call, says in [
+            ("wrong shape", lambda c: c.infer("tiny", _grpc_inputs(np.zeros((2, 5), np.float32), SCALE)),
+             "Expected [-1,4], got [2,5]"),
+            ("wrong dtype", lambda c: c.infer("tiny", _grpc_inputs(X, SCALE, dtype=np.float64)), "data-type is 'FP64'"),
+            ("unknown input", lambda c: c.infer("tiny", _grpc_inputs(X, SCALE, extra=True)), "'z'"),
+            ("unknown model", lambda c: c.infer("nope", _grpc_inputs(X, SCALE)), "nope"),
+            ("batch over the maximum", lambda c: c.infer("tiny", _grpc_inputs(*nine)),
+             "inference request batch-size must be <= 8"),
+            ("unknown model metadata", lambda c: c.get_model_metadata("nope"), "nope")]:
+        got = _grpc(servers, call)
+        assert all(isinstance(e, InferenceServerException) for e in got.values()), (case, got)
+        assert got["pyasc"].status() == got["triton"].status(), (case, got)
+        for name, e in got.items():
+            assert says in e.message(), (name, case, e.message())
+
+
+def _bytes_input() -> Any:
+    inp = grpcclient.InferInput("t", [1, 2], "BYTES")
+    inp.set_data_from_numpy(np.array([[b"a", "é".encode()]], dtype=object))
+    return inp
