@@ -212,6 +212,9 @@ CATALOG: dict[str, ErrorInfo] = {
     "HYB-709": ErrorInfo("model control is off",
                          "The server was not started with --model-control, so the repository load and unload "
                          "endpoints (HTTP and gRPC) are refused; restart it with the flag to use them."),
+    "HYB-710": ErrorInfo("port in use",
+                         "pyasc serve could not bind its HTTP or gRPC port (another process listens there, or the "
+                         "address is not this machine's); it checks both before loading any model."),
 }
 
 
@@ -299,6 +302,7 @@ FIXES: dict[str, str] = {
     "HYB-707": "Fix the path the message names so the repository follows repo/<model>/<version>/model.hybrid.",
     "HYB-708": "Look in the server's log for the traceback and report it; retry the request.",
     "HYB-709": "Restart the server with --model-control to load and unload models at run time.",
+    "HYB-710": "Stop what listens on the port (`ss -ltnp | grep PORT`), or choose another --port / --grpc-port.",
 }
 
 
