@@ -53,7 +53,8 @@ def test_a_dynamic_model_starts_accelerated_and_is_decided_on_real_calls_within_
     assert status.decided_after_s is not None and status.decided_after_s > 0  # (the bound: test_auto_controller)
     assert status.serving != "reference:cpu"  # never the reference while an accelerated backend is right
     assert {c.outcome for c in status.candidates} <= {"serving", "slower", "faster", "tie", "rejected", "failed"}
-    assert any(n.startswith("bucket x: 2x3x32x32: ") for n in cm.plan.notes)
+    assert any(n.startswith("bucket x: 2x3x32x32 (first call x: 2x3x24x32): ") for n in cm.plan.notes)
+    assert status.first_shapes == "x: 2x3x24x32"
     assert cm.backend == status.serving.split(":")[0]
     assert status.as_dict()["key"] == [["x", [2, 3, 32, 32]]]
 

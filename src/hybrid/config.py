@@ -148,8 +148,9 @@ class AutotuneSettings(BaseModel):
         online: With nothing declared about a dynamic-shape model's inputs, tune on real calls per
             shape bucket (False: decide once on generated samples).
         calls_per_bucket: Calls each turn of online tuning times, at the serving candidate's speed.
-        overhead_cap: Share of a busy core the background checks of online tuning may take (their process's
-            nice level; in a thread, the share of wall time they run).
+        overhead_cap: Share of one core's time the background checks of online tuning may spend (they pace
+            themselves); None: ``max_tax`` times the usable cores, at most 1 (the check then costs callers that
+            keep every core busy at most ``max_tax``).
         rtol: Model-level relative tolerance of the fp32 parity check (ONNX's model tests use 1e-3).
         check_process: Run online tuning's checks in a separate low-priority process (False: in a thread).
         decide_within_s: Online tuning decides a shape bucket at most this long after its first call (or
@@ -166,7 +167,7 @@ class AutotuneSettings(BaseModel):
     tie_us: float = Field(20.0, ge=0.0, lt=1e6)
     online: bool = True
     calls_per_bucket: int = Field(8, ge=2, le=10_000)
-    overhead_cap: float = Field(0.1, gt=0.0, le=1.0)
+    overhead_cap: float | None = Field(None, gt=0.0, le=1.0)
     rtol: float = Field(1e-3, ge=0.0, lt=1.0)
     check_process: bool = True
     decide_within_s: float = Field(30.0, gt=0.0, le=86_400.0)

@@ -38,8 +38,8 @@ def cache_dir() -> Path:
 
 def device_fingerprint() -> dict[str, Any]:
     """What makes timings of this machine comparable: CPU model and features, usable cores,
-    thread setting, and every device the backends see."""
-
+    thread setting, and every device the backends see.
+    """
     cpu, flags = cpu_facts()
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return {
@@ -62,7 +62,8 @@ def _path(key: str) -> Path:
 
 def load_decision(key: str, material: Mapping[str, Any]) -> dict[str, Any] | None:
     """The cached record for ``key`` (with its ``path``), or None (missing, unreadable, or made from other
-    material)."""
+    material).
+    """
     path = _path(key)
     try:
         record = json.loads(path.read_text())
@@ -78,7 +79,6 @@ def load_decision(key: str, material: Mapping[str, Any]) -> dict[str, Any] | Non
 def save_decision(key: str, material: Mapping[str, Any], decision: Mapping[str, Any],
                   notes: list[str]) -> Path | None:
     """Write the decision atomically (temp file + rename); a read-only cache only logs."""
-
     path = _path(key)
     record = {"key": material, "decision": dict(decision), "notes": notes, "created": time.time()}
     try:

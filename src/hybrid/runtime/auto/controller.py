@@ -28,7 +28,7 @@ from hybrid.runtime.auto import rule
 from hybrid.runtime.auto.lab import CheckResult, Lab
 from hybrid.runtime.auto.policy import Clock, TuningPolicy
 from hybrid.runtime.auto.router import Event, Lane, Probe, Route, Router
-from hybrid.runtime.auto.status import Bucket, BucketTuning, CandidateResult, bucket_label
+from hybrid.runtime.auto.status import Bucket, BucketTuning, CandidateResult, bucket_label, shapes_label
 
 __all__ = ["TRANSITIONS", "Controller", "Phase"]
 
@@ -81,6 +81,7 @@ class _Bucket:
     recheck_at: float | None = None
     recheck_every: float = 0.0
     note: str = ""
+    first_shapes: str = ""
 
 
 class Controller:
@@ -123,7 +124,8 @@ class Controller:
 
     def status(self) -> tuple[BucketTuning, ...]:
         """Where every bucket seen stands: the controller's last record of each, with the router's call count
-        and serving candidate as of now (each read is one reference: no lock, no torn record)."""
+        and serving candidate as of now (each read is one reference: no lock, no torn record).
+        """
         known = dict(self._status)
         out = []
         for key, route in self._router.routes().items():
@@ -166,7 +168,8 @@ class Controller:
 
     def _receive(self, event: Event) -> None:
         if event.kind == "new":
-            self._buckets.setdefault(event.key, _Bucket(event.key, event.sample, incumbent=self._start.label))
+            self._buckets.setdefault(event.key, _Bucket(event.key, event.sample, incumbent=self._start.label,
+                                                        first_shapes=shapes_label(event.sample or {})))
             return
         b = self._buckets.get(event.key)
         if b is None:
@@ -244,7 +247,12 @@ class Controller:
             return
         self._enter(b, Phase.COMPILING)
         self._refresh(b)
+        warm = dict(result.passed)
         for label in passed:
+            why = self._unaffordable(b, warm, label)
+            if why:  # not compiled here: compiling costs the callers too, for a candidate that cannot take a turn
+                b.results[label] = CandidateResult(label, self._check_ratio(b, warm, label), "slower", why)
+                continue
             lane = self._lane(label, b.sample)
             if lane is None:
                 b.results[label] = CandidateResult(label, None, "failed", "could not compile in this process")
@@ -260,19 +268,37 @@ class Controller:
             self._publish(b)
         b.sample = None
         self._enter(b, Phase.RACING)
-        self._start_race(b, self._estimates(b, dict(result.passed)))
+        self._start_race(b, self._estimates(b, warm))
+
+    def _check_ratio(self, b: _Bucket, warm: dict[str, float | None], label: str) -> float | None:
+        """A candidate's warm run in the check over the serving one's (both in the check process's CPU time)."""
+        mine, base = warm.get(label), warm.get(b.incumbent)
+        return mine / base if mine and base else None
+
+    def _unaffordable(self, b: _Bucket, warm: dict[str, float | None], label: str) -> str:
+        """Why ``label`` cannot take even one round of turns before the bound at its ratio in the check ('' when
+        it can): the tax budget would need longer than the time left."""
+        ratio = self._check_ratio(b, warm, label)
+        if label == b.incumbent or ratio is None:
+            return ""
+        extra = self._policy.round_extra_s(self._turn_s(b), [ratio])
+        if b.race_from + extra / self._policy.max_tax <= self._deadline(b):
+            return ""
+        return (f"not tried: {ratio:.3g}x the serving candidate in the check, so one round of its turns costs more "
+                "than the tax budget allows within the time bound")
 
     def _estimates(self, b: _Bucket, check_warm: dict[str, float | None]) -> dict[str, float]:
-        """Each challenger's call time over the serving one's before any turn (it paces the first round): its
-        warm-up here over the serving candidate's calls, else the check process's warm runs, else 1."""
+        """Each challenger's call time over the serving one's before any turn (it paces the first round): from
+        the check process's warm runs (both measured alike there), else from its warm-up here over the serving
+        candidate's calls (a pessimistic guess: right after a compile, beside the callers), else 1."""
         serving_s = self._route(b).tally.last_s or b.lanes[b.incumbent].warm_s
-        base = check_warm.get(b.incumbent)
         out = {}
         for label, lane in b.lanes.items():
-            if lane.warm_s and serving_s:
-                out[label] = lane.warm_s / serving_s
-            elif check_warm.get(label) and base:
-                out[label] = check_warm[label] / base  # type: ignore[operator]
+            ratio = self._check_ratio(b, check_warm, label)
+            if ratio is None and lane.warm_s and serving_s:
+                ratio = lane.warm_s / serving_s
+            if ratio is not None:
+                out[label] = ratio
         return out
 
     def _lane(self, label: str, sample: dict[str, Any] | None) -> Lane | None:
@@ -286,11 +312,14 @@ class Controller:
     def _start_race(self, b: _Bucket, estimates: dict[str, float]) -> None:
         challengers = [lb for lb in b.lanes if lb != b.incumbent]
         if not challengers:
-            self._decide(b, "as the only candidate that passed the check on a real input")
+            self._decide(b, "as the only candidate left after the check")
             return
         b.logs = {lb: [] for lb in challengers}
         b.estimate = {lb: estimates.get(lb, 1.0) for lb in challengers}
         b.spent = 0.0
+        logger.info("auto (online): %s bucket %s: racing %s against %s (estimated ratios %s)", self._name,
+                    bucket_label(b.key), ", ".join(challengers), b.incumbent,
+                    ", ".join(f"{lb} {r:.3g}" for lb, r in b.estimate.items()))
 
     def _ratio(self, b: _Bucket, label: str) -> float:
         """A challenger's call time over the serving one's: from its paired turns, else the estimate."""
@@ -299,7 +328,8 @@ class Controller:
 
     def _race(self, b: _Bucket) -> float:
         """Run the rounds of turns, each paced by the tax budget (:meth:`.TuningPolicy.next_round_at`) and the
-        last ending before the bound in time; judge each round when it is over."""
+        last ending before the bound in time; judge each round when it is over.
+        """
         now = self._clock()
         if b.probe is not None:
             if now < b.probe.end:
@@ -310,12 +340,17 @@ class Controller:
                 return math.inf
             self._publish(b)
         turn_s = self._turn_s(b)
-        round_s = turn_s * (1 + 3 * len(b.logs))
-        extra = self._policy.round_extra_s(turn_s, [self._ratio(b, lb) for lb in b.logs])
-        start = max(now, self._policy.next_round_at(b.race_from, b.spent, extra, round_s))
-        if start + round_s > self._deadline(b):
-            self._conclude(b)
-            return math.inf
+        while True:
+            round_s = turn_s * (1 + 3 * len(b.logs))
+            extra = self._policy.round_extra_s(turn_s, [self._ratio(b, lb) for lb in b.logs])
+            start = max(now, self._policy.next_round_at(b.race_from, b.spent, extra, round_s))
+            if start + round_s <= self._deadline(b):
+                break
+            costly = max(b.logs, key=lambda lb: self._ratio(b, lb))
+            if len(b.logs) == 1 or self._ratio(b, costly) <= 1.0 + self._policy.tie_rel:
+                self._conclude(b)
+                return math.inf
+            self._drop_unaffordable(b, costly)  # the others' turns fit the budget without its
         if now < start:
             return start
         lanes = [b.lanes[b.incumbent]]
@@ -368,10 +403,21 @@ class Controller:
             logger.info("auto (online): %s bucket %s: %s is faster than %s (%.3gx); it serves", self._name,
                         bucket_label(b.key), best, was, math.exp(faster[best]))
 
+    def _drop_unaffordable(self, b: _Bucket, label: str) -> None:
+        """A slower challenger whose turns, at its ratio, the tax budget cannot pay for before the bound: it leaves
+        (by the point estimate it has, or its estimate), and the others race on.
+        """
+        logs = b.logs.pop(label)
+        ratio = math.exp(statistics.fmean(logs)) if logs else b.estimate.get(label)
+        b.results[label] = CandidateResult(label, ratio, rule.Outcome.SLOWER.value,
+                                           "its turns, at this ratio, cost more than the tax budget allows within "
+                                           "the time bound")
+
     def _conclude(self, b: _Bucket) -> None:
         """The bound in time: the point estimate of each challenger still open decides (:func:`.rule.settle`).
         One never timed (its turns would have cost more than the tax budget allows before the bound) is judged by
-        its estimate, which can drop it but never make it serve."""
+        its estimate, which can drop it but never make it serve.
+        """
         tie = self._policy.tie_rel
         untimed = [lb for lb, v in b.logs.items() if not v]
         self._apply(b, {lb: rule.settle(v, tie) if v else (rule.Outcome.SLOWER if b.estimate.get(lb, 1.0) > 1 + tie
@@ -436,7 +482,8 @@ class Controller:
 
     def _note(self, b: _Bucket, text: str) -> None:
         b.note = text
-        self._notes[b.key] = f"bucket {bucket_label(b.key)}: {text}"
+        seen = f" (first call {b.first_shapes})" if b.first_shapes and b.first_shapes != bucket_label(b.key) else ""
+        self._notes[b.key] = f"bucket {bucket_label(b.key)}{seen}: {text}"
         logger.info("auto (online): %s: %s", self._name, self._notes[b.key])
 
     def _refresh(self, b: _Bucket) -> BucketTuning:
@@ -452,6 +499,6 @@ class Controller:
         status = BucketTuning(
             bucket_label(b.key), b.key, "decided" if b.phase is Phase.DECIDED else "tuning", b.phase.value, serving,
             calls, b.decided_calls, b.decided_at, tuple(results.values()),
-            None if b.recheck_at is None or route is None else b.recheck_at - route.tally.first_call)
+            None if b.recheck_at is None or route is None else b.recheck_at - route.tally.first_call, b.first_shapes)
         self._status[b.key] = status
         return status

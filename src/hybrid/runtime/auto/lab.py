@@ -39,7 +39,8 @@ WARM_CALLS, WARM_S = 10, 0.2  # a candidate compiled here runs up to this many t
 @dataclass(frozen=True, slots=True)
 class CheckResult:
     """The check of one bucket: the candidates that passed in priority order (with the CPU seconds of a warm
-    run where measured), those rejected and why, and the check's notes."""
+    run where measured), those rejected and why, and the check's notes.
+    """
 
     passed: tuple[tuple[str, float | None], ...]
     rejected: tuple[tuple[str, str], ...] = ()
@@ -195,7 +196,8 @@ class RealLab:
 
     def _check_here(self, sample: Mapping[str, Any], closing: Callable[[], bool]) -> worker.Verdicts:
         """The check in the controller's thread (custom ops or backends the worker cannot see), pausing after
-        each candidate so that it runs at most ``check_share`` of the wall time."""
+        each candidate so that it runs at most ``check_share`` of the wall time.
+        """
         reduced = self._precision == "auto" and self._budget is not None
         search = Search(self.model, self._order, self._options_of, "auto" if reduced else "fp32",
                         self._budget if reduced else None, sample, rtol=self._rtol, rules=self._rules,

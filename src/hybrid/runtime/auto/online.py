@@ -124,7 +124,8 @@ class OnlineTuner(Executable):
 
     def view(self) -> tuple[str, str, dict[str, Any], Any]:
         """(backend, device, options, plan) of the candidate serving the bucket with the most calls (the start
-        before any call): what ``cm.backend``, ``cm.device``, ``cm.options`` and ``cm.plan`` report."""
+        before any call): what ``cm.backend``, ``cm.device``, ``cm.options`` and ``cm.plan`` report.
+        """
         routes = self.router.routes()
         label = self.lab.start.label
         if routes:

@@ -7,6 +7,7 @@ another machine and is tested on scripted time.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,6 +17,11 @@ from hybrid.config import AutotuneSettings
 __all__ = ["Clock", "TuningPolicy", "monotonic"]
 
 Clock = Callable[[], float]  # seconds, monotonic: time.perf_counter in production, a script in tests
+
+
+def usable_cores() -> int:
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def monotonic() -> float:
@@ -47,7 +53,10 @@ class TuningPolicy:
             candidate before).
         recheck_after_s: After a decision, candidates that were not clearly slower take turns again this long
             later, by the same rule (then twice as long after each re-check); one that does not win leaves.
-        check_share: The share of a busy core the background check may take (its process's nice level).
+        check_share: The share of one core's time the background check may spend (it paces itself in CPU time).
+            Where the callers keep every core busy, that takes ``check_share / cores`` of the machine from them:
+            by default ``max_tax`` times the usable cores (at most 1), so the check costs them at most ``max_tax``
+            and ends as soon as that allows (0.2 on 2 cores; unpaced on 10 or more).
     """
 
     decide_within_s: float = 30.0
@@ -59,15 +68,18 @@ class TuningPolicy:
     min_turn_s: float = 0.2
     lead_share: float = 0.25
     recheck_after_s: float = 60.0
-    check_share: float = 0.1
+    check_share: float = 0.2
 
     @classmethod
     def from_settings(cls, settings: AutotuneSettings) -> TuningPolicy:
         """The policy that ``hybrid.init({'autotune': {...}})`` asks for."""
+        share = settings.overhead_cap
+        if share is None:
+            share = min(1.0, settings.max_tax * usable_cores())
         return cls(decide_within_s=settings.decide_within_s, max_tax=settings.max_tax,
                    confidence=settings.confidence, tie_rel=settings.tie_rel,
                    calls_per_turn=settings.calls_per_bucket, recheck_after_s=settings.recheck_after_s,
-                   check_share=settings.overhead_cap)
+                   check_share=share)
 
     def deadline(self, first_call: float, call_s: float) -> float:
         """When a bucket whose first call came at ``first_call`` and whose calls take ``call_s`` is decided."""
@@ -80,10 +92,12 @@ class TuningPolicy:
     def round_extra_s(self, turn_s: float, ratios: list[float]) -> float:
         """The time a round of turns adds for candidates under test at ``ratios`` of the serving one's call time:
         each has two turns, and a call rate that holds (an open loop) makes each turn cost ``turn_s * (ratio - 1)``
-        more (a closed loop costs less: it makes fewer calls in a slow turn)."""
+        more (a closed loop costs less: it makes fewer calls in a slow turn).
+        """
         return sum(2.0 * turn_s * max(0.0, r - 1.0) for r in ratios)
 
     def next_round_at(self, race_from: float, spent_s: float, extra_s: float, round_s: float) -> float:
         """When a round that adds ``extra_s`` may start, the rounds before it having added ``spent_s``: the time
-        added since tuning began (``race_from``) stays within ``max_tax`` of the time passed, at the round's end."""
+        added since tuning began (``race_from``) stays within ``max_tax`` of the time passed, at the round's end.
+        """
         return race_from + (spent_s + extra_s) / self.max_tax - round_s

@@ -36,7 +36,8 @@ MAX_EXACT = 4096  # exact shape combinations remembered on the hot path (more st
 @dataclass(frozen=True, slots=True)
 class Lane:
     """A candidate ready to serve: its label, its compiled executable, and the seconds of its fastest warm-up call
-    in this process (None: not measured)."""
+    in this process (None: not measured).
+    """
 
     label: str
     executable: Executable
@@ -46,7 +47,8 @@ class Lane:
 @dataclass(slots=True)
 class Tally:
     """Counters of one bucket, written by the callers without a lock (they are for reports and for sizing
-    turns: a lost increment under a race is harmless)."""
+    turns: a lost increment under a race is harmless).
+    """
 
     first_call: float
     calls: int = 0
@@ -56,7 +58,8 @@ class Tally:
 @dataclass(frozen=True, slots=True)
 class Probe:
     """A round of turns: ``lanes[i]`` serves the calls that start in ``[start + i * turn_s, start + (i+1) * turn_s)``;
-    after the last turn the route's serving candidate answers until the controller replaces the route."""
+    after the last turn the route's serving candidate answers until the controller replaces the route.
+    """
 
     start: float
     turn_s: float
@@ -85,7 +88,8 @@ class Route:
 @dataclass(frozen=True, slots=True)
 class Event:
     """What the router tells the controller: a new bucket (with a copy of its first inputs), or a candidate that
-    failed a real call (and which one answered it instead)."""
+    failed a real call (and which one answered it instead).
+    """
 
     kind: str  # 'new' | 'failed'
     key: Bucket
@@ -190,7 +194,8 @@ class Router(Executable):
 
     def _fall_back(self, key: Bucket, lane: Lane, error: Exception, feeds: Mapping[str, Any]) -> list[Any]:
         """Answer a call whose executable failed with the next candidate by priority that runs it; the bucket's
-        route then serves with that one (the controller is told, and decides the rest)."""
+        route then serves with that one (the controller is told, and decides the rest).
+        """
         why = first_line(error)
         failed = self._failed.setdefault(key, {})
         failed[lane.label] = why

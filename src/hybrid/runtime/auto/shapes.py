@@ -136,7 +136,8 @@ def concrete_shapes(signature: Signature, ranges: Mapping[str, ShapeRange], whic
                     default: int = 1) -> dict[str, Shape | None]:
     """A concrete shape for every tensor input: declared ones from ``ranges`` (``which`` of min/opt/max),
     the others with each symbolic dim taken from a declared input that shares its name, else ``default``.
-    None for an input of unknown rank."""
+    None for an input of unknown rank.
+    """
     named: dict[str, int] = {}
     for spec in signature.inputs:
         if spec.name in ranges and spec.shape is not None:
@@ -168,7 +169,8 @@ def _round_up(n: int) -> int:
 
 def bucket_of(signature: Signature, feeds: Mapping[str, Any]) -> tuple[tuple[str, Shape], ...]:
     """The shape bucket of validated feeds: each input's shape with its dynamic dims rounded up to a
-    power of two (static dims as they are); inputs without a shape (sequences) are left out."""
+    power of two (static dims as they are); inputs without a shape (sequences) are left out.
+    """
     out = []
     for spec in signature.inputs:
         value = feeds.get(spec.name)

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-__all__ = ["Bucket", "BucketTuning", "CandidateResult", "bucket_label"]
+__all__ = ["Bucket", "BucketTuning", "CandidateResult", "bucket_label", "shapes_label"]
 
 Bucket = tuple[tuple[str, tuple[int, ...]], ...]  # input name -> shape, dynamic dims rounded up to powers of two
 
@@ -13,6 +14,11 @@ Bucket = tuple[tuple[str, tuple[int, ...]], ...]  # input name -> shape, dynamic
 def bucket_label(key: Bucket) -> str:
     """``'x: 1x3x512x1024'`` for a bucket (``'scalars'`` for a model without shaped inputs)."""
     return ", ".join(f"{n}: {'x'.join(map(str, s))}" for n, s in key) or "scalars"
+
+
+def shapes_label(feeds: Mapping[str, Any]) -> str:
+    """``'x: 1x3x480x640'``: the exact shapes of a call's inputs."""
+    return ", ".join(f"{n}: {'x'.join(map(str, v.shape))}" for n, v in feeds.items() if hasattr(v, "shape"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +56,7 @@ class BucketTuning:
         decided_after_s: Seconds from its first call to the decision (None: not yet).
         candidates: Every candidate of the bucket, with its ratio or the reason it was left out.
         recheck_at_s: Seconds after the first call at which the next re-check starts (None: none planned).
+        first_shapes: The exact input shapes of the bucket's first call (``'x: 1x3x480x640'``).
     """
 
     bucket: str
@@ -62,6 +69,7 @@ class BucketTuning:
     decided_after_s: float | None
     candidates: tuple[CandidateResult, ...] = ()
     recheck_at_s: float | None = None
+    first_shapes: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (what the server's statistics and ``pyasc compile --explain --json`` show)."""

@@ -277,7 +277,8 @@ def compare(expected: list[Any], got: list[Any], names: list[str], moved: list[A
 
 def nudged(samples: Mapping[str, Any], rel: float = 2.0 ** -23, seed: int = 1) -> dict[str, Any] | None:
     """``samples`` with every float input multiplied by (1 + u * rel), u uniform in [-1, 1]; None
-    when no input is a float (then nothing can drift)."""
+    when no input is a float (then nothing can drift).
+    """
     rng = np.random.default_rng(seed)
     out, any_float = {}, False
     for k, v in samples.items():
@@ -347,7 +348,8 @@ def _float_pairs(expected: list[Any], got: list[Any], names: list[str]):
 def accuracy_failure(budget: Mapping[str, float], expected: list[Any], got: list[Any],
                      names: list[str]) -> str | None:
     """Why ``got`` misses the budget against ``expected`` (None: within it). Non-float outputs must
-    match exactly; float outputs are held to ``min_cosine`` and ``max_rel_error``."""
+    match exactly; float outputs are held to ``min_cosine`` and ``max_rel_error``.
+    """
     if len(got) != len(expected):
         return f"returned {len(got)} outputs, expected {len(expected)}"
     for name, e, g in _float_pairs(expected, got, names):
@@ -392,7 +394,8 @@ def deviation(expected: list[Any], got: list[Any], names: list[str]) -> float:
     """How far ``got`` is from ``expected``, in units of the dtype tolerance without its scaled part:
     the largest ``|error| / (atol + rtol * |expected|)`` over the float outputs (0.0: the same
     numbers). Other outputs count 0.0 when equal and infinity when not; so do mismatched shapes.
-    It ranks candidates that all passed :func:`compare` by closeness to the reference."""
+    It ranks candidates that all passed :func:`compare` by closeness to the reference.
+    """
     if len(got) != len(expected):
         return float("inf")
     worst = 0.0
