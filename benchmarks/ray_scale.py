@@ -287,7 +287,8 @@ def main() -> None:
             ray.shutdown()
     cluster_parts = [p for p in args.parts if p in ("chaos", "throughput")]
     if cluster_parts:
-        cluster = LocalCluster(tmp)
+        proxy = {"RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH": ray_serve.PROXY_CALLBACK}  # Serve's errors as HYB JSON
+        cluster = LocalCluster(tmp, {"head": proxy, "worker": proxy})
         try:
             cluster.start()
             ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)

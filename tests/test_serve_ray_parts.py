@@ -210,3 +210,40 @@ def test_cli_refuses_a_bad_proxy_location(tmp_path):
     done = subprocess.run([sys.executable, str(script), "serve", str(tiny_model(tmp_path / "t.onnx")), "--ray",
                            "--ray-proxy-location", "Nowhere"], capture_output=True, text=True, timeout=120)
     assert done.returncode != 0 and "HYB-102" in done.stdout + done.stderr
+
+
+def _asgi(status: int, body: bytes, ctype: bytes):
+    async def app(scope, receive, send):
+        await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", ctype)]})
+        await send({"type": "http.response.body", "body": body})
+    return app
+
+
+def _call(app) -> tuple[int, dict, bytes]:
+    from hybrid.serve.ray_proxy import ServeErrorsAsHyb
+
+    sent = []
+
+    async def send(message):
+        sent.append(message)
+
+    asyncio.run(ServeErrorsAsHyb(app)({"type": "http"}, None, send))
+    return sent[0]["status"], dict(sent[0]["headers"]), b"".join(m.get("body", b"") for m in sent[1:])
+
+
+@pytest.mark.parametrize(("status", "code"), [(500, "HYB-708"), (503, "HYB-706"), (408, "HYB-411"),
+                                              (404, "HYB-701"), (418, "HYB-708")])
+def test_serves_own_plain_text_errors_become_hyb_json(status, code):
+    import json
+
+    got, headers, body = _call(_asgi(status, b"Internal Server Error\nRayActorError...", b"text/plain"))
+    doc = json.loads(body)
+    assert got == status and headers[b"content-type"] == b"application/json"
+    assert doc["code"] == code and doc["error"].startswith(f"[{code}] ") and "Internal Server Error" in doc["error"]
+    assert int(headers[b"content-length"]) == len(body)
+
+
+def test_json_answers_and_successes_pass_through():
+    mine = b'{"error": "[HYB-702] bad", "code": "HYB-702"}'
+    assert _call(_asgi(400, mine, b"application/json"))[2] == mine
+    assert _call(_asgi(200, b"plain ok", b"text/plain"))[2] == b"plain ok"

@@ -49,6 +49,8 @@ logger = logging.getLogger("hybrid.serve")
 DEFAULT_APP = "pyasc"
 KV_NAMESPACE = "pyasc"
 DRAIN_POLL = 0.2  # seconds between a replica's looks at its application's drain flag
+PROXY_CALLBACK_ENV = "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"
+PROXY_CALLBACK = "hybrid.serve.ray_proxy:middlewares"
 
 
 def _drain_key(app_name: str) -> bytes:
@@ -205,6 +207,9 @@ def connect(ray_address: str | None = None, ray_init: Mapping[str, Any] | None =
     if auth_token:
         os.environ["RAY_AUTH_TOKEN"] = auth_token
         os.environ.setdefault("RAY_AUTH_MODE", "token")
+    # Serve's proxy answers its own errors as plain text; a local instance started here inherits this, so its
+    # proxy answers them as the server's JSON errors (a cluster's nodes need it set where `ray start` runs)
+    os.environ.setdefault(PROXY_CALLBACK_ENV, PROXY_CALLBACK)
     ray.init(address=ray_address, **dict(ray_init or {}))
 
 
