@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Annotated, Any
@@ -97,6 +98,10 @@ def compile_command(
                          for k, v in declared.items()}
     if output is not None:
         doc["written"] = str(output)
+    tuner = getattr(cm.executable, "policy", None)
+    if tuner is not None:  # target='auto' decides on real calls: say how, and where each bucket stands
+        doc["tuning_policy"] = dataclasses.asdict(tuner)
+        doc["tuning"] = [t.as_dict() for t in cm.tuning]
     if as_json:
         typer.echo(json.dumps(doc, indent=2))
         return
@@ -117,6 +122,17 @@ def compile_command(
         console.print(f"note: {note}", soft_wrap=True)
     if not explain:
         return
+    if "tuning_policy" in doc:
+        pol = doc["tuning_policy"]
+        console.print(f"online tuning: each shape bucket is decided on real calls within {pol['decide_within_s']:g} s "
+                      f"of its first call (or {pol['decide_within_calls']} calls of a slow model), the turns adding "
+                      f"at most {pol['max_tax']:.0%} to the mean latency; cm.tune(samples) or pyasc serve --warmup "
+                      "decides before the first request", soft_wrap=True)
+        for t in doc["tuning"]:
+            cands = ", ".join(f"{c['label']} {c['outcome']}" + (f" {c['ratio']:.3g}x" if c["ratio"] else "")
+                              for c in t["candidates"])
+            console.print(f"bucket {t['bucket']}: {t['state']} ({t['phase']}), serving {t['serving']}; {cands}",
+                          soft_wrap=True)
     if "placements" not in doc:
         seg = doc["segments"][0]
         console.print(f"all {seg['nodes']} nodes run on {seg['backend']}:{seg['device']} ({seg['reason']}); "
