@@ -243,6 +243,14 @@ def test_serves_own_plain_text_errors_become_hyb_json(status, code):
     assert int(headers[b"content-length"]) == len(body)
 
 
+def test_no_answer_at_all_becomes_a_hyb_708():
+    async def silent(scope, receive, send):  # Serve's proxy when the replica died holding the request
+        return None
+
+    status, _, body = _call(silent)
+    assert status == 500 and __import__("json").loads(body)["code"] == "HYB-708"
+
+
 def test_json_answers_and_successes_pass_through():
     mine = b'{"error": "[HYB-702] bad", "code": "HYB-702"}'
     assert _call(_asgi(400, mine, b"application/json"))[2] == mine

@@ -7,7 +7,8 @@ rewrites those (any 4xx/5xx answer that is not JSON) into the same JSON shape, k
 
 | status | code | when |
 |---|---|---|
-| 500 | HYB-708 | the replica holding the request failed or was stopped |
+| 500 | HYB-708 | the replica holding the request failed or was stopped (Serve then answers nothing at all, and
+  the server under it would send a bare 500) |
 | 503, 429 | HYB-706, HYB-705 | no replica can take the request now (restarting, draining, back-pressure) |
 | 408 | HYB-411 | Serve's request timeout |
 | 404 | HYB-701 | no application serves the path (it was deleted) |
@@ -56,10 +57,12 @@ class ServeErrorsAsHyb:
             return
         held: Message | None = None
         parts: list[bytes] = []
+        started = False
 
         async def rewrite(message: Message) -> None:
-            nonlocal held
+            nonlocal held, started
             if message["type"] == "http.response.start":
+                started = True
                 headers = {k.lower(): v for k, v in message.get("headers", [])}
                 if message["status"] >= 400 and not headers.get(b"content-type", b"").startswith(b"application/json"):
                     held = message
@@ -79,7 +82,15 @@ class ServeErrorsAsHyb:
                 return
             await self._answer(send, start, body)
 
-        await self.app(scope, receive, rewrite)
+        try:
+            await self.app(scope, receive, rewrite)
+        except Exception as e:  # the proxy failed outright: uvicorn would answer a bare 500
+            if started:
+                raise
+            await self._answer(send, {"status": 500, "headers": []}, f"{type(e).__name__}: {e}".encode())
+            return
+        if not started:  # Serve sends nothing when the replica died holding the request (uvicorn: plain 500)
+            await self._answer(send, {"status": 500, "headers": []}, b"")
 
     @staticmethod
     async def _answer(send: Send, start: Message, body: bytes) -> None:
