@@ -248,3 +248,22 @@ def test_the_check_process_answers_like_the_search_and_paces_itself():
     finally:
         worker.time = real
     assert slept == [pytest.approx(0.5)]
+
+
+@pytest.mark.slow
+def test_the_demo_decides_auto_on_a_zoo_model_and_reads_every_error_against_the_reference():
+    import json
+
+    from typer.testing import CliRunner
+
+    from hybrid.cli.main import app
+
+    r = CliRunner().invoke(app, ["demo", "--model", "vad_lstm", "--runs", "2", "--decide-within", "2", "--json"])
+    assert r.exit_code == 0, r.output
+    rows = {row["target"]: row for row in json.loads(r.stdout)["rows"]}
+    auto = rows["auto"]
+    assert auto["ok"] and auto["decided"] and auto["decided"][0]["state"] == "decided"
+    assert auto["ran_on"] != "reference:cpu" and auto["max_error"] < 1e-3
+    budget = next(row for name, row in rows.items() if name.startswith("auto, precision='auto'"))
+    assert budget["cosine"] >= 0.995
+    assert any(name.startswith("onnxruntime") and row["ok"] for name, row in rows.items())

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import statistics
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -21,7 +20,6 @@ from hybrid.cli._console import (
     hide_flag_types,
     print_wide,
     progress,
-    progress_iter,
     report_errors,
     settings,
     styled,
@@ -201,69 +199,6 @@ def run(
 
 
 @app.command()
-def demo(
-    model: Annotated[str, typer.Option("--model", "-m", help="Light model from the onnx package: "
-                                       "bvlc_alexnet, densenet121, inception_v1, inception_v2, resnet50, "
-                                       "shufflenet, squeezenet, vgg19, zfnet512.")] = "resnet50",
-    runs: Annotated[int, typer.Option("--runs", help="Timed runs per target.", min=1)] = 10,
-    as_json: opt.Json = False,
-) -> None:
-    """Compile a sample model shipped with the onnx package on every available backend and compare.
-
-    Prints latency (median of --runs) and the max error against the output shipped with the model.
-    """
-    import hybrid
-    from hybrid.errors import ConfigError
-    from hybrid.hal import resolve_target
-    from hybrid.samples import LIGHT_MODELS, LIGHT_RTOL, light_expected, light_input, light_model_path
-
-    with report_errors(as_json):
-        if model not in LIGHT_MODELS:
-            raise ConfigError("HYB-102", f"--model: expected one of the onnx package's light models "
-                              f"({', '.join(LIGHT_MODELS)}), got {model!r}", "e.g. pyasc demo --model squeezenet")
-        path = light_model_path(model)
-        expected = light_expected(model)
-        x = light_input()
-        rtol = LIGHT_RTOL.get(model, 1e-3)
-        targets = ["auto", *[str(c) for c in resolve_target("auto")]]
-        rows: list[dict] = []
-        for target in progress_iter(targets, "compiling and timing", total=len(targets)):
-            try:
-                t0 = time.perf_counter()
-                cm = hybrid.compile(str(path), target=target)
-                compile_s = time.perf_counter() - t0
-                y = cm(x)
-                times = []
-                for _ in range(runs):
-                    t0 = time.perf_counter()
-                    cm(x)
-                    times.append(time.perf_counter() - t0)
-            except hybrid.HybridError as e:
-                rows.append({"target": target, "ran_on": None, "ok": False, "code": e.code, "message": e.message})
-                continue
-            rows.append({"target": target, "ran_on": f"{cm.backend}:{cm.device}", "compile_s": compile_s,
-                         "median_ms": statistics.median(times) * 1e3,
-                         "max_error": float(np.abs(np.asarray(y, np.float64) - expected).max()),
-                         "ok": bool(np.allclose(y, expected, rtol=rtol, atol=1e-7))})
-    if as_json:
-        typer.echo(json.dumps({"model": model, "batch": 1, "runs": runs, "rows": rows}, indent=2))
-        return
-    table = Table(title=f"light {model} (batch 1, from the onnx package)")
-    for col in ("target", "ran on", "compile s", "median ms", "max error", "ok"):
-        table.add_column(col, no_wrap=True)
-    for r in rows:
-        if r["ran_on"] is None:
-            table.add_row(r["target"], "-", "-", "-", "-", styled(r["code"], "red"))
-        else:
-            table.add_row(r["target"], r["ran_on"], f"{r['compile_s']:.2f}", f"{r['median_ms']:.2f}",
-                          f"{r['max_error']:.3g}", "yes" if r["ok"] else styled("no", "red"))
-    console.print(table)
-    for r in rows:
-        if r["ran_on"] is None:
-            console.print(f"{r['target']}: [{r['code']}] {r['message']}", soft_wrap=True)
-
-
-@app.command()
 def explain(code: Annotated[str, typer.Argument(help="An error code such as HYB-301.")]) -> None:
     """Print the long explanation of an error code."""
     try:
@@ -276,10 +211,10 @@ def explain(code: Annotated[str, typer.Argument(help="An error code such as HYB-
 
 def _register_command_groups() -> None:
     # each module adds its commands; heavy imports stay inside the commands themselves
-    from hybrid.cli import bench, bundle, profile, quantize, serve
+    from hybrid.cli import bench, bundle, demo, profile, quantize, serve
     from hybrid.cli import compile as compile_cli
 
-    for module in (compile_cli, bundle, profile, bench, quantize, serve):
+    for module in (demo, compile_cli, bundle, profile, bench, quantize, serve):
         module.register(app)
 
 
