@@ -38,6 +38,22 @@ def start(model_path, overrides=None, **options):
     return BackgroundServer(create_app(registry, ServeOptions(**options))).start()
 
 
+def hold_first_batch(srv, seconds=60.0):
+    """Make the served model's first batch wait (for ``release.set()`` or ``seconds``): a lone request on
+    an idle model runs at once, so the requests sent after it queue behind it."""
+    (model,) = list(srv.server.state.registry)
+    release, run, first = threading.Event(), model.compiled.run_checked, [True]
+
+    def held(feeds):
+        if first[0]:
+            first[0] = False
+            release.wait(seconds)
+        return run(feeds)
+
+    model.compiled.run_checked = held
+    return release
+
+
 @pytest.fixture(scope="module")
 def server(model_path):
     srv = start(model_path, limits=Limits(max_body=LIMIT, max_json_depth=16))
@@ -217,10 +233,12 @@ def test_backpressure_rejects_with_503_and_stays_live(model_path):
 
 def test_request_timeout_is_504(model_path):
     srv = start(model_path, overrides={"max_batch": 64, "batch_timeout": 20.0, "request_timeout": 0.2})
+    release = hold_first_batch(srv)
     try:
         status, _, body = infer(srv.url, feeds(3))
         assert status == 504 and error_of(body) == "HYB-411"
     finally:
+        release.set()
         srv.stop()
 
 
@@ -232,17 +250,39 @@ def wait_queued(url: str, n: int, deadline: float) -> None:
         time.sleep(0.05)
 
 
+def wait_arrived(url: str, n: int, deadline: float) -> None:
+    """Wait until the tiny model has received ``n`` requests."""
+    while f'pyasc_inference_requests_total{{model="tiny",version="1"}} {n}.0' not in \
+            request(url, "GET", "/metrics")[2].decode():
+        assert time.monotonic() < deadline, "the requests never arrived"
+        time.sleep(0.01)
+
+
+def wait_running(url: str, deadline: float) -> None:
+    """Wait until the tiny model has a request in the server (its first, held batch)."""
+    while 'pyasc_inference_requests_total{model="tiny",version="1"} 1.0' not in \
+            request(url, "GET", "/metrics")[2].decode():
+        assert time.monotonic() < deadline, "the first request never arrived"
+        time.sleep(0.05)
+    time.sleep(0.2)  # from the counter to the running batch: a few microseconds of the event loop
+
+
 def test_drain_finishes_in_flight_requests_and_refuses_new_ones(model_path):
     # batch_timeout 60 s: the requests finish quickly only because the drain flushes the queue
     srv = start(model_path, overrides={"max_batch": 64, "batch_timeout": 60.0})
     url = srv.url
+    release = hold_first_batch(srv)
     try:
-        with cf.ThreadPoolExecutor(3) as pool:
+        with cf.ThreadPoolExecutor(4) as pool:
+            first = pool.submit(infer, url, feeds(199))
+            wait_running(url, time.monotonic() + 30)
             futures = [pool.submit(infer, url, feeds(200 + i)) for i in range(3)]
             wait_queued(url, 3, time.monotonic() + 30)
             t0 = time.monotonic()
             stopper = threading.Thread(target=srv.stop)
             stopper.start()
+            release.set()
+            check_answer(*first.result(timeout=30)[::2], feeds(199))
             for i, fut in enumerate(futures):
                 status, _, body = fut.result(timeout=30)
                 check_answer(status, body, feeds(200 + i))
@@ -292,7 +332,9 @@ def test_sigterm_drains_the_cli_server_and_exits_0(model_path):
         assert url, "".join(lines)
         with cf.ThreadPoolExecutor(3) as pool:
             futures = [pool.submit(infer, url, feeds(300 + i)) for i in range(3)]
-            wait_queued(url, 3, time.monotonic() + 30)
+            # a lone request on an idle model runs at once (no queue to wait for): signal once all three
+            # reached the server; whatever is still in flight or queued must be answered
+            wait_arrived(url, 3, time.monotonic() + 30)
             proc.send_signal(signal.SIGTERM)
             for i, fut in enumerate(futures):
                 status, _, body = fut.result(timeout=30)

@@ -172,19 +172,19 @@ def test_cli_grpc_port_option(tmp_path, monkeypatch):
     register(app)
     model = tiny_model(tmp_path / "tiny.onnx")
     runner = CliRunner()
-    result = runner.invoke(app, ["serve", str(model), "--target", "onnxruntime", "--grpc-port", "0"])
+    result = runner.invoke(app, ["serve", str(model), "--target", "onnxruntime", "--grpc-port", "0", "--port", "0"])
     assert result.exit_code == 0, result.output
     assert seen["options"].grpc_address is None and not seen["options"].model_control
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         port = taken.getsockname()[1]
     result = runner.invoke(app, ["serve", str(model), "--target", "onnxruntime", "--model-control",
-                                 "--grpc-port", str(port)])
+                                 "--grpc-port", str(port), "--port", "0"])
     assert result.exit_code == 0, result.output
     assert seen["options"].grpc_address == f"127.0.0.1:{port}" and seen["options"].model_control
     assert ServeOptions().grpc_address is None
     with socket.socket() as taken:  # a port in use is refused before any model loads
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        result = runner.invoke(app, ["serve", str(model), "--grpc-port", str(taken.getsockname()[1])])
-    assert result.exit_code == 1 and "HYB-102" in result.output and "--grpc-port" in result.output
+        result = runner.invoke(app, ["serve", str(model), "--grpc-port", str(taken.getsockname()[1]), "--port", "0"])
+    assert result.exit_code == 1 and "HYB-710" in result.output and "--grpc-port" in result.output

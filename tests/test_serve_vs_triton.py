@@ -17,15 +17,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import _triton_real as tr
 import numpy as np
 import onnx
 import pytest
 import tritonclient.grpc as grpcclient
+from _serve_support import tiny_expected, tiny_model
 from onnx import TensorProto, helper
 from tritonclient.utils import InferenceServerException
 
-import _triton_real as tr
-from _serve_support import tiny_expected, tiny_model
 from hybrid.serve import BackgroundServer, ServeOptions, build_registry, create_app
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]

@@ -7,11 +7,12 @@ import logging
 from typing import Annotated, Any
 
 import typer
+from rich.measure import Measurement
 from rich.table import Table
 
 from hybrid.cli import _serving_options as so
 from hybrid.cli._console import console, report_errors
-from hybrid.errors import ConfigError, ModelError
+from hybrid.errors import ConfigError, ModelError, ServingError
 
 __all__ = ["register", "serve"]
 
@@ -33,7 +34,7 @@ def _json_object(option: str, text: str | None, example: str) -> dict[str, Any] 
 
 
 def _check_port_free(host: str, port: int, option: str) -> None:
-    """Fail before the models load (which takes time) when ``port`` is taken, with a HYB-102 naming it."""
+    """Fail before the models load (which takes time) when ``port`` cannot be bound: HYB-710 naming it."""
     import socket
 
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -42,9 +43,9 @@ def _check_port_free(host: str, port: int, option: str) -> None:
         try:
             sock.bind((host, port))
         except OSError as e:
-            raise ConfigError("HYB-102", f"{option} {port}: cannot listen on {host}:{port} ({e.strerror or e})",
-                              f"choose another {option}" + (" (0 turns gRPC off)" if "grpc" in option else "")) \
-                from e
+            raise ServingError("HYB-710", f"{option} {port}: cannot listen on {host}:{port} ({e.strerror or e})",
+                               f"stop what listens there, or choose another {option}"
+                               + (" (0 turns gRPC off)" if "grpc" in option else "")) from e
 
 
 def _print_models(registry: Any, url: str) -> None:
@@ -55,7 +56,16 @@ def _print_models(registry: Any, url: str) -> None:
         batches = "rows joined" if m.batch_symbol else "one by one" if m.settings.max_batch else "off"
         table.add_row(m.name, m.version, f"{m.compiled.backend}:{m.compiled.device}", str(m.signature),
                       str(m.settings.max_batch), batches)
-    console.print(table)
+    # off a terminal (a log file, a pipe) rich would wrap at 80 columns: print the table at its full width
+    if console.is_terminal:
+        console.print(table)
+        return
+    width = console.width  # print() clamps its width= to the console's: widen the console itself meanwhile
+    console.width = max(width, Measurement.get(console, console.options.update(max_width=10_000), table).maximum)
+    try:
+        console.print(table, crop=False)
+    finally:
+        console.width = width
 
 
 def serve(
@@ -75,6 +85,14 @@ def serve(
                                                             "{\"intra_op_num_threads\": 2}}' (the server "
                                                             "turns ONNX Runtime's thread spinning off unless "
                                                             "told otherwise).")] = None,
+    precision: Annotated[str | None, typer.Option(help="Compile precision for every ONNX model: fp32, fp16, bf16, "
+                                                      "or auto (the fastest within --min-cosine); default: each "
+                                                      "folder's config.json, else fp32.")] = None,
+    min_cosine: Annotated[float | None, typer.Option(help="Accuracy budget of reduced precisions: least cosine "
+                                                          "similarity to the fp32 outputs, e.g. 0.995.")] = None,
+    warmup: Annotated[int, typer.Option(help="Random warm-up calls per model at its declared shapes before it is "
+                                             "ready (target auto: its shape buckets are decided first); a "
+                                             "config.pbtxt's model_warmup takes precedence.")] = 0,
     max_batch: so.MaxBatch = None,
     batch_timeout: so.BatchTimeout = None,
     max_queue: so.MaxQueue = None,
@@ -123,7 +141,7 @@ def serve(
         try:
             from hybrid.serve.app import ServeOptions, create_app
             from hybrid.serve.protocol import Limits
-            from hybrid.serve.repository import build_registry, configure_backends
+            from hybrid.serve.repository import build_registry, compile_request, configure_backends
             from hybrid.serve.server import ConnectionLimits, run
         except ImportError as e:
             raise ModelError("HYB-207", f"pyasc serve needs {e.name or e}, which is not installed",
@@ -149,10 +167,14 @@ def serve(
                           host, port, ray_address, grpc_port=grpc_port, auth_token=ray_auth_token,
                           proxy_location=ray_proxy_location, warmup=ray_warmup)
             return
+        _check_port_free(host, port, "--port")  # both ports, before anything loads or claims to serve
         if options.grpc_address:
             _check_port_free(host, grpc_port, "--grpc-port")
+        if warmup < 0:
+            raise ConfigError("HYB-102", f"--warmup must be >= 0, got {warmup}")
         configure_backends(backends)
-        registry = build_registry(models, target, overrides)
+        registry = build_registry(models, target, overrides, warmup=warmup,
+                                  compile_options=compile_request(precision, min_cosine, "--min-cosine"))
         _print_models(registry, f"http://{host}:{port}" + (f" and grpc://{grpc_address}" if grpc_port else ""))
         run(create_app(registry, options), host=host, port=port, drain_timeout=drain_timeout, log_level=log_level,
             connections=connections)

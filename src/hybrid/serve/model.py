@@ -168,7 +168,51 @@ class ServedModel:
 
     @property
     def ready(self) -> bool:
-        return not self._closed
+        """Serving: not closed, and its warm-up (if any) done."""
+        return not self._closed and self._warm
+
+    _warm = True  # False while warm_up runs
+
+    def warm_up(self, samples: list[dict[str, np.ndarray]], timeout_s: float | None = None) -> None:
+        """Run ``samples`` before serving (Triton's ``model_warmup``, ``pyasc serve --warmup``): the model is
+        not ready meanwhile; a model that tunes online (``target='auto'``) decides their shape buckets
+        (``CompiledModel.tune``), any other runs each sample once.
+
+        Raises:
+            RunError: HYB-401..407 for a sample that does not fit the model; HYB-411 when tuning takes
+                longer than ``timeout_s``.
+        """
+        if not samples:
+            return
+        self._warm = False
+        try:
+            checked = [self.check(sample).feeds for sample in samples]
+            tune = getattr(self.compiled, "tune", None)
+            if tune is not None:
+                tune(checked, timeout_s=timeout_s)
+            else:
+                for feeds in checked:
+                    self.compiled.run_checked(feeds)
+            logger.info("model %s:%s warmed up with %d sample(s)", self.name, self.version, len(samples))
+        finally:
+            self._warm = True
+
+    def report(self) -> dict[str, Any]:
+        """What pyasc adds to Triton's statistics of this model: where it runs, at which precision and with
+        what measured accuracy (the compile's decision), and the online tuning's state per shape bucket."""
+        compiled = self.compiled
+        plan = getattr(compiled, "plan", None)
+        segments = getattr(plan, "segments", ()) or ()
+        notes = tuple(getattr(plan, "notes", ()) or ())
+        tuning = getattr(compiled, "tuning", ()) or ()
+        return {"target": getattr(compiled, "target", None), "backend": compiled.backend,
+                "device": str(getattr(compiled, "device", "")),
+                "precision": sorted({str(getattr(seg, "precision", "fp32")) for seg in segments}) or ["fp32"],
+                "requested": dict(self.compile_request),
+                "accuracy": [n for n in notes if "cosine" in n or "accuracy" in n],
+                "tuning": [t.as_dict() for t in tuning]}
+
+    compile_request: Mapping[str, Any] = {}  # the precision and accuracy budget asked for (load_model)
 
     @property
     def max_batch_size(self) -> int:

@@ -77,6 +77,7 @@ class ModelSource:
         target: The target the folder's config.json asks for, if any.
         config: The folder's ``config.pbtxt`` (Triton's ModelConfig), if any.
         notes: The fields of ``config.pbtxt`` not applied (or applied differently from Triton).
+        compile: What the folder's config.json asks of the compile: ``precision``, ``min_cosine``.
     """
 
     name: str
@@ -86,6 +87,7 @@ class ModelSource:
     target: str | None = None
     config: Any = None
     notes: tuple[str, ...] = ()
+    compile: dict[str, Any] = field(default_factory=dict)
 
 
 def _repo_error(message: str, hint: str | None = None) -> ServingError:
@@ -115,7 +117,24 @@ def _inside(root: Path, path: Path) -> Path:
     return resolved
 
 
-def _read_config(path: Path) -> tuple[dict[str, Any], str | None]:
+def compile_request(precision: str | None, min_cosine: float | None, where: str) -> dict[str, Any]:
+    """The compile options of ``--precision`` / ``--min-cosine`` (or config.json's keys), checked.
+
+    Raises:
+        ServingError: HYB-707 for a min_cosine that is not a number in (0, 1].
+    """
+    out: dict[str, Any] = {}
+    if precision is not None:
+        out["precision"] = precision
+    if min_cosine is not None:
+        if isinstance(min_cosine, bool) or not isinstance(min_cosine, (int, float)) or not 0 < min_cosine <= 1:
+            raise _repo_error(f"{where}: min_cosine must be a number in (0, 1], got {min_cosine!r}",
+                              "e.g. 0.995 (the least cosine similarity to the fp32 outputs)")
+        out["accuracy"] = {"min_cosine": float(min_cosine)}
+    return out
+
+
+def _read_config(path: Path) -> tuple[dict[str, Any], str | None, dict[str, Any]]:
     if path.stat().st_size > _CONFIG_MAX:
         raise _repo_error(f"{path} is larger than {_CONFIG_MAX} bytes")
     try:
@@ -127,8 +146,12 @@ def _read_config(path: Path) -> tuple[dict[str, Any], str | None]:
     target = doc.pop("target", None)
     if target is not None and not isinstance(target, str):
         raise _repo_error(f"{path}: 'target' must be a string, got {target!r}")
+    precision = doc.pop("precision", None)
+    if precision is not None and not isinstance(precision, str):
+        raise _repo_error(f"{path}: 'precision' must be a string, got {precision!r}")
+    wanted = compile_request(precision, doc.pop("min_cosine", None), str(path))
     BatchSettings().merged(doc, str(path))  # fail at discovery, not at load
-    return doc, target
+    return doc, target, wanted
 
 
 def _read_pbtxt(root: Path, model_path: Path, settings: dict[str, Any]) -> tuple[Any, tuple[str, ...]]:
@@ -175,7 +198,7 @@ def _repository(root_arg: Path) -> list[ModelSource]:
             raise _repo_error(f"{model_dir}: invalid model name {model_dir.name!r}")
         model_path = _inside(root, model_dir)
         config = model_path / CONFIG_FILE
-        settings, target = _read_config(_inside(root, config)) if config.exists() else ({}, None)
+        settings, target, wanted = _read_config(_inside(root, config)) if config.exists() else ({}, None, {})
         pbtxt, notes = _read_pbtxt(root, model_path, settings)
         versions = [d for d in model_path.iterdir() if d.is_dir() and VERSION_RE.fullmatch(d.name)]
         if not versions:
@@ -188,7 +211,8 @@ def _repository(root_arg: Path) -> list[ModelSource]:
             path = _inside(root, files[0])
             if not path.is_file():
                 raise _repo_error(f"{files[0]} is not a file")
-            found.append(ModelSource(model_dir.name, version_dir.name, str(path), settings, target, pbtxt, notes))
+            found.append(ModelSource(model_dir.name, version_dir.name, str(path), settings, target, pbtxt, notes,
+                                     wanted))
     if not found:
         raise _repo_error(f"the repository {root} holds no model")
     return found
@@ -251,8 +275,9 @@ def _manifest_serving(manifest: Manifest) -> dict[str, Any]:
 
 
 def load_model(source: ModelSource, target: str | None = None, overrides: Mapping[str, Any] | None = None,
-               defaults: BatchSettings | None = None, observer: BatchObserver | None = None) -> ServedModel:
-    """Compile (``.onnx``) or load (``.hybrid``) one model version and wrap it for serving.
+               defaults: BatchSettings | None = None, observer: BatchObserver | None = None,
+               compile_options: Mapping[str, Any] | None = None, warmup: int = 0) -> ServedModel:
+    """Compile (``.onnx``) or load (``.hybrid``) one model version, wrap it for serving and warm it up.
 
     Args:
         source: What to load.
@@ -260,17 +285,26 @@ def load_model(source: ModelSource, target: str | None = None, overrides: Mappin
         overrides: Serving settings from the command line; they win over the bundle and the folder.
         defaults: Settings before any override.
         observer: Called after each batch.
+        compile_options: ``precision`` and ``accuracy`` for the compile (``--precision``, ``--min-cosine``);
+            they win over the folder's config.json. A ``.hybrid`` bundle keeps its own compiled precision.
+        warmup: Random warm-up calls (:func:`hybrid.serve.warmup.random_samples`) when the folder's
+            config.pbtxt has no ``model_warmup``.
     """
     chosen = target or source.target or "auto"
+    wanted = {**source.compile, **dict(compile_options or {})}
     manifest: dict[str, Any] = {}
     if source.path.endswith(".hybrid"):
         compiled, info = load_with_info(source.path, target=chosen)
         manifest = _manifest_serving(info.manifest)
         platform = "hybrid"
+        if wanted:
+            logger.warning("model %r: %s applies to ONNX models; the bundle %s keeps its compiled precision",
+                           source.name, ", ".join(wanted), source.path)
+            wanted = {}
     else:
         from hybrid.runtime.compiler import compile_model
 
-        compiled = compile_model(source.path, target=chosen)
+        compiled = compile_model(source.path, target=chosen, **wanted)
         platform = "onnx"
     where = f"model {source.name!r} version {source.version}"
     settings = (defaults or BatchSettings()).merged(manifest, f"{where} (manifest 'serving')")
@@ -288,6 +322,15 @@ def load_model(source: ModelSource, target: str | None = None, overrides: Mappin
             logger.warning("%s: config.pbtxt fields not applied by pyasc: %s", where, "; ".join(source.notes))
     served = ServedModel(source.name, source.version, compiled, settings, platform, observer)
     served.model_config = source.config  # reported by the model-configuration endpoints
+    served.compile_request = wanted
+    try:
+        from hybrid.serve.warmup import pbtxt_samples, random_samples
+
+        samples = pbtxt_samples(served, Path(source.path).parent.parent) if source.config is not None else []
+        served.warm_up(samples or random_samples(served, warmup))
+    except BaseException:
+        served.close()
+        raise
     logger.info("serving %r version %s from %s on %s:%s (%s)", source.name, source.version, source.path,
                 compiled.backend, compiled.device, settings)
     return served
@@ -435,8 +478,10 @@ class ModelRegistry:
 
 def build_registry(paths: Sequence[str | Path], target: str | None = None,
                    overrides: Mapping[str, Any] | None = None, defaults: BatchSettings | None = None,
-                   sources: Sequence[ModelSource] | None = None) -> ModelRegistry:
-    """Discover and load every model under ``paths`` (or the given ``sources``) into a registry.
+                   sources: Sequence[ModelSource] | None = None, compile_options: Mapping[str, Any] | None = None,
+                   warmup: int = 0) -> ModelRegistry:
+    """Discover and load every model under ``paths`` (or the given ``sources``) into a registry, each compiled
+    with ``compile_options`` and warmed up (see :func:`load_model`).
 
     Raises:
         HybridError: what discovery or loading raised; models loaded so far are closed first.
@@ -445,8 +490,10 @@ def build_registry(paths: Sequence[str | Path], target: str | None = None,
     loaded: list[ServedModel] = []
     try:
         for source in found:
-            loaded.append(load_model(source, target, overrides, defaults))
+            loaded.append(load_model(source, target, overrides, defaults, compile_options=compile_options,
+                                     warmup=warmup))
     except BaseException:
         ModelRegistry(loaded).close()
         raise
-    return ModelRegistry(loaded, paths, {"target": target, "overrides": overrides, "defaults": defaults})
+    return ModelRegistry(loaded, paths, {"target": target, "overrides": overrides, "defaults": defaults,
+                                         "compile_options": compile_options, "warmup": warmup})

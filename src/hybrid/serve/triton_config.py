@@ -14,6 +14,7 @@ the fields that have a meaning here become serving settings:
 ``default_queue_policy.max_queue_size``            ``max_queue``
 ``instance_group[*].count``                        ``concurrency`` (their sum)
 ``input`` / ``output``: name, data_type, dims      checked against the model (HYB-707 naming the mismatch)
+``model_warmup``                                   run before the model is ready (:mod:`hybrid.serve.warmup`)
 =================================================  ===============================================
 
 Every other field that is set is listed in one warning at startup (see :func:`unmapped_fields`): nothing
@@ -61,6 +62,11 @@ _MAPPED = {
     "dynamic_batching", "dynamic_batching.preferred_batch_size", "dynamic_batching.max_queue_delay_microseconds",
     "dynamic_batching.default_queue_policy", "dynamic_batching.default_queue_policy.max_queue_size",
     "instance_group", "instance_group.count", "instance_group.name",
+    # run before the model is ready (hybrid.serve.warmup)
+    "model_warmup", "model_warmup.name", "model_warmup.batch_size", "model_warmup.count", "model_warmup.inputs",
+    "model_warmup.inputs.key", "model_warmup.inputs.value", "model_warmup.inputs.value.data_type",
+    "model_warmup.inputs.value.dims", "model_warmup.inputs.value.zero_data", "model_warmup.inputs.value.random_data",
+    "model_warmup.inputs.value.input_data_file",
 }
 
 

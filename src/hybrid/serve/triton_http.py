@@ -2,7 +2,8 @@
 
 =====================================================  =========================================================
 ``GET /v2/models/{m}[/versions/{v}]/config``           model configuration: Triton's ``ModelConfig`` as JSON
-``GET /v2/models[/{m}[/versions/{v}]]/stats``          statistics: ``{"model_stats": [ModelStatistics...]}``
+``GET /v2/models[/{m}[/versions/{v}]]/stats``          statistics: ``{"model_stats": [ModelStatistics...]}``,
+                                                       each with pyasc's ``"pyasc"`` report beside Triton's fields
 ``POST /v2/repository/index``                          ``[{"name", "version", "state", "reason"}...]``
 ``POST /v2/repository/models/{m}/load`` / ``unload``   model control (HYB-709 unless the server allows it)
 =====================================================  =========================================================
@@ -72,7 +73,9 @@ def add_triton_routes(app: FastAPI, state: ServerState) -> None:
     @app.get("/v2/models/{model_name}/versions/{model_version}/stats")
     async def statistics(model_name: str | None = None, model_version: str | None = None) -> dict[str, Any]:
         models = selected_models(registry, model_name, model_version)
-        return {"model_stats": [config_json(m) for m in statistics_of(state, models)]}
+        # beside Triton's fields: where each model runs, its precision and accuracy, its tuning (ServedModel.report)
+        return {"model_stats": [{**config_json(stat), "pyasc": m.report()}
+                                for m, stat in zip(models, statistics_of(state, models), strict=True)]}
 
     @app.get("/v2/models/{model_name}/config")
     @app.get("/v2/models/{model_name}/versions/{model_version}/config")

@@ -1,0 +1,139 @@
+"""``pyasc serve`` through the real CLI: taken ports fail first (HYB-710, exit 1), the start-up table is
+whole off a terminal; warm-up (``--warmup``, config.pbtxt's ``model_warmup``) and ``--precision`` /
+``--min-cosine`` reach the models and their statistics."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from _serve_support import request, tiny_model
+
+from hybrid.serve import build_registry
+from hybrid.serve.repository import compile_request
+from hybrid.serve.warmup import pbtxt_samples, random_samples
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def _cli(*args: str) -> subprocess.Popen[str]:
+    support = Path(__file__).with_name("_serve_support.py")
+    env = {**os.environ, "PYTHONPATH": str(support.parent.parent) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+           "COLUMNS": "80"}
+    return subprocess.Popen([sys.executable, str(support), "serve", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env)
+
+
+@pytest.mark.parametrize("which", ["--port", "--grpc-port"])
+def test_a_taken_port_is_hyb_710_with_exit_1_before_anything_serves(tmp_path: Path, which: str) -> None:
+    model = tiny_model(tmp_path / "tiny.onnx")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        other = ["--grpc-port", "0"] if which == "--port" else ["--port", "0"]
+        proc = _cli(str(model), which, str(port), *other, "--target", "onnxruntime")
+        out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 1, out
+    assert "HYB-710" in out and str(port) in out, out
+    assert "serving at" not in out and "Uvicorn running" not in out, out
+
+
+def test_the_start_up_table_is_not_cut_at_80_columns_off_a_terminal(tmp_path: Path) -> None:
+    model = tiny_model(tmp_path / "a_model_with_a_rather_long_name_for_the_table.onnx")
+    proc = _cli(str(model), "--port", "0", "--grpc-port", "0", "--target", "onnxruntime")
+    lines: list[str] = []
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line or "Uvicorn running" in line:
+                break
+            lines.append(line)
+    finally:
+        proc.terminate()
+        proc.wait(60)
+        proc.stdout.close()
+    text = "".join(lines)
+    assert "a_model_with_a_rather_long_name_for_the_table" in text, text
+    assert "float32[Nx4]" in text and "onnxruntime:cpu" in text, text  # no cell cut with '…'
+    assert max(len(line.rstrip("\n")) for line in lines) > 80, text  # wider than the 80 columns of COLUMNS
+
+
+def test_warmup_runs_random_samples_at_the_declared_shapes_before_the_model_serves(tmp_path: Path,
+                                                                                   monkeypatch) -> None:
+    from hybrid.runtime.compiled import CompiledModel
+
+    seen: list[list[tuple[int, ...]]] = []
+    original = CompiledModel.tune
+
+    def tune(self, samples, timeout_s=None):
+        seen.append([s["x"].shape for s in samples])
+        return original(self, samples, timeout_s=timeout_s)
+
+    monkeypatch.setattr(CompiledModel, "tune", tune)
+    registry = build_registry([tiny_model(tmp_path / "tiny.onnx")], target="onnxruntime", warmup=3,
+                              overrides={"max_batch": 2})
+    try:
+        (model,) = list(registry)
+        assert model.ready
+        assert seen == [[(1, 4), (2, 4), (1, 4)]]  # batch sizes 1..max_batch_size in turn
+        assert len(random_samples(model, 5)) == 5
+    finally:
+        registry.close()
+
+
+def test_model_warmup_of_config_pbtxt(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    (repo / "tiny" / "1").mkdir(parents=True)
+    tiny_model(repo / "tiny" / "1" / "model.onnx")
+    (repo / "tiny" / "warmup").mkdir()
+    (repo / "tiny" / "warmup" / "scale.bin").write_bytes(np.full((3, 1), 2, np.float32).tobytes())
+    (repo / "tiny" / "config.pbtxt").write_text(
+        'max_batch_size: 8\ndynamic_batching { }\nmodel_warmup [ { name: "w" batch_size: 3 count: 2 inputs [\n'
+        '  { key: "x" value: { data_type: TYPE_FP32 dims: [4] random_data: true } },\n'
+        '  { key: "scale" value: { data_type: TYPE_FP32 dims: [1] input_data_file: "scale.bin" } } ] } ]\n')
+    registry = build_registry([repo], target="onnxruntime")
+    try:
+        (model,) = list(registry)
+        samples = pbtxt_samples(model, repo / "tiny")
+        assert len(samples) == 2 and samples[0]["x"].shape == (3, 4)
+        np.testing.assert_array_equal(samples[0]["scale"], np.full((3, 1), 2, np.float32))
+        assert model.ready
+    finally:
+        registry.close()
+
+
+def test_precision_and_min_cosine_reach_the_compile_and_the_statistics(tmp_path: Path) -> None:
+    from hybrid.serve import BackgroundServer, create_app
+
+    registry = build_registry([tiny_model(tmp_path / "tiny.onnx")], target="onnxruntime",
+                              compile_options=compile_request("auto", 0.995, "test"))
+    with BackgroundServer(create_app(registry)) as srv:
+        status, _, body = request(srv.url, "GET", "/v2/models/tiny/stats")
+    assert status == 200
+    report = json.loads(body)["model_stats"][0]["pyasc"]
+    assert report["requested"] == {"precision": "auto", "accuracy": {"min_cosine": 0.995}}
+    assert set(report["precision"]) <= {"fp32", "fp16", "bf16"} and report["backend"] == "onnxruntime"
+    assert isinstance(report["tuning"], list) and isinstance(report["accuracy"], list)
+
+
+def test_a_folder_config_json_asks_for_its_own_precision(tmp_path: Path) -> None:
+    from hybrid.serve.repository import discover
+
+    repo = tmp_path / "repo"
+    (repo / "tiny" / "1").mkdir(parents=True)
+    tiny_model(repo / "tiny" / "1" / "model.onnx")
+    (repo / "tiny" / "config.json").write_text(json.dumps({"precision": "auto", "min_cosine": 0.99}))
+    (source,) = discover([repo])
+    assert source.compile == {"precision": "auto", "accuracy": {"min_cosine": 0.99}}
+    (repo / "tiny" / "config.json").write_text(json.dumps({"min_cosine": 2}))
+    with pytest.raises(Exception, match="HYB-707"):
+        discover([repo])
