@@ -350,3 +350,22 @@ def test_rounds_paced_by_the_policy_keep_the_tax_within_it(ratios):
         spent += extra
         start += round_s
         assert spent / start <= policy.max_tax + 1e-12
+
+
+def test_each_candidate_is_timed_at_its_own_speed_not_in_the_wake_of_the_one_before():
+    """'fast' takes 1 ms a call, but 4 ms within 30 ms after 'spinner' (2 ms) ran, as a runtime does while
+    another one's idle threads still spin on a core. Calls alternating one by one would time it at 4 ms and
+    keep 'spinner'; turns with an untimed lead-in time it at its own speed."""
+    clock = FakeClock()
+    last_spin = [-math.inf]
+
+    def spinner_latency(c):
+        last_spin[0] = c.t + 0.002
+        return 0.002
+
+    fast = Scripted(clock, lambda c: 0.004 if c.t - last_spin[0] < 0.03 else 0.001)
+    router, controller, _ = tuner({"spinner:cpu": Scripted(clock, spinner_latency), "fast:cpu": fast}, clock)
+    drive(router, controller, X, decided(controller))
+    (status,) = controller.status()
+    assert status.serving == "fast:cpu"
+    assert {c.label: c.ratio for c in status.candidates}["spinner:cpu"] == pytest.approx(2.0, rel=0.01)
