@@ -24,9 +24,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hybrid.errors import first_line
-from hybrid.runtime.auto import rule
+from hybrid.runtime.auto import race
 from hybrid.runtime.auto.lab import CheckResult, Lab
 from hybrid.runtime.auto.policy import Clock, TuningPolicy
+from hybrid.runtime.auto.race import Race
 from hybrid.runtime.auto.router import Event, Lane, Probe, Route, Router
 from hybrid.runtime.auto.status import Bucket, BucketTuning, CandidateResult, bucket_label, shapes_label
 
@@ -67,15 +68,11 @@ class _Bucket:
     sample: dict[str, Any] | None
     phase: Phase = Phase.NEW
     incumbent: str = ""
-    lanes: dict[str, Lane] = field(default_factory=dict)  # the candidates of the race, the incumbent included
-    logs: dict[str, list[float]] = field(default_factory=dict)  # challenger -> paired log-ratios vs the incumbent
-    estimate: dict[str, float] = field(default_factory=dict)  # challenger -> speed ratio before any pair
+    lanes: dict[str, Lane] = field(default_factory=dict)  # the candidates compiled for it, the incumbent included
     results: dict[str, CandidateResult] = field(default_factory=dict)
     runners: list[str] = field(default_factory=list)  # tied candidates, re-checked later
-    probe: Probe | None = None
-    next_round: float = 0.0
+    race: Race | None = None  # while racing (:mod:`.race`)
     race_from: float = 0.0  # the first call, or the start of a re-check: the deadline counts from here
-    spent: float = 0.0  # seconds the rounds of turns since race_from added to the calls (the tax paid)
     decided_at: float | None = None
     decided_calls: int | None = None
     recheck_at: float | None = None
@@ -175,15 +172,20 @@ class Controller:
         if b is None:
             return
         b.results[event.label] = CandidateResult(event.label, None, "failed", event.why)
-        b.logs.pop(event.label, None)
         b.lanes.pop(event.label, None)
         if event.label in b.runners:
             b.runners.remove(event.label)
         if b.incumbent == event.label:
             b.incumbent = event.answered_by
             b.lanes.setdefault(event.answered_by, self._lane(event.answered_by, None) or self._start)
-        if b.probe is not None:  # the round's turns name a candidate that fails: plan it again
-            b.probe, b.next_round = None, self._clock()
+        r = b.race
+        if r is not None:  # the round's turns may name the candidate that fails: the next round is planned anew
+            r.logs.pop(event.label, None)
+            r.lanes.pop(event.label, None)
+            r.runners = [lb for lb in r.runners if lb != event.label]
+            r.incumbent, r.probe = b.incumbent, None
+            r.lanes.setdefault(b.incumbent, b.lanes[b.incumbent])
+            r.results.pop(event.label, None)
         self._note(b, f"{event.answered_by} serves ({event.label} failed on a real call: {event.why})")
 
     def _enter(self, b: _Bucket, phase: Phase) -> None:
@@ -208,6 +210,8 @@ class Controller:
             logger.warning("auto (online): tuning bucket %s of %r failed: %s", bucket_label(b.key), self._name,
                            first_line(e))
             if b.phase is not Phase.DECIDED:
+                if b.race is not None:
+                    b.race.runners = []
                 b.runners = []
                 self._decide(b, f"as it stood when tuning failed ({first_line(e)})")
         return math.inf
@@ -241,7 +245,6 @@ class Controller:
             b.results[label] = CandidateResult(label, None, "rejected", why)
         passed = [lb for lb, _ in result.passed]
         if not passed:
-            b.logs = {}
             self._decide(b, "no candidate passed the check on a real input; "
                          + "; ".join(f"rejected {lb}: {why}" for lb, why in result.rejected))
             return
@@ -310,55 +313,50 @@ class Controller:
 
     # ------------------------------------------------------------------ the race
     def _start_race(self, b: _Bucket, estimates: dict[str, float]) -> None:
-        challengers = [lb for lb in b.lanes if lb != b.incumbent]
-        if not challengers:
+        b.race = Race.between(b.incumbent, b.lanes, b.race_from, estimates)
+        if b.race.over:
             self._decide(b, "as the only candidate left after the check")
             return
-        b.logs = {lb: [] for lb in challengers}
-        b.estimate = {lb: estimates.get(lb, 1.0) for lb in challengers}
-        b.spent = 0.0
         logger.info("auto (online): %s bucket %s: racing %s against %s (estimated ratios %s)", self._name,
-                    bucket_label(b.key), ", ".join(challengers), b.incumbent,
-                    ", ".join(f"{lb} {r:.3g}" for lb, r in b.estimate.items()))
-
-    def _ratio(self, b: _Bucket, label: str) -> float:
-        """A challenger's call time over the serving one's: from its paired turns, else the estimate."""
-        logs = b.logs.get(label)
-        return math.exp(statistics.fmean(logs)) if logs else b.estimate.get(label, 1.0)
+                    bucket_label(b.key), ", ".join(b.race.logs), b.incumbent,
+                    ", ".join(f"{lb} {r:.3g}" for lb, r in b.race.estimate.items()))
 
     def _race(self, b: _Bucket) -> float:
-        """Run the rounds of turns, each paced by the tax budget (:meth:`.TuningPolicy.next_round_at`) and the
-        last ending before the bound in time; judge each round when it is over.
-        """
+        """Run the rounds of turns (:func:`.race.plan`: paced by the tax budget, the last ending before the bound);
+        judge each round when it is over."""
+        r = b.race
+        assert r is not None
         now = self._clock()
-        if b.probe is not None:
-            if now < b.probe.end:
-                return b.probe.end
-            probe, b.probe = b.probe, None
-            self._judge(b, probe)
-            if b.phase is not Phase.RACING:
+        if r.probe is not None:
+            if now < r.probe.end:
+                return r.probe.end
+            probe, r.probe = r.probe, None
+            race.judge(r, probe, self._policy)
+            self._sync(b)
+            if r.over:
+                self._decide(b, "by the paired turns")
                 return math.inf
             self._publish(b)
-        turn_s = self._turn_s(b)
-        while True:
-            round_s = turn_s * (1 + 3 * len(b.logs))
-            extra = self._policy.round_extra_s(turn_s, [self._ratio(b, lb) for lb in b.logs])
-            start = max(now, self._policy.next_round_at(b.race_from, b.spent, extra, round_s))
-            if start + round_s <= self._deadline(b):
-                break
-            costly = max(b.logs, key=lambda lb: self._ratio(b, lb))
-            if len(b.logs) == 1 or self._ratio(b, costly) <= 1.0 + self._policy.tie_rel:
-                self._conclude(b)
-                return math.inf
-            self._drop_unaffordable(b, costly)  # the others' turns fit the budget without its
-        if now < start:
-            return start
-        lanes = [b.lanes[b.incumbent]]
-        for label in b.logs:
-            lanes += [b.lanes[label], b.lanes[label], b.lanes[b.incumbent]]
-        b.probe = Probe(now, turn_s, tuple(lanes))
-        self._publish(b)
-        return b.probe.end
+        planned = race.plan(r, self._policy, now, self._turn_s(b), self._deadline(b))
+        self._sync(b)
+        if isinstance(planned, Probe):
+            r.probe = planned
+            self._publish(b)
+            return planned.end
+        if planned == race.CONCLUDE:
+            race.conclude(r, self._policy)
+            self._sync(b)
+            self._decide(b, "at the time bound")
+            return math.inf
+        return planned
+
+    def _sync(self, b: _Bucket) -> None:
+        """What the race found becomes the bucket's: who serves, and each candidate's result."""
+        r = b.race
+        if r is not None:
+            b.incumbent = r.incumbent
+            b.results.update(r.results)
+            b.runners = list(r.runners)
 
     def _turn_s(self, b: _Bucket) -> float:
         return self._policy.turn_s(self._route(b).tally.last_s)
@@ -366,72 +364,10 @@ class Controller:
     def _deadline(self, b: _Bucket) -> float:
         return self._policy.deadline(b.race_from, self._route(b).tally.last_s)
 
-    def _judge(self, b: _Bucket, probe: Probe) -> None:
-        """Add the round's paired log-ratios and apply the rule to each challenger (module :mod:`.rule`)."""
-        lead = self._policy.lead_share
-        for j, label in enumerate(list(b.logs)):
-            a0, x1, x2, a3 = (probe.timed(3 * j + k, lead) for k in range(4))
-            pairs = [v for v in (rule.log_ratio(x1, a0), rule.log_ratio(x2, a3)) if v is not None]
-            b.logs[label] += pairs
-            ratio = math.exp(statistics.fmean(pairs)) if pairs else b.estimate.get(label, 1.0)
-            b.spent += self._policy.round_extra_s(probe.turn_s, [ratio])  # the tax this round paid
-        verdicts = {lb: rule.compare(v, self._policy.confidence, self._policy.tie_rel) for lb, v in b.logs.items()}
-        self._apply(b, verdicts)
-        if not b.logs:
-            self._decide(b, "by the paired turns")
-
-    def _apply(self, b: _Bucket, verdicts: dict[str, rule.Outcome]) -> None:
-        faster = {lb: statistics.fmean(b.logs[lb]) for lb, v in verdicts.items() if v is rule.Outcome.FASTER}
-        for label, verdict in verdicts.items():
-            logs = b.logs[label]
-            b.results[label] = CandidateResult(label, math.exp(statistics.fmean(logs)) if logs else None,
-                                               verdict.value)
-            if verdict in (rule.Outcome.SLOWER, rule.Outcome.TIE):
-                del b.logs[label]
-                if verdict is rule.Outcome.TIE:
-                    b.runners.append(label)
-        if faster:
-            best = min(faster, key=faster.__getitem__)
-            was = b.incumbent
-            b.results[was] = CandidateResult(was, math.exp(-faster[best]), "slower")
-            b.incumbent = best
-            del b.logs[best]
-            for label in b.logs:  # they were compared with the one before: compare them with the new one afresh
-                b.estimate[label] = math.exp(statistics.fmean(b.logs[label]) - faster[best]) if b.logs[label] else 1.0
-                b.logs[label] = []
-            b.runners = [lb for lb in b.runners if lb != best]
-            logger.info("auto (online): %s bucket %s: %s is faster than %s (%.3gx); it serves", self._name,
-                        bucket_label(b.key), best, was, math.exp(faster[best]))
-
-    def _drop_unaffordable(self, b: _Bucket, label: str) -> None:
-        """A slower challenger whose turns, at its ratio, the tax budget cannot pay for before the bound: it leaves
-        (by the point estimate it has, or its estimate), and the others race on.
-        """
-        logs = b.logs.pop(label)
-        ratio = math.exp(statistics.fmean(logs)) if logs else b.estimate.get(label)
-        b.results[label] = CandidateResult(label, ratio, rule.Outcome.SLOWER.value,
-                                           "its turns, at this ratio, cost more than the tax budget allows within "
-                                           "the time bound")
-
-    def _conclude(self, b: _Bucket) -> None:
-        """The bound in time: the point estimate of each challenger still open decides (:func:`.rule.settle`).
-        One never timed (its turns would have cost more than the tax budget allows before the bound) is judged by
-        its estimate, which can drop it but never make it serve.
-        """
-        tie = self._policy.tie_rel
-        untimed = [lb for lb, v in b.logs.items() if not v]
-        self._apply(b, {lb: rule.settle(v, tie) if v else (rule.Outcome.SLOWER if b.estimate.get(lb, 1.0) > 1 + tie
-                                                           else rule.Outcome.TIE) for lb, v in b.logs.items()})
-        for label in untimed:
-            r = b.results[label]
-            b.results[label] = CandidateResult(label, b.estimate.get(label), r.outcome,
-                                               "not timed: its turns, at the estimated ratio, would cost more than "
-                                               "the tax budget allows within the time bound")
-        self._decide(b, "at the time bound")
-
     def _decide(self, b: _Bucket, why: str) -> None:
         now = self._clock()
-        b.probe, b.logs = None, {}
+        self._sync(b)
+        b.race = None
         self._enter(b, Phase.DECIDED)
         b.decided_at, b.decided_calls = now - b.race_from, self._route(b).tally.calls
         b.results[b.incumbent] = CandidateResult(b.incumbent, 1.0, "serving")
@@ -473,11 +409,11 @@ class Controller:
 
     def _publish(self, b: _Bucket) -> None:
         self._router.publish(b.key, Route(b.lanes.get(b.incumbent) or self._lanes[b.incumbent], self._route(b).tally,
-                                          b.probe))
+                                          b.race.probe if b.race is not None else None))
 
     def _wanted(self, label: str) -> bool:
         return label == self._start.label or any(
-            label == b.incumbent or label in b.logs or label in b.runners
+            label == b.incumbent or label in b.runners or (b.race is not None and label in b.race.logs)
             or (b.phase is not Phase.DECIDED and label in b.lanes) for b in self._buckets.values())
 
     def _note(self, b: _Bucket, text: str) -> None:
@@ -491,8 +427,7 @@ class Controller:
         calls = route.tally.calls if route is not None else 0
         serving = route.serving.label if route is not None else b.incumbent
         results = dict(b.results)
-        for label in b.logs:
-            logs = b.logs[label]
+        for label, logs in (b.race.logs if b.race is not None else {}).items():
             results[label] = CandidateResult(label, math.exp(statistics.fmean(logs)) if logs else None, "open")
         if b.phase is not Phase.DECIDED:
             results[serving] = CandidateResult(serving, 1.0, "serving")

@@ -1,0 +1,144 @@
+"""One bucket's race: rounds of paired turns, paced by the tax budget and judged by the rule (docs/auto.md).
+
+A :class:`Race` is the controller's record of the candidates racing for one bucket: the one serving (the
+incumbent), each challenger's paired log-ratios against it, the tax the rounds have paid, the round under way.
+The functions here plan a round (:func:`plan`), judge it when it is over (:func:`judge`) and conclude at the
+bound in time (:func:`conclude`); they decide nothing but the race's own bookkeeping, and the controller
+publishes what follows (a route, a decision).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import statistics
+from dataclasses import dataclass, field
+
+from hybrid.runtime.auto import rule
+from hybrid.runtime.auto.policy import TuningPolicy
+from hybrid.runtime.auto.router import Lane, Probe
+from hybrid.runtime.auto.status import CandidateResult
+
+__all__ = ["CONCLUDE", "Race", "conclude", "judge", "plan"]
+
+logger = logging.getLogger("hybrid")
+
+CONCLUDE = -1.0  # what plan() returns when no round fits before the bound: the race ends now
+
+
+@dataclass(slots=True)
+class Race:
+    """The candidates racing for one bucket, and what their turns measured."""
+
+    incumbent: str
+    lanes: dict[str, Lane]  # the incumbent and every challenger
+    started: float  # the first call (or the re-check's start): the bound and the tax count from here
+    logs: dict[str, list[float]] = field(default_factory=dict)  # challenger -> paired log-ratios vs the incumbent
+    estimate: dict[str, float] = field(default_factory=dict)  # challenger -> speed ratio before any pair
+    results: dict[str, CandidateResult] = field(default_factory=dict)
+    runners: list[str] = field(default_factory=list)  # tied: they race again at the next re-check
+    spent: float = 0.0  # seconds the rounds added to the calls so far (the tax paid)
+    probe: Probe | None = None
+    next_round: float = 0.0
+
+    @classmethod
+    def between(cls, incumbent: str, lanes: dict[str, Lane], started: float,
+                estimates: dict[str, float]) -> Race:
+        """A race of every lane against ``incumbent``, each challenger starting from its estimated ratio."""
+        challengers = [lb for lb in lanes if lb != incumbent]
+        return cls(incumbent, dict(lanes), started, {lb: [] for lb in challengers},
+                   {lb: estimates.get(lb, 1.0) for lb in challengers}, next_round=started)
+
+    def ratio(self, label: str) -> float:
+        """A challenger's call time over the incumbent's: from its paired turns, else its estimate."""
+        logs = self.logs.get(label)
+        return math.exp(statistics.fmean(logs)) if logs else self.estimate.get(label, 1.0)
+
+    @property
+    def over(self) -> bool:
+        """No challenger is left."""
+        return not self.logs
+
+
+def plan(race: Race, policy: TuningPolicy, now: float, turn_s: float, deadline: float) -> Probe | float:
+    """The next round as a probe starting now, or the time it may start (the tax budget), or :data:`CONCLUDE`.
+
+    A round that cannot end before ``deadline`` is not started: the challenger whose turns cost the most leaves
+    (when it is slower: its turns are what the budget cannot pay), and the others race on; when none can, the
+    race concludes.
+    """
+    while True:
+        round_s = turn_s * (1 + 3 * len(race.logs))
+        extra = policy.round_extra_s(turn_s, [race.ratio(lb) for lb in race.logs])
+        start = max(now, policy.next_round_at(race.started, race.spent, extra, round_s))
+        if start + round_s <= deadline:
+            break
+        costly = max(race.logs, key=race.ratio)
+        if len(race.logs) == 1 or race.ratio(costly) <= 1.0 + policy.tie_rel:
+            return CONCLUDE
+        logs = race.logs.pop(costly)  # the others' turns fit the budget without its
+        race.results[costly] = CandidateResult(
+            costly, math.exp(statistics.fmean(logs)) if logs else race.estimate.get(costly),
+            rule.Outcome.SLOWER.value, "its turns, at this ratio, cost more than the tax budget allows within the "
+            "time bound")
+    if now < start:
+        return start
+    lanes = [race.lanes[race.incumbent]]
+    for label in race.logs:
+        lanes += [race.lanes[label], race.lanes[label], race.lanes[race.incumbent]]
+    return Probe(now, turn_s, tuple(lanes))
+
+
+def judge(race: Race, probe: Probe, policy: TuningPolicy) -> str | None:
+    """Add the round's paired log-ratios, charge the tax it paid, and apply the rule to each challenger;
+    returns the new incumbent when one was found faster (None: the incumbent stays)."""
+    for j, label in enumerate(list(race.logs)):
+        a0, x1, x2, a3 = (probe.timed(3 * j + k, policy.lead_share) for k in range(4))
+        pairs = [v for v in (rule.log_ratio(x1, a0), rule.log_ratio(x2, a3)) if v is not None]
+        race.logs[label] += pairs
+        ratio = math.exp(statistics.fmean(pairs)) if pairs else race.estimate.get(label, 1.0)
+        race.spent += policy.round_extra_s(probe.turn_s, [ratio])
+    return _apply(race, {lb: rule.compare(v, policy.confidence, policy.tie_rel) for lb, v in race.logs.items()})
+
+
+def conclude(race: Race, policy: TuningPolicy) -> str | None:
+    """The bound in time: the point estimate of each challenger still open decides (:func:`.rule.settle`). One
+    never timed (its turns would have cost more than the budget allows before the bound) is judged by its
+    estimate, which can drop it but never make it serve. Returns the new incumbent, if any."""
+    tie = policy.tie_rel
+    untimed = [lb for lb, v in race.logs.items() if not v]
+    verdicts = {lb: rule.settle(v, tie) if v else (rule.Outcome.SLOWER if race.estimate.get(lb, 1.0) > 1 + tie
+                                                   else rule.Outcome.TIE) for lb, v in race.logs.items()}
+    switched = _apply(race, verdicts)
+    for label in untimed:
+        race.results[label] = CandidateResult(label, race.estimate.get(label), race.results[label].outcome,
+                                              "not timed: its turns, at the estimated ratio, would cost more than "
+                                              "the tax budget allows within the time bound")
+    race.logs.clear()
+    return switched
+
+
+def _apply(race: Race, verdicts: dict[str, rule.Outcome]) -> str | None:
+    faster = {lb: statistics.fmean(race.logs[lb]) for lb, v in verdicts.items() if v is rule.Outcome.FASTER}
+    for label, verdict in verdicts.items():
+        logs = race.logs[label]
+        race.results[label] = CandidateResult(label, math.exp(statistics.fmean(logs)) if logs else None,
+                                              verdict.value)
+        if verdict in (rule.Outcome.SLOWER, rule.Outcome.TIE):
+            del race.logs[label]
+            if verdict is rule.Outcome.TIE:
+                race.runners.append(label)
+    if not faster:
+        return None
+    best = min(faster, key=faster.__getitem__)
+    was = race.incumbent
+    race.results[was] = CandidateResult(was, math.exp(-faster[best]), rule.Outcome.SLOWER.value)
+    race.incumbent = best
+    race.logs.pop(best, None)
+    for label in race.logs:  # they were compared with the one before: compare them with the new one afresh
+        logs = race.logs[label]
+        race.estimate[label] = math.exp(statistics.fmean(logs) - faster[best]) if logs else 1.0
+        race.logs[label] = []
+    race.runners = [lb for lb in race.runners if lb != best]
+    logger.info("auto (online): %s is faster than %s (%.3gx); it serves", best, was, math.exp(faster[best]))
+    return best
