@@ -252,9 +252,10 @@ class Controller:
         self._refresh(b)
         warm = dict(result.passed)
         for label in passed:
-            why = self._unaffordable(b, warm, label)
-            if why:  # not compiled here: compiling costs the callers too, for a candidate that cannot take a turn
-                b.results[label] = CandidateResult(label, self._check_ratio(b, warm, label), "slower", why)
+            ratio = race.check_ratio(warm, label, b.incumbent)
+            why = race.unaffordable(self._policy, ratio, self._turn_s(b), b.race_from, self._deadline(b))
+            if why and label != b.incumbent:  # not compiled: compiling costs the callers too, for nothing
+                b.results[label] = CandidateResult(label, ratio, "slower", why)
                 continue
             lane = self._lane(label, b.sample)
             if lane is None:
@@ -271,38 +272,8 @@ class Controller:
             self._publish(b)
         b.sample = None
         self._enter(b, Phase.RACING)
-        self._start_race(b, self._estimates(b, warm))
-
-    def _check_ratio(self, b: _Bucket, warm: dict[str, float | None], label: str) -> float | None:
-        """A candidate's warm run in the check over the serving one's (both in the check process's CPU time)."""
-        mine, base = warm.get(label), warm.get(b.incumbent)
-        return mine / base if mine and base else None
-
-    def _unaffordable(self, b: _Bucket, warm: dict[str, float | None], label: str) -> str:
-        """Why ``label`` cannot take even one round of turns before the bound at its ratio in the check ('' when
-        it can): the tax budget would need longer than the time left."""
-        ratio = self._check_ratio(b, warm, label)
-        if label == b.incumbent or ratio is None:
-            return ""
-        extra = self._policy.round_extra_s(self._turn_s(b), [ratio])
-        if b.race_from + extra / self._policy.max_tax <= self._deadline(b):
-            return ""
-        return (f"not tried: {ratio:.3g}x the serving candidate in the check, so one round of its turns costs more "
-                "than the tax budget allows within the time bound")
-
-    def _estimates(self, b: _Bucket, check_warm: dict[str, float | None]) -> dict[str, float]:
-        """Each challenger's call time over the serving one's before any turn (it paces the first round): from
-        the check process's warm runs (both measured alike there), else from its warm-up here over the serving
-        candidate's calls (a pessimistic guess: right after a compile, beside the callers), else 1."""
         serving_s = self._route(b).tally.last_s or b.lanes[b.incumbent].warm_s
-        out = {}
-        for label, lane in b.lanes.items():
-            ratio = self._check_ratio(b, check_warm, label)
-            if ratio is None and lane.warm_s and serving_s:
-                ratio = lane.warm_s / serving_s
-            if ratio is not None:
-                out[label] = ratio
-        return out
+        self._start_race(b, race.estimates(b.lanes, warm, b.incumbent, serving_s))
 
     def _lane(self, label: str, sample: dict[str, Any] | None) -> Lane | None:
         lane = self._lanes.get(label) or self._lab.lane(label, sample)

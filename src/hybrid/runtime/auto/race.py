@@ -19,7 +19,7 @@ from hybrid.runtime.auto.policy import TuningPolicy
 from hybrid.runtime.auto.router import Lane, Probe
 from hybrid.runtime.auto.status import CandidateResult
 
-__all__ = ["CONCLUDE", "Race", "conclude", "judge", "plan"]
+__all__ = ["CONCLUDE", "Race", "check_ratio", "conclude", "estimates", "judge", "plan", "unaffordable"]
 
 logger = logging.getLogger("hybrid")
 
@@ -58,6 +58,36 @@ class Race:
     def over(self) -> bool:
         """No challenger is left."""
         return not self.logs
+
+
+def check_ratio(warm: dict[str, float | None], label: str, incumbent: str) -> float | None:
+    """A candidate's warm run in the check over the serving one's (both in the check process's CPU time)."""
+    mine, base = warm.get(label), warm.get(incumbent)
+    return mine / base if mine and base else None
+
+
+def unaffordable(policy: TuningPolicy, ratio: float | None, turn_s: float, started: float, deadline: float) -> str:
+    """Why a candidate at ``ratio`` cannot take even one round of turns before ``deadline`` ('' when it can): the
+    tax budget would need longer than the time left."""
+    if ratio is None or started + policy.round_extra_s(turn_s, [ratio]) / policy.max_tax <= deadline:
+        return ""
+    return (f"not tried: {ratio:.3g}x the serving candidate in the check, so one round of its turns costs more than "
+            "the tax budget allows within the time bound")
+
+
+def estimates(lanes: dict[str, Lane], warm: dict[str, float | None], incumbent: str,
+              serving_s: float | None) -> dict[str, float]:
+    """Each challenger's call time over the serving one's before any turn (it paces the first round): from the
+    check process's warm runs (both measured alike there), else from its warm-up here over the serving
+    candidate's calls (a pessimistic guess: right after a compile, beside the callers), else none (1)."""
+    out = {}
+    for label, lane in lanes.items():
+        ratio = check_ratio(warm, label, incumbent)
+        if ratio is None and lane.warm_s and serving_s:
+            ratio = lane.warm_s / serving_s
+        if ratio is not None:
+            out[label] = ratio
+    return out
 
 
 def plan(race: Race, policy: TuningPolicy, now: float, turn_s: float, deadline: float) -> Probe | float:
