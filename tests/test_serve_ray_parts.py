@@ -255,3 +255,53 @@ def test_json_answers_and_successes_pass_through():
     mine = b'{"error": "[HYB-702] bad", "code": "HYB-702"}'
     assert _call(_asgi(400, mine, b"application/json"))[2] == mine
     assert _call(_asgi(200, b"plain ok", b"text/plain"))[2] == b"plain ok"
+
+
+def test_models_by_uri_are_read_by_each_node_and_checked(tmp_path):
+    import functools
+    import http.server
+    import threading
+
+    from hybrid.serve.ray_models import is_uri, package_uri
+
+    tiny = tiny_model(tmp_path / "tiny.onnx")
+    digest = hashlib.sha256(tiny.read_bytes()).hexdigest()
+    assert is_uri("m=s3://b/m.hybrid") and not is_uri(str(tiny))
+    by_file = package_uri(f"m={tiny.as_uri()}", tmp_path / "scratch")  # the driver read it once for the digest
+    assert (by_file.source.name, by_file.sha256, by_file.data, by_file.size) == ("m", digest, None,
+                                                                                   tiny.stat().st_size)
+    assert "from file://" in repr(pickle.loads(pickle.dumps(by_file)))
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/tiny.onnx"
+        by_http = package_uri(f"{url}#sha256={digest}")  # digest given: the driver reads nothing
+        assert (by_http.source.name, by_http.nbytes) == ("tiny", 0)
+        source = materialize(by_http, tmp_path / "cache")
+        assert source.path == str(tmp_path / "cache" / f"{digest}.onnx")
+        registry = build_registry([], target="onnxruntime", sources=[source])
+        registry.close()
+        tiny_model(tiny, factor=3.0)  # the file at the URI changed after the deployment
+        with pytest.raises(HybridError) as e:
+            materialize(by_http, tmp_path / "other-node")
+        assert e.value.code == "HYB-503" and url in e.value.message
+        assert not [p for p in (tmp_path / "other-node").iterdir() if not p.name.startswith(".")]
+    finally:
+        server.shutdown()
+    with pytest.raises(HybridError) as e:
+        package_uri("m=https://example.invalid/model.txt")
+    assert e.value.code == "HYB-707"
+    memory = pytest.importorskip("fsspec").filesystem("memory")
+    memory.pipe("/models/tiny.onnx", tiny.read_bytes())
+    by_fsspec = package_uri("memory://models/tiny.onnx", tmp_path / "scratch")
+    assert materialize(by_fsspec, tmp_path / "cache2").name == "tiny"
+
+
+def test_app_builder_takes_uris(tmp_path):
+    from hybrid.serve.ray import app_builder
+
+    tiny = tiny_model(tmp_path / "tiny.onnx")
+    built = app_builder({"models": [f"web={tiny.as_uri()}", str(tiny)]})
+    packages = built._bound_deployment.init_args[0]
+    assert [(p.source.name, p.data is None) for p in packages] == [("tiny", False), ("web", True)]

@@ -38,7 +38,7 @@ from hybrid.serve.grpc_server import GrpcService
 from hybrid.serve.model import BatchSettings
 from hybrid.serve.ray_grpc import SERVICER_FUNCTION, GrpcMethods
 from hybrid.serve.ray_health import ReplicaHealth
-from hybrid.serve.ray_models import ModelPackage, materialize, pack
+from hybrid.serve.ray_models import ModelPackage, is_uri, materialize, pack, package_uri
 from hybrid.serve.repository import build_registry, configure_backends, discover
 
 __all__ = ["HybridDeployment", "app_builder", "build_application", "connect", "deploy", "drain", "serve_until_stopped",
@@ -122,7 +122,9 @@ def build_application(models: Sequence[str | Path], *, target: str | None = None
     """The Serve application for ``models``, their files read and packed here (see the module doc).
 
     Args:
-        models: Model files and repository folders, as for ``pyasc serve``.
+        models: Model files and repository folders, as for ``pyasc serve``, whose bytes travel in the init
+            arguments; and ``[NAME=]URI[#sha256=HEX]`` entries (``file://``, ``http(s)://``, fsspec's
+            schemes) that every node reads itself (:func:`hybrid.serve.ray_models.package_uri`).
         target: Target for every model (None: each folder's config.json, else 'auto').
         overrides: Serving settings (:class:`~hybrid.serve.model.BatchSettings` fields) for every model.
         options: Auth token and request limits.
@@ -144,14 +146,15 @@ def build_application(models: Sequence[str | Path], *, target: str | None = None
     """
     from hybrid.hal import backend_class
 
-    sources = discover(models)
+    uris = [m for m in models if is_uri(m)]
+    sources = discover([m for m in models if not is_uri(m)]) if len(uris) < len(models) else []
     settings = dict(overrides or {})
     BatchSettings().merged(settings, "overrides")
     for name, opts in (backend_config or {}).items():  # fail here rather than in every replica
         backend_class(name).validate_options(opts)
     if warmup < 0:
         raise ConfigError("HYB-102", f"warmup must be >= 0 probe runs, got {warmup}", "0 turns warm-up off")
-    packages = pack(sources)
+    packages = pack(sources) + [package_uri(str(u)) for u in uris]
     deployment_options: dict[str, Any] = {
         "name": f"{app_name}-models",
         "ray_actor_options": {"num_cpus": replica_cpus, **dict(ray_actor_options or {})},
