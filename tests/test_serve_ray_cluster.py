@@ -6,6 +6,7 @@ SIGTERM drains (queued requests answered, new ones HYB-706) and the command exit
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -89,9 +90,12 @@ def _until(what: str, check, timeout: float, every: float = 0.5):
         except Exception as e:  # not yet: the last error is reported on timeout
             last = e
         time.sleep(every)
-    from ray import serve
+    state = "(no driver)"
+    if ray.is_initialized():
+        from ray import serve
 
-    pytest.fail(f"{what} within {timeout} s (last: {last!r}); replicas {_replicas()}; {serve.status()}")
+        state = f"replicas {_replicas()}; {serve.status()}"
+    pytest.fail(f"{what} within {timeout} s (last: {last!r}); {state}")
 
 
 def _replicas() -> list[dict]:
@@ -207,3 +211,39 @@ def test_two_raylets_replicas_restart_without_the_driver_files_and_sigterm_drain
         finally:
             signal.signal(signal.SIGTERM, previous_sigterm)
             cluster.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_a_token_cluster_takes_pyasc_serve_with_ray_auth_token(tmp_path):
+    """Both raylets in Ray's token mode; `pyasc serve --ray --ray-auth-token` (no token in its environment or
+    home) joins, serves, and drains to exit 0."""
+    token = "pyasc-test-token-" + "0123456789abcdef" * 2
+    node = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}
+    cluster = LocalCluster(tmp_path, {"head": node, "worker": node})
+    serve_proc = None
+    try:
+        cluster.start()
+        tiny = tiny_model(tmp_path / "tiny.onnx")
+        port = free_port()
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH") and k != "RAY_ADDRESS"}
+        env["HOME"] = str(tmp_path)  # no ~/.ray/auth_token to fall back on
+        cmd = [sys.executable, str(ROOT / "tests" / "_serve_support.py"), "serve", str(tiny), "--ray",
+               "--ray-address", cluster.address, "--ray-auth-token", token, "--port", str(port), "--grpc-port", "0",
+               "--replica-cpus", "0.5", "--ray-proxy-location", "HeadOnly", "--target", "onnxruntime"]
+        serve_proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True)
+
+        def answers() -> bool:
+            if serve_proc.poll() is not None:
+                pytest.fail(f"pyasc serve --ray exited {serve_proc.returncode}:\n{serve_proc.stdout.read()}")
+            _http_answer(f"http://127.0.0.1:{port}", "tiny", 5)
+            return True
+
+        _until("pyasc serve --ray on a token cluster answers", answers, 120)
+        serve_proc.send_signal(signal.SIGTERM)
+        assert serve_proc.wait(60) == 0
+    finally:
+        if serve_proc is not None and serve_proc.poll() is None:
+            serve_proc.kill()
+        cluster.stop()

@@ -193,6 +193,16 @@ def app_builder(args: Mapping[str, Any]) -> Any:
     return build_application(kwargs.pop("models"), options=ServeOptions(auth_token=token), **kwargs)
 
 
+def _reload_auth_config() -> None:
+    """Ray reads its auth mode and token once per process (at import, and on first use): read them again."""
+    try:
+        from ray._raylet import AuthenticationTokenLoader, Config
+    except ImportError:  # a Ray without token authentication
+        return
+    Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()
+
+
 def connect(ray_address: str | None = None, ray_init: Mapping[str, Any] | None = None,
             auth_token: str | None = None) -> None:
     """Start or join Ray, once per process.
@@ -210,6 +220,7 @@ def connect(ray_address: str | None = None, ray_init: Mapping[str, Any] | None =
     if auth_token:
         os.environ["RAY_AUTH_TOKEN"] = auth_token
         os.environ.setdefault("RAY_AUTH_MODE", "token")
+        _reload_auth_config()
     # Serve's proxy answers its own errors as plain text; a local instance started here inherits this, so its
     # proxy answers them as the server's JSON errors (a cluster's nodes need it set where `ray start` runs)
     os.environ.setdefault(PROXY_CALLBACK_ENV, PROXY_CALLBACK)
