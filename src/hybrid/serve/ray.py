@@ -33,13 +33,14 @@ from ray import serve
 from ray.experimental import internal_kv
 
 from hybrid.errors import ConfigError
-from hybrid.serve.app import ServeOptions, create_app
+from hybrid.serve.app import create_app
 from hybrid.serve.grpc_server import GrpcService
 from hybrid.serve.model import BatchSettings
 from hybrid.serve.ray_grpc import SERVICER_FUNCTION, GrpcMethods
 from hybrid.serve.ray_health import ReplicaHealth
 from hybrid.serve.ray_models import ModelPackage, is_uri, materialize, pack, package_uri
 from hybrid.serve.repository import build_registry, configure_backends, discover
+from hybrid.serve.state import ServeOptions
 
 __all__ = ["HybridDeployment", "app_builder", "build_application", "connect", "deploy", "drain", "serve_until_stopped",
            "shutdown"]
