@@ -305,3 +305,57 @@ def test_app_builder_takes_uris(tmp_path):
     built = app_builder({"models": [f"web={tiny.as_uri()}", str(tiny)]})
     packages = built._bound_deployment.init_args[0]
     assert [(p.source.name, p.data is None) for p in packages] == [("tiny", False), ("web", True)]
+
+
+def _run_proxy(app, messages):
+    from hybrid.serve.ray_proxy import ServeErrorsAsHyb
+
+    sent, incoming = [], list(messages)
+
+    async def receive():
+        if incoming:
+            return incoming.pop(0)
+        await asyncio.sleep(3600)
+
+    async def send(message):
+        sent.append(message)
+
+    asyncio.run(ServeErrorsAsHyb(app)({"type": "http", "method": "POST"}, receive, send))
+    return sent
+
+
+def test_a_request_whose_replica_died_is_sent_again():
+    calls = []
+
+    async def app(scope, receive, send):  # Serve's proxy: the first replica dies holding the request
+        body = (await receive())["body"]
+        calls.append(body)
+        if len(calls) == 1:
+            return
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": b"answer to " + body})
+
+    sent = _run_proxy(app, [{"type": "http.request", "body": b"req", "more_body": False}])
+    assert calls == [b"req", b"req"] and sent[0]["status"] == 200 and sent[1]["body"] == b"answer to req"
+
+
+def test_retries_are_bounded_and_a_gone_client_is_not_retried():
+    import json
+
+    from hybrid.serve.ray_proxy import RETRIES
+
+    calls = []
+
+    async def silent(scope, receive, send):
+        calls.append((await receive())["type"])
+
+    sent = _run_proxy(silent, [{"type": "http.request", "body": b"x", "more_body": False}])
+    assert len(calls) == RETRIES + 1 and json.loads(sent[1]["body"])["code"] == "HYB-708"
+    calls.clear()
+
+    async def reads_to_disconnect(scope, receive, send):
+        calls.append([(await receive())["type"], (await receive())["type"]])
+
+    _run_proxy(reads_to_disconnect, [{"type": "http.request", "body": b"x", "more_body": False},
+                                     {"type": "http.disconnect"}])
+    assert calls == [["http.request", "http.disconnect"]]

@@ -3,7 +3,11 @@
 The replicas answer every error as ``{"error": "[HYB-7xx] ...", "code", "hint"}``. Some answers come
 from Serve's proxy itself, as plain text: a replica that died holding the request (500), no replica able
 to take it (503), Serve's request timeout (408), a path no application serves (404). This ASGI middleware
-rewrites those (any 4xx/5xx answer that is not JSON) into the same JSON shape, keeping the status:
+rewrites those (any 4xx/5xx answer that is not JSON) into the same JSON shape, keeping the status, and
+sends a request again (up to :data:`RETRIES` times; bodies up to :data:`REPLAY_LIMIT`) when the replica
+holding it died, for which Serve answers nothing at all: every v2 request is idempotent (model control,
+the one that is not, is off on Ray), and Serve routes the new attempt to a live replica, or holds it until
+one is back:
 
 | status | code | when |
 |---|---|---|
@@ -38,6 +42,20 @@ _CODES = {
     404: ("HYB-701", "no application serves this path", "check the URL; the application may have been deleted"),
 }
 _LIMIT = 64 << 10  # Serve's error texts are short; a longer body passes through as it is
+RETRIES = 2  # times a request is sent again when the replica holding it died
+REPLAY_LIMIT = 16 << 20  # request bodies kept for sending again; a larger request is not retried
+
+
+def _replay(messages: list[Message], receive: Receive) -> Receive:
+    """A receive that gives the recorded request again, then waits on the client as before."""
+    pending = list(messages)
+
+    async def replay() -> Message:
+        if pending:
+            return pending.pop(0)
+        return await receive()
+
+    return replay
 
 
 class ServeErrorsAsHyb:
@@ -51,10 +69,47 @@ class ServeErrorsAsHyb:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Pass the request on; hold a non-JSON error answer and send it as the server's JSON error."""
+        """Pass the request on (again, when the replica died holding it); answer Serve's errors as JSON."""
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        recorded: list[Message] = []
+        replayable = True
+
+        async def recording() -> Message:
+            nonlocal replayable
+            message = await receive()
+            if message["type"] == "http.disconnect":  # the client went away: nobody to answer again
+                replayable = False
+            if message["type"] == "http.request" and replayable:
+                recorded.append(message)
+                if sum(len(m.get("body", b"")) for m in recorded) > REPLAY_LIMIT:
+                    replayable = False
+                    recorded.clear()
+            return message
+
+        source: Receive = recording
+        failure = b""
+        for attempt in range(RETRIES + 1):
+            started = [False]
+            try:
+                if await self._attempt(scope, source, send, started):
+                    return
+            except Exception as e:  # the proxy failed: uvicorn would answer a bare 500 (or cut an answer)
+                if started[0]:
+                    raise
+                failure = f"{type(e).__name__}: {e}".encode()
+            whole = replayable and recorded and not recorded[-1].get("more_body", False)
+            if attempt == RETRIES or not whole:
+                break
+            source = _replay(list(recorded), recording)  # inference is idempotent: Serve routes it anew
+        await self._answer(send, {"status": 500, "headers": []}, failure)
+
+    async def _attempt(self, scope: Scope, receive: Receive, send: Send, sent: list[bool]) -> bool:
+        """One pass through Serve's proxy: True once an answer went out (Serve's own errors rewritten).
+
+        False when Serve sent nothing at all: the replica died holding the request.
+        """
         held: Message | None = None
         parts: list[bytes] = []
         started = False
@@ -62,7 +117,7 @@ class ServeErrorsAsHyb:
         async def rewrite(message: Message) -> None:
             nonlocal held, started
             if message["type"] == "http.response.start":
-                started = True
+                started = sent[0] = True
                 headers = {k.lower(): v for k, v in message.get("headers", [])}
                 if message["status"] >= 400 and not headers.get(b"content-type", b"").startswith(b"application/json"):
                     held = message
@@ -82,15 +137,8 @@ class ServeErrorsAsHyb:
                 return
             await self._answer(send, start, body)
 
-        try:
-            await self.app(scope, receive, rewrite)
-        except Exception as e:  # the proxy failed outright: uvicorn would answer a bare 500
-            if started:
-                raise
-            await self._answer(send, {"status": 500, "headers": []}, f"{type(e).__name__}: {e}".encode())
-            return
-        if not started:  # Serve sends nothing when the replica died holding the request (uvicorn: plain 500)
-            await self._answer(send, {"status": 500, "headers": []}, b"")
+        await self.app(scope, receive, rewrite)
+        return started
 
     @staticmethod
     async def _answer(send: Send, start: Message, body: bytes) -> None:
