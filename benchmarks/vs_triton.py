@@ -123,7 +123,10 @@ def main() -> None:
     ap.add_argument("--clients", default="1,4,16")
     ap.add_argument("--servers", default="triton,pyasc-ort,pyasc-auto")
     ap.add_argument("--warmup", type=int, default=200, help="pyasc serve --warmup for the default target")
+    ap.add_argument("--threads", type=int, default=2, help="ONNX Runtime intra-op threads (both servers)")
     args = ap.parse_args()
+    global THREADS
+    THREADS = args.threads
     counts = [int(c) for c in args.clients.split(",")]
     names = args.servers.split(",")
     work = Path(tempfile.mkdtemp(prefix="vs-triton-"))
@@ -131,7 +134,7 @@ def main() -> None:
     repo = work / "triton"
     tr.write_model(repo, MODEL, model, [tr.TritonSpec("x", "TYPE_FP32", [3, 96, 96])],
                    [tr.TritonSpec("probs", "TYPE_FP32", [5])], max_batch_size=MAX_BATCH,
-                   queue_delay_us=round(DELAY_S * 1e6), threads=THREADS)
+                   queue_delay_us=round(DELAY_S * 1e6), threads=args.threads)
     servers: dict[str, str] = {}
     stops = []
     try:
@@ -166,7 +169,7 @@ def main() -> None:
                 if s == "triton":
                     continue
                 mine = results[(s, n)]
-                ratios = [a[0] / b[0] for a, b in zip(mine, base)]
+                ratios = [a[0] / b[0] for a, b in zip(mine, base, strict=True)]
                 row += [f"{statistics.median(v[0] for v in mine):.0f}", f"x{statistics.median(ratios):.2f}",
                         f"{statistics.median(v[1] for v in mine):.0f}"]
             print("| " + " | ".join(row) + " |")
