@@ -315,9 +315,11 @@ class Controller:
             self._publish(b)
             return planned.end
         if planned == race.CONCLUDE:
+            out_of_time = now + 4 * self._turn_s(b) > self._deadline(b)
             race.conclude(r, self._policy)
             self._sync(b)
-            self._decide(b, "at the time bound")
+            self._decide(b, "at the time bound" if out_of_time else
+                         "by the paired turns (the tax budget cannot pay for the remaining candidates' turns)")
             return math.inf
         return planned
 
