@@ -202,7 +202,7 @@ class TritonServer:
         self.http_port, self.grpc_port, self.metrics_port = free_port(), free_port(), free_port()
         self.startup_timeout = startup_timeout
         self.process: subprocess.Popen[bytes] | None = None
-        self._log = tempfile.NamedTemporaryFile(prefix="tritonserver-", suffix=".log", delete=False)
+        self._log = tempfile.NamedTemporaryFile(prefix="tritonserver-", suffix=".log", delete=False)  # noqa: SIM115
 
     @property
     def http_url(self) -> str:
@@ -229,10 +229,10 @@ class TritonServer:
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise RuntimeError(f"tritonserver exited with {self.process.returncode}:\n{self.log()[-3000:]}")
-            with contextlib.suppress(OSError):
-                with urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=1) as r:
-                    if r.status == 200:
-                        return self
+            with contextlib.suppress(OSError), \
+                    urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=1) as r:
+                if r.status == 200:
+                    return self
             time.sleep(0.2)
         self.stop()
         raise RuntimeError(f"tritonserver was not ready within {self.startup_timeout} s:\n{self.log()[-3000:]}")
