@@ -99,7 +99,8 @@ def unavailable_reason() -> str | None:
     """Why the real server cannot run here (None when it can)."""
     home = _package_dir()
     if home is None:
-        return "nvidia-pytriton is not installed (pip install nvidia-pytriton==0.7.0; a manylinux_2_35 x86-64 wheel)"
+        return ("nvidia-pytriton is not installed (pip install --no-deps 'nvidia-pytriton==0.7.0': a manylinux_2_35 "
+                "x86-64 wheel; --no-deps keeps numpy 2, which its metadata would downgrade)")
     if not (home / "bin" / "tritonserver").exists():
         return f"{home} has no bin/tritonserver"
     if not (home / "python_backend_stubs" / _PY / _STUB).exists():
