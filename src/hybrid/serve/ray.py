@@ -69,6 +69,12 @@ def _watch_drain(app_name: str, state: Any, stop: threading.Event) -> None:
             continue
         if flagged:
             state.begin_drain()
+            try:  # tell the driver this replica refuses new requests now
+                replica = serve.get_replica_context().replica_id.unique_id
+                internal_kv._internal_kv_put(_drain_key(app_name) + f"/ack/{replica}".encode(), b"1",
+                                             namespace=KV_NAMESPACE)
+            except Exception as e:  # the driver then waits its longest settle time
+                logger.warning("drain of %s: cannot acknowledge (%s)", app_name, e)
             return
 
 
@@ -271,25 +277,45 @@ def deploy(models: Sequence[str | Path], *, host: str = "127.0.0.1", port: int =
     if proxy_location:
         start["proxy_location"] = proxy_location
     serve.start(**start)
-    internal_kv._internal_kv_del(_drain_key(app_name), namespace=KV_NAMESPACE)
+    _clear_drain(app_name)
     logger.info("deploying on Ray Serve at http://%s:%d%s%s", host, port, route_prefix,
                 f" and grpc port {grpc_port}" if grpc_port else "")
     return serve.run(application, name=app_name, route_prefix=route_prefix, blocking=False)
 
 
-def drain(app_name: str = DEFAULT_APP, settle: float = 3 * DRAIN_POLL) -> None:
+def _running_replicas(app_name: str) -> int:
+    app = serve.status().applications.get(app_name)
+    return sum(d.replica_states.get("RUNNING", 0) for d in app.deployments.values()) if app else 0
+
+
+def drain(app_name: str = DEFAULT_APP, settle: float = 10.0) -> None:
     """Drain the application, then delete it.
 
-    Every replica sees the drain flag within :data:`DRAIN_POLL` seconds; from then on it refuses new requests
-    (503 / ``UNAVAILABLE`` HYB-706) and answers those it holds; then ``serve.delete`` waits for them (Serve's
-    graceful shutdown) and removes the application.
+    Raises the application's drain flag; every replica sees it within :data:`DRAIN_POLL` seconds, from then on
+    refuses new requests (503 / ``UNAVAILABLE`` HYB-706) and answers those it holds, and acknowledges. Once
+    every running replica has (or after ``settle`` seconds), ``serve.delete`` waits for the requests in flight
+    (Serve's graceful shutdown) and removes the application.
     """
-    internal_kv._internal_kv_put(_drain_key(app_name), b"1", overwrite=True, namespace=KV_NAMESPACE)
-    time.sleep(settle)
+    flag = _drain_key(app_name)
+    internal_kv._internal_kv_put(flag, b"1", overwrite=True, namespace=KV_NAMESPACE)
+    deadline = time.monotonic() + settle
     try:
+        while time.monotonic() < deadline:
+            acks = internal_kv._internal_kv_list(flag + b"/ack/", namespace=KV_NAMESPACE)
+            if len(acks) >= _running_replicas(app_name):
+                break
+            time.sleep(DRAIN_POLL / 2)
+        else:
+            logger.warning("drain of %s: not every replica acknowledged within %.0f s; deleting it", app_name, settle)
         serve.delete(app_name)
     finally:
-        internal_kv._internal_kv_del(_drain_key(app_name), namespace=KV_NAMESPACE)
+        _clear_drain(app_name)
+
+
+def _clear_drain(app_name: str) -> None:
+    flag = _drain_key(app_name)
+    for key in [flag, *internal_kv._internal_kv_list(flag + b"/ack/", namespace=KV_NAMESPACE)]:
+        internal_kv._internal_kv_del(key, namespace=KV_NAMESPACE)
 
 
 def shutdown(app_name: str | None = DEFAULT_APP) -> None:
