@@ -161,17 +161,20 @@ def test_two_raylets_replicas_restart_without_the_driver_files_and_sigterm_drain
             ray.kill(ray.get_actor(actor["name"], namespace="serve"), no_restart=True)
         killed = {a["id"] for a in first}
 
-        def restarted() -> bool:
+        def restarted() -> bool:  # alive actors, one per node, and both constructed (Serve's RUNNING)
+            from ray import serve
+
             fresh = _replicas()
+            running = serve.status().applications[APP].deployments[f"{APP}-models"].replica_states
             return len(fresh) == 2 and not killed & {a["id"] for a in fresh} and \
-                len({a["node"] for a in fresh}) == 2
+                len({a["node"] for a in fresh}) == 2 and running == {"RUNNING": 2}
 
         _until("Serve restarted both replicas, one per node", restarted, 120)
         for seed in range(6, 12):
             _until("HTTP answers after the restart", lambda s=seed: _http_answer(base, "tiny", s), 60)
         _until("gRPC answers after the restart", lambda: _grpc_answer(client, 2), 60)
-        for path in caches.values():  # each node cached the files again
-            assert len(list(path.glob("*.onnx"))) == 2, list(path.iterdir())
+        _until("each node cached both files again",  # checked and written by the restarted replicas
+               lambda: all(len(list(path.glob("*.onnx"))) == 2 for path in caches.values()), 30)
         client.close()
 
         # SIGTERM: the request queued on 'slow' (3 s batch timeout) is answered, new ones get HYB-706
