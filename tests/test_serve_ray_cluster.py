@@ -203,9 +203,8 @@ def test_two_raylets_replicas_restart_without_the_driver_files_and_sigterm_drain
         # every refusal carries a HYB code: 503 HYB-706 from a draining replica, or (Serve's own 404 once the
         # application is gone, rewritten by the proxy middleware) 404 HYB-701
         assert all((s, d.get("code")) in ((503, "HYB-706"), (404, "HYB-701")) for s, d in refused), refused[:5]
-        from ray import serve
-
-        assert APP not in serve.status().applications
+        # the application is deleted (and Serve shut down, no other application being left): no replica lives
+        _until("no replica left", lambda: not _replicas(), 30)
     finally:
         if serve_proc is not None and serve_proc.poll() is None:
             serve_proc.kill()
