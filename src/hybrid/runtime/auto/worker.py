@@ -66,8 +66,10 @@ class CheckRequest:
 
 @dataclass(frozen=True, slots=True)
 class Verdicts:
-    """The worker's answer: per trial label in check order, why it was rejected (None: it passed), the
-    seconds of one warm run (None when not measured) and whether it is a partition; the search's notes.
+    """The worker's answer.
+
+    Per trial label in check order, why it was rejected (None: it passed), the seconds of one warm run (None when not
+    measured) and whether it is a partition; the search's notes.
     """
 
     results: tuple[tuple[str, str | None, float | None, bool], ...]
@@ -131,8 +133,9 @@ def _worker() -> _Worker:
 
 
 def prestart() -> None:
-    """Start the worker process and let it import the backends' libraries, in a background thread (its first
-    check then spends its time checking).
+    """Start the worker process and let it import the backends' libraries, in a background thread.
+
+    Its first check then spends its time checking.
     """
 
     def warm() -> None:
@@ -157,8 +160,10 @@ def check_elsewhere(request: CheckRequest) -> Verdicts | None:
 
 
 def pacer(share: float) -> Callable[[], None]:
-    """A function that sleeps until this process's CPU time since the last call is at most ``share`` of the
-    wall time since then (call it between units of work).
+    """A function that paces this process's CPU time to ``share`` of the wall time.
+
+    It sleeps until the CPU time since the last call is at most ``share`` of the wall time since then
+    (call it between units of work).
     """
     last = [time.process_time(), time.perf_counter()]
 
