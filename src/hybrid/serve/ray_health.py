@@ -52,10 +52,11 @@ class ReplicaHealth:
             (m.name, m.version): probe_feeds(m) for m in registry}
 
     def warm_up(self, runs: int) -> None:
-        """Run every model's probe ``runs`` times, on a loop of its own in a thread of its own (callable
-        from a constructor that Serve may run on its event loop's thread), before the replica serves.
+        """Run every model's probe ``runs`` times before the replica serves.
 
-        A probe refused for its inputs turns that model's probe off; any other failure is raised.
+        The probes run on an event loop of their own in a thread of their own, so this is callable from a
+        constructor that Serve runs on its event loop's thread. A probe refused for its inputs turns that
+        model's probe off; any other failure is raised.
         """
         if runs <= 0:
             return
@@ -86,8 +87,10 @@ class ReplicaHealth:
         return True
 
     async def check(self, draining: bool) -> None:
-        """Raise when a model is not loaded or its backend does not answer its probe (Serve then restarts
-        the replica); a draining replica is healthy (it is on its way out)."""
+        """Raise when a model is not loaded or its backend does not answer its probe.
+
+        Serve then restarts the replica. A draining replica is healthy: it is on its way out.
+        """
         if draining:
             return
         for model in self.registry:
