@@ -27,12 +27,14 @@ class BrokenBackend(Backend):
 def registered(cls: type[Backend]) -> Iterator[None]:
     """Register backend class ``cls`` for one test, then forget it (use with ``yield from`` in a fixture)."""
     register_backend(cls)
-    yield
-    from hybrid.hal import registry
+    try:
+        yield
+    finally:  # a failing test must not leave its backend registered for the tests after it
+        from hybrid.hal import registry
 
-    registry._paths.pop(cls.name, None)
-    registry._classes.pop(cls.name, None)
-    reset_discovery()
+        registry._paths.pop(cls.name, None)
+        registry._classes.pop(cls.name, None)
+        reset_discovery()
 
 
 backend_registered = contextlib.contextmanager(registered)  # ``with backend_registered(cls): ...``

@@ -189,13 +189,13 @@ def test_online_tuning_can_be_switched_off():
     assert not isinstance(cm.executable, OnlineTuner) and cm.tuning == ()
 
 
-def test_precision_auto_races_reduced_precisions_online_only_within_a_budget_given():
+def test_precision_auto_races_reduced_precisions_online_within_the_budget_and_fp32_never():
     from hybrid.hal import Candidate
     from hybrid.runtime.auto import offered_precisions
 
     reduced = [f"openvino:cpu {p}" for p in offered_precisions(Candidate("openvino", "cpu"))]
     x = images(2, 24, 32)
-    plain = hybrid.compile(conv_net(), target="auto", precision="auto")  # no budget: nothing changes numerics
+    plain = hybrid.compile(conv_net(), target="auto")  # fp32: nothing changes numerics
     call_until_decided(plain, x)
     assert not any(" " in c.label for c in plain.tuning[0].candidates)
     cm = hybrid.compile(conv_net(), target="auto", precision="auto", accuracy={"min_cosine": 0.995})

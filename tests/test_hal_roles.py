@@ -25,9 +25,7 @@ from hybrid.hal import (
 
 SRC = Path(hybrid.__file__).parent
 # modules being rewritten by another change still read the old name; each leaves this set when switched
-PENDING = {"runtime/auto/online.py", "runtime/auto/search.py", "runtime/auto/timing.py", "runtime/auto/trials.py",
-           "runtime/auto/lab.py",
-           "runtime/partition.py"}  # partition.py defines the deprecated FALLBACK_BACKEND for them
+PENDING: set[str] = set()  # files still naming the fallback (none left)
 
 
 class ExactBackend(Backend):

@@ -80,8 +80,9 @@ def test_reduced_precision_explicit_and_auto(npdemo):
     np.testing.assert_allclose(fp32.run({"x": _x()})["y"], expected, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(fp16.run({"x": _x()})["y"], expected, rtol=2e-2, atol=2e-2)
     assert not np.array_equal(fp16.run({"x": _x()})["y"], fp32.run({"x": _x()})["y"])  # it did run in fp16
-    # precision='auto' tries what precisions() offers; fp32 costs the demo 5 ms a run by design
-    chosen = hybrid.compile(matmul_add(), target="npdemo:cpu", precision="auto")
+    # precision='auto' tries what precisions() offers; fp32 costs the demo 5 ms a run by design (the batch is
+    # declared: with nothing declared a dynamic model is decided on real calls, online)
+    chosen = hybrid.compile(matmul_add(), target="npdemo:cpu", precision="auto", shapes={"x": (8, 4)})
     assert (chosen.backend, chosen.plan.segments[0].precision, chosen.options["dtype"]) == \
         ("npdemo", "fp16", "float16")
     np.testing.assert_allclose(chosen.run({"x": _x()})["y"], expected, rtol=2e-2, atol=2e-2)

@@ -18,8 +18,8 @@ import numpy as np
 
 from hybrid.errors import ConfigError, ModelError, RunError
 
-__all__ = ["Inputs", "check_declared", "declared_shapes", "dims", "generated_inputs", "load_inputs", "load_model",
-           "model_path", "parse_shapes", "resolve_inputs", "shapes_line", "shapes_text"]
+__all__ = ["Inputs", "check_declared", "declared_shapes", "dims", "generated_inputs", "load_compiled", "load_inputs",
+           "load_model", "model_path", "parse_shapes", "resolve_inputs", "shapes_line", "shapes_text"]
 
 _MODEL_SUFFIXES = (".onnx", ".hybrid")
 
@@ -351,3 +351,17 @@ def generated_inputs(model: Any, shapes: str | Mapping[str, tuple[int, ...]] | N
     """
     given = parse_shapes(shapes) if isinstance(shapes, str) else dict(shapes or {})
     return resolve_inputs(model, None, given, batch=batch, seed=seed).feeds
+
+
+def load_compiled(model: Path, target: str, precision: str | None = None, shapes: dict | None = None,
+                  source: Any = None) -> Any:
+    """MODEL compiled for TARGET.
+
+    A bundle loads (its compiled choice); an .onnx compiles, auto measuring at ``shapes``.
+    """
+    import hybrid
+
+    if model.suffix == ".hybrid":
+        return hybrid.load(str(model), target=target, precision=precision)
+    return hybrid.compile(source if source is not None else str(model), target=target,
+                          precision=precision or "fp32", shapes=shapes)

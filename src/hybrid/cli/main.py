@@ -24,7 +24,7 @@ from hybrid.cli._console import (
     settings,
     styled,
 )
-from hybrid.cli._inputs import load_inputs
+from hybrid.cli._inputs import load_compiled, load_inputs
 from hybrid.errors import CATALOG
 from hybrid.errors import explain as explain_code
 
@@ -88,20 +88,6 @@ def devices(as_json: Annotated[bool, typer.Option("--json", help="Print JSON ins
         btable.add_row(s.name, "yes" if s.available else "no", s.version,
                        ", ".join(d.name for d in s.devices) if s.available else s.reason)
     print_wide(btable)
-
-
-def _load_compiled(model: Path, target: str, precision: str | None = None, shapes: dict | None = None,
-                   source: Any = None):
-    """MODEL compiled for TARGET.
-
-    A bundle loads (its compiled choice); an .onnx compiles, auto measuring at ``shapes``.
-    """
-    import hybrid
-
-    if model.suffix == ".hybrid":
-        return hybrid.load(str(model), target=target, precision=precision)
-    return hybrid.compile(source if source is not None else str(model), target=target,
-                          precision=precision or "fp32", shapes=shapes)
 
 
 def _stats(arr: np.ndarray) -> dict[str, float | None]:
@@ -168,7 +154,7 @@ def run(
         feeds = resolve_inputs(source, load_inputs(inputs), declared, generate=random or declared is not None,
                                command=f"run {model}")
         with progress(f"compiling {model.name} for {target}"):
-            cm = _load_compiled(model, target, precision, feeds.compile_shapes, source)
+            cm = load_compiled(model, target, precision, feeds.compile_shapes, source)
         t0 = time.perf_counter()
         outs = cm.run(feeds.feeds)
         ms = (time.perf_counter() - t0) * 1e3

@@ -52,8 +52,7 @@ def profile(
     runs give the latency and throughput. The trace is bounded in size. A dynamic input needs --shapes or
     --input (HYB-417): no size is made up; the shapes run are printed.
     """
-    from hybrid.cli._inputs import declared_shapes, load_model, model_path, resolve_inputs
-    from hybrid.cli.main import _load_compiled
+    from hybrid.cli._inputs import declared_shapes, load_compiled, load_model, model_path, resolve_inputs
     from hybrid.runtime.profiler import check_arguments
     from hybrid.runtime.profiler import profile as run_profile
 
@@ -66,7 +65,7 @@ def profile(
         feeds = resolve_inputs(source, load_inputs(inputs), declared, batch=batch, command=f"profile {model}",
                                has_batch=True)
         with progress(f"compiling {model.name} for {target}"):
-            cm = _load_compiled(model, target, precision, feeds.compile_shapes, source)
+            cm = load_compiled(model, target, precision, feeds.compile_shapes, source)
         first = next(iter(feeds.feeds.values()), None)
         items = int(first.shape[0]) if first is not None and first.ndim else 1
         with progress(f"profiling {model.name} for {duration:g} s"):

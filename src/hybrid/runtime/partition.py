@@ -27,15 +27,11 @@ from hybrid.hal.capability import captured_values, node_opset
 from hybrid.ir import Model
 from hybrid.runtime.plan import Placement, Segment
 
-__all__ = ["FALLBACK_BACKEND", "Part", "Partition", "node_label", "partition_graph", "submodel", "supporters",
-           "typed_model"]
+__all__ = ["Part", "Partition", "node_label", "partition_graph", "submodel", "supporters", "typed_model"]
 
 logger = logging.getLogger("hybrid")
 
 _ONNX_DOMAINS = ("", "ai.onnx", "ai.onnx.ml")
-# Deprecated: ask hybrid.hal.is_fallback / fallback_backend (the role is the backend's own declaration,
-# Backend.exact_and_complete); kept only while runtime/auto's online.py, search.py, trials.py and lab.py name it
-FALLBACK_BACKEND = "reference"
 
 
 @dataclass(frozen=True, slots=True)

@@ -248,10 +248,27 @@ class Controller:
             self._decide(b, "no candidate passed the check on a real input; "
                          + "; ".join(f"rejected {lb}: {why}" for lb, why in result.rejected))
             return
+        warm = dict(result.passed)
+        if b.incumbent not in passed:  # the start failed the check on the real input: replaced at once, by the first
+            b.lanes.pop(b.incumbent, None)  # candidate that passed and compiles (before the others are compiled)
+            for label in passed:
+                lane = self._lane(label, b.sample)
+                if lane is None:
+                    b.results[label] = CandidateResult(label, None, "failed", "could not compile in this process")
+                    continue
+                was, b.incumbent, b.lanes[label] = b.incumbent, label, lane
+                logger.warning("auto (online): %s for %r failed the check on a real input; %s serves", was,
+                               self._name, label)
+                self._publish(b)
+                break
+            else:
+                self._decide(b, "no candidate that passed the check compiled here")
+                return
         self._enter(b, Phase.COMPILING)
         self._refresh(b)
-        warm = dict(result.passed)
         for label in passed:
+            if label in b.lanes or label in b.results:
+                continue
             ratio = race.check_ratio(warm, label, b.incumbent)
             why = race.unaffordable(self._policy, ratio, self._turn_s(b), b.race_from, self._deadline(b))
             if why and label != b.incumbent:  # not compiled: compiling costs the callers too, for nothing
@@ -262,14 +279,9 @@ class Controller:
                 b.results[label] = CandidateResult(label, None, "failed", "could not compile in this process")
             else:
                 b.lanes[label] = lane
-        if b.incumbent not in b.lanes:  # the start failed the check on the real input: replaced at once
-            if not b.lanes:
-                self._decide(b, "no candidate that passed the check compiled here")
-                return
-            was, b.incumbent = b.incumbent, next(iter(b.lanes))
-            logger.warning("auto (online): %s for %r failed the check on a real input; %s serves", was, self._name,
-                           b.incumbent)
-            self._publish(b)
+        if b.incumbent not in b.lanes:
+            self._decide(b, "no candidate that passed the check compiled here")
+            return
         b.sample = None
         self._enter(b, Phase.RACING)
         serving_s = self._route(b).tally.last_s or b.lanes[b.incumbent].warm_s

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from hybrid.errors import HybridError, first_line
-from hybrid.hal import Candidate, is_installed_backend
+from hybrid.hal import Candidate, accelerated_first, is_fallback, is_installed_backend
 from hybrid.ir import Model
 from hybrid.runtime.auto import cache, judge, worker
 from hybrid.runtime.auto.decision import decision_from_json
@@ -25,7 +25,6 @@ from hybrid.runtime.auto.router import Lane
 from hybrid.runtime.auto.status import Bucket
 from hybrid.runtime.auto.tolerance import OutputRule
 from hybrid.runtime.auto.trials import OptionsOf, Search, Trial, check_trials, offered_precisions, trial_of
-from hybrid.runtime.partition import FALLBACK_BACKEND
 
 __all__ = ["CheckResult", "Confirmation", "Lab", "RealLab"]
 
@@ -130,8 +129,7 @@ class RealLab:
     # ------------------------------------------------------------------ candidates
     def order(self) -> tuple[str, ...]:
         """Every candidate label in the fallback's priority order: the accelerated ones, then the reference."""
-        first = [str(c) for c in self._order if c.backend != FALLBACK_BACKEND]
-        return tuple(dict.fromkeys([*first, *(str(c) for c in self._order if c.backend == FALLBACK_BACKEND)]))
+        return tuple(dict.fromkeys(str(c) for c in accelerated_first(self._order)))
 
     def lane(self, label: str, sample: Mapping[str, Any] | None) -> Lane | None:
         """``label`` compiled in this process (once) and run up to :data:`WARM_CALLS` times on ``sample``."""
@@ -175,7 +173,7 @@ class RealLab:
         if verdicts is None or any(partitioned for *_, partitioned in verdicts.results):
             verdicts = self._check_here(sample, closing)
         passed = [(lb, warm) for lb, why, warm, _ in verdicts.results if why is None]
-        accelerated = [(lb, w) for lb, w in passed if not lb.startswith(f"{FALLBACK_BACKEND}:")]
+        accelerated = [(lb, w) for lb, w in passed if not is_fallback(lb.partition(":")[0])]
         return CheckResult(tuple(accelerated or passed),
                            tuple((lb, why) for lb, why, _, _ in verdicts.results if why is not None), verdicts.notes)
 
@@ -183,7 +181,7 @@ class RealLab:
         reduced = self._precision == "auto" and self._budget is not None
         out = [(c, "fp32") for c in self._order]
         if reduced:
-            out += [(c, p) for c in self._order if c.backend != FALLBACK_BACKEND for p in offered_precisions(c)]
+            out += [(c, p) for c in self._order if not is_fallback(c.backend) for p in offered_precisions(c)]
         return out
 
     def _request(self, sample: Mapping[str, Any]) -> worker.CheckRequest:

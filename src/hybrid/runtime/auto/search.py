@@ -26,7 +26,7 @@ from typing import Any
 from hybrid._version import __version__
 from hybrid.config import autotune_config
 from hybrid.errors import BackendError, HybridError
-from hybrid.hal import Candidate, backend_status
+from hybrid.hal import Candidate, backend_status, fallback_backend, is_fallback, split_fallback
 from hybrid.ir import Model
 from hybrid.runtime.auto import cache, judge
 from hybrid.runtime.auto import tolerance as checks
@@ -40,7 +40,7 @@ from hybrid.runtime.auto.timing import METHOD as TIMING_METHOD
 from hybrid.runtime.auto.timing import QUICK_S, time_candidates
 from hybrid.runtime.auto.trials import OptionsOf, Search, Trial, build_partition, check_trials, trial_of
 from hybrid.runtime.compiled import CompiledModel
-from hybrid.runtime.partition import FALLBACK_BACKEND, node_label, supporters, typed_model
+from hybrid.runtime.partition import node_label, supporters, typed_model
 from hybrid.runtime.plan import Plan, Segment
 
 __all__ = ["partition_compiled", "select", "single_plan"]
@@ -99,8 +99,9 @@ def select(model: Model, target: str, order: list[Candidate], options_of: Option
     ranges = normalize_shapes(sig, shapes)
     settings = autotune_config()
     rtol = settings.rtol if acc.rtol is None else acc.rtol
-    # reduced precisions race online only within a budget the caller gave: without one nothing changes numerics
-    explicit_budget = precision == "auto" and any(k in (accuracy or {}) for k in checks.ACCURACY_KEYS)
+    # precision='auto': reduced precisions race online too, within the accuracy budget (the default one when none is
+    # given, as at compile); at fp32 nothing changes numerics
+    reduced = precision == "auto"
     online = (sample_inputs is None and not ranges and precision in ("fp32", "auto")
               and autotune is not False and settings.online and has_dynamic_inputs(sig))
     start_precision = "fp32" if online else precision  # the start of online tuning runs the model as exported
@@ -111,8 +112,9 @@ def select(model: Model, target: str, order: list[Candidate], options_of: Option
         autotune = True  # how many full-graph candidates there are is known only after compiling
     samples = make_samples(model, sample_inputs)
     versions = {c.backend: backend_status(c.backend).version for c in order}
-    if backend_status(FALLBACK_BACKEND).available:
-        versions[FALLBACK_BACKEND] = backend_status(FALLBACK_BACKEND).version
+    reference = fallback_backend()
+    if backend_status(reference).available:
+        versions[reference] = backend_status(reference).version
     base = {
         "hybrid": __version__, "model": model.sha256, "target": target, "candidates": [str(c) for c in order],
         "precision": precision, "accuracy": acc.budget, "rtol": rtol, "rules": acc.rules,
@@ -145,9 +147,8 @@ def select(model: Model, target: str, order: list[Candidate], options_of: Option
     elif not online:
         return _compiled(model, trial, target, notes, reason)
     policy = TuningPolicy.from_settings(settings)
-    lab = RealLab(model, trial, order, options_of, precision if explicit_budget else "fp32",
-                  acc.budget if explicit_budget else None, rtol, acc.rules, base, policy.check_share,
-                  settings.check_process, confirmation)
+    lab = RealLab(model, trial, order, options_of, "auto" if reduced else "fp32", acc.budget if reduced else None,
+                  rtol, acc.rules, base, policy.check_share, settings.check_process, confirmation)
     tuner = OnlineTuner(model, lab, policy, notes, lambda t, notes, why: single_plan(model, t, notes, why))
     return CompiledModel(model, tuner, single_plan(model, trial, tuner.notes(), reason), trial.backend,
                          trial.device, trial.options, target)
@@ -174,8 +175,7 @@ def _search(model: Model, target: str, order: list[Candidate], options_of: Optio
         judge.outvote(tried, search, model.name)
     survivors = [t for t in tried if t.rejected is None]
     unchecked = not search.verifier.ok
-    fallback = [t for t in survivors if t.backend == FALLBACK_BACKEND]
-    accelerated = [t for t in survivors if t.backend != FALLBACK_BACKEND]
+    accelerated, fallback = split_fallback(survivors)
     if winner is None and unchecked and online and accelerated:
         winner = accelerated[0]
         reason = ("first candidate by priority that compiled (the generated sample could not be checked; "
@@ -197,7 +197,7 @@ def _search(model: Model, target: str, order: list[Candidate], options_of: Optio
             winner, reason = judge.fastest_or_most_exact(survivors, times, search)
             if (confirm and times[winner.label] == min(times.values()) and times[winner.label] >= QUICK_S
                     and feeds is not None):  # (graphs timed quickly: the tie rule keeps exact answers there)
-                rivals = (feeds, [t for t in survivors if t is not winner and t.backend != FALLBACK_BACKEND
+                rivals = (feeds, [t for t in survivors if t is not winner and not is_fallback(t.backend)
                                   and not t.partitioned and t.precision == "fp32"
                                   and times[t.label] <= CONFIRM_RATIO * times[winner.label]])
     elif online:

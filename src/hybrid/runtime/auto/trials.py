@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hybrid.errors import HybridError
-from hybrid.hal import Candidate, get_backend
+from hybrid.hal import Candidate, fallback_backend, get_backend, is_fallback, split_fallback
 from hybrid.hal.backend import Executable
 from hybrid.ir import Model
 from hybrid.runtime.auto import tolerance as checks
@@ -24,7 +24,7 @@ from hybrid.runtime.auto.samples import make_samples
 from hybrid.runtime.auto.shapes import ShapeRange
 from hybrid.runtime.auto.verify import Verifier
 from hybrid.runtime.executor import compile_partitioned
-from hybrid.runtime.partition import FALLBACK_BACKEND, supporters, typed_model
+from hybrid.runtime.partition import supporters, typed_model
 from hybrid.runtime.plan import Plan
 
 __all__ = ["OptionsOf", "Search", "Trial", "build_partition", "check_trials", "offered_precisions", "trial_of",
@@ -57,7 +57,7 @@ class Trial:
     @property
     def independent(self) -> bool:
         """An accelerated whole-graph answer: one opinion of its own in a vote against the reference."""
-        return not self.partitioned and self.backend != FALLBACK_BACKEND
+        return not self.partitioned and not is_fallback(self.backend)
 
 
 def offered_precisions(cand: Candidate) -> tuple[str, ...]:
@@ -82,7 +82,7 @@ class Search:
         self.precision = precision
         self.notes: list[str] = []
         self.compiled = compiled  # label -> executable: compile each candidate once across searches
-        reference = compiled.get(str(Candidate(FALLBACK_BACKEND, "cpu"))) if compiled is not None else None
+        reference = compiled.get(str(Candidate(fallback_backend(), "cpu"))) if compiled is not None else None
         self.verifier = Verifier(model, sample_inputs, budget, self.notes, ranges=ranges, rtol=rtol, rules=rules,
                                  reference=reference)
         self.fp32_outputs: dict[Candidate, list[Any]] = {}
@@ -94,7 +94,7 @@ class Search:
             options = self.options_of(cand, precision)
             exe = self.compiled.get(label) if self.compiled is not None else None
             if exe is None:
-                ref = self.verifier.reference_executable() if cand.backend == FALLBACK_BACKEND and not options else None
+                ref = self.verifier.reference_executable() if is_fallback(cand.backend) and not options else None
                 exe = ref or get_backend(cand.backend).compile(self.model, cand.device, options)
             if self.compiled is not None:
                 self.compiled[label] = exe
@@ -148,8 +148,7 @@ def build_partition(model: Model, typed: Any, able: list[tuple[Candidate, ...]],
 def trials(search: Search, autotune: bool) -> Iterator[Trial]:
     """The trials of ``search`` in the order they are checked (see the module doc)."""
     order = search.order
-    accelerated = [c for c in order if c.backend != FALLBACK_BACKEND]
-    fallback = [c for c in order if c.backend == FALLBACK_BACKEND]
+    accelerated, fallback = split_fallback(order)
     precision = search.precision
     reduced = {c: offered_precisions(c) for c in accelerated} if precision == "auto" else {}
     if precision in ("fp16", "bf16"):  # an explicit reduced precision: only who offers it
@@ -228,6 +227,6 @@ def check_trials(search: Search, autotune: bool, *, first_accelerated: bool = Fa
             continue
         if trial.precision == "fp32" and trial.outputs is not None and not trial.partitioned:
             search.fp32_outputs[Candidate(trial.backend, trial.device)] = trial.outputs
-        if first_accelerated and search.verifier.ok and trial.backend != FALLBACK_BACKEND:
+        if first_accelerated and search.verifier.ok and not is_fallback(trial.backend):
             return tried, trial
     return tried, None
