@@ -158,7 +158,7 @@ def test_a_slower_candidate_is_dropped_and_the_mean_tax_stays_within_the_policy(
     router, controller, lab = tuner({"a:cpu": Scripted(clock, 1e-3), "b:cpu": Scripted(clock, 3e-3)}, clock,
                                     policy, warm={"a:cpu": 1e-3, "b:cpu": 3e-3})
     t0 = clock()
-    calls, lat = drive(router, controller, X, decided(controller))
+    calls, _ = drive(router, controller, X, decided(controller))
     (status,) = controller.status()
     assert status.serving == "a:cpu"
     assert {c.label: c.outcome for c in status.candidates}["b:cpu"] == "slower"
