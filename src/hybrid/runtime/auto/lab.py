@@ -16,12 +16,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from hybrid.errors import HybridError, first_line
 from hybrid.hal import Candidate, accelerated_first, is_fallback, is_installed_backend
 from hybrid.ir import Model
 from hybrid.runtime.auto import cache, judge, worker
 from hybrid.runtime.auto.decision import decision_from_json
 from hybrid.runtime.auto.router import Lane
+from hybrid.runtime.auto.shapes import bucket_of
 from hybrid.runtime.auto.status import Bucket
 from hybrid.runtime.auto.tolerance import OutputRule
 from hybrid.runtime.auto.trials import OptionsOf, Search, Trial, check_trials, offered_precisions, trial_of
@@ -260,11 +260,4 @@ class RealLab:
 
 def confirm_key(model: Model, confirm: Confirmation) -> Bucket:
     """The bucket a :class:`Confirmation` is about."""
-    from hybrid.runtime.auto.shapes import bucket_of
-
     return bucket_of(model.signature, confirm.sample)
-
-
-def describe_failure(error: BaseException) -> str:
-    """One line for a plan note or a status (HybridError's message, else the exception's first line)."""
-    return error.message if isinstance(error, HybridError) else first_line(error)
