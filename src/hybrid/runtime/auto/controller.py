@@ -77,7 +77,6 @@ class _Bucket:
     decided_calls: int | None = None
     recheck_at: float | None = None
     recheck_every: float = 0.0
-    note: str = ""
     first_shapes: str = ""
 
 
@@ -402,7 +401,6 @@ class Controller:
             or (b.phase is not Phase.DECIDED and label in b.lanes) for b in self._buckets.values())
 
     def _note(self, b: _Bucket, text: str) -> None:
-        b.note = text
         seen = f" (first call {b.first_shapes})" if b.first_shapes and b.first_shapes != bucket_label(b.key) else ""
         self._notes[b.key] = f"bucket {bucket_label(b.key)}{seen}: {text}"
         logger.info("auto (online): %s: %s", self._name, self._notes[b.key])

@@ -81,7 +81,7 @@ class OnlineTuner(Executable):
         self._notes = [*notes, self._start_note(lab, confirm)]
         self._poke = threading.Event()
         self._closed = False
-        self._views: dict[tuple[str, int], Any] = {}
+        self._view: tuple[tuple[str, tuple[str, ...]], Any] | None = None  # (label, notes) -> the plan shown
         self._thread: threading.Thread | None = None
         if background:
             self._thread = threading.Thread(target=_loop, args=(weakref.ref(self), self._poke),
@@ -132,11 +132,11 @@ class OnlineTuner(Executable):
             label = max(routes.values(), key=lambda r: r.tally.calls).serving.label
         trial = self.lab.trials.get(label) or self.lab.start
         notes = self.notes()
-        key = (trial.label, len(notes))
-        plan = self._views.get(key)
-        if plan is None:
-            plan = self._views[key] = self._plan_of(trial, notes, "chosen online" if routes else "start of tuning")
-        return trial.backend, trial.device, dict(trial.options), plan
+        key = (trial.label, tuple(notes))  # a bucket's note is replaced when it is decided again: same count
+        cached = self._view
+        if cached is None or cached[0] != key:
+            cached = self._view = (key, self._plan_of(trial, notes, "chosen online" if routes else "start of tuning"))
+        return trial.backend, trial.device, dict(trial.options), cached[1]
 
     def tune(self, samples: Iterable[Mapping[str, Any]], timeout_s: float | None = None,
              run: Callable[[Mapping[str, Any]], Any] | None = None) -> tuple[BucketTuning, ...]:
