@@ -73,16 +73,19 @@ for _name, _fn in _UNARY.items():
 
 @lowering("Softplus", dtypes=FLOATS)
 def softplus(x):
+    """ONNX Softplus: ``log(1 + exp(x))``."""
     return F.softplus(x)
 
 
 @lowering("Not", dtypes=DT_BOOL)
 def logical_not(x):
+    """ONNX Not on a bool tensor."""
     return torch.logical_not(x)
 
 
 @lowering("BitwiseNot", dtypes=INTS | WIDE_UINTS)
 def bitwise_not(x):
+    """ONNX BitwiseNot; uint16/32 flip their own bits through int64, uint64 through an int64 view."""
     bits = _NARROW_UINTS.get(x.dtype)
     if bits is not None:
         return torch.bitwise_xor(x.to(torch.int64), (1 << bits) - 1).to(x.dtype)
@@ -93,11 +96,13 @@ def bitwise_not(x):
 
 @lowering("IsNaN", dtypes=FLOATS | DT_BOOL)
 def isnan(x):
+    """ONNX IsNaN: a bool mask of the NaN elements."""
     return torch.isnan(x)
 
 
 @lowering("IsInf", dtypes=FLOATS | DT_BOOL)
 def isinf(x, *, detect_negative=1, detect_positive=1):
+    """ONNX IsInf: a bool mask of the infinities of the signs that ``detect_negative``/``detect_positive`` ask for."""
     if detect_negative and detect_positive:
         return torch.isinf(x)
     if detect_negative:
@@ -110,77 +115,92 @@ def isinf(x, *, detect_negative=1, detect_positive=1):
 # ------------------------------------------------------------------ activations
 @lowering("Elu", dtypes=FLOATS)
 def elu(x, *, alpha=1.0):
+    """ONNX Elu: ``x`` above 0, ``alpha * (exp(x) - 1)`` below."""
     return F.elu(x, alpha)
 
 
 @lowering("Selu", dtypes=FLOATS)
 def selu(x, *, alpha=1.67326319217681884765625, gamma=1.05070102214813232421875):
+    """ONNX Selu: ``gamma * x`` above 0, ``gamma * alpha * (exp(x) - 1)`` below, with the ONNX constants."""
     return gamma * torch.where(x > 0, x, alpha * (torch.exp(x) - 1))
 
 
 @lowering("Celu", dtypes=FLOATS)
 def celu(x, *, alpha=1.0):
+    """ONNX Celu: ``max(0, x) + min(0, alpha * (exp(x / alpha) - 1))``."""
     return F.celu(x, alpha)
 
 
 @lowering("LeakyRelu", dtypes=FLOATS)
 def leaky_relu(x, *, alpha=0.01):
+    """ONNX LeakyRelu: ``x`` above 0, ``alpha * x`` below."""
     return F.leaky_relu(x, alpha)
 
 
 @lowering("ThresholdedRelu", dtypes=FLOATS)
 def thresholded_relu(x, *, alpha=1.0):
+    """ONNX ThresholdedRelu: ``x`` where it is above ``alpha``, 0 elsewhere."""
     return torch.where(x > alpha, x, torch.zeros((), dtype=x.dtype, device=x.device))
 
 
 @lowering("HardSigmoid", dtypes=FLOATS)
 def hard_sigmoid(x, *, alpha=0.2, beta=0.5):
+    """ONNX HardSigmoid: ``alpha * x + beta`` clamped to [0, 1]."""
     return torch.clamp(alpha * x + beta, 0, 1)
 
 
 @lowering("HardSwish", dtypes=FLOATS)
 def hard_swish(x):
+    """ONNX HardSwish: ``x * clamp(x / 6 + 0.5, 0, 1)``."""
     return x * torch.clamp(x / 6 + 0.5, 0, 1)
 
 
 @lowering("Mish", dtypes=FLOATS)
 def mish(x):
+    """ONNX Mish: ``x * tanh(softplus(x))``."""
     return F.mish(x)
 
 
 @lowering("Swish", dtypes=FLOATS)
 def swish(x, *, alpha=1.0):
+    """ONNX Swish: ``x * sigmoid(alpha * x)``."""
     return x * torch.sigmoid(alpha * x)
 
 
 @lowering("Gelu", dtypes=FLOATS)
 def gelu(x, *, approximate="none"):
+    """ONNX Gelu, exact (``approximate='none'``) or with the tanh approximation."""
     return F.gelu(x, approximate=approximate)
 
 
 @lowering("SwiGLU", dtypes=FLOATS)
 def swiglu(a, b, *, alpha=1.0):
+    """SwiGLU: ``a * sigmoid(alpha * a) * b``."""
     return a * torch.sigmoid(alpha * a) * b
 
 
 @lowering("Shrink", dtypes=NUMERIC)
 def shrink(x, *, bias=0.0, lambd=0.5):
+    """ONNX Shrink: ``x + bias`` below ``-lambd``, ``x - bias`` above ``lambd``, 0 between; keeps the input dtype."""
     zero = torch.zeros((), dtype=x.dtype, device=x.device)
     return torch.where(x < -lambd, x + bias, torch.where(x > lambd, x - bias, zero)).to(x.dtype)
 
 
 @lowering("PRelu", dtypes=NUMERIC)
 def prelu(x, slope):
+    """ONNX PRelu: ``x`` where it is not negative, ``x * slope`` (broadcast) where it is."""
     return torch.where(x < 0, x * slope, x).to(x.dtype)
 
 
 @lowering("Clip", dtypes=NUMERIC)
 def clip_attrs(x, *, min=-3.4028234663852886e38, max=3.4028234663852886e38):
+    """ONNX Clip before opset 11: the bounds are the ``min``/``max`` attributes."""
     return torch.clamp(x, min, max)
 
 
 @lowering("Clip", since=11, dtypes=NUMERIC)
 def clip(x, lo=None, hi=None):
+    """ONNX Clip from opset 11: the optional bounds are inputs, cast to the input's dtype."""
     if lo is not None:
         x = torch.maximum(x, lo.to(x.dtype))
     if hi is not None:
@@ -207,26 +227,31 @@ _div_wide = _widened(_div, True)
 
 @lowering("Add", dtypes=WIDE)
 def add(a, b):
+    """ONNX Add, wrapping for uint16/32/64 as well."""
     return _add(a, b)
 
 
 @lowering("Sub", dtypes=WIDE)
 def sub(a, b):
+    """ONNX Sub, wrapping for uint16/32/64 as well."""
     return _sub(a, b)
 
 
 @lowering("Mul", dtypes=WIDE)
 def mul(a, b):
+    """ONNX Mul, wrapping for uint16/32/64 as well."""
     return _mul(a, b)
 
 
 @lowering("Div", dtypes=WIDE, check=_no_uint64)
 def div(a, b):
+    """ONNX Div; integers truncate toward zero (C semantics, as ONNX Runtime does)."""
     return _div_wide(a, b)
 
 
 @lowering("Pow", dtypes=WIDE)
 def pow_(a, b):
+    """ONNX Pow; the result keeps the base's dtype (wide unsigned exponents go through float64)."""
     if b.dtype in (torch.uint16, torch.uint32, torch.uint64):
         b = b.to(torch.float64)
     return torch.pow(a, b).to(a.dtype)
@@ -238,6 +263,7 @@ _remainder = _widened(torch.remainder, True)
 
 @lowering("Mod", dtypes=WIDE, check=_no_uint64)
 def mod(a, b, *, fmod=0):
+    """ONNX Mod: ``fmod`` (sign of the dividend) when ``fmod=1``, else Python's remainder (sign of the divisor)."""
     return _fmod(a, b) if fmod else _remainder(a, b)
 
 
@@ -256,6 +282,7 @@ lowering("Sum", dtypes=WIDE)(_variadic(_add, "onnx_sum"))
 
 @lowering("Mean", dtypes=FLOATS)
 def mean(*xs):
+    """ONNX Mean: the element-wise mean of the (broadcast) inputs."""
     return reduce(torch.add, xs) / len(xs)
 
 
@@ -287,6 +314,7 @@ for _name, _fn in _BITWISE.items():
 
 @lowering("Where", dtypes=COMMON)
 def where(cond, a, b):
+    """ONNX Where: ``a`` where ``cond`` is true, ``b`` elsewhere."""
     return torch.where(cond, a, b)
 
 
@@ -298,6 +326,11 @@ _SIGNED = (torch.int8, torch.int16, torch.int32, torch.int64)
 
 @lowering("BitShift", dtypes=INTS | WIDE_UINTS)
 def bit_shift(x, y, *, direction="LEFT"):
+    """ONNX BitShift, ``LEFT`` or ``RIGHT``, element-wise by the counts in ``y``.
+
+    Shifts by a negative count or by the bit width or more give 0 (-1 for negative signed values
+    shifted right), as the reference does; uint16/32/64 shift as int64 and are masked back.
+    """
     # out-of-range shifts give 0 (or -1 for negative values shifted right), as in the reference;
     # torch has no shift kernels for uint16/32/64, which shift as int64 and mask back
     bits = _BITS[x.dtype]
