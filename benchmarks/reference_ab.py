@@ -10,7 +10,8 @@ Quoted: the median over blocks of the per-block ratio new / old, the setup-time 
 export and bundle), and the largest difference between the two versions' answers relative to their
 scale (numerics unchanged: float32 rounding at most).
 
-Run: ``flock /tmp/coord/bench.lock python benchmarks/reference_ab.py --base COMMIT [--mode M] [model ...]``.
+Run: ``flock /tmp/coord/bench.lock python benchmarks/reference_ab.py --base COMMIT [--mode M] [model ...]``;
+``--new COMMIT`` runs that commit as the new side instead of the checkout (to bisect).
 """
 
 from __future__ import annotations
@@ -112,10 +113,21 @@ class Worker:
         self.proc.wait(timeout=30)
 
 
+def _archive(commit: str, into: Path) -> Path:
+    """``src/`` of ``commit`` extracted under ``into`` (``git archive``); its path."""
+    into.mkdir(parents=True)
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", commit, "src"], check=True,
+                             capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return into / "src"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("models", nargs="*", default=list(DEFAULT_MODELS))
     parser.add_argument("--base", required=True, help="the commit to compare with (git archive of its src/)")
+    parser.add_argument("--new", default=None,
+                        help="a commit to run as the new side instead of this checkout (bisecting)")
     parser.add_argument("--blocks", type=int, default=7)
     parser.add_argument("--per-block", type=int, default=3)
     parser.add_argument("--mode", choices=("reference", "load", "vision"), default="reference",
@@ -125,11 +137,8 @@ def main() -> None:
     print(machine_info())
     rows = []
     with tempfile.TemporaryDirectory(prefix="hybrid-ab-") as tmp:
-        base = Path(tmp)
-        archive = subprocess.run(["git", "-C", str(ROOT), "archive", args.base, "src"], check=True,
-                                 capture_output=True).stdout
-        subprocess.run(["tar", "-x", "-C", str(base)], input=archive, check=True)
-        trees = {"old": base / "src", "new": ROOT / "src"}
+        trees = {"old": _archive(args.base, Path(tmp) / "old"),
+                 "new": ROOT / "src" if args.new is None else _archive(args.new, Path(tmp) / "new")}
         for model in args.models:
             workers = {k: Worker(src, args.mode, model) for k, src in trees.items()}
             try:
