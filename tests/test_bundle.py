@@ -239,6 +239,46 @@ def test_manifest_records_choices(tmp_path):
     assert (info.source, info.precision) == ("bundle-cache", precision)
 
 
+def test_a_bundle_declares_the_shapes_it_was_made_for(tmp_path):
+    """create_bundle(shapes=...) writes them to the manifest; bad ones are HYB-102 before anything is written."""
+    from hybrid.bundle.format import BundleReader
+    from hybrid.errors import ConfigError
+
+    cm = hybrid.compile(matmul_add(), target="onnxruntime:cpu")
+    name = cm.signature.inputs[0].name
+    dims = cm.signature.inputs[0].shape
+    assert any(not isinstance(d, int) for d in dims)  # a dynamic input
+    shape = tuple(d if isinstance(d, int) else 2 for d in dims)
+    ranged = {"min": shape, "opt": shape, "max": tuple(d if isinstance(d, int) else 4 for d in dims)}
+    for given, written in ((None, None), ({name: shape}, {name: list(shape)}),
+                           ({name: ranged}, {name: {k: list(v) for k, v in ranged.items()}})):
+        out = tmp_path / "s.hybrid"
+        manifest = save_bundle(cm, out, shapes=given, include_hybrid=False)
+        assert inspect_bundle(out)["shapes"] == written
+        with BundleReader(out) as reader:
+            assert reader.manifest.declared_shapes() == (None if given is None else {name: given[name]})
+        assert manifest.shapes is None or manifest.declared_shapes() == {name: given[name]}
+    with pytest.raises(ConfigError) as e:
+        save_bundle(cm, tmp_path / "bad.hybrid", shapes={"nope": shape}, include_hybrid=False)
+    assert e.value.code == "HYB-102" and not (tmp_path / "bad.hybrid").exists()
+
+
+def test_manifest_refuses_shapes_that_do_not_fit_the_signature(tmp_path):
+    from hybrid.bundle.manifest import parse_manifest
+
+    cm = hybrid.compile(matmul_add(), target="onnxruntime:cpu")
+    save_bundle(cm, tmp_path / "m.hybrid", include_hybrid=False)
+    with zipfile.ZipFile(tmp_path / "m.hybrid") as z:
+        doc = json.loads(z.read("manifest.json"))
+    rank = len(doc["model"]["inputs"][0]["shape"])
+    name = doc["model"]["inputs"][0]["name"]
+    for bad in ({"nope": [1] * rank}, {name: [1] * (rank + 1)}, {name: [-1] * rank},
+                {name: {"min": [1] * rank, "opt": [1] * rank, "max": [1] * (rank + 1)}}):
+        with pytest.raises(BundleError) as e:
+            parse_manifest(json.dumps({**doc, "shapes": bad}).encode(), "m.hybrid")
+        assert e.value.code == "HYB-502"
+
+
 def test_bundle_bytes_are_reproducible(tmp_path):
     model = matmul_add()
     create_bundle(model, tmp_path / "a.hybrid", caches=False)

@@ -139,6 +139,27 @@ def test_bundle_create_auto_packages_the_measured_choice(neg_dim, tmp_path):
     assert (doc["compile"]["backend"], doc["compile"]["device"]) == (picked["backend"], picked["device"])
 
 
+def test_a_bundle_made_with_shapes_runs_at_them(neg_dim, tmp_path):
+    """bundle create / compile -o with --shapes declare them; run, bench and profile of the bundle use them."""
+    made = tmp_path / "b.hybrid"
+    assert invoke("bundle", "create", neg_dim, "-t", "onnxruntime", "--shapes", SHAPES, "-o", made,
+                  "--no-hybrid-wheel").exit_code == 0
+    compiled = tmp_path / "c.hybrid"
+    assert invoke("compile", neg_dim, "-t", "onnxruntime", "--shapes", SHAPES, "-o", compiled).exit_code == 0
+    for out in (made, compiled):
+        assert json.loads(invoke("bundle", "inspect", out, "--json").stdout)["shapes"] == {"x": [1, 3, 48, 192]}
+        r = invoke("run", out, "--random", "--json")
+        assert r.exit_code == 0, r.output
+        assert json.loads(r.stdout)["inputs"][0]["shape"] == [1, 3, 48, 192]
+    r = invoke("bench", made, *QUICK_BENCH, "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["inputs"] == {"x": [1, 3, 48, 192]}
+    r = invoke("run", made, "--random", "--shapes", "x:2x3x48x192", "--json")  # --shapes still wins
+    assert json.loads(r.stdout)["inputs"][0]["shape"] == [2, 3, 48, 192]
+    r = invoke("run", made)  # the bundle's shapes size the input, but nothing is generated unasked
+    assert r.exit_code == 1 and "HYB-401" in r.output and "--random" in r.output
+
+
 def test_compile_output_saves_the_compiled_model(neg_dim, tmp_path):
     out = tmp_path / "c.hybrid"
     r = invoke("compile", neg_dim, "-t", "onnxruntime", "--shapes", SHAPES, "-o", out)

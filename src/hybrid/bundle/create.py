@@ -43,6 +43,7 @@ from hybrid.bundle.select import available_pairs, merged_options, profile_layer,
 from hybrid.errors import BackendError, BundleError, ConfigError, HybridError
 from hybrid.ir import Model, TensorSpec
 from hybrid.passes import optimize
+from hybrid.runtime.auto import normalize_shapes
 from hybrid.runtime.compiled import CompiledModel
 from hybrid.runtime.compiler import compile_model
 from hybrid.vision.tasks import declarations
@@ -97,9 +98,11 @@ def _capture_caches(cm: CompiledModel, precision: str, workdir: Path,
 def _write(path: str | os.PathLike, model: Model, profile: PlatformProfile, cm: CompiledModel | None, *,
            caches: bool, calibration: Any, libs: tuple[LibsEntry, list[Path]] | None, name: str | None,
            task: str | None, optimize_level: str | None, optimized: bool, external_data_bytes: int,
-           task_options: Mapping[str, Any] | None = None, serving: Mapping[str, Any] | None = None) -> Manifest:
+           task_options: Mapping[str, Any] | None = None, serving: Mapping[str, Any] | None = None,
+           shapes: Mapping[str, Any] | None = None) -> Manifest:
     vision = declarations(task, task_options, model.signature, name or model.name)  # HYB-502 before writing
     serving_entry = _serving_entry(serving)
+    shapes_entry = _shapes_entry(model, shapes)
     writer = BundleWriter()
     data, blob = split_external_data(model, external_data_bytes, EXTERNAL_DATA_TENSOR_BYTES)
     writer.add_bytes(MODEL_PATH, data)
@@ -133,6 +136,7 @@ def _write(path: str | os.PathLike, model: Model, profile: PlatformProfile, cm: 
         format_version=FORMAT_VERSION, created_by=f"pyasc {__version__} (Python {_platform.python_version()}, "
         f"{_platform.system()} {machine_arch()})", created_at=datetime.datetime.now(datetime.UTC).isoformat(
             timespec="seconds"), name=name or model.name, task=task, **vision, serving=serving_entry,
+        shapes=shapes_entry,
         model=ModelEntry(path=MODEL_PATH, sha256=model.sha256, opset=model.opset, external_data=external,
                          inputs=inputs, outputs=outputs),
         platform=profile, optimize_level=optimize_level, optimized=optimized, compile=compile_entry,
@@ -151,6 +155,20 @@ def _libs_for(profile: PlatformProfile, include_libs: bool, python_version: str 
     return _libs.vendor(profile, version, requirements, wheels, include_hybrid, workdir)
 
 
+def _shapes_entry(model: Model, shapes: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """``shapes`` as the manifest writes them: a list of dims, or min/opt/max lists for a range.
+
+    Raises:
+        ConfigError: HYB-102 for shapes that do not fit the model (before anything is written).
+    """
+    ranges = normalize_shapes(model.signature, shapes)
+    if not ranges:
+        return None
+    return {name: list(r.opt) if r.min == r.opt == r.max else {"min": list(r.min), "opt": list(r.opt),
+                                                                 "max": list(r.max)}
+            for name, r in ranges.items()}
+
+
 def _serving_entry(serving: Mapping[str, Any] | None) -> ServingEntry | None:
     """Validate the serving settings before anything is written (HYB-502 naming the bad key)."""
     if not serving:
@@ -167,8 +185,8 @@ def save_bundle(cm: CompiledModel, path: str | os.PathLike, *, platform: str | P
                 include_libs: bool = False, python_version: str | None = None,
                 requirements: Sequence[str] | None = None, wheels: Sequence[str | os.PathLike] = (),
                 include_hybrid: bool = True, external_data_bytes: int = EXTERNAL_DATA_MODEL_BYTES,
-                task_options: Mapping[str, Any] | None = None, serving: Mapping[str, Any] | None = None
-                ) -> Manifest:
+                task_options: Mapping[str, Any] | None = None, serving: Mapping[str, Any] | None = None,
+                shapes: Mapping[str, Any] | None = None) -> Manifest:
     """Write ``cm`` as a ``.hybrid`` bundle with this machine's compiled cache (``cm.save(path)``).
 
     Args:
@@ -189,6 +207,7 @@ def save_bundle(cm: CompiledModel, path: str | os.PathLike, *, platform: str | P
             Neither ``task`` nor ``task_options`` given: the model's own (``cm.task_declarations()``: a
             ``hybrid.vision.TaskModel`` keeps its declarations, a plain CompiledModel has none).
         serving: Dynamic-batching settings for ``pyasc serve`` (see :func:`create_bundle`).
+        shapes: The shapes users run, written to the manifest's ``shapes`` (see :func:`create_bundle`).
 
     Returns:
         The manifest written.
@@ -202,7 +221,7 @@ def save_bundle(cm: CompiledModel, path: str | os.PathLike, *, platform: str | P
         libs = _libs_for(profile, include_libs, python_version, requirements, wheels, include_hybrid, Path(tmp))
         return _write(path, cm.model, profile, cm, caches=caches, calibration=calibration, libs=libs, name=name,
                       task=task, optimize_level=None, optimized=False, external_data_bytes=external_data_bytes,
-                      task_options=task_options, serving=serving)
+                      task_options=task_options, serving=serving, shapes=shapes)
 
 
 def _optimize(model: Model, level: str | None, layout: str) -> tuple[Model, bool]:
@@ -287,7 +306,8 @@ def create_bundle(model: Any, output: str | os.PathLike, *, platform: str | Plat
         serving: Dynamic-batching settings for ``pyasc serve`` (``max_batch``, ``batch_timeout``,
             ``max_queue``, ``request_timeout``, ``concurrency``), written to the manifest's ``serving``.
         shapes: The shapes users run, as for ``hybrid.compile(shapes=...)``: with ``target='auto'`` the
-            candidates are measured at them and the choice is bundled.
+            candidates are measured at them and the choice is bundled. They are written to the manifest's
+            ``shapes``, which ``pyasc run/bench/profile`` on the bundle and ``hybrid.load`` compiling its IR use.
 
     Raises:
         BundleError: HYB-508 for an unknown platform, HYB-509 when fetching wheels fails, HYB-502 for
@@ -303,4 +323,5 @@ def create_bundle(model: Any, output: str | os.PathLike, *, platform: str | Plat
         libs = _libs_for(profile, include_libs, python_version, requirements, wheels, include_hybrid, Path(tmp))
         return _write(output, hmodel, profile, cm, caches=caches, calibration=calibration, libs=libs, name=name,
                       task=task, optimize_level=optimize_level, optimized=optimized,
-                      external_data_bytes=external_data_bytes, task_options=task_options, serving=serving)
+                      external_data_bytes=external_data_bytes, task_options=task_options, serving=serving,
+                      shapes=shapes)

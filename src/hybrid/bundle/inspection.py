@@ -57,6 +57,8 @@ def inspect_bundle(source: Source, limits: Limits | None = None) -> dict[str, An
         "preprocess": None if m.preprocess is None else m.preprocess.model_dump(mode="json"),
         "postprocess": None if m.postprocess is None else m.postprocess.model_dump(mode="json"),
         "serving": None if m.serving is None else m.serving.model_dump(mode="json", exclude_none=True),
+        "shapes": None if m.shapes is None else {k: v if isinstance(v, list) else v.model_dump(mode="json")
+                                                 for k, v in m.shapes.items()},
         "created_by": m.created_by,
         "created_at": m.created_at,
         "signature": _signature(m),

@@ -249,7 +249,7 @@ def load_with_info(source: Source, target: str = "auto", precision: str | None =
     notes.append(f"none of platform {profile.name!r}'s targets ({', '.join(profile.targets)}) could run here"
                  + (f" ({'; '.join(errors)})" if errors else "") + "; using hybrid.compile(target='auto')")
     logger.warning(notes[-1])
-    cm = compile_model(model, target="auto")
+    cm = compile_model(model, target="auto", shapes=m.declared_shapes())
     info = LoadInfo("ir", cm.backend, cm.device, _cache.precision_of(cm), "", profile.name, tuple(notes),
                     time.perf_counter() - t0, m)
     return task_model(cm, m.task, m.preprocess, m.postprocess), info

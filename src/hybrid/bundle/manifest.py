@@ -9,7 +9,7 @@ pickle, no YAML tags) and validated strictly; a newer major format version is re
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -29,6 +29,7 @@ __all__ = [
     "Manifest",
     "MemberEntry",
     "ModelEntry",
+    "ShapeRange",
     "TensorEntry",
     "cache_folder",
     "parse_manifest",
@@ -59,6 +60,24 @@ class TensorEntry(_Strict):
     dtype: str | None = Field(default=None, max_length=64)
     shape: list[int | str] | None = None
     kind: Literal["tensor", "sequence", "optional", "map"] = "tensor"
+
+
+_Dims = list[Annotated[int, Field(ge=0)]]
+
+
+class ShapeRange(_Strict):
+    """A dynamic input's range, trtexec's spelling: the smallest, typical and largest shape run."""
+
+    min: _Dims
+    opt: _Dims
+    max: _Dims
+
+    @model_validator(mode="after")
+    def _one_rank(self) -> ShapeRange:
+        if not len(self.min) == len(self.opt) == len(self.max):
+            raise ValueError(f"min, opt and max have ranks {len(self.min)}, {len(self.opt)}, {len(self.max)}; "
+                             "they must be equal")
+        return self
 
 
 class ModelEntry(_Strict):
@@ -165,6 +184,7 @@ class Manifest(_Strict):
     preprocess: Preprocess | None = None  # vision tasks: frames -> input (hybrid.vision.spec)
     postprocess: Postprocess | None = None  # vision tasks: output -> detections / labels
     serving: ServingEntry | None = None  # dynamic batching under `pyasc serve`
+    shapes: dict[str, _Dims | ShapeRange] | None = None  # the shapes users run (`bundle create --shapes`)
     model: ModelEntry
     platform: PlatformProfile
     optimize_level: str | None = Field(default=None, pattern=r"^O[0-3]$")
@@ -175,12 +195,31 @@ class Manifest(_Strict):
     libs: LibsEntry | None = None
     members: dict[str, MemberEntry]
 
+    def declared_shapes(self) -> dict[str, Any] | None:
+        """``shapes`` as ``hybrid.compile(shapes=...)`` takes them: tuples, or min/opt/max tuples for a range.
+
+        None when the bundle declares none (it was created without ``--shapes``).
+        """
+        if not self.shapes:
+            return None
+        return {name: tuple(v) if isinstance(v, list) else {"min": tuple(v.min), "opt": tuple(v.opt),
+                                                              "max": tuple(v.max)}
+                for name, v in self.shapes.items()}
+
     @model_validator(mode="after")
     def _references_are_members(self) -> Manifest:
         for name in self.members:
             check_member_name(name, MANIFEST_NAME)
         if MANIFEST_NAME in self.members:
             raise ValueError("the manifest cannot list itself")
+        inputs = {t.name: t for t in self.model.inputs}
+        for name, value in (self.shapes or {}).items():
+            if name not in inputs:
+                raise ValueError(f"shapes names {name!r}, which is not an input of the model")
+            shape = inputs[name].shape
+            rank = len(value.opt if isinstance(value, ShapeRange) else value)
+            if shape is not None and rank != len(shape):
+                raise ValueError(f"shapes[{name!r}] has rank {rank}, the input has rank {len(shape)}")
         refs = [self.model.path, *self.model.external_data]
         refs += [f for c in self.caches for f in c.files]
         refs += [self.calibration.path] if self.calibration else []

@@ -18,8 +18,8 @@ import numpy as np
 
 from hybrid.errors import ConfigError, ModelError, RunError
 
-__all__ = ["Inputs", "check_declared", "declared_shapes", "dims", "generated_inputs", "load_compiled", "load_inputs",
-           "load_model", "model_path", "parse_shapes", "resolve_inputs", "shapes_line", "shapes_text"]
+__all__ = ["Inputs", "bundle_shapes", "check_declared", "declared_shapes", "dims", "generated_inputs", "load_compiled",
+           "load_inputs", "load_model", "model_path", "parse_shapes", "resolve_inputs", "shapes_line", "shapes_text"]
 
 _MODEL_SUFFIXES = (".onnx", ".hybrid")
 
@@ -65,6 +65,22 @@ def load_model(path: Path) -> Any:
             with BundleReader(path) as reader:
                 return read_model(reader)
     return Model.load(path)  # HYB-201 for a missing file
+
+
+def bundle_shapes(path: Path, given: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
+    """The shapes a ``.hybrid`` bundle declares (``bundle create --shapes``), but for the inputs in ``given``.
+
+    None for an .onnx file or a bundle that declares none: run, bench and profile use these when no
+    ``--shapes`` is given, so a bundle made for 1x3x480x640 runs at 1x3x480x640 without repeating it.
+    """
+    if path.suffix != ".hybrid" or not path.is_file():
+        return None
+    from hybrid.bundle.format import BundleReader
+
+    with BundleReader(path) as reader:
+        shapes = reader.manifest.declared_shapes() or {}
+    shapes = {k: v for k, v in shapes.items() if k not in (given or {})}
+    return shapes or None
 
 
 def load_inputs(specs: list[str] | None) -> dict[str, np.ndarray] | None:
@@ -282,7 +298,8 @@ def resolve_inputs(model: Any, given: Mapping[str, np.ndarray] | None = None,
                        f"and none was given; its inputs: {', '.join(str(s) for s in specs)}",
                        f"-i {missing[0].name}=FILE.npy gives it from a file; --random generates it"
                        + (f" (with --shapes {shapes_line(missing[0])} for its dynamic dims)"
-                          if missing[0].shape is None or any(map(_is_dynamic, missing[0].shape)) else ""))
+                          if missing[0].name not in declared
+                          and (missing[0].shape is None or any(map(_is_dynamic, missing[0].shape))) else ""))
     # sizes of named dims from what is known: the files, then the declared shapes
     named: dict[str, int] = {}
     for s in specs:

@@ -342,7 +342,7 @@ def bench_command(
     pass/fail verdict (a failed row is reported, the exit code stays 0). A dynamic input needs --shapes or
     --input (HYB-417). Exits 1 when nothing asked for can run.
     """
-    from hybrid.cli._inputs import declared_shapes, load_inputs, load_model, model_path, resolve_inputs
+    from hybrid.cli._inputs import bundle_shapes, declared_shapes, load_inputs, load_model, model_path, resolve_inputs
     from hybrid.ir import atomic_write_bytes
 
     with report_errors(as_json):
@@ -361,8 +361,9 @@ def bench_command(
         declared = declared_shapes(shapes, min_shapes, opt_shapes, max_shapes)
         model = model_path(model)
         model_obj = load_model(model)
-        feeds = resolve_inputs(model_obj, load_inputs(inputs), declared, batch=batch, command=f"bench {model}",
-                               has_batch=True)
+        given = load_inputs(inputs)
+        feeds = resolve_inputs(model_obj, given, declared or bundle_shapes(model, given), batch=batch,
+                               command=f"bench {model}", has_batch=True)
         with progress(f"benchmarking {model.name}") as update:
             rows, reference = bench(model_obj, target_list, precs, timing=timing, on_step=update,
                                     tolerance=tolerance, config=config, feeds=feeds)

@@ -138,6 +138,7 @@ def inspect(
 ) -> None:
     """Show a bundle's manifest: signature, platform, compile choice, caches, wheels, member sizes."""
     from hybrid.bundle import inspect_bundle
+    from hybrid.cli._inputs import shapes_text
 
     with report_errors(as_json):
         doc = inspect_bundle(bundle)
@@ -150,6 +151,7 @@ def inspect(
         *([("preprocess", doc["preprocess"]), ("postprocess", doc["postprocess"])] if doc["postprocess"] else []),
         ("created", f"{doc['created_at']} by {doc['created_by']}"),
         ("inputs", ", ".join(doc["signature"]["inputs"])), ("outputs", ", ".join(doc["signature"]["outputs"])),
+        ("shapes run", shapes_text(doc["shapes"]) if doc["shapes"] else "-"),
         ("model", f"{doc['model']['path']} opset {doc['model']['opset']} sha256 {doc['model']['sha256'][:16]}..."
                   + (f" (+ {', '.join(doc['model']['external_data'])})" if doc["model"]["external_data"] else "")),
         ("optimize", f"{doc['model']['optimize_level'] or '-'}" + (" applied" if doc["model"]["optimized"] else "")),

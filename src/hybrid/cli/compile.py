@@ -89,8 +89,10 @@ def compile_command(
             cm = hybrid.compile(source, target=target, precision=precision, autotune=autotune, accuracy=accuracy,
                                 shapes=declared)
         if output is not None:
+            from hybrid.bundle import save_bundle
+
             with progress(f"writing {output.name}"):
-                cm.save(str(output))
+                save_bundle(cm, output, shapes=declared)  # cm.save, declaring the shapes it was compiled for
     explain = explain or per_node
     doc = plan_doc(cm, per_node=per_node)
     if declared:

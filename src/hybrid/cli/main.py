@@ -142,7 +142,7 @@ def run(
     as_json: opt.Json = False,
 ) -> None:
     """Compile MODEL for TARGET, run it once, print the inputs' and outputs' shapes, dtypes and stats."""
-    from hybrid.cli._inputs import declared_shapes, dims, load_model, model_path, resolve_inputs
+    from hybrid.cli._inputs import bundle_shapes, declared_shapes, dims, load_model, model_path, resolve_inputs
 
     with report_errors(as_json):
         opt.apply_device_fallback(device_fallback)
@@ -151,8 +151,9 @@ def run(
         if output is not None and output.suffix not in (".npz", ".npy"):
             _write_outputs(output, {})  # HYB-102 before anything runs
         source = load_model(model)
-        feeds = resolve_inputs(source, load_inputs(inputs), declared, generate=random or declared is not None,
-                               command=f"run {model}")
+        given = load_inputs(inputs)
+        feeds = resolve_inputs(source, given, declared or bundle_shapes(model, given),
+                               generate=random or declared is not None, command=f"run {model}")
         with progress(f"compiling {model.name} for {target}"):
             cm = load_compiled(model, target, precision, feeds.compile_shapes, source)
         t0 = time.perf_counter()

@@ -52,7 +52,7 @@ def profile(
     runs give the latency and throughput. The trace is bounded in size. A dynamic input needs --shapes or
     --input (HYB-417): no size is made up; the shapes run are printed.
     """
-    from hybrid.cli._inputs import declared_shapes, load_compiled, load_model, model_path, resolve_inputs
+    from hybrid.cli._inputs import bundle_shapes, declared_shapes, load_compiled, load_model, model_path, resolve_inputs
     from hybrid.runtime.profiler import check_arguments
     from hybrid.runtime.profiler import profile as run_profile
 
@@ -62,8 +62,9 @@ def profile(
         declared = declared_shapes(shapes, min_shapes, opt_shapes, max_shapes)
         model = model_path(model)
         source = load_model(model)
-        feeds = resolve_inputs(source, load_inputs(inputs), declared, batch=batch, command=f"profile {model}",
-                               has_batch=True)
+        given = load_inputs(inputs)
+        feeds = resolve_inputs(source, given, declared or bundle_shapes(model, given), batch=batch,
+                               command=f"profile {model}", has_batch=True)
         with progress(f"compiling {model.name} for {target}"):
             cm = load_compiled(model, target, precision, feeds.compile_shapes, source)
         first = next(iter(feeds.feeds.values()), None)
