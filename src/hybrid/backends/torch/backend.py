@@ -59,6 +59,10 @@ class TorchExecutable(Executable):
         self._output_dtypes = output_dtypes or []
 
     def run(self, feeds: Mapping[str, Any]) -> list[Any]:
+        """Stage the feeds onto the device and run the module under ``inference_mode``; return numpy outputs in order.
+
+        Under autocast, outputs are cast back to the dtypes the graph declares.
+        """
         torch = self._torch
         args = self._stager.inputs([feeds[n] for n in self.input_names])
         with torch.inference_mode():
@@ -72,6 +76,7 @@ class TorchExecutable(Executable):
         return self._stager.outputs(outs, args)
 
     def close(self) -> None:
+        """Drop the module, so its parameters and buffers can be freed."""
         self.module = None
 
 
@@ -136,6 +141,7 @@ class TorchBackend(Backend):
                 for i in range(npu.device_count())]
 
     def version(self) -> str:
+        """The installed torch version string."""
         import torch
 
         return torch.__version__

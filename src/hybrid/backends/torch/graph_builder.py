@@ -292,8 +292,11 @@ class _Builder:
         return value
 
     def _subgraph(self, graph: ir.Graph) -> tuple[fx.Node, list[fx.Node]]:
-        """Lower a subgraph (If branch, Loop/Scan body) to a submodule; return it with the enclosing
-        values it reads, which the lowering passes after the body's own inputs."""
+        """Lower a subgraph (If branch, Loop/Scan body) to a submodule of the root.
+
+        Returns the submodule's ``get_attr`` node with the enclosing values the body reads, which the
+        lowering passes after the body's own inputs.
+        """
         sub = _Builder(graph, graph_opsets(graph, self.opsets), self.device, self.root,
                        prefix=self._fresh("g") + "_", outer=self)
         sub.add_inputs()
@@ -353,8 +356,10 @@ def _const_result(item: Any, value: ir.Value) -> Any:
 
 def build_module(graph: ir.Graph, opsets: dict[str, int], device: torch.device,
                  model_name: str = "model") -> fx.GraphModule:
-    """Lower ``graph`` to a GraphModule whose ``forward`` takes the graph's non-initializer inputs
-    positionally and returns a tuple of its outputs.
+    """Lower ``graph`` to a torch.fx GraphModule on ``device``, folding what is constant.
+
+    The module's ``forward`` takes the graph's non-initializer inputs positionally and returns a tuple
+    of its outputs.
 
     Raises:
         BackendError: HYB-304 naming the node the lowering failed on.

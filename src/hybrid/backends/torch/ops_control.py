@@ -27,6 +27,7 @@ def _call(body, *args):
 
 @lowering("If", host_inputs=(0,), dtypes=ALL, foldable=False)
 def if_(cond, *, then_branch, else_branch):
+    """ONNX If: runs ``then_branch`` or ``else_branch`` on the host value of ``cond``."""
     flag = bool(_scalar(cond))
     outs = _call(then_branch if flag else else_branch)
     return outs[0] if len(outs) == 1 else tuple(outs)
@@ -34,6 +35,10 @@ def if_(cond, *, then_branch, else_branch):
 
 @lowering("Loop", host_inputs=(0, 1), dtypes=ALL, foldable=False, n_outputs=True)
 def loop(max_trip=None, cond=None, *carried, body, n_outputs=1):
+    """ONNX Loop: runs ``body`` while ``cond`` holds and fewer than ``max_trip`` iterations ran.
+
+    Returns the final loop-carried values, then each scan output stacked over the iterations.
+    """
     limit = None if max_trip is None else int(_scalar(max_trip))
     keep = True if cond is None else bool(_scalar(cond))
     state = list(carried)
@@ -58,6 +63,11 @@ def loop(max_trip=None, cond=None, *carried, body, n_outputs=1):
 @lowering("Scan", since=9, dtypes=ALL, foldable=False, n_outputs=True)
 def scan(*inputs, body, num_scan_inputs, scan_input_axes=None, scan_input_directions=None,
          scan_output_axes=None, scan_output_directions=None, n_outputs=1):
+    """ONNX Scan (opset 9 on): runs ``body`` once per step of the scan inputs, threading the state through.
+
+    Each scan input is read along its axis (reversed where its direction says), and each scan output
+    is stacked along its axis in its direction.
+    """
     n_state = len(inputs) - num_scan_inputs
     state = list(inputs[:n_state])
     seqs = list(inputs[n_state:])

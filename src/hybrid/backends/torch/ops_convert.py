@@ -23,6 +23,7 @@ def _no_string(node):
 
 @lowering("Constant", dtypes=ALL, check=_no_string)
 def constant(*, value=None, value_float=None, value_floats=None, value_int=None, value_ints=None):
+    """ONNX Constant from its tensor ``value`` or one of the float/int (list) attributes; strings are refused."""
     if value is not None:
         return value
     if value_float is not None:
@@ -69,16 +70,19 @@ def _cast_check(node):
 
 @lowering("Cast", dtypes=ALL, check=_cast_check)
 def cast(x, *, to, saturate=1, round_mode="up"):
+    """ONNX Cast to ``to``; float8 targets follow the ONNX saturation tables (see :func:`cast_to`)."""
     return cast_to(x, torch_dtype(to), saturate)
 
 
 @lowering("CastLike", dtypes=ALL)
 def cast_like(x, like, *, saturate=1, round_mode="up"):
+    """ONNX CastLike: Cast to the dtype of ``like``."""
     return cast_to(x, like.dtype, saturate)
 
 
 @lowering("BitCast", dtypes=ALL, check=_cast_check)
 def bit_cast(x, *, to):
+    """ONNX BitCast: reinterprets the bytes of ``x`` as dtype ``to``, with no conversion."""
     return x.view(torch_dtype(to))
 
 
@@ -106,6 +110,11 @@ def _int_range(dtype):
 @lowering("QuantizeLinear", dtypes=_QTYPES)
 def quantize_linear(x, scale, zero_point=None, *, axis=1, saturate=1, block_size=0, output_dtype=0,
                     precision=0):
+    """ONNX QuantizeLinear: ``round(x / scale) + zero_point``, saturated to the output integer type.
+
+    Scale and zero point are per tensor, per ``axis`` or per block; the output type is the zero point's,
+    else ``output_dtype``, else uint8. Float8 outputs are cast rather than rounded.
+    """
     if zero_point is not None:
         out_dtype = zero_point.dtype
     elif output_dtype:
@@ -128,6 +137,7 @@ def quantize_linear(x, scale, zero_point=None, *, axis=1, saturate=1, block_size
 
 @lowering("DequantizeLinear", dtypes=_QTYPES)
 def dequantize_linear(x, scale, zero_point=None, *, axis=1, block_size=0, output_dtype=0):
+    """ONNX DequantizeLinear: ``(x - zero_point) * scale`` in float32, returned in ``output_dtype`` or the scale's."""
     out_dtype = torch_dtype(output_dtype) if output_dtype else scale.dtype
     work = x.to(torch.float32)
     if zero_point is not None:
@@ -138,6 +148,7 @@ def dequantize_linear(x, scale, zero_point=None, *, axis=1, block_size=0, output
 
 @lowering("DynamicQuantizeLinear", dtypes=_QTYPES)
 def dynamic_quantize_linear(x):
+    """ONNX DynamicQuantizeLinear: uint8 ``x`` with the scale and zero point of its range (widened to hold 0)."""
     hi = torch.clamp(x.max(), min=0).to(torch.float32)
     lo = torch.clamp(x.min(), max=0).to(torch.float32)
     scale = torch.where(hi == lo, torch.ones_like(hi), hi - lo) / 255.0
@@ -160,6 +171,7 @@ def _int_matmul(a, b):
 
 @lowering("MatMulInteger", dtypes=_QTYPES)
 def matmul_integer(a, b, a_zero_point=None, b_zero_point=None):
+    """ONNX MatMulInteger: the int32 product of ``a`` and ``b`` after their zero points are subtracted."""
     azp = a_zero_point
     bzp = b_zero_point
     if azp is not None and azp.dim() == 1 and azp.numel() > 1:
@@ -169,6 +181,7 @@ def matmul_integer(a, b, a_zero_point=None, b_zero_point=None):
 
 @lowering("QLinearMatMul", dtypes=_QTYPES)
 def qlinear_matmul(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point):
+    """ONNX QLinearMatMul: the integer product scaled by ``a_scale * b_scale / y_scale`` and requantized for ``y``."""
     c = _int_matmul(_centered(a, a_zero_point), _centered(b, b_zero_point)).to(torch.float64)
     d = c * (a_scale.to(torch.float64) * b_scale.to(torch.float64) / y_scale.to(torch.float64))
     out_dtype = y_zero_point.dtype if y_zero_point is not None else a.dtype

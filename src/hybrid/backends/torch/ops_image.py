@@ -1,5 +1,7 @@
-"""Image lowerings: Resize/Upsample (separable interpolation matrices), GridSample, AffineGrid,
-Col2Im, NonMaxSuppression."""
+"""Image lowerings: Resize/Upsample, GridSample, AffineGrid, Col2Im, NonMaxSuppression.
+
+Resize applies one dense interpolation matrix per resized axis (separable), built on the host and cached.
+"""
 
 from __future__ import annotations
 
@@ -99,8 +101,10 @@ def _source_coords(mode, y, scale, n_in, n_out_f, n_out, roi):
 
 @lru_cache(maxsize=256)
 def _resize_matrix(n_in, n_out, scale, key):
-    """Dense (n_out, n_in) interpolation matrix for one axis, and the extrapolated output rows;
-    the same per-axis computation as ONNX's reference Resize."""
+    """Dense (n_out, n_in) interpolation matrix for one axis, and the extrapolated output rows.
+
+    The per-axis computation is the same as in ONNX's reference Resize.
+    """
     mode, coord, nearest_mode, cubic_a, exclude_outside, antialias, roi = key
     if mode == "nearest":
         fn = _nearest_fn(nearest_mode)
@@ -186,6 +190,11 @@ def resize(x, roi=None, scales=None, sizes=None, *, antialias=0, axes=None,
            coordinate_transformation_mode="half_pixel", cubic_coeff_a=-0.75, exclude_outside=0,
            extrapolation_value=0.0, keep_aspect_ratio_policy="stretch", mode="nearest",
            nearest_mode="round_prefer_floor"):
+    """ONNX Resize from opset 11: nearest, linear or cubic interpolation, one separable matrix per resized axis.
+
+    The output size comes from ``sizes`` (under ``keep_aspect_ratio_policy``) or ``scales``; empty
+    inputs count as absent. Integer inputs are interpolated in float32 and rounded back, saturating.
+    """
     if isinstance(scales, torch.Tensor) and scales.numel() == 0:
         scales = None
     if isinstance(sizes, (list, torch.Tensor)) and len(sizes) == 0:
@@ -199,17 +208,20 @@ def resize(x, roi=None, scales=None, sizes=None, *, antialias=0, axes=None,
 
 @lowering("Resize", since=10, host_inputs=(1,), dtypes=NUMERIC | FLOATS)
 def resize_10(x, scales, *, mode="nearest"):
+    """ONNX Resize at opset 10: ``scales`` only, asymmetric coordinates and floor rounding for nearest."""
     return _resize(x, None, scales, None, antialias=0, axes=None, coord="asymmetric", cubic_a=-0.75,
                    exclude_outside=0, extrapolation=0.0, policy="stretch", mode=mode, nearest_mode="floor")
 
 
 @lowering("Upsample", since=9, host_inputs=(1,), dtypes=NUMERIC | FLOATS)
 def upsample(x, scales, *, mode="nearest"):
+    """ONNX Upsample at opset 9: the opset-10 Resize, with ``scales`` as an input."""
     return resize_10(x, scales, mode=mode)
 
 
 @lowering("Upsample", since=7, dtypes=NUMERIC | FLOATS)
 def upsample_7(x, *, mode="nearest", scales):
+    """ONNX Upsample at opset 7: the opset-10 Resize, with ``scales`` as an attribute."""
     return resize_10(x, scales, mode=mode)
 
 
@@ -231,12 +243,14 @@ def _grid_check(node):
 
 @lowering("GridSample", since=16, dtypes=FLOATS, check=_grid_check)
 def grid_sample(x, grid, *, align_corners=0, mode="bilinear", padding_mode="zeros"):
+    """ONNX GridSample on 2-D or 3-D images through ``F.grid_sample`` (no bicubic mode in 3-D)."""
     return F.grid_sample(x, grid.to(x.dtype), mode=_GRID_MODES[mode], padding_mode=padding_mode,
                          align_corners=bool(align_corners))
 
 
 @lowering("AffineGrid", since=20, host_inputs=(1,), dtypes=FLOATS | {DataType.INT64})
 def affine_grid(theta, size, *, align_corners=0):
+    """ONNX AffineGrid: the sampling grid of the affine matrices ``theta`` for an output of ``size``."""
     return F.affine_grid(theta, ints(size), align_corners=bool(align_corners))
 
 
@@ -249,6 +263,7 @@ def _col2im_check(node):
 
 @lowering("Col2Im", since=18, host_inputs=(1, 2), dtypes=FLOATS | {DataType.INT64}, check=_col2im_check)
 def col2im(x, image_shape, block_shape, *, dilations=None, pads=None, strides=None):
+    """ONNX Col2Im on 2-D images through ``F.fold``; asymmetric pads raise ValueError, as fold has none."""
     size, block = ints(image_shape), ints(block_shape)
     if len(size) != 2:
         raise ValueError("Col2Im is lowered for 2-D images only")
@@ -263,6 +278,11 @@ def col2im(x, image_shape, block_shape, *, dilations=None, pads=None, strides=No
           foldable=True)
 def non_max_suppression(boxes, scores, max_output=None, iou_threshold=None, score_threshold=None, *,
                         center_point_box=0):
+    """ONNX NonMaxSuppression: greedy per-class suppression by IoU, highest score first.
+
+    Returns the ``[batch, class, box]`` rows kept, at most ``max_output`` per class; boxes at or below
+    ``score_threshold`` are skipped, and a ``max_output`` of 0 keeps none.
+    """
     limit = ints(max_output)[0] if max_output is not None else 0
     iou_t = float(iou_threshold[0] if isinstance(iou_threshold, list) else iou_threshold.reshape(-1)[0]) \
         if iou_threshold is not None else 0.0

@@ -1,5 +1,7 @@
-"""Indexing lowerings: gather/scatter, and ops whose output shape depends on the data
-(NonZero, Compress, TopK, Unique)."""
+"""Indexing lowerings: gather/scatter, and ops whose output shape depends on the data.
+
+The data-dependent ones are NonZero, Compress, TopK and Unique.
+"""
 
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ def _wrap(indices: torch.Tensor, n: int) -> torch.Tensor:
 
 @lowering("Gather", dtypes=ANY)
 def gather(x, indices, *, axis=0):
+    """ONNX Gather: picks slices of ``x`` along ``axis``; the output takes the indices' shape in place of that dim."""
     axis = _axis(axis, x.dim())
     idx = _wrap(indices, x.shape[axis])
     out = torch.index_select(x, axis, idx.reshape(-1))
@@ -37,12 +40,14 @@ def gather(x, indices, *, axis=0):
 
 @lowering("GatherElements", dtypes=ANY)
 def gather_elements(x, indices, *, axis=0):
+    """ONNX GatherElements: ``torch.gather`` along ``axis``, with negative indices wrapped."""
     axis = _axis(axis, x.dim())
     return torch.gather(x, axis, _wrap(indices, x.shape[axis]))
 
 
 @lowering("GatherND", dtypes=ANY)
 def gather_nd(x, indices, *, batch_dims=0):
+    """ONNX GatherND: each row of the last index dim addresses a slice of ``x``, after ``batch_dims`` shared dims."""
     idx = indices.to(torch.int64)
     b = batch_dims
     batch_shape = list(x.shape[:b])
@@ -62,6 +67,7 @@ _REDUCE = {"none": None, "add": "sum", "mul": "prod", "max": "amax", "min": "ami
 
 @lowering("ScatterElements", dtypes=ANY)
 def scatter_elements(x, indices, updates, *, axis=0, reduction="none"):
+    """ONNX ScatterElements: writes ``updates`` at ``indices`` along ``axis``, or combines them by ``reduction``."""
     axis = _axis(axis, x.dim())
     idx = _wrap(indices, x.shape[axis])
     mode = _REDUCE[reduction]
@@ -72,11 +78,13 @@ def scatter_elements(x, indices, updates, *, axis=0, reduction="none"):
 
 @lowering("Scatter", dtypes=ANY)
 def scatter(x, indices, updates, *, axis=0):
+    """ONNX Scatter, the deprecated name of ScatterElements without ``reduction``."""
     return scatter_elements(x, indices, updates, axis=axis)
 
 
 @lowering("ScatterND", dtypes=ANY)
 def scatter_nd(x, indices, updates, *, reduction="none"):
+    """ONNX ScatterND on a copy of ``x``; ``mul``/``max``/``min`` apply the updates one at a time, in order."""
     idx = indices.to(torch.int64)
     k = idx.shape[-1]
     dims = torch.tensor(x.shape[:k], dtype=torch.int64, device=x.device)
@@ -98,6 +106,10 @@ def scatter_nd(x, indices, updates, *, reduction="none"):
 
 @lowering("TensorScatter", dtypes=ANY)
 def tensor_scatter(past, update, write_indices=None, *, axis=-2, mode="linear"):
+    """ONNX TensorScatter: writes ``update`` into a copy of the cache ``past`` from ``write_indices[b]`` on.
+
+    In ``circular`` mode the positions wrap around the cache length.
+    """
     axis = _axis(axis, past.dim())
     out = past.clone()
     seq = update.shape[axis]
@@ -116,6 +128,7 @@ def tensor_scatter(past, update, write_indices=None, *, axis=-2, mode="linear"):
 # ------------------------------------------------------------------ data-dependent shapes
 @lowering("NonZero", dtypes=COMMON)
 def nonzero(x):
+    """ONNX NonZero: the indices of the nonzero elements, one row per dim (shape ``[rank, count]``)."""
     if x.dim() == 0:
         return torch.nonzero(x.reshape(1)).T[:0].reshape(0, int(bool(x)))
     return torch.nonzero(x).T.contiguous()
@@ -123,6 +136,7 @@ def nonzero(x):
 
 @lowering("Compress", dtypes=ANY)
 def compress(x, condition, *, axis=None):
+    """ONNX Compress: the slices along ``axis`` (elements of the flat ``x`` without it) where ``condition`` holds."""
     cond = condition.to(torch.bool)
     if axis is None:
         flat = x.reshape(-1)
@@ -135,6 +149,7 @@ def compress(x, condition, *, axis=None):
 
 @lowering("TopK", since=10, host_inputs=(1,), dtypes=COMMON - {DataType.BOOL})
 def top_k(x, k, *, axis=-1, largest=1, sorted=1):
+    """ONNX TopK: the ``k`` largest (or smallest) values along ``axis`` and their indices; ties go to the lower one."""
     kk = ints(k)[0]
     axis = _axis(axis, x.dim())
     # ties break to the lower index (ONNX): a stable sort gives that order
@@ -146,6 +161,10 @@ def top_k(x, k, *, axis=-1, largest=1, sorted=1):
 
 @lowering("Unique", dtypes=COMMON, n_outputs=True)
 def unique(x, *, axis=None, sorted=1, n_outputs=4):
+    """ONNX Unique: the unique values, the index of each one's first occurrence, the inverse indices and the counts.
+
+    Without ``sorted`` the values keep the order of their first occurrence.
+    """
     if axis is None:
         flat = x.reshape(-1)
         values, inverse, counts = torch.unique(flat, sorted=True, return_inverse=True, return_counts=True)

@@ -21,11 +21,13 @@ def _matmul(a, b):
 
 @lowering("MatMul", dtypes=NUMERIC)
 def matmul(a, b):
+    """ONNX MatMul with numpy broadcasting; integer matmul on CUDA goes through float64, which has a kernel."""
     return _matmul(a, b)
 
 
 @lowering("Gemm", dtypes=NUMERIC)
 def gemm(a, b, c=None, *, alpha=1.0, beta=1.0, transA=0, transB=0):
+    """ONNX Gemm: ``alpha * A' @ B' + beta * C``, each of A and B transposed when ``transA``/``transB`` ask."""
     a = a.T if transA else a
     b = b.T if transB else b
     y = _matmul(a, b)
@@ -38,6 +40,7 @@ def gemm(a, b, c=None, *, alpha=1.0, beta=1.0, transA=0, transB=0):
 
 @lowering("Einsum", dtypes=NUMERIC)
 def einsum(*xs, equation):
+    """ONNX Einsum: ``torch.einsum`` on the same ``equation``."""
     return torch.einsum(equation, *xs)
 
 
@@ -56,31 +59,37 @@ def _hardmax(x, dim):
 
 @lowering("Softmax", dtypes=FLOATS)
 def softmax_2d(x, *, axis=1):
+    """ONNX Softmax before opset 13: the input is coerced to 2-D at ``axis`` and the softmax runs along the rows."""
     return _coerced(torch.softmax, x, axis)
 
 
 @lowering("Softmax", since=13, dtypes=FLOATS)
 def softmax(x, *, axis=-1):
+    """ONNX Softmax from opset 13, along ``axis``."""
     return torch.softmax(x, axis)
 
 
 @lowering("LogSoftmax", dtypes=FLOATS)
 def log_softmax_2d(x, *, axis=1):
+    """ONNX LogSoftmax before opset 13: coerced to 2-D at ``axis``, as Softmax is."""
     return _coerced(torch.log_softmax, x, axis)
 
 
 @lowering("LogSoftmax", since=13, dtypes=FLOATS)
 def log_softmax(x, *, axis=-1):
+    """ONNX LogSoftmax from opset 13, along ``axis``."""
     return torch.log_softmax(x, axis)
 
 
 @lowering("Hardmax", dtypes=FLOATS)
 def hardmax_2d(x, *, axis=1):
+    """ONNX Hardmax before opset 13: coerced to 2-D at ``axis``, as Softmax is."""
     return _coerced(_hardmax, x, axis)
 
 
 @lowering("Hardmax", since=13, dtypes=FLOATS)
 def hardmax(x, *, axis=-1):
+    """ONNX Hardmax from opset 13: 1 at the first maximum along ``axis``, 0 elsewhere."""
     return _hardmax(x, axis)
 
 
@@ -123,6 +132,12 @@ def _window_bias(q_len, kv_len, offset, left, right, dtype, device):
 def attention(q, k, v, attn_mask=None, past_key=None, past_value=None, nonpad_kv_seqlen=None, *,
               is_causal=0, kv_num_heads=None, q_num_heads=None, qk_matmul_output_mode=0, scale=None,
               softcap=0.0, softmax_precision=None, left_window_size=-1, right_window_size=-1, n_outputs=1):
+    """ONNX Attention (opset 23), step by step as the ONNX reference does it.
+
+    It takes 3-D or 4-D Q/K/V, a past key/value cache, bool or additive masks, causal and sliding-window
+    masking, grouped-query heads and softcap. Rows whose keys are all masked give zeros, not NaN. The
+    outputs are the result, the present key/value and the ``qk_matmul_output_mode`` scores.
+    """
     # follows the ONNX reference step by step (scale split over Q and K, bias, softcap, guard)
     three_d = q.dim() == 3
     if three_d:
@@ -193,6 +208,10 @@ def attention(q, k, v, attn_mask=None, past_key=None, past_value=None, nonpad_kv
 @lowering("RotaryEmbedding", since=23, dtypes=FLOATS | {DataType.INT64})
 def rotary_embedding(x, cos_cache, sin_cache, position_ids=None, *, interleaved=0, num_heads=0,
                      rotary_embedding_dim=0):
+    """ONNX RotaryEmbedding (opset 23): rotates the first ``rotary_embedding_dim`` channels of each head.
+
+    The pairs are interleaved or split in halves; ``position_ids`` pick the rows of the cos/sin caches.
+    """
     shape = x.shape
     t = x.transpose(1, 2) if x.dim() == 4 else x.reshape(shape[0], shape[1], num_heads, -1)
     dim = rotary_embedding_dim or t.shape[3]
@@ -216,4 +235,5 @@ def rotary_embedding(x, cos_cache, sin_cache, position_ids=None, *, interleaved=
 
 @lowering("Det", dtypes=FLOATS)
 def det(x):
+    """ONNX Det: the determinant of each square matrix in the last two dims."""
     return torch.linalg.det(x)

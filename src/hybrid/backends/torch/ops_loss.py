@@ -31,11 +31,16 @@ def _nll(log_prob, target, weight, reduction, ignore_index):
 
 @lowering("NegativeLogLikelihoodLoss", since=12, dtypes=_LOSS_TYPES)
 def nll_loss(x, target, weight=None, *, ignore_index=None, reduction="mean"):
+    """ONNX NegativeLogLikelihoodLoss: ``-x[n, target]`` times the class weight; ``ignore_index`` targets count 0.
+
+    The ``mean`` reduction divides by the sum of the weights that apply.
+    """
     return _nll(x, target, weight, reduction, ignore_index).to(x.dtype)
 
 
 @lowering("SoftmaxCrossEntropyLoss", since=12, dtypes=_LOSS_TYPES, n_outputs=True)
 def softmax_cross_entropy_loss(x, target, weight=None, *, ignore_index=None, reduction="mean", n_outputs=1):
+    """ONNX SoftmaxCrossEntropyLoss: the NLL loss of ``log_softmax(x, dim=1)``, which is the optional 2nd output."""
     log_prob = torch.log_softmax(x, dim=1)
     loss = _nll(log_prob, target, weight, reduction, ignore_index).to(x.dtype)
     return loss if n_outputs == 1 else (loss, log_prob)

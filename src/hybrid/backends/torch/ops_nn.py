@@ -58,6 +58,7 @@ def _torch_pad(begin: list[int], end: list[int]) -> list[int]:
 @lowering("Conv", dtypes=FLOATS, check=_spatial_rank)
 def conv(x, w, b=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None,
          strides=None):
+    """ONNX Conv over 1 to 3 spatial dims; uneven (or SAME) pads go through ``F.pad`` first, as torch pads evenly."""
     nd = x.dim() - 2
     kernel = list(w.shape[2:])
     strides = strides or [1] * nd
@@ -72,6 +73,10 @@ def conv(x, w, b=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_sha
 @lowering("ConvTranspose", dtypes=FLOATS, check=_spatial_rank)
 def conv_transpose(x, w, b=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None,
                    output_padding=None, output_shape=None, pads=None, strides=None):
+    """ONNX ConvTranspose: the full transposed convolution, then the pads cropped and ``output_padding`` appended.
+
+    With ``output_shape`` (or SAME auto-padding and no ``pads``) the pads are derived from the target size.
+    """
     nd = x.dim() - 2
     kernel = list(w.shape[2:])
     strides = strides or [1] * nd
@@ -123,6 +128,10 @@ def _float_work(x):
           n_outputs=True)
 def max_pool(x, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape, pads=None, storage_order=0,
              strides=None, n_outputs=1):
+    """ONNX MaxPool, with the optional second output of ONNX-layout indices.
+
+    Pads torch cannot express (uneven, or wider than half the window) are applied up front as ``-inf``.
+    """
     nd = x.dim() - 2
     strides = strides or [1] * nd
     dilations = dilations or [1] * nd
@@ -148,8 +157,11 @@ def max_pool(x, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape,
 
 
 def _onnx_pool_indices(idx, shape, padded_sizes, offset, storage_order):
-    """torch gives indices into each (n, c) plane of the padded input; ONNX wants them into the whole
-    unpadded tensor, row- or column-major."""
+    """Convert torch's max-pool indices to the ONNX layout.
+
+    torch gives indices into each (n, c) plane of the padded input; ONNX wants them into the whole
+    unpadded tensor, row- or column-major.
+    """
     nd = len(padded_sizes)
     coords = []
     rest = idx
@@ -180,6 +192,10 @@ def _window_sum(x, kernel, strides, dilations):
 @lowering("AveragePool", dtypes=FLOATS, check=_spatial_rank)
 def average_pool(x, *, auto_pad="NOTSET", ceil_mode=0, count_include_pad=0, dilations=None, kernel_shape,
                  pads=None, strides=None):
+    """ONNX AveragePool; what ``F.avg_pool`` cannot express is a window sum divided by a window count.
+
+    That covers dilation, uneven or wide pads and ``ceil_mode``; ``count_include_pad`` picks the cells counted.
+    """
     nd = x.dim() - 2
     strides = strides or [1] * nd
     dilations = dilations or [1] * nd
@@ -203,6 +219,7 @@ def average_pool(x, *, auto_pad="NOTSET", ceil_mode=0, count_include_pad=0, dila
 
 @lowering("LpPool", dtypes=FLOATS, check=_spatial_rank)
 def lp_pool(x, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape, p=2, pads=None, strides=None):
+    """ONNX LpPool: ``(sum |x|^p)^(1/p)`` over each window, as a window sum of the padded powers."""
     nd = x.dim() - 2
     strides = strides or [1] * nd
     dilations = dilations or [1] * nd
@@ -216,21 +233,25 @@ def lp_pool(x, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape, 
 
 @lowering("GlobalAveragePool", dtypes=FLOATS)
 def global_average_pool(x):
+    """ONNX GlobalAveragePool: the mean over all spatial dims, which are kept as size 1."""
     return x.mean(dim=tuple(range(2, x.dim())), keepdim=True)
 
 
 @lowering("GlobalMaxPool", dtypes=FLOATS)
 def global_max_pool(x):
+    """ONNX GlobalMaxPool: the max over all spatial dims, which are kept as size 1."""
     return x.amax(dim=tuple(range(2, x.dim())), keepdim=True)
 
 
 @lowering("GlobalLpPool", dtypes=FLOATS)
 def global_lp_pool(x, *, p=2):
+    """ONNX GlobalLpPool: the p-norm over all spatial dims, which are kept as size 1."""
     return (x.abs() ** p).sum(dim=tuple(range(2, x.dim())), keepdim=True) ** (1.0 / p)
 
 
 @lowering("MaxUnpool", host_inputs=(2,), dtypes=FLOATS | {DataType.INT64})
 def max_unpool(x, indices, output_shape=None, *, kernel_shape, pads=None, strides=None):
+    """ONNX MaxUnpool: scatters ``x`` into zeros at ``indices``, sized by ``output_shape`` or the pool attributes."""
     nd = x.dim() - 2
     strides = strides or kernel_shape
     pads = pads or [0] * (2 * nd)
@@ -249,6 +270,7 @@ def max_unpool(x, indices, output_shape=None, *, kernel_shape, pads=None, stride
 @lowering("BatchNormalization", dtypes=FLOATS, n_outputs=True)
 def batch_norm(x, scale, bias, mean, var, *, epsilon=1e-5, momentum=0.9, spatial=1, is_test=0,
                consumed_inputs=None, training_mode=0, n_outputs=1):
+    """ONNX BatchNormalization; training mode normalizes by the batch statistics and can return the running ones."""
     if not training_mode:
         return F.batch_norm(x, mean.to(x.dtype), var.to(x.dtype), scale, bias, False, 0.0, epsilon)
     dims = [0, *range(2, x.dim())]
@@ -264,6 +286,7 @@ def batch_norm(x, scale, bias, mean, var, *, epsilon=1e-5, momentum=0.9, spatial
 
 @lowering("InstanceNormalization", dtypes=FLOATS)
 def instance_norm(x, scale, bias, *, epsilon=1e-5):
+    """ONNX InstanceNormalization: per-sample, per-channel normalization with ``scale`` and ``bias``."""
     return F.instance_norm(x, weight=scale, bias=bias, eps=epsilon)
 
 
@@ -273,6 +296,10 @@ def _stash(x, stash_type):
 
 @lowering("LayerNormalization", dtypes=FLOATS, n_outputs=True)
 def layer_norm(x, scale, bias=None, *, axis=-1, epsilon=1e-5, stash_type=1, n_outputs=1):
+    """ONNX LayerNormalization over the dims from ``axis`` on; optional outputs are the mean and inverse std.
+
+    ``stash_type=1`` computes the statistics of float16/bfloat16 inputs in float32.
+    """
     axis = axis + x.dim() if axis < 0 else axis
     dims = tuple(range(axis, x.dim()))
     xs = _stash(x, stash_type)
@@ -288,6 +315,7 @@ def layer_norm(x, scale, bias=None, *, axis=-1, epsilon=1e-5, stash_type=1, n_ou
 
 @lowering("RMSNormalization", dtypes=FLOATS)
 def rms_norm(x, scale, *, axis=-1, epsilon=1e-5, stash_type=1):
+    """ONNX RMSNormalization: ``x / sqrt(mean(x^2) + epsilon) * scale`` over the dims from ``axis`` on."""
     axis = axis + x.dim() if axis < 0 else axis
     dims = tuple(range(axis, x.dim()))
     xs = _stash(x, stash_type)
@@ -297,6 +325,7 @@ def rms_norm(x, scale, *, axis=-1, epsilon=1e-5, stash_type=1):
 
 @lowering("GroupNormalization", since=18, dtypes=FLOATS)
 def group_norm_18(x, scale, bias, *, epsilon=1e-5, num_groups):
+    """ONNX GroupNormalization at opset 18: ``scale`` and ``bias`` are per group."""
     n, _c = x.shape[:2]
     grouped = x.reshape(n, num_groups, -1)
     mean = grouped.mean(dim=-1, keepdim=True)
@@ -308,6 +337,7 @@ def group_norm_18(x, scale, bias, *, epsilon=1e-5, num_groups):
 
 @lowering("GroupNormalization", since=21, dtypes=FLOATS)
 def group_norm(x, scale, bias, *, epsilon=1e-5, num_groups, stash_type=1):
+    """ONNX GroupNormalization from opset 21: ``scale`` and ``bias`` per channel, ``stash_type`` as in LayerNorm."""
     n, c = x.shape[:2]
     grouped = _stash(x, stash_type).reshape(n, num_groups, -1)
     mean = grouped.mean(dim=-1, keepdim=True)
@@ -319,17 +349,20 @@ def group_norm(x, scale, bias, *, epsilon=1e-5, num_groups, stash_type=1):
 
 @lowering("LRN", dtypes=FLOATS)
 def lrn(x, *, alpha=1e-4, beta=0.75, bias=1.0, size):
+    """ONNX LRN: local response normalization across ``size`` neighbouring channels."""
     return F.local_response_norm(x, size, alpha, beta, bias)
 
 
 @lowering("LpNormalization", dtypes=FLOATS)
 def lp_normalization(x, *, axis=-1, p=2):
+    """ONNX LpNormalization: ``x`` divided by its L1 or L2 norm along ``axis``, 0 where the norm is 0."""
     norm = x.abs().sum(dim=axis, keepdim=True) if p == 1 else torch.sqrt((x * x).sum(dim=axis, keepdim=True))
     return torch.where(norm == 0, torch.zeros((), dtype=x.dtype, device=x.device), x / norm)
 
 
 @lowering("MeanVarianceNormalization", dtypes=FLOATS)
 def mean_variance_normalization(x, *, axes=(0, 2, 3)):
+    """ONNX MeanVarianceNormalization: ``(x - mean) / (std + 1e-9)`` over ``axes``."""
     dims = tuple(axes)
     mean = x.mean(dim=dims, keepdim=True)
     var = (x * x).mean(dim=dims, keepdim=True) - mean * mean
@@ -339,6 +372,7 @@ def mean_variance_normalization(x, *, axes=(0, 2, 3)):
 # ------------------------------------------------------------------ dropout (inference)
 @lowering("Dropout", dtypes=FLOATS | {DataType.BOOL}, n_outputs=True)
 def dropout_attrs(x, *, ratio=0.5, is_test=0, seed=None, consumed_inputs=None, n_outputs=1):
+    """ONNX Dropout before opset 12: inference only, so ``x`` passes through and the mask is all true."""
     if n_outputs == 1:
         return x
     return x, torch.ones_like(x, dtype=torch.bool)
@@ -347,6 +381,7 @@ def dropout_attrs(x, *, ratio=0.5, is_test=0, seed=None, consumed_inputs=None, n
 @lowering("Dropout", since=12, dtypes=FLOATS | {DataType.BOOL}, n_outputs=True,
           foldable=False)
 def dropout(x, ratio=None, training_mode=None, *, seed=None, n_outputs=1):
+    """ONNX Dropout from opset 12: a random mask scaled by ``1 / (1 - ratio)`` in training mode, else ``x`` as is."""
     training = training_mode is not None and bool(training_mode)
     p = 0.5 if ratio is None else float(ratio)
     if training and p > 0:

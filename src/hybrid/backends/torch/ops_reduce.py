@@ -114,11 +114,13 @@ def _arg(fn, x, axis, keepdims, select_last_index):
 
 @lowering("ArgMax", dtypes=NUMERIC)
 def arg_max(x, *, axis=0, keepdims=1, select_last_index=0):
+    """ONNX ArgMax along ``axis``; ties go to the first index, or the last with ``select_last_index``."""
     return _arg(torch.argmax, x, axis, keepdims, select_last_index)
 
 
 @lowering("ArgMin", dtypes=NUMERIC)
 def arg_min(x, *, axis=0, keepdims=1, select_last_index=0):
+    """ONNX ArgMin along ``axis``; ties go to the first index, or the last with ``select_last_index``."""
     return _arg(torch.argmin, x, axis, keepdims, select_last_index)
 
 
@@ -136,9 +138,11 @@ def _scan(fn, identity, x, axis, exclusive, reverse):
 
 @lowering("CumSum", host_inputs=(1,), dtypes=NUMERIC)
 def cum_sum(x, axis, *, exclusive=0, reverse=0):
+    """ONNX CumSum along ``axis``, optionally exclusive (shifted by one, starting at 0) and/or reversed."""
     return _scan(torch.cumsum, 0, x, axis, exclusive, reverse)
 
 
 @lowering("CumProd", host_inputs=(1,), dtypes=NUMERIC)
 def cum_prod(x, axis, *, exclusive=0, reverse=0):
+    """ONNX CumProd along ``axis``, optionally exclusive (shifted by one, starting at 1) and/or reversed."""
     return _scan(torch.cumprod, 1, x, axis, exclusive, reverse)

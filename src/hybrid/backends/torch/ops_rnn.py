@@ -126,6 +126,7 @@ def _clipped(clip):
 @lowering("RNN", since=7, dtypes=_TYPES, check=_check_activations, n_outputs=True)
 def rnn(x, w, r, b=None, sequence_lens=None, initial_h=None, *, activation_alpha=None, activation_beta=None,
         activations=None, clip=None, direction="forward", hidden_size=None, layout=0, n_outputs=1):
+    """ONNX RNN: ``h = f(x W^T + h R^T + Wb + Rb)`` per step, ``f`` Tanh by default; outputs Y and Y_h."""
     hidden = r.shape[-1]
     fns = _activations(activations, activation_alpha, activation_beta, 1, w.shape[0], ["Tanh"])
     cut = _clipped(clip)
@@ -143,6 +144,7 @@ def rnn(x, w, r, b=None, sequence_lens=None, initial_h=None, *, activation_alpha
 def gru(x, w, r, b=None, sequence_lens=None, initial_h=None, *, activation_alpha=None, activation_beta=None,
         activations=None, clip=None, direction="forward", hidden_size=None, layout=0, linear_before_reset=0,
         n_outputs=1):
+    """ONNX GRU with gates z, r, h (ONNX order); ``linear_before_reset`` applies the reset gate after ``h R_h^T``."""
     hidden = r.shape[-1]
     fns = _activations(activations, activation_alpha, activation_beta, 2, w.shape[0], ["Sigmoid", "Tanh"])
     cut = _clipped(clip)
@@ -172,6 +174,10 @@ def gru(x, w, r, b=None, sequence_lens=None, initial_h=None, *, activation_alpha
 def lstm(x, w, r, b=None, sequence_lens=None, initial_h=None, initial_c=None, p=None, *, activation_alpha=None,
          activation_beta=None, activations=None, clip=None, direction="forward", hidden_size=None, input_forget=0,
          layout=0, n_outputs=1):
+    """ONNX LSTM with gates i, o, f, c (ONNX order), optional peepholes ``p`` and coupled ``input_forget``.
+
+    Outputs are Y, Y_h and Y_c.
+    """
     hidden = r.shape[-1]
     directions = w.shape[0]
     fns = _activations(activations, activation_alpha, activation_beta, 3, directions, ["Sigmoid", "Tanh", "Tanh"])

@@ -24,6 +24,7 @@ def _broadcast_shape(a: list[int], b: list[int]) -> list[int]:
 # ------------------------------------------------------------------ shapes
 @lowering("Shape", dtypes=ANY, shape_only=True)
 def shape(x, *, start=0, end=None):
+    """ONNX Shape: the dims of ``x`` as an int64 tensor, cut to ``[start, end)`` (negative bounds from the end)."""
     dims = list(x.shape)
     n = len(dims)
     lo = max(0, min(n, _axis(start, n)))
@@ -33,11 +34,13 @@ def shape(x, *, start=0, end=None):
 
 @lowering("Size", dtypes=ANY, shape_only=True)
 def size(x):
+    """ONNX Size: the element count of ``x`` as an int64 scalar."""
     return torch.tensor(x.numel(), dtype=torch.int64)
 
 
 @lowering("Reshape", since=5, host_inputs=(1,), dtypes=ANY)
 def reshape(x, shape, *, allowzero=0):
+    """ONNX Reshape; a 0 in ``shape`` copies the input's dim unless ``allowzero`` is set."""
     dims = ints(shape)
     if not allowzero:
         dims = [x.shape[i] if d == 0 else d for i, d in enumerate(dims)]
@@ -46,6 +49,7 @@ def reshape(x, shape, *, allowzero=0):
 
 @lowering("Flatten", dtypes=ANY)
 def flatten(x, *, axis=1):
+    """ONNX Flatten: a 2-D reshape, the dims before ``axis`` folded into rows and the rest into columns."""
     axis = _axis(axis, x.dim())
     lead = 1
     for d in x.shape[:axis]:
@@ -62,11 +66,13 @@ def _prod(dims) -> int:
 
 @lowering("Squeeze", dtypes=ANY)
 def squeeze_attr(x, *, axes=None):
+    """ONNX Squeeze before opset 13: ``axes`` is an attribute."""
     return squeeze(x, axes)
 
 
 @lowering("Squeeze", since=13, host_inputs=(1,), dtypes=ANY)
 def squeeze(x, axes=None):
+    """ONNX Squeeze from opset 13: drops the ``axes`` input's dims, or every size-1 dim when it is absent."""
     dims = ints(axes)
     if dims is None:
         return x.squeeze()
@@ -75,11 +81,13 @@ def squeeze(x, axes=None):
 
 @lowering("Unsqueeze", dtypes=ANY)
 def unsqueeze_attr(x, *, axes):
+    """ONNX Unsqueeze before opset 13: ``axes`` is an attribute."""
     return unsqueeze(x, axes)
 
 
 @lowering("Unsqueeze", since=13, host_inputs=(1,), dtypes=ANY)
 def unsqueeze(x, axes):
+    """ONNX Unsqueeze from opset 13: inserts size-1 dims at ``axes``, counted in the output's rank."""
     dims = ints(axes)
     rank = x.dim() + len(dims)
     for a in sorted(_axis(a, rank) for a in dims):
@@ -89,6 +97,7 @@ def unsqueeze(x, axes):
 
 @lowering("Transpose", dtypes=ANY)
 def transpose(x, *, perm=None):
+    """ONNX Transpose; without ``perm`` the dims are reversed."""
     if perm is None:
         perm = list(range(x.dim()))[::-1]
     return x.permute(perm)
@@ -96,23 +105,27 @@ def transpose(x, *, perm=None):
 
 @lowering("Expand", since=8, host_inputs=(1,), dtypes=ANY)
 def expand(x, shape):
+    """ONNX Expand: broadcasts ``x`` against ``shape`` (numpy rules, so a target dim of 1 keeps the input's dim)."""
     target = _broadcast_shape(list(x.shape), ints(shape))
     return x.expand(target)
 
 
 @lowering("Tile", since=6, host_inputs=(1,), dtypes=ANY)
 def tile(x, repeats):
+    """ONNX Tile: repeats ``x`` ``repeats[i]`` times along each dim."""
     return x.repeat(ints(repeats))
 
 
 @lowering("Identity", dtypes=ANY)
 def identity(x):
+    """ONNX Identity: returns ``x`` itself, with no copy."""
     return x
 
 
 # ------------------------------------------------------------------ concat and split
 @lowering("Concat", dtypes=ANY)
 def concat(*xs, axis=0):
+    """ONNX Concat along ``axis``."""
     # ONNX allows empty inputs next to non-empty ones of another rank only when numel == 0
     return torch.cat(list(xs), dim=axis)
 
@@ -127,11 +140,13 @@ def _split_sizes(total: int, n: int) -> list[int]:
 
 @lowering("Split", dtypes=ANY, n_outputs=True)
 def split_attr(x, *, axis=0, split=None, n_outputs=1):
+    """ONNX Split before opset 13: the part sizes are the ``split`` attribute."""
     return split(x, split, axis=axis, n_outputs=n_outputs)
 
 
 @lowering("Split", since=13, host_inputs=(1,), dtypes=ANY, n_outputs=True)
 def split(x, sizes=None, *, axis=0, num_outputs=None, n_outputs=1):
+    """ONNX Split from opset 13: parts of ``sizes``, else ``num_outputs`` (or one per output) equal parts."""
     axis = _axis(axis, x.dim())
     parts = ints(sizes)
     if parts is None:
@@ -142,11 +157,13 @@ def split(x, sizes=None, *, axis=0, num_outputs=None, n_outputs=1):
 # ------------------------------------------------------------------ slicing
 @lowering("Slice", dtypes=ANY)
 def slice_attrs(x, *, starts, ends, axes=None):
+    """ONNX Slice before opset 10: ``starts``/``ends``/``axes`` are attributes and every step is 1."""
     return slice_(x, starts, ends, axes)
 
 
 @lowering("Slice", since=10, host_inputs=(1, 2, 3, 4), dtypes=ANY)
 def slice_(x, starts, ends, axes=None, steps=None):
+    """ONNX Slice from opset 10, bounds clamped as ONNX says; a negative step slices the mirrored range and flips."""
     starts, ends = ints(starts), ints(ends)
     axes = ints(axes) or list(range(len(starts)))
     steps = ints(steps) or [1] * len(starts)
@@ -177,11 +194,13 @@ def slice_(x, starts, ends, axes=None, steps=None):
 # ------------------------------------------------------------------ padding
 @lowering("Pad", dtypes=ANY)
 def pad_attrs(x, *, pads, mode="constant", value=0.0):
+    """ONNX Pad before opset 11: ``pads`` and ``value`` are attributes."""
     return pad(x, pads, value, mode=mode)
 
 
 @lowering("Pad", since=11, host_inputs=(1, 3), dtypes=ANY)
 def pad(x, pads, value=None, axes=None, *, mode="constant"):
+    """ONNX Pad from opset 11: constant, reflect, edge or wrap padding of ``axes`` (default all); negative pads crop."""
     pads = ints(pads)
     rank = x.dim()
     axes = [_axis(a, rank) for a in (ints(axes) or range(rank))]
@@ -244,6 +263,7 @@ def _pad_wrap(x: torch.Tensor, torch_pads: list[int]) -> torch.Tensor:
 # ------------------------------------------------------------------ generators
 @lowering("ConstantOfShape", host_inputs=(0,), dtypes=ANY)
 def constant_of_shape(shape, *, value=None):
+    """ONNX ConstantOfShape: a tensor of ``shape`` filled with the one-element ``value`` (float32 zeros without it)."""
     dims = ints(shape)
     if value is None:
         return torch.zeros(dims, dtype=torch.float32)
@@ -252,6 +272,7 @@ def constant_of_shape(shape, *, value=None):
 
 @lowering("Range", dtypes=COMMON - {DataType.BOOL})
 def range_(start, limit, delta):
+    """ONNX Range: ``ceil((limit - start) / delta)`` values from ``start`` by ``delta``, in the dtype of ``start``."""
     first, last, step = start.item(), limit.item(), delta.item()
     n = max(0, math.ceil((last - first) / step))
     return (start + torch.arange(n, dtype=start.dtype, device=start.device) * delta).to(start.dtype)
@@ -259,6 +280,7 @@ def range_(start, limit, delta):
 
 @lowering("EyeLike", dtypes=ANY)
 def eye_like(x, *, dtype=None, k=0):
+    """ONNX EyeLike: ones on diagonal ``k`` of a 2-D tensor shaped like ``x``, in ``dtype`` or the input's dtype."""
     out_dtype = torch_dtype(dtype) if dtype is not None else x.dtype
     n, m = x.shape
     eye = torch.zeros((n, m), dtype=out_dtype, device=x.device)
@@ -270,12 +292,14 @@ def eye_like(x, *, dtype=None, k=0):
 
 @lowering("Trilu", host_inputs=(1,), dtypes=ANY)
 def trilu(x, k=None, *, upper=1):
+    """ONNX Trilu: the upper (``upper=1``) or lower triangle from diagonal ``k``, zeros elsewhere."""
     diag = ints(k)[0] if k is not None else 0
     return torch.triu(x, diag) if upper else torch.tril(x, diag)
 
 
 @lowering("OneHot", host_inputs=(1,), dtypes=ANY)
 def one_hot(indices, depth, values, *, axis=-1):
+    """ONNX OneHot: ``values[1]`` at each index along ``axis``, ``values[0]`` elsewhere; negative indices wrap."""
     d = ints(depth)[0]
     idx = indices.to(torch.int64)
     idx = torch.where(idx < 0, idx + d, idx)
@@ -289,6 +313,7 @@ def one_hot(indices, depth, values, *, axis=-1):
 # ------------------------------------------------------------------ layout
 @lowering("DepthToSpace", dtypes=ANY)
 def depth_to_space(x, *, blocksize, mode="DCR"):
+    """ONNX DepthToSpace: moves channel blocks into ``blocksize`` x ``blocksize`` spatial tiles, in DCR or CRD order."""
     n, c, h, w = x.shape
     b = blocksize
     if mode == "DCR":
@@ -300,6 +325,7 @@ def depth_to_space(x, *, blocksize, mode="DCR"):
 
 @lowering("SpaceToDepth", dtypes=ANY)
 def space_to_depth(x, *, blocksize, mode="DCR"):
+    """ONNX SpaceToDepth: the inverse of DepthToSpace, spatial tiles of ``blocksize`` moved into channels."""
     n, c, h, w = x.shape
     b = blocksize
     y = x.reshape(n, c, h // b, b, w // b, b)
@@ -309,6 +335,7 @@ def space_to_depth(x, *, blocksize, mode="DCR"):
 
 @lowering("ReverseSequence", dtypes=ANY)
 def reverse_sequence(x, lengths, *, batch_axis=1, time_axis=0):
+    """ONNX ReverseSequence: reverses the first ``lengths[b]`` steps along ``time_axis`` of each batch entry ``b``."""
     out = x.clone()
     for b in range(x.shape[batch_axis]):
         n = int(lengths[b])
@@ -321,6 +348,7 @@ def reverse_sequence(x, lengths, *, batch_axis=1, time_axis=0):
 
 @lowering("CenterCropPad", host_inputs=(1,), dtypes=ANY)
 def center_crop_pad(x, shape, *, axes=None):
+    """ONNX CenterCropPad: crops or zero-pads each of ``axes`` to ``shape``, keeping the centre."""
     dims = ints(shape)
     axes = [_axis(a, x.dim()) for a in (axes if axes is not None else range(x.dim()))]
     for a, target in zip(axes, dims):

@@ -41,17 +41,23 @@ def _dft(x, n, axis, inverse, onesided):
 
 @lowering("DFT", since=17, host_inputs=(1,), dtypes=_SIGNAL_TYPES)
 def dft_17(x, dft_length=None, *, axis=1, inverse=0, onesided=0):
+    """ONNX DFT at opset 17: ``axis`` is an attribute; the input is [..., 1] real or [..., 2] complex.
+
+    Output is [..., 2] (real, imaginary); the inverse one-sided transform is real and keeps [..., 1].
+    """
     return _dft(x, ints(dft_length)[0] if dft_length is not None else None, axis, inverse, onesided)
 
 
 @lowering("DFT", since=20, host_inputs=(1, 2), dtypes=_SIGNAL_TYPES)
 def dft(x, dft_length=None, axis=None, *, inverse=0, onesided=0):
+    """ONNX DFT from opset 20: ``axis`` is an input (default -2, the last signal dim), otherwise as at opset 17."""
     n = ints(dft_length)[0] if dft_length is not None else None
     return _dft(x, n, ints(axis)[0] if axis is not None else -2, inverse, onesided)
 
 
 @lowering("STFT", since=17, host_inputs=(1, 3), dtypes=_SIGNAL_TYPES)
 def stft(signal, frame_step, window=None, frame_length=None, *, onesided=1):
+    """ONNX STFT: frames of ``frame_length`` every ``frame_step`` samples, windowed, then a DFT of each frame."""
     step = ints(frame_step)[0]
     length = ints(frame_length)[0] if frame_length is not None else (
         window.shape[0] if window is not None else signal.shape[-2])
@@ -80,15 +86,18 @@ _WINDOW_TYPES = FLOATS | INTS
 
 @lowering("HannWindow", since=17, host_inputs=(0,), dtypes=_WINDOW_TYPES)
 def hann_window(size, *, output_datatype=1, periodic=1):
+    """ONNX HannWindow of ``size`` samples, periodic or symmetric, in ``output_datatype``."""
     return _window(size, periodic, output_datatype, [(0.5, 0), (-0.5, 1)])
 
 
 @lowering("HammingWindow", since=17, host_inputs=(0,), dtypes=_WINDOW_TYPES)
 def hamming_window(size, *, output_datatype=1, periodic=1):
+    """ONNX HammingWindow (alpha 25/46) of ``size`` samples, periodic or symmetric, in ``output_datatype``."""
     alpha = 25.0 / 46.0
     return _window(size, periodic, output_datatype, [(alpha, 0), (-(1 - alpha), 1)])
 
 
 @lowering("BlackmanWindow", since=17, host_inputs=(0,), dtypes=_WINDOW_TYPES)
 def blackman_window(size, *, output_datatype=1, periodic=1):
+    """ONNX BlackmanWindow of ``size`` samples, periodic or symmetric, in ``output_datatype``."""
     return _window(size, periodic, output_datatype, [(0.42, 0), (-0.5, 1), (0.08, 2)])
