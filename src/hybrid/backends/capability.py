@@ -1,5 +1,7 @@
-"""Moved to :mod:`hybrid.hal.capability` (the partitioner in the runtime uses it, and the runtime must not
-import a backend module); this name stays for the backends that still import it from here."""
+"""Moved to :mod:`hybrid.hal.capability`; this name stays for the backends that still import it from here.
+
+It moved because the partitioner in the runtime uses it, and the runtime must not import a backend module.
+"""
 
 from __future__ import annotations
 

@@ -49,11 +49,17 @@ class OnnxRuntimeExecutable(Executable):
         self._profiling = profiling
 
     def run(self, feeds: Mapping[str, Any]) -> list[Any]:
+        """Run the session on the feeds; return the outputs in ``output_names`` order.
+
+        A CPU-only session calls ORT's native ``run`` directly, skipping the checks hybrid has already made.
+        """
         return self._run(self.output_names, feeds, self._run_options)
 
     def node_spans(self, calls: Sequence[tuple[int, int]]) -> list[NodeSpan]:
-        """ORT's node events of the last ``len(calls)`` runs (its profiler ends here), each run's
-        ``model_run`` centred in its call (the difference is Python-side overhead)."""
+        """ORT's node events of the last ``len(calls)`` runs; ORT's profiler ends here.
+
+        Each run's ``model_run`` event is centred in its call (the difference is Python-side overhead).
+        """
         if not self._profiling or self.session is None or not calls:
             return []
         path = self.session.end_profiling()
@@ -66,6 +72,7 @@ class OnnxRuntimeExecutable(Executable):
         return ort_node_spans(events, calls)
 
     def close(self) -> None:
+        """Release the session and the bound native run that held it alive; a later run raises RuntimeError."""
         self.session = None
         self._run = _closed_run  # the bound native run held the session (and its memory) alive
 
@@ -92,8 +99,11 @@ def _direct_run(session: Any) -> Any:
 
 
 def ort_node_spans(events: list[dict[str, Any]], calls: Sequence[tuple[int, int]]) -> list[NodeSpan]:
-    """Node spans from ORT's profile (its Chrome-trace events): the ``*_kernel_time`` node events inside
-    each of the last ``len(calls)`` ``model_run`` events, timed from the start of the matching call."""
+    """Node spans from ORT's profile (its Chrome-trace events).
+
+    They are the ``*_kernel_time`` node events inside each of the last ``len(calls)`` ``model_run``
+    events, timed from the start of the matching call.
+    """
     model_runs = sorted((e for e in events if e.get("cat") == "Session" and e.get("name") == "model_run"),
                         key=lambda e: e["ts"])
     nodes = sorted((e for e in events if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time")),
@@ -170,8 +180,11 @@ _AOE_JOB_TYPES = {"subgraph": 1, "operator": 2}
 
 
 def _note_aoe(mode: str) -> None:
-    """The seed's ``aoe_mode`` has no ONNX Runtime CANN EP option: AOE tunes offline, and the graph
-    builds that follow (the CANN EP's included) read its results from CANN's knowledge base."""
+    """Warn that the seed's ``aoe_mode`` has no ONNX Runtime CANN EP option, and how to tune instead.
+
+    AOE tunes offline, and the graph builds that follow (the CANN EP's included) read its results from
+    CANN's knowledge base.
+    """
     logger.warning("aoe_mode=%r: ONNX Runtime's CANN EP has no AOE option; tune once with `aoe --framework=5 "
                    "--model=model.onnx --job_type=%d` on the Ascend host, later CANN builds use the tuned "
                    "knowledge base", mode, _AOE_JOB_TYPES[mode])
@@ -277,14 +290,20 @@ class OnnxRuntimeBackend(Backend):
 
     @classmethod
     def shared_options(cls) -> dict[str, Any]:
+        """Turn off ORT's spinning worker threads, which would starve the other backends sharing the cores."""
         return {"allow_spinning": False}
 
     @classmethod
     def profiling_options(cls, workdir: str) -> dict[str, Any]:
+        """ORT's profiler on, its trace files under ``workdir``."""
         return {"profile": os.path.join(workdir, "ort")}  # ORT's trace files stay in the profiler's folder
 
     @classmethod
     def cache_strategy(cls, device: str, options: Mapping[str, Any]) -> CacheStrategy | None:
+        """The optimized model on ORT's own, or the TensorRT engine directory where the TensorRT EP is on.
+
+        ORT cannot serialize a graph with TensorRT-compiled nodes, so there the engines are the cache.
+        """
         if device.startswith("cuda") and options.get("tensorrt"):
             # ORT cannot serialize a graph with TensorRT-compiled nodes; the engines are the cache
             return CacheStrategy("directory", "engine_cache_path")
@@ -299,6 +318,7 @@ class OnnxRuntimeBackend(Backend):
         return {"tensorrt": True, "fp16": True}
 
     def version(self) -> str:
+        """The installed onnxruntime version string."""
         import onnxruntime as ort
 
         return ort.__version__

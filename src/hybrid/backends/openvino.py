@@ -129,6 +129,11 @@ class OpenVINOExecutable(Executable):
         return req
 
     def run(self, feeds: Mapping[str, Any]) -> list[Any]:
+        """Infer on this thread's request; return copies of the outputs in ``output_names`` order.
+
+        Feeds for inputs OpenVINO dropped from the graph are left out, and with profiling on the run's
+        per-layer counters are kept for :meth:`node_spans`.
+        """
         req = self._request()
         if self._unused:
             feeds = {k: v for k, v in feeds.items() if k not in self._unused}
@@ -141,8 +146,10 @@ class OpenVINOExecutable(Executable):
 
     @property
     def precision(self) -> str | None:
-        """The inference precision OpenVINO chose, read back from the compiled model (an 'f16' hint runs
-        bf16 on a CPU with BF16 units); None when it cannot say."""
+        """The inference precision OpenVINO chose, read back from the compiled model; None when it cannot say.
+
+        It can differ from the hint: an 'f16' hint runs bf16 on a CPU with BF16 units.
+        """
         try:
             name = self.compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
         except Exception:  # a device without the property, or a closed model
@@ -158,8 +165,10 @@ class OpenVINOExecutable(Executable):
             return None
 
     def node_spans(self, calls: Sequence[tuple[int, int]]) -> list[NodeSpan]:
-        """The per-layer counters (``PERF_COUNT``) of the last ``len(calls)`` runs, laid end to end in
-        their calls (:func:`layer_spans`)."""
+        """The per-layer counters (``PERF_COUNT``) of the last ``len(calls)`` runs.
+
+        Each run's layers are laid end to end in its call (:func:`layer_spans`).
+        """
         if not self._layers or not calls:
             return []
         count = min(len(calls), len(self._layers))
@@ -171,6 +180,7 @@ class OpenVINOExecutable(Executable):
         return out
 
     def close(self) -> None:
+        """Drop the compiled model, so OpenVINO can free it."""
         self.compiled = None
 
 
@@ -209,6 +219,7 @@ class OpenVINOBackend(Backend):
         return found
 
     def version(self) -> str:
+        """OpenVINO's version string (``openvino.get_version()``)."""
         import openvino as ov
 
         return ov.get_version()

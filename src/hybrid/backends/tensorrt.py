@@ -199,6 +199,13 @@ class TensorRTExecutable(Executable):
         return self._loaded
 
     def run(self, feeds: Mapping[str, Any]) -> list[Any]:
+        """Bind the staged inputs and fresh output buffers, run the context on the current CUDA stream and wait.
+
+        Runs are serialized by a lock, since one execution context runs one call at a time.
+
+        Raises:
+            RunError: HYB-408 when an output's shape depends on the data, or TensorRT's execution fails.
+        """
         torch = self._torch
         args = self._stager.inputs([feeds[n] for n in self.input_names])
         with self._lock, torch.cuda.device(self._device):
@@ -223,6 +230,7 @@ class TensorRTExecutable(Executable):
             return self._stager.outputs(outs, args)
 
     def close(self) -> None:
+        """Drop the execution context and the engine, so TensorRT can free them."""
         self.context = None
         self.engine = None
 
@@ -281,6 +289,7 @@ class TensorRTBackend(Backend):
         return {f"{precision}_mode": True}
 
     def version(self) -> str:
+        """The installed TensorRT version string."""
         import tensorrt as trt
 
         return trt.__version__
