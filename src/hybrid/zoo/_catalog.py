@@ -1,5 +1,7 @@
-"""The zoo's table: per model, where its builder lives, what it carries, the shapes users run and how to
-make realistic inputs for them (numpy only; no torch needed)."""
+"""The zoo's table: per model, where its builder lives, what it carries and the shapes users run.
+
+Each entry also says how to make realistic inputs for those shapes (numpy only; no torch needed).
+"""
 
 from __future__ import annotations
 
@@ -19,9 +21,12 @@ Feeder = Callable[[np.random.Generator, Mapping[str, Shape], int], dict[str, np.
 
 @dataclass(frozen=True, slots=True)
 class Recipe:
-    """One zoo model. ``inputs`` maps each input to (dtype, template); ``None`` in a template marks a dim
-    the model lets vary, an int one it fixes. ``links`` name dims that must agree across inputs: when
-    ``feeds(shapes=...)`` gives the first input and not the follower, the follower's dim follows."""
+    """One zoo model.
+
+    ``inputs`` maps each input to (dtype, template); ``None`` in a template marks a dim the model lets
+    vary, an int one it fixes. ``links`` name dims that must agree across inputs: when
+    ``feeds(shapes=...)`` gives the first input and not the follower, the follower's dim follows.
+    """
 
     name: str
     module: str

@@ -22,8 +22,11 @@ BOX_PALETTE = np.array([[0.9, 0.1, 0.1], [0.1, 0.8, 0.2], [0.15, 0.25, 0.95], [0
 
 
 def _glyph_bank() -> np.ndarray:
-    """36 fixed glyphs of 48x8 pixels. Like Latin script, ink sits mostly above the baseline (ascenders are
-    common, descenders rare), so a line rotated by 180 degrees looks different from an upright one."""
+    """36 fixed glyphs of 48x8 pixels.
+
+    Like Latin script, ink sits mostly above the baseline (ascenders are common, descenders rare), so a
+    line rotated by 180 degrees looks different from an upright one.
+    """
     rng = np.random.default_rng(1234)
     low = np.zeros((GLYPH_CLASSES - 1, 12, 4), dtype=np.float32)
     low[:, 3:10] = rng.random((GLYPH_CLASSES - 1, 7, 4)) < 0.5
@@ -63,8 +66,10 @@ def glyph_strips(rng: np.random.Generator, n: int, width: int, rotate: bool = Fa
 
 def shape_images(rng: np.random.Generator, n: int, size: int, night: bool | None = None, width: int | None = None
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """One shape per image (0 square, 1 circle, 2 triangle, 3 cross, 4 ring) on a day (bright) or night
-    (dark) background. ``night=None`` mixes both; ``width`` defaults to ``size`` (the height).
+    """One shape per image (0 square, 1 circle, 2 triangle, 3 cross, 4 ring) on a day or night background.
+
+    Day backgrounds are bright, night ones dark; ``night=None`` mixes both. ``width`` defaults to
+    ``size`` (the height).
 
     Returns:
         images [n, 3, size, width] in [0, 1], labels [n], night [n] (bool).
@@ -94,8 +99,9 @@ def shape_images(rng: np.random.Generator, n: int, size: int, night: bool | None
 
 def box_images(rng: np.random.Generator, n: int, h: int, w: int, max_boxes: int = 4
                ) -> tuple[np.ndarray, np.ndarray]:
-    """Street-scene stand-ins: 1 to ``max_boxes`` filled rectangles whose color is their class (6 classes)
-    on a textured background; later rectangles occlude earlier ones.
+    """Street-scene stand-ins: 1 to ``max_boxes`` filled rectangles on a textured background.
+
+    A rectangle's color is its class (6 classes); later rectangles occlude earlier ones.
 
     Returns:
         images [n, 3, h, w] in [0, 1]; boxes [n, max_boxes, 5] as (class, x0, y0, x1, y1) in pixels, rows
@@ -141,8 +147,9 @@ def blob_images(rng: np.random.Generator, n: int, h: int, w: int) -> tuple[np.nd
 
 def audio_clips(rng: np.random.Generator, n: int, t: int, sample_rate: int = 16000
                 ) -> tuple[np.ndarray, np.ndarray]:
-    """Voiced speech stand-ins (a glottal pitch with harmonics and a formant-like spectral tilt, in noise)
-    and noise-only clips, half each, peak-normalized to a random level.
+    """Voiced speech stand-ins and noise-only clips, half each, peak-normalized to a random level.
+
+    The speech is a glottal pitch with harmonics and a formant-like spectral tilt, in noise.
 
     Returns:
         audio [n, t] float32 in [-1, 1] and labels [n] (1 = speech).
@@ -171,8 +178,10 @@ def audio_clips(rng: np.random.Generator, n: int, t: int, sample_rate: int = 160
 
 
 def token_batch(rng: np.random.Generator, n: int, s: int, vocab: int) -> tuple[np.ndarray, np.ndarray]:
-    """Tokenized sentences padded to ``s``: [CLS]=1, word ids drawn by a Zipf law from 3..vocab-1, [SEP]=2,
-    padding 0. Row 0 fills the whole length; the other rows have random valid lengths.
+    """Tokenized sentences padded to ``s``.
+
+    [CLS]=1, word ids drawn by a Zipf law from 3..vocab-1, [SEP]=2, padding 0. Row 0 fills the whole
+    length; the other rows have random valid lengths.
 
     Returns:
         input_ids [n, s] int64 and attention_mask [n, s] int64.

@@ -28,8 +28,10 @@ LOOP_DIM = 32
 
 
 class ShapeClassifier(nn.Module):
-    """A VGG-style classifier of :func:`hybrid.zoo._data.shape_images` (5 classes): conv + max-pool per
-    width, one more conv, global average pooling."""
+    """A VGG-style classifier of :func:`hybrid.zoo._data.shape_images` (5 classes).
+
+    Conv + max-pool per width, one more conv, global average pooling.
+    """
 
     def __init__(self, widths: tuple[int, ...] = (16, 32, 64), head: bool = True) -> None:
         super().__init__()
@@ -76,9 +78,12 @@ class _DayNight(nn.Module):
 
 def _as_branch(proto: onnx.ModelProto, prefix: str, outer: str, out_name: str, unsqueeze: bool = False
                ) -> onnx.GraphProto:
-    """Turn a one-input exported graph into an If branch: its input becomes the outer-scope value ``outer``
-    and every other name gets ``prefix`` (subgraph names must not shadow outer ones). ``unsqueeze`` adds a
-    middle axis to the output ([N, 5] -> [N, 1, 5]), so the two branches differ in rank."""
+    """Turn a one-input exported graph into an If branch.
+
+    Its input becomes the outer-scope value ``outer`` and every other name gets ``prefix`` (subgraph
+    names must not shadow outer ones). ``unsqueeze`` adds a middle axis to the output
+    ([N, 5] -> [N, 1, 5]), so the two branches differ in rank.
+    """
     g = proto.graph
     (inp,) = g.input
     (out,) = g.output
@@ -144,8 +149,11 @@ class _Embed(nn.Module):
 
 # ------------------------------------------------------------------ Loop
 def loop_weights() -> dict[str, np.ndarray]:
-    """The loop model's weights (seeded): A is scaled to spectral norm 0.6, so the refinement contracts
-    and stops after a number of steps that depends on the input."""
+    """The loop model's weights (seeded).
+
+    A is scaled to spectral norm 0.6, so the refinement contracts and stops after a number of steps
+    that depends on the input.
+    """
     rng = np.random.default_rng(7)
     d = LOOP_DIM
     a = rng.normal(0.0, 1.0, (d, d))
@@ -156,10 +164,12 @@ def loop_weights() -> dict[str, np.ndarray]:
 
 
 def build_loop_model() -> onnx.ModelProto:
-    """Damped fixed-point refinement ``h <- h + 0.5 * (tanh(h A + x U + b) - h)`` in an ONNX ``Loop`` that
-    stops when the largest update falls under ``LOOP_TOL`` (at most ``LOOP_MAX_ITERS`` steps); outputs the
-    class probabilities of the fixed point, the update size per step (a scan output, one row per step run)
-    and the number of steps."""
+    """Damped fixed-point refinement ``h <- h + 0.5 * (tanh(h A + x U + b) - h)`` in an ONNX ``Loop``.
+
+    The loop stops when the largest update falls under ``LOOP_TOL`` (at most ``LOOP_MAX_ITERS`` steps).
+    The outputs are the class probabilities of the fixed point, the update size per step (a scan
+    output, one row per step run) and the number of steps.
+    """
     w = {k: v.astype(np.float32) for k, v in loop_weights().items()}
     f32 = TensorProto.FLOAT
     body = helper.make_graph(
@@ -207,7 +217,7 @@ def build_loop_model() -> onnx.ModelProto:
 
 
 def loop_reference(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """numpy version of the loop model (float64): the probabilities and the per-step update sizes."""
+    """The loop model in numpy (float64): the probabilities and the per-step update sizes."""
     w = loop_weights()
     h = np.tanh(x @ w["B0"])
     deltas = []
@@ -224,8 +234,10 @@ def loop_reference(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 # ------------------------------------------------------------------ external data
 def build_external_data() -> onnx.ModelProto:
-    """A wider shape classifier (about 2.1 MB of weights); ``hybrid.zoo.build`` saves it with every
-    initializer in one external data file beside the .onnx."""
+    """A wider shape classifier (about 2.1 MB of weights), for the external-data path.
+
+    ``hybrid.zoo.build`` saves it with every initializer in one external data file beside the .onnx.
+    """
     with deterministic(9):
         rng = np.random.default_rng(9)
         model = ShapeClassifier(widths=(16, 32, 96, 192))
@@ -238,8 +250,10 @@ LEGACY_DECLARED_CLASSES = 10  # what the file claims; the model computes SHAPE_C
 
 
 def build_legacy_ir3() -> onnx.ModelProto:
-    """A 2018-style file: opset 8, IR version 3, initializers repeated as graph inputs, static shapes, and
-    an output declared ``[1, 10]`` while the graph computes ``[1, 5]``."""
+    """A 2018-style file: opset 8, IR version 3, initializers repeated as graph inputs, static shapes.
+
+    Its output is declared ``[1, 10]`` while the graph computes ``[1, 5]``.
+    """
     with deterministic(10):
         rng = np.random.default_rng(10)
         model = ShapeClassifier(widths=(16, 32, 48))

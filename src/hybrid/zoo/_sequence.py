@@ -23,8 +23,11 @@ VAD_STATE, ENCODER_VOCAB, ENCODER_MAX_LEN = _data.VAD_STATE, _data.ENCODER_VOCAB
 
 # ------------------------------------------------------------------ voice activity (Silero-VAD-like)
 class VadLSTM(nn.Module):
-    """A learned filterbank (strided Conv1d, log-compressed magnitude), a 2-layer LSTM carrying ``h``/``c``
-    across calls, and the speech probability of the chunk's last frame."""
+    """A voice-activity detector that carries its LSTM state across calls.
+
+    A learned filterbank (strided Conv1d, log-compressed magnitude), a 2-layer LSTM carrying ``h``/``c``
+    across calls, and the speech probability of the chunk's last frame.
+    """
 
     def __init__(self) -> None:
         super().__init__()
@@ -89,8 +92,11 @@ class _EncoderLayer(nn.Module):
 
 
 class Encoder(nn.Module):
-    """BERT's layout at a small size (hidden 64, 2 layers, 4 heads): token + position + segment embeddings,
-    an additive attention mask made from ``attention_mask``, post-LayerNorm blocks, a tanh pooler."""
+    """BERT's layout at a small size (hidden 64, 2 layers, 4 heads).
+
+    Token + position + segment embeddings, an additive attention mask made from ``attention_mask``,
+    post-LayerNorm blocks, a tanh pooler.
+    """
 
     def __init__(self, d: int = 64, layers: int = 2, heads: int = 4, ffn: int = 128) -> None:
         super().__init__()

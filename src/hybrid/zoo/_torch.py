@@ -21,9 +21,11 @@ OPSET = 17
 
 @contextlib.contextmanager
 def deterministic(seed: int) -> Iterator[Any]:
-    """Seed torch and train on one thread (summation order, hence the weights and the file bytes, do not
-    depend on the machine's core count); yields the torch module. The caller's RNG state and thread count
-    are restored afterwards."""
+    """Seed torch and train on one thread; yields the torch module.
+
+    On one thread the summation order, hence the weights and the file bytes, do not depend on the
+    machine's core count. The caller's RNG state and thread count are restored afterwards.
+    """
     torch = require_torch()
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -51,8 +53,10 @@ def train(module: Any, batch: Callable[[int], tuple[Any, ...]], loss_fn: Callabl
 
 def export(module: Any, args: tuple[Any, ...], inputs: list[str], outputs: list[str],
            dynamic: dict[str, dict[int, str]] | None = None, opset: int = OPSET, **kwargs: Any) -> onnx.ModelProto:
-    """Export with torch's TorchScript exporter (the one most published ONNX models came from: its Shape ->
-    Gather -> Concat chains, LSTM ops and named dynamic dims are what users meet)."""
+    """Export with torch's TorchScript exporter, the one most published ONNX models came from.
+
+    Its Shape -> Gather -> Concat chains, LSTM ops and named dynamic dims are what users meet.
+    """
     torch = require_torch()
     buf = io.BytesIO()
     with quiet_torch(), torch.no_grad():

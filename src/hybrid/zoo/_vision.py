@@ -51,9 +51,11 @@ class _SPPF(nn.Module):
 
 
 class Detector(nn.Module):
-    """Backbone (strides 8/16/32, SiLU), FPN neck (Upsample + Concat), decoupled heads; the output is
-    ``[B, N, 4 + C]``: boxes as x0, y0, x1, y1 in pixels (decoded on an arange grid, as YOLO exports do)
-    and per-class sigmoid scores, concatenated over the three strides."""
+    """A YOLO-style detector: backbone (strides 8/16/32, SiLU), FPN neck (Upsample + Concat), decoupled heads.
+
+    The output is ``[B, N, 4 + C]``: boxes as x0, y0, x1, y1 in pixels (decoded on an arange grid, as
+    YOLO exports do) and per-class sigmoid scores, concatenated over the three strides.
+    """
 
     STRIDES = (8, 16, 32)
 
@@ -123,9 +125,12 @@ def build_detector() -> onnx.ModelProto:
 
 # ------------------------------------------------------------------ U-Net with side outputs
 class UNet(nn.Module):
-    """Five encoder levels and a bottleneck; each decoder level upsamples with ``F.interpolate(size=
-    skip.shape[-2:])`` (exported as Shape -> Slice -> Resize(sizes)); seven outputs as in U2-Net: the fused
-    mask and six side masks (one per decoder level and the bottleneck), each resized to the input size."""
+    """A U2-Net-style segmenter: five encoder levels and a bottleneck, seven mask outputs.
+
+    Each decoder level upsamples with ``F.interpolate(size=skip.shape[-2:])`` (exported as Shape ->
+    Slice -> Resize(sizes)). The outputs are as in U2-Net: the fused mask and six side masks (one per
+    decoder level and the bottleneck), each resized to the input size.
+    """
 
     CH = (12, 16, 24, 32, 48, 64)
 
@@ -184,8 +189,11 @@ def build_unet() -> onnx.ModelProto:
 
 # ------------------------------------------------------------------ CRNN text recognizer
 class CRNN(nn.Module):
-    """VGG-style convs that fold the 48-pixel height to 1 and the width by 4, a bidirectional LSTM over
-    the width, per-step class probabilities ``[N, W / 4, 37]`` (blank + 36 glyphs, as PaddleOCR's rec)."""
+    """A text-line recognizer: per-step class probabilities ``[N, W / 4, 37]`` (blank + 36 glyphs).
+
+    VGG-style convs fold the 48-pixel height to 1 and the width by 4, then a bidirectional LSTM runs
+    over the width, as PaddleOCR's rec model does.
+    """
 
     def __init__(self) -> None:
         super().__init__()
