@@ -38,15 +38,18 @@ def start(model_path, overrides=None, **options):
     return BackgroundServer(create_app(registry, ServeOptions(**options))).start()
 
 
-def hold_first_batch(srv, seconds=60.0):
+def hold_first_batch(srv, seconds=60.0, entered: threading.Event | None = None):
     """Make the served model's first batch wait (for ``release.set()`` or ``seconds``): a lone request on
-    an idle model runs at once, so the requests sent after it queue behind it."""
+    an idle model runs at once, so the requests sent after it queue behind it. ``entered`` is set when
+    that batch reaches the runner."""
     (model,) = list(srv.server.state.registry)
     release, run, first = threading.Event(), model.compiled.run_checked, [True]
 
     def held(feeds):
         if first[0]:
             first[0] = False
+            if entered is not None:
+                entered.set()
             release.wait(seconds)
         return run(feeds)
 
@@ -206,11 +209,21 @@ def test_repository_links_cannot_leave_the_repository(tmp_path):
 
 # ------------------------------------------------------------------------------------------------ load
 def test_backpressure_rejects_with_503_and_stays_live(model_path):
-    # batches wait up to 1.5 s to fill: the first 4 requests fill the queue, the rest must be turned away
+    # the first batch is held in the runner: 4 requests fill the queue behind it, the rest are turned away
     srv = start(model_path, overrides={"max_batch": 64, "batch_timeout": 1.5, "max_queue": 4})
+    entered = threading.Event()
+    release = hold_first_batch(srv, entered=entered)
     try:
         with cf.ThreadPoolExecutor(12) as pool:
-            results = list(pool.map(lambda i: (i, infer(srv.url, feeds(100 + i))), range(12)))
+            first = pool.submit(infer, srv.url, feeds(100))
+            assert entered.wait(30), "the first request never reached the runner"
+            rest = [pool.submit(infer, srv.url, feeds(100 + i)) for i in range(1, 12)]
+            refused = 11 - 4  # the queue holds 4 behind the held batch
+            deadline = time.monotonic() + 30
+            while sum(f.done() for f in rest) < refused and time.monotonic() < deadline:
+                time.sleep(0.01)
+            release.set()
+            results = [(0, first.result())] + [(i, f.result()) for i, f in enumerate(rest, 1)]
         codes = []
         for i, (status, headers, body) in results:
             if status == 200:
