@@ -44,6 +44,11 @@ class RequestFuture(Future[Any]):
     """A ``concurrent.futures.Future`` whose cancellation surfaces as HYB-414 from ``result()``."""
 
     def result(self, timeout: float | None = None) -> Any:
+        """The request's result, as ``Future.result`` gives it.
+
+        Raises:
+            RunError: HYB-414 when the request was cancelled before its batch ran.
+        """
         try:
             return super().result(timeout)
         except CancelledError as e:
@@ -51,6 +56,11 @@ class RequestFuture(Future[Any]):
                            "submit it again if the result is still needed") from e
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
+        """The request's exception (None when it succeeded), as ``Future.exception`` gives it.
+
+        Raises:
+            RunError: HYB-414 when the request was cancelled before its batch ran.
+        """
         try:
             return super().exception(timeout)
         except CancelledError as e:

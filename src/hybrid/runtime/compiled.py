@@ -17,8 +17,10 @@ __all__ = ["CompiledModel", "LiveView"]
 
 
 class LiveView(Protocol):
-    """An executable that decides its backend while it serves (``target='auto'`` tuning online): what the
-    compiled model reports is read from it, never written into the model from another thread."""
+    """An executable that decides its backend while it serves (``target='auto'`` tuning online).
+
+    What the compiled model reports is read from it, never written into the model from another thread.
+    """
 
     def view(self) -> tuple[str, str, dict[str, Any], Any]:
         """(backend, device, options, plan) of what serves now."""
@@ -67,6 +69,7 @@ class CompiledModel:
     # ------------------------------------------------------------------ what serves (read, never pushed)
     @property
     def backend(self) -> str:
+        """The backend serving now; under online tuning, the one serving the bucket with the most calls."""
         return self._live.view()[0] if self._live is not None else self._backend
 
     @backend.setter
@@ -75,6 +78,7 @@ class CompiledModel:
 
     @property
     def device(self) -> str:
+        """The device of the candidate :attr:`backend` names."""
         return self._live.view()[1] if self._live is not None else self._device
 
     @device.setter
@@ -83,6 +87,7 @@ class CompiledModel:
 
     @property
     def options(self) -> dict[str, Any]:
+        """The backend options of the candidate :attr:`backend` names."""
         return self._live.view()[2] if self._live is not None else self._options
 
     @options.setter
@@ -91,6 +96,7 @@ class CompiledModel:
 
     @property
     def plan(self) -> Plan:
+        """The partition plan of the candidate :attr:`backend` names."""
         return self._live.view()[3] if self._live is not None else self._plan
 
     @plan.setter
@@ -99,16 +105,20 @@ class CompiledModel:
 
     @property
     def tuning(self) -> tuple[Any, ...]:
-        """Per shape bucket, where ``target='auto'``'s online tuning stands (``hybrid.runtime.auto.BucketTuning``:
-        bucket, state 'tuning' | 'decided', serving, calls, decided_after_calls, decided_after_s, candidates);
-        empty for a model decided at compile with nothing left to confirm."""
+        """Per shape bucket, where ``target='auto'``'s online tuning stands.
+
+        Each record is a ``hybrid.runtime.auto.BucketTuning``: bucket, state 'tuning' | 'decided', serving,
+        calls, decided_after_calls, decided_after_s, candidates. Empty for a model decided at compile with
+        nothing left to confirm.
+        """
         return self._live.status() if self._live is not None else ()
 
     def tune(self, samples: Iterable[Mapping[str, Any]] | Mapping[str, Any], timeout_s: float | None = None
              ) -> tuple[Any, ...]:
-        """Decide before serving: call the model on each sample (a mapping of input name -> array, or several)
-        until its shape bucket is decided, then return :attr:`tuning`. A model with nothing to decide runs each
-        sample once (a warm-up, as Triton's ``model_warmup``).
+        """Decide before serving: call the model on each sample until its shape bucket is decided.
+
+        A sample is a mapping of input name -> array (or pass several); returns :attr:`tuning`. A model with
+        nothing to decide runs each sample once (a warm-up, as Triton's ``model_warmup``).
 
         Raises:
             RunError: HYB-401..407 for a bad sample, HYB-411 when a bucket is not decided within ``timeout_s``.
@@ -130,8 +140,9 @@ class CompiledModel:
         return self._execute(self._validator.feeds(feeds))
 
     def run_checked(self, feeds: dict[str, Any]) -> dict[str, Any]:
-        """``run`` for feeds already checked against :attr:`signature` (``InputValidator(sig).feeds``): no
-        second check (the server validates each request once, then batches and runs it).
+        """``run`` for feeds already checked against :attr:`signature` (``InputValidator(sig).feeds``).
+
+        There is no second check: the server validates each request once, then batches and runs it.
 
         Raises:
             RunError: HYB-408 when the backend fails.

@@ -112,8 +112,10 @@ def compile_model(model_or_path: Any, target: str = "auto", precision: str = "fp
 def _first_that_compiles(model: Model, target: str, candidates: list[Candidate],
                          options_of: Callable[[Candidate, str], dict[str, Any]], precision: str,
                          sample_inputs: Any) -> CompiledModel:
-    """The first accelerated candidate that compiles the whole graph; else a partition across the
-    candidates (the reference backend taking only what none of the others runs); else the reference."""
+    """The first accelerated candidate that compiles the whole graph, else a partition, else the reference.
+
+    In the partition across the candidates the reference backend takes only what none of the others runs.
+    """
     errors: list[HybridError] = []
     accelerated, fallback = split_fallback(candidates)
     for k, cand in enumerate(accelerated + fallback):

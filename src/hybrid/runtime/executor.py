@@ -65,6 +65,10 @@ class PartitionedExecutable(Executable):
                       for k, (exe, ins, outs) in enumerate(steps)]
 
     def run(self, feeds: Mapping[str, Any]) -> list[Any]:
+        """Run the parts in order, each on the values it reads; return the graph outputs in order.
+
+        A value is dropped after the last part that reads it, unless it is a graph output.
+        """
         env = dict(feeds)
         if self._constants:
             env.update(self._constants)
@@ -76,6 +80,7 @@ class PartitionedExecutable(Executable):
         return [env[n] for n in self.output_names]
 
     def close(self) -> None:
+        """Close every part's executable."""
         for step in self.steps:
             step.executable.close()
 

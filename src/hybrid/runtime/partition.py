@@ -62,6 +62,7 @@ class Partition:
         return out
 
     def segments(self, node_names: list[str]) -> tuple[Segment, ...]:
+        """The parts as plan :class:`~hybrid.runtime.plan.Segment` records, with ``node_names`` naming the nodes."""
         return tuple(Segment(p.label.backend, p.label.device, tuple(node_names[i] for i in p.nodes), p.inputs,
                              p.outputs, p.reason) for p in self.parts)
 

@@ -146,6 +146,7 @@ class Pipeline:
 
     @property
     def stages(self) -> list[str]:
+        """The stage names, in the order the items pass through them."""
         return [s.name for s in self._stages]
 
     # ------------------------------------------------------------------ running

@@ -65,6 +65,7 @@ class Plan:
 
     @property
     def backends(self) -> list[str]:
+        """The distinct backend names of the segments, sorted."""
         return sorted({s.backend for s in self.segments})
 
     def __str__(self) -> str:

@@ -66,9 +66,11 @@ class StreamResult:
         return _host(self.result(timeout))
 
     def done(self) -> bool:
+        """Whether the work has finished (or failed), without waiting."""
         return self._future.done()
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
+        """What the work raised, or None; waits up to ``timeout`` seconds, as ``Future.exception`` does."""
         return self._future.exception(timeout)
 
     def __await__(self) -> Generator[Any, None, Any]:

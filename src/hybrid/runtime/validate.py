@@ -19,8 +19,13 @@ __all__ = ["InputValidator", "to_array"]
 
 
 def to_array(name: str, value: Any) -> np.ndarray:
-    """Return ``value`` as a numpy array without copying when possible (numpy, torch CPU tensors,
-    anything with ``__array__``), or raise HYB-406 naming the input."""
+    """Return ``value`` as a numpy array, without copying when possible.
+
+    Numpy arrays and scalars, torch CPU tensors and anything with ``__array__`` are accepted.
+
+    Raises:
+        RunError: HYB-406 naming the input, for any other value.
+    """
     if isinstance(value, np.ndarray):
         return value
     if isinstance(value, np.generic):
