@@ -1,5 +1,6 @@
-"""The load-time model check: ``onnx.checker`` with shape inference (``full_check``), and a precise message
-for the most common broken graph, a node that reads a value nothing defines.
+"""The load-time model check: ``onnx.checker`` with shape inference (``full_check``).
+
+It gives a precise message for the most common broken graph, a node that reads a value nothing defines.
 
 Big models (and models with external data) are checked without their weights: each initializer becomes
 a graph input of the same type and shape, so the checker sees the same graph and shapes without parsing
@@ -37,8 +38,11 @@ def _graph_names(graph: onnx.GraphProto) -> set[str]:
 
 
 def undefined_inputs(graph: onnx.GraphProto, outer: frozenset[str] = frozenset()) -> Iterator[tuple[str, str, str]]:
-    """(node name, op type, value name) for every node input that no graph input, initializer, node
-    output or enclosing graph defines; subgraphs (If, Loop, Scan bodies) are searched too."""
+    """(node name, op type, value name) for every node input that nothing defines.
+
+    Defined means by a graph input, an initializer, a node output or an enclosing graph; subgraphs (If,
+    Loop, Scan bodies) are searched too. An undefined graph output comes as ``("<graph output>", "", name)``.
+    """
     defined = outer | _graph_names(graph)
     for i, node in enumerate(graph.node):
         for value in node.input:

@@ -111,6 +111,7 @@ class Model:
 
     @property
     def graph(self) -> ir.Graph:
+        """The main graph of :attr:`ir` (read-only, as :attr:`ir` is)."""
         return self.ir.graph
 
     @property
@@ -174,9 +175,11 @@ def _umask() -> int:
 
 @contextlib.contextmanager
 def atomic_file(path: str | os.PathLike) -> Iterator[BinaryIO]:
-    """A binary file that becomes ``path`` only when the block ends without an error: written to a temp
-    file in the same folder, synced, then renamed over ``path``; on an error the temp file is removed and
-    ``path`` is untouched."""
+    """A binary file that becomes ``path`` only when the block ends without an error.
+
+    It is written to a temp file in the same folder, synced, then renamed over ``path``; on an error the
+    temp file is removed and ``path`` is untouched.
+    """
     dest = Path(path)
     dest.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)

@@ -33,6 +33,7 @@ class TensorSpec:
 
     @property
     def rank(self) -> int | None:
+        """The number of dims, or None when the rank is unknown."""
         return None if self.shape is None else len(self.shape)
 
     def __str__(self) -> str:
@@ -51,13 +52,20 @@ class Signature:
 
     @property
     def input_names(self) -> list[str]:
+        """The input names, in graph order."""
         return [s.name for s in self.inputs]
 
     @property
     def output_names(self) -> list[str]:
+        """The output names, in graph order."""
         return [s.name for s in self.outputs]
 
     def input(self, name: str) -> TensorSpec:
+        """The spec of the input called ``name``.
+
+        Raises:
+            KeyError: when the model has no input of that name.
+        """
         for spec in self.inputs:
             if spec.name == name:
                 return spec
