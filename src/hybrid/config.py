@@ -59,8 +59,10 @@ POOL_DEVICES = ("cpu", "pinned", "gpu", "npu")
 
 
 def _field_at(model: type[BaseModel], path: list[str]) -> tuple[str, Any]:
-    """The name and FieldInfo that ``path`` (a pydantic error location) falls under: the deepest model
-    field on it (a key inside a mapping field belongs to that field), or ('', None)."""
+    """The name and FieldInfo that ``path`` (a pydantic error location) falls under, or ('', None).
+
+    That is the deepest model field on the path; a key inside a mapping field belongs to that field.
+    """
     name, field = "", None
     current: type[BaseModel] | None = model
     for part in path:
@@ -124,9 +126,11 @@ def config_error(error: ValidationError, model: type[BaseModel], section: str = 
 
 
 class ConfigSection(BaseModel):
-    """Base of a settings object built from user input (serving, connection limits): frozen, strict,
-    unknown keys refused, and a bad value raises :func:`config_error`'s ConfigError (HYB-101/102) on
-    construction rather than pydantic's ValidationError."""
+    """Base of a settings object built from user input (serving, connection limits).
+
+    It is frozen and strict, refuses unknown keys, and a bad value raises :func:`config_error`'s
+    ConfigError (HYB-101/102) on construction rather than pydantic's ValidationError.
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
@@ -225,8 +229,10 @@ class _Section(BaseModel):
 
 
 class MemoryPoolSettings(_Section):
-    """``hybrid.init({'memory_pool': {...}})``: bytes reserved per device kind (sizes as :func:`parse_size`
-    reads them: an int or ``'2GB'``)."""
+    """``hybrid.init({'memory_pool': {...}})``: bytes reserved per device kind.
+
+    Sizes are read as :func:`parse_size` reads them: an int or ``'2GB'``.
+    """
 
     cpu: int | None = None
     pinned: int | None = None

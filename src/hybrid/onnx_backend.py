@@ -42,6 +42,7 @@ class HybridBackendRep(BackendRep):
         self._names = compiled.signature.input_names
 
     def run(self, inputs: Any, **kwargs: Any) -> tuple[Any, ...]:
+        """Run on inputs by name (a mapping) or by position (a list, or one value); return the outputs in order."""
         if isinstance(inputs, Mapping):
             feeds = {k: _as_value(v) for k, v in inputs.items()}
         else:
@@ -56,10 +57,12 @@ class HybridBackend(Backend):
 
     @classmethod
     def is_compatible(cls, model: onnx.ModelProto, device: str = "CPU", **kwargs: Any) -> bool:
+        """Whether hybrid has a device of that kind (see :meth:`supports_device`); the model is not inspected."""
         return cls.supports_device(device)
 
     @classmethod
     def prepare(cls, model: onnx.ModelProto, device: str = "CPU", **kwargs: Any) -> HybridBackendRep:
+        """Compile ``model`` for the target from ``target=`` or ``HYBRID_ONNX_BACKEND_TARGET`` (default 'auto')."""
         from hybrid.runtime.compiler import compile_model
 
         target = _default_target(kwargs)
@@ -67,11 +70,16 @@ class HybridBackend(Backend):
 
     @classmethod
     def run_model(cls, model: onnx.ModelProto, inputs: Any, device: str = "CPU", **kwargs: Any) -> tuple:
+        """Prepare ``model`` and run it once on ``inputs``."""
         return cls.prepare(model, device, **kwargs).run(inputs)
 
     @classmethod
     def run_node(cls, node: onnx.NodeProto, inputs: Sequence[Any], device: str = "CPU",
                  outputs_info: Sequence[tuple[Any, tuple[int, ...]]] | None = None, **kwargs: Any) -> tuple:
+        """Run one node: wrap it in a one-node model typed from ``inputs`` (and ``outputs_info``), then run that.
+
+        The model imports ``opset_version`` (default: the installed onnx's latest) and opset 1 of a custom domain.
+        """
         opset = kwargs.pop("opset_version", None) or onnx.defs.onnx_opset_version()
         values = [_as_value(v) for v in inputs]
         names = [n for n in node.input if n]
@@ -100,6 +108,7 @@ class HybridBackend(Backend):
 
     @classmethod
     def supports_device(cls, device: str) -> bool:
+        """Whether hybrid found a device of ONNX's kind ``device``: 'CPU' or 'CUDA' (no other kind is supported)."""
         from hybrid.api import devices
 
         dev = Device(device)

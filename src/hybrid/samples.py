@@ -51,8 +51,10 @@ def light_expected(name: str) -> np.ndarray:
 
 
 def light_model_with_random_weights(name: str, seed: int = 0) -> Any:
-    """Light model ``name`` as an ``onnx.ModelProto`` with its ConstantOfShape weights replaced by
-    random initializers (biases and normalization scales in [0.75, 1.25), other weights He-scaled).
+    """Light model ``name`` as an ``onnx.ModelProto`` with its ConstantOfShape weights made random.
+
+    Each becomes a seeded random initializer: biases and normalization scales in [0.75, 1.25), other
+    weights He-scaled.
 
     The shipped light models fill every weight with one value, so their outputs are uniform and any two
     runtimes agree trivially; random weights make a comparison between runtimes mean something.
@@ -81,8 +83,10 @@ def light_model_with_random_weights(name: str, seed: int = 0) -> Any:
 
 
 def light_model_batch_dynamic(name: str) -> Any:
-    """Light model ``name`` as an ``onnx.ModelProto`` that takes any batch (dim 0 named 'N'), made by
-    :func:`hybrid.passes.make_batch_dynamic` (the shipped models are fixed at batch 1)."""
+    """Light model ``name`` as an ``onnx.ModelProto`` that takes any batch (dim 0 named 'N').
+
+    It is made by :func:`hybrid.passes.make_batch_dynamic`; the shipped models are fixed at batch 1.
+    """
     from hybrid.ir import Model
     from hybrid.passes import make_batch_dynamic
 

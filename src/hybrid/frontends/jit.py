@@ -126,6 +126,11 @@ class JitFunction:
 
     # ------------------------------------------------------------------ calling
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the compiled model that fits these arguments, tracing and compiling a new one when none does.
+
+        Outputs come back in the structure the function returns; when any argument is a torch tensor, they
+        are torch tensors on the first such argument's device.
+        """
         call = _Call.of(args, kwargs)
         entry = self._memo.get(call.key)
         if entry is None:

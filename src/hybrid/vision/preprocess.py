@@ -253,8 +253,10 @@ def _channels(x: np.ndarray, channels: int) -> np.ndarray:
 
 
 class _Output:
-    """The input batch being filled: channel planes written one at a time (contiguous writes are
-    several times faster than writing all channels through a strided view)."""
+    """The input batch being filled, one channel plane at a time.
+
+    Contiguous writes are several times faster than writing all channels through a strided view.
+    """
 
     def __init__(self, n: int, inp: ImageInput, color: str, buffer: np.ndarray | None = None) -> None:
         self.inp = inp

@@ -38,10 +38,12 @@ class Classification:
 
     @property
     def class_id(self) -> int:
+        """The best class's id."""
         return int(self.class_ids[0])
 
     @property
     def score(self) -> float:
+        """The best class's score."""
         return float(self.scores[0])
 
     def __repr__(self) -> str:
