@@ -37,8 +37,9 @@ def cache_dir() -> Path:
 
 
 def device_fingerprint() -> dict[str, Any]:
-    """What makes timings of this machine comparable: CPU model and features, usable cores,
-    thread setting, and every device the backends see.
+    """What makes timings of this machine comparable.
+
+    CPU model and features, usable cores, thread setting, and every device the backends see.
     """
     cpu, flags = cpu_facts()
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
@@ -61,8 +62,9 @@ def _path(key: str) -> Path:
 
 
 def load_decision(key: str, material: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The cached record for ``key`` (with its ``path``), or None (missing, unreadable, or made from other
-    material).
+    """The cached record for ``key`` (with its ``path``).
+
+    None when it is missing, unreadable, or made from other material.
     """
     path = _path(key)
     try:

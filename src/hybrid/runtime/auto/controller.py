@@ -119,8 +119,10 @@ class Controller:
         self._inbox.put(event)
 
     def status(self) -> tuple[BucketTuning, ...]:
-        """Where every bucket seen stands: the controller's last record of each, with the router's call count
-        and serving candidate as of now (each read is one reference: no lock, no torn record).
+        """Where every bucket seen stands.
+
+        The controller's last record of each, with the router's call count and serving candidate as of now
+        (each read is one reference: no lock, no torn record).
         """
         known = dict(self._status)
         out = []
@@ -304,8 +306,10 @@ class Controller:
                     ", ".join(f"{lb} {r:.3g}" for lb, r in b.race.estimate.items()))
 
     def _race(self, b: _Bucket) -> float:
-        """Run the rounds of turns (:func:`.race.plan`: paced by the tax budget, the last ending before the bound);
-        judge each round when it is over."""
+        """Run the rounds of turns and judge each round when it is over.
+
+        The rounds are :func:`.race.plan`'s: paced by the tax budget, the last ending before the bound.
+        """
         r = b.race
         assert r is not None
         now = self._clock()

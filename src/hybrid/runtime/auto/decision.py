@@ -25,13 +25,16 @@ class SingleDecision:
 
     @property
     def candidate(self) -> Candidate:
+        """The one candidate that runs the graph."""
         return Candidate(self.backend, self.device)
 
     @property
     def label(self) -> str:
+        """``backend:device``, with the precision when it is not fp32 (``openvino:cpu bf16``)."""
         return f"{self.backend}:{self.device}" + ("" if self.precision == "fp32" else f" {self.precision}")
 
     def to_json(self) -> dict[str, Any]:
+        """The decision as the decision cache stores it (``kind`` 'single')."""
         return {"kind": "single", "backend": self.backend, "device": self.device, "precision": self.precision}
 
 
@@ -43,13 +46,16 @@ class PartitionDecision:
 
     @property
     def label(self) -> str:
+        """``partition(a + b)``: the candidates in the order the graph first uses them."""
         return "partition(" + " + ".join(dict.fromkeys(self.assignment)) + ")"
 
     @property
     def candidates(self) -> tuple[Candidate, ...]:
+        """Each node's candidate, in graph order."""
         return tuple(Candidate(*label.split(":", 1)) for label in self.assignment)
 
     def to_json(self) -> dict[str, Any]:
+        """The decision as the decision cache stores it (``kind`` 'partition')."""
         return {"kind": "partition", "assignment": list(self.assignment)}
 
 

@@ -50,12 +50,13 @@ def tie_bounds() -> tuple[float, float]:
 
 
 def tie_slack(best: float) -> float:
-    """Seconds by which a timing may exceed the fastest, ``best``, and still tie with it: ``tie_rel`` of it,
-    or ``tie_us`` where the fastest runs under :data:`TINY_S` a call. There the spread between two timings
-    of one graph is already up to ~20 us: differences that small cannot be ranked, and exactness decides
-    (ONNX's STFT node test: the reference 7 us a call slower than ONNX Runtime, whose answer is 246
-    tolerance units off). On slower graphs 20 us would be more than the 5 % auto may lose (a 0.3 ms
-    encoder: 6.7 %), and only the relative bound holds.
+    """Seconds by which a timing may exceed the fastest, ``best``, and still tie with it.
+
+    ``tie_rel`` of it, or ``tie_us`` where the fastest runs under :data:`TINY_S` a call. There the spread between two
+    timings of one graph is already up to ~20 us: differences that small cannot be ranked, and exactness decides
+    (ONNX's STFT node test: the reference 7 us a call slower than ONNX Runtime, whose answer is 246 tolerance units
+    off). On slower graphs 20 us would be more than the 5 % auto may lose (a 0.3 ms encoder: 6.7 %), and only the
+    relative bound holds.
     """
     rel, abs_s = tie_bounds()
     return max(rel * best, abs_s if best < TINY_S else 0.0)
@@ -93,8 +94,10 @@ def outvote(trials: list[Trial], search: Search, name: str) -> None:
 
 
 def deviation(trial: Trial, search: Search) -> float:
-    """How far ``trial``'s answers are from the reference's (0.0 for the reference itself; infinity
-    when nothing was compared), in the units of :func:`hybrid.runtime.auto.tolerance.deviation`.
+    """How far ``trial``'s answers are from the reference's.
+
+    In the units of :func:`hybrid.runtime.auto.tolerance.deviation`: 0.0 for the reference itself, infinity
+    when nothing was compared.
     """
     verifier = search.verifier
     if verifier.reference is not None and trial.executable is verifier.reference:
@@ -109,8 +112,9 @@ def deviation(trial: Trial, search: Search) -> float:
 
 def fastest_or_most_exact(survivors: list[Trial], times: Mapping[str, float],
                           search: Search) -> tuple[Trial, str]:
-    """The fastest survivor, unless others are as fast within :func:`tie_bounds`:
-    then, of those, the one closest to the reference (the reference itself when it is among them).
+    """The fastest survivor, unless others are as fast within :func:`tie_bounds`.
+
+    Then, of those, the one closest to the reference (the reference itself when it is among them).
     """
     fastest = min(survivors, key=lambda t: times[t.label])
     best = times[fastest.label]
@@ -134,9 +138,10 @@ def fastest_or_most_exact(survivors: list[Trial], times: Mapping[str, float],
 
 def _exact_within_premium(survivors: list[Trial], fastest: Trial, times: Mapping[str, float],
                           search: Search) -> Trial | None:
-    """When the fastest passed only the model-level tolerance (its answer is further from the reference
-    than the dtype's own tolerance), the fastest candidate that is exact to the dtype's tolerance, if it
-    is within :data:`EXACT_PREMIUM_REL` (at most :data:`EXACT_PREMIUM_S`) or ``tie_rel`` of the fastest:
+    """The fastest candidate exact to the dtype's tolerance, when the fastest passed only the model's.
+
+    That is, when the fastest's answer is further from the reference than the dtype's own tolerance: the exact one is
+    chosen if it is within :data:`EXACT_PREMIUM_REL` (at most :data:`EXACT_PREMIUM_S`) or ``tie_rel`` of the fastest:
     timing on a shared machine cannot rank candidates that close, but exactness still can.
     """
     dev = {t.label: deviation(t, search) for t in survivors}

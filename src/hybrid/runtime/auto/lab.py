@@ -37,8 +37,10 @@ WARM_CALLS, WARM_S = 10, 0.2  # a candidate compiled here runs up to this many t
 
 @dataclass(frozen=True, slots=True)
 class CheckResult:
-    """The check of one bucket: the candidates that passed in priority order (with the CPU seconds of a warm
-    run where measured), those rejected and why, and the check's notes.
+    """The check of one bucket.
+
+    The candidates that passed in priority order (with the CPU seconds of a warm run where measured), those rejected and
+    why, and the check's notes.
     """
 
     passed: tuple[tuple[str, float | None], ...]
@@ -48,8 +50,9 @@ class CheckResult:
 
 @dataclass(frozen=True, slots=True)
 class Confirmation:
-    """A decision made at compile (declared, sample or static shapes) whose near rivals take turns with it on the
-    first real calls of its bucket (docs/auto.md, "Decided at compile, near ties").
+    """A decision made at compile whose near rivals take turns with it on its bucket's first real calls.
+
+    Made from declared, sample or static shapes (docs/auto.md, "Decided at compile, near ties").
 
     Attributes:
         sample: The sample the candidates were timed on (its bucket is the one confirmed).
@@ -65,19 +68,26 @@ class Confirmation:
 class Lab(Protocol):
     """What the controller needs done (the production one is :class:`RealLab`)."""
 
-    def check(self, sample: Mapping[str, Any], closing: Callable[[], bool]) -> CheckResult: ...
+    def check(self, sample: Mapping[str, Any], closing: Callable[[], bool]) -> CheckResult:
+        """Every candidate run on ``sample`` against the reference (given up early once ``closing()``)."""
 
-    def lane(self, label: str, sample: Mapping[str, Any] | None) -> Lane | None: ...
+    def lane(self, label: str, sample: Mapping[str, Any] | None) -> Lane | None:
+        """``label`` compiled in this process and warmed up on ``sample``; None when it cannot compile."""
 
-    def release(self, label: str) -> None: ...
+    def release(self, label: str) -> None:
+        """Close a candidate that serves no bucket any more (the start is kept: it is every bucket's fallback)."""
 
-    def order(self) -> tuple[str, ...]: ...
+    def order(self) -> tuple[str, ...]:
+        """The candidates' labels by priority (the fallback's order)."""
 
-    def cached(self, key: Bucket) -> str | None: ...
+    def cached(self, key: Bucket) -> str | None:
+        """The label of a decision made on real calls before, for bucket ``key`` (None: none)."""
 
-    def persist(self, key: Bucket, label: str) -> None: ...
+    def persist(self, key: Bucket, label: str) -> None:
+        """Record ``label`` as bucket ``key``'s decision in the decision cache."""
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Close every compiled candidate."""
 
 
 class RealLab:
@@ -193,8 +203,9 @@ class RealLab:
             "auto" if reduced else "fp32", self._budget if reduced else None, self._share)
 
     def _check_here(self, sample: Mapping[str, Any], closing: Callable[[], bool]) -> worker.Verdicts:
-        """The check in the controller's thread (custom ops or backends the worker cannot see), pausing after
-        each candidate so that it runs at most ``check_share`` of the wall time.
+        """The check in the controller's thread (custom ops or backends the worker cannot see).
+
+        It pauses after each candidate so that it runs at most ``check_share`` of the wall time.
         """
         reduced = self._precision == "auto" and self._budget is not None
         search = Search(self.model, self._order, self._options_of, "auto" if reduced else "fp32",
@@ -251,6 +262,7 @@ class RealLab:
         return out
 
     def close(self) -> None:
+        """Close every candidate compiled here (each once, however many labels share it)."""
         with self._lock:
             compiled, self._compiled = self._compiled, {}
         for exe in {id(e): e for e in compiled.values()}.values():

@@ -100,6 +100,7 @@ class OnlineTuner(Executable):
 
     # ------------------------------------------------------------------ the hot path
     def run(self, feeds: Mapping[str, Any]) -> list[Any]:
+        """One call: the router answers it on its bucket's route (the hot path takes no lock)."""
         return self.router.run(feeds)
 
     def _on_event(self, event: Event) -> None:
@@ -123,8 +124,9 @@ class OnlineTuner(Executable):
         return [*self._notes, *self.controller.notes()]
 
     def view(self) -> tuple[str, str, dict[str, Any], Any]:
-        """(backend, device, options, plan) of the candidate serving the bucket with the most calls (the start
-        before any call): what ``cm.backend``, ``cm.device``, ``cm.options`` and ``cm.plan`` report.
+        """(backend, device, options, plan) of the candidate serving the bucket with the most calls.
+
+        The start before any call: what ``cm.backend``, ``cm.device``, ``cm.options`` and ``cm.plan`` report.
         """
         routes = self.router.routes()
         label = self.lab.start.label
@@ -140,8 +142,9 @@ class OnlineTuner(Executable):
 
     def tune(self, samples: Iterable[Mapping[str, Any]], timeout_s: float | None = None,
              run: Callable[[Mapping[str, Any]], Any] | None = None) -> tuple[BucketTuning, ...]:
-        """Call the model on each sample until its bucket is decided (at most ``timeout_s`` in all; default the
-        policy's bound plus a minute for the compiles): the decision made before the first request.
+        """Call the model on each sample until its bucket is decided: the decision made before the first request.
+
+        At most ``timeout_s`` in all; by default the policy's bound plus a minute for the compiles.
 
         Raises:
             RunError: HYB-411 when a bucket is not decided within ``timeout_s``.
@@ -162,6 +165,7 @@ class OnlineTuner(Executable):
 
     # ------------------------------------------------------------------ lifetime
     def close(self) -> None:
+        """Stop the controller thread and close every compiled candidate."""
         self._closed = True
         self.controller.closing = True
         self._poke.set()

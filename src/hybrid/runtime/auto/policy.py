@@ -90,14 +90,17 @@ class TuningPolicy:
         return max(self.min_turn_s, self.calls_per_turn * call_s / (1.0 - self.lead_share))
 
     def round_extra_s(self, turn_s: float, ratios: list[float]) -> float:
-        """The time a round of turns adds for candidates under test at ``ratios`` of the serving one's call time:
-        each has two turns, and a call rate that holds (an open loop) makes each turn cost ``turn_s * (ratio - 1)``
+        """The time a round of turns adds for candidates under test at ``ratios`` of the serving one's call time.
+
+        Each has two turns, and a call rate that holds (an open loop) makes each turn cost ``turn_s * (ratio - 1)``
         more (a closed loop costs less: it makes fewer calls in a slow turn).
         """
         return sum(2.0 * turn_s * max(0.0, r - 1.0) for r in ratios)
 
     def next_round_at(self, race_from: float, spent_s: float, extra_s: float, round_s: float) -> float:
-        """When a round that adds ``extra_s`` may start, the rounds before it having added ``spent_s``: the time
-        added since tuning began (``race_from``) stays within ``max_tax`` of the time passed, at the round's end.
+        """When a round that adds ``extra_s`` may start, the rounds before it having added ``spent_s``.
+
+        The time added since tuning began (``race_from``) stays within ``max_tax`` of the time passed, at the round's
+        end.
         """
         return race_from + (spent_s + extra_s) / self.max_tax - round_s

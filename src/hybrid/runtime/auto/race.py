@@ -67,8 +67,10 @@ def check_ratio(warm: dict[str, float | None], label: str, incumbent: str) -> fl
 
 
 def unaffordable(policy: TuningPolicy, ratio: float | None, turn_s: float, started: float, deadline: float) -> str:
-    """Why a candidate at ``ratio`` cannot take even one round of turns before ``deadline`` ('' when it can): the
-    tax budget would need longer than the time left."""
+    """Why a candidate at ``ratio`` cannot take even one round of turns before ``deadline`` ('' when it can).
+
+    The tax budget would need longer than the time left.
+    """
     if ratio is None or started + policy.round_extra_s(turn_s, [ratio]) / policy.max_tax <= deadline:
         return ""
     return (f"not tried: {ratio:.3g}x the serving candidate in the check, so one round of its turns costs more than "
@@ -77,9 +79,11 @@ def unaffordable(policy: TuningPolicy, ratio: float | None, turn_s: float, start
 
 def estimates(lanes: dict[str, Lane], warm: dict[str, float | None], incumbent: str,
               serving_s: float | None) -> dict[str, float]:
-    """Each challenger's call time over the serving one's before any turn (it paces the first round): from the
-    check process's warm runs (both measured alike there), else from its warm-up here over the serving
-    candidate's calls (a pessimistic guess: right after a compile, beside the callers), else none (1)."""
+    """Each challenger's call time over the serving one's before any turn (it paces the first round).
+
+    From the check process's warm runs (both measured alike there), else from its warm-up here over the serving
+    candidate's calls (a pessimistic guess: right after a compile, beside the callers), else none (1).
+    """
     out = {}
     for label, lane in lanes.items():
         ratio = check_ratio(warm, label, incumbent)
@@ -120,8 +124,10 @@ def plan(race: Race, policy: TuningPolicy, now: float, turn_s: float, deadline: 
 
 
 def judge(race: Race, probe: Probe, policy: TuningPolicy) -> str | None:
-    """Add the round's paired log-ratios, charge the tax it paid, and apply the rule to each challenger;
-    returns the new incumbent when one was found faster (None: the incumbent stays)."""
+    """Add the round's paired log-ratios, charge the tax it paid, and apply the rule to each challenger.
+
+    Returns the new incumbent when one was found faster (None: the incumbent stays).
+    """
     for j, label in enumerate(list(race.logs)):
         a0, x1, x2, a3 = (probe.timed(3 * j + k, policy.lead_share) for k in range(4))
         pairs = [v for v in (rule.log_ratio(x1, a0), rule.log_ratio(x2, a3)) if v is not None]
@@ -132,9 +138,11 @@ def judge(race: Race, probe: Probe, policy: TuningPolicy) -> str | None:
 
 
 def conclude(race: Race, policy: TuningPolicy) -> str | None:
-    """The bound in time: the point estimate of each challenger still open decides (:func:`.rule.settle`). One
-    never timed (its turns would have cost more than the budget allows before the bound) is judged by its
-    estimate, which can drop it but never make it serve. Returns the new incumbent, if any."""
+    """The bound in time: the point estimate of each challenger still open decides (:func:`.rule.settle`).
+
+    One never timed (its turns would have cost more than the budget allows before the bound) is judged by its estimate,
+    which can drop it but never make it serve. Returns the new incumbent, if any.
+    """
     tie = policy.tie_rel
     untimed = [lb for lb, v in race.logs.items() if not v]
     verdicts = {lb: rule.settle(v, tie) if v else (rule.Outcome.SLOWER if race.estimate.get(lb, 1.0) > 1 + tie

@@ -35,8 +35,9 @@ MAX_EXACT = 4096  # exact shape combinations remembered on the hot path (more st
 
 @dataclass(frozen=True, slots=True)
 class Lane:
-    """A candidate ready to serve: its label, its compiled executable, and the seconds of its fastest warm-up call
-    in this process (None: not measured).
+    """A candidate ready to serve: its label, its compiled executable, and its fastest warm-up call.
+
+    The warm-up time is the seconds of its fastest warm-up call in this process (None: not measured).
     """
 
     label: str
@@ -46,8 +47,9 @@ class Lane:
 
 @dataclass(slots=True)
 class Tally:
-    """Counters of one bucket, written by the callers without a lock (they are for reports and for sizing
-    turns: a lost increment under a race is harmless).
+    """Counters of one bucket, written by the callers without a lock.
+
+    They are for reports and for sizing turns: a lost increment under a race is harmless.
     """
 
     first_call: float
@@ -57,8 +59,10 @@ class Tally:
 
 @dataclass(frozen=True, slots=True)
 class Probe:
-    """A round of turns: ``lanes[i]`` serves the calls that start in ``[start + i * turn_s, start + (i+1) * turn_s)``;
-    after the last turn the route's serving candidate answers until the controller replaces the route.
+    """A round of turns: each lane serves the calls that start in its turn.
+
+    ``lanes[i]`` serves the calls that start in ``[start + i * turn_s, start + (i+1) * turn_s)``; after the last turn
+    the route's serving candidate answers until the controller replaces the route.
     """
 
     start: float
@@ -68,6 +72,7 @@ class Probe:
 
     @property
     def end(self) -> float:
+        """When the last turn ends (the clock's seconds)."""
         return self.start + self.turn_s * len(self.lanes)
 
     def timed(self, turn: int, lead_share: float) -> list[float]:
@@ -87,8 +92,9 @@ class Route:
 
 @dataclass(frozen=True, slots=True)
 class Event:
-    """What the router tells the controller: a new bucket (with a copy of its first inputs), or a candidate that
-    failed a real call (and which one answered it instead).
+    """What the router tells the controller: a new bucket, or a candidate that failed a real call.
+
+    A new bucket comes with a copy of its first inputs; a failure names the candidate that answered instead.
     """
 
     kind: str  # 'new' | 'failed'
@@ -137,9 +143,11 @@ class Router(Executable):
         self._routes[key] = route
 
     def route(self, key: Bucket) -> Route | None:
+        """The route installed for bucket ``key`` (None before its first call)."""
         return self._routes.get(key)
 
     def routes(self) -> dict[Bucket, Route]:
+        """A copy of every bucket's route."""
         return dict(self._routes)
 
     def set_lanes(self, lanes: Mapping[str, Lane], order: tuple[str, ...]) -> None:
@@ -148,6 +156,7 @@ class Router(Executable):
 
     # ------------------------------------------------------------------ the hot path
     def run(self, feeds: Mapping[str, Any]) -> list[Any]:
+        """Answer one call on its bucket's route: the serving candidate, or the lane whose turn it is."""
         try:  # the exact shapes seen before route straight to their bucket
             key = self._exact[(tuple(feeds), tuple([v.shape for v in feeds.values()]))]
         except (KeyError, AttributeError):
@@ -193,8 +202,9 @@ class Router(Executable):
         return route
 
     def _fall_back(self, key: Bucket, lane: Lane, error: Exception, feeds: Mapping[str, Any]) -> list[Any]:
-        """Answer a call whose executable failed with the next candidate by priority that runs it; the bucket's
-        route then serves with that one (the controller is told, and decides the rest).
+        """Answer a call whose executable failed with the next candidate by priority that runs it.
+
+        The bucket's route then serves with that one (the controller is told, and decides the rest).
         """
         why = first_line(error)
         failed = self._failed.setdefault(key, {})

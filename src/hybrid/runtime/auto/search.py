@@ -157,7 +157,9 @@ def select(model: Model, target: str, order: list[Candidate], options_of: Option
 def _search(model: Model, target: str, order: list[Candidate], options_of: OptionsOf, precision: str,
             acc: checks.Accuracy, autotune: bool, sample_inputs: Any, ranges: Mapping[str, Any], rtol: float,
             online: bool, confirm: bool) -> tuple[Trial, list[str], str, Rivals]:
-    """Check, time and judge the trials; the winner, the notes, the reason, and when ``confirm``, rivals within
+    """Check, time and judge the trials.
+
+    Returns the winner, the notes, the reason, and when ``confirm``, rivals within
     :data:`~.online.CONFIRM_RATIO` of a winner that was the fastest, kept compiled (with the timing's sample).
     """
     search = Search(model, order, options_of, precision, acc.budget, sample_inputs, ranges=ranges, rtol=rtol,

@@ -134,9 +134,10 @@ def normalize_shapes(signature: Signature, shapes: Mapping[str, Any] | None) -> 
 
 def concrete_shapes(signature: Signature, ranges: Mapping[str, ShapeRange], which: str = "opt",
                     default: int = 1) -> dict[str, Shape | None]:
-    """A concrete shape for every tensor input: declared ones from ``ranges`` (``which`` of min/opt/max),
-    the others with each symbolic dim taken from a declared input that shares its name, else ``default``.
-    None for an input of unknown rank.
+    """A concrete shape for every tensor input.
+
+    Declared ones from ``ranges`` (``which`` of min/opt/max), the others with each symbolic dim taken from a declared
+    input that shares its name, else ``default``. None for an input of unknown rank.
     """
     named: dict[str, int] = {}
     for spec in signature.inputs:
@@ -168,8 +169,10 @@ def _round_up(n: int) -> int:
 
 
 def bucket_of(signature: Signature, feeds: Mapping[str, Any]) -> tuple[tuple[str, Shape], ...]:
-    """The shape bucket of validated feeds: each input's shape with its dynamic dims rounded up to a
-    power of two (static dims as they are); inputs without a shape (sequences) are left out.
+    """The shape bucket of validated feeds.
+
+    Each input's shape with its dynamic dims rounded up to a power of two (static dims as they are); inputs without a
+    shape (sequences) are left out.
     """
     out = []
     for spec in signature.inputs:

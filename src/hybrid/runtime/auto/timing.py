@@ -1,6 +1,7 @@
-"""Timing candidates fairly on a shared machine, at the speed each serves a stream of calls: blocks that start
-once the process is quiet, untimed lead-ins, paired rounds A X X A judged by the sequential rule of :mod:`.rule`
-(the rule online tuning applies to real calls; DESIGN 4).
+"""Timing candidates fairly on a shared machine, at the speed each serves a stream of calls.
+
+Blocks that start once the process is quiet, untimed lead-ins, paired rounds A X X A judged by the sequential rule of
+:mod:`.rule` (the rule online tuning applies to real calls; DESIGN 4).
 """
 
 from __future__ import annotations
@@ -58,10 +59,11 @@ def settle(max_s: float = SETTLE_MAX_S) -> float:
 
 def warm_estimate(fn: Callable[[], Any], calls: int = 3, within_s: float = 0.3,
                   clock: Callable[[], float] | None = None) -> float:
-    """Seconds of the least of up to ``calls`` calls of ``fn`` (fewer once ``within_s`` is spent): one call can be
-    a hiccup, and the calls right after a first run can still pay for lazy initialisation. ``clock`` measures
-    them (default ``time.perf_counter``; ``time.process_time`` where the process may wait for a core: its
-    CPU time is the work alone).
+    """Seconds of the least of up to ``calls`` calls of ``fn`` (fewer once ``within_s`` is spent).
+
+    One call can be a hiccup, and the calls right after a first run can still pay for lazy initialisation. ``clock``
+    measures them (default ``time.perf_counter``; ``time.process_time`` where the process may wait for a core: its CPU
+    time is the work alone).
     """
     clock = clock or time.perf_counter
     spent: list[float] = []
@@ -74,8 +76,9 @@ def warm_estimate(fn: Callable[[], Any], calls: int = 3, within_s: float = 0.3,
 
 def time_candidates(runs: Mapping[str, Callable[[], Any]], budget_s: float | None = None,
                     blocks: int = BLOCKS) -> dict[str, float]:
-    """Seconds per call of each candidate at its steady state, measured as online tuning measures real calls:
-    paired blocks A X X A judged by the sequential test of :mod:`.rule` (one timing path, docs/auto.md).
+    """Seconds per call of each candidate at its steady state, measured as online tuning measures real calls.
+
+    Paired blocks A X X A judged by the sequential test of :mod:`.rule` (one timing path, docs/auto.md).
 
     Each candidate is first called up to 3 times (within 0.3 s) and the least call is its estimate: the calls
     right after a first run still pay for lazy initialisation (OpenVINO compiles kernels for a new shape of a
@@ -138,8 +141,10 @@ def time_candidates(runs: Mapping[str, Callable[[], Any]], budget_s: float | Non
 
 def steady_calls(fn: Callable[[], Any], block_s: float, lead_s: float,
                  max_kept: int = MAX_BLOCK_CALLS) -> list[float]:
-    """Seconds of each call of ``fn`` called back to back for about ``block_s`` (or until ``max_kept`` calls
-    were kept), leaving out the calls that start within ``lead_s`` of the first (at least one call is kept).
+    """Seconds of each call of ``fn`` called back to back for about ``block_s``.
+
+    Or until ``max_kept`` calls were kept, leaving out the calls that start within ``lead_s`` of the first (at least one
+    call is kept).
     """
     start = time.perf_counter()
     kept: list[float] = []

@@ -49,8 +49,10 @@ DEFAULT_BUDGET = {"min_cosine": 0.999}
 
 @dataclass(frozen=True, slots=True)
 class Tolerance:
-    """When an element counts as wrong: its error exceeds ``rtol * |expected|`` *and* the absolute
-    tolerance, ``max(atol, scaled * scale)`` where ``scale`` is the output's largest magnitude.
+    """When an element counts as wrong: its error exceeds both tolerances.
+
+    Its error exceeds ``rtol * |expected|`` *and* the absolute tolerance, ``max(atol, scaled * scale)`` where ``scale``
+    is the output's largest magnitude.
 
     The defaults follow Polygraphy (rtol = atol = 1e-5 for fp32), with ``rtol`` widened for 16-bit
     floats to about one unit in the last place. ``scaled`` lets elements near zero in an output of
@@ -276,8 +278,9 @@ def compare(expected: list[Any], got: list[Any], names: list[str], moved: list[A
 
 
 def nudged(samples: Mapping[str, Any], rel: float = 2.0 ** -23, seed: int = 1) -> dict[str, Any] | None:
-    """``samples`` with every float input multiplied by (1 + u * rel), u uniform in [-1, 1]; None
-    when no input is a float (then nothing can drift).
+    """``samples`` with every float input multiplied by (1 + u * rel), u uniform in [-1, 1].
+
+    None when no input is a float (then nothing can drift).
     """
     rng = np.random.default_rng(seed)
     out, any_float = {}, False
@@ -305,8 +308,10 @@ class Accuracy:
 
 
 def parse_accuracy(accuracy: Mapping[str, Any] | None, precision: str, names: list[str]) -> Accuracy:
-    """Validate ``compile(accuracy=...)``: the budget keys (``min_cosine``, ``max_rel_error``, reduced
-    precisions only), ``rtol`` (model-level fp32 tolerance) and ``outputs`` (per-output rules).
+    """Validate ``compile(accuracy=...)``.
+
+    The budget keys (``min_cosine``, ``max_rel_error``, reduced precisions only), ``rtol`` (model-level fp32 tolerance)
+    and ``outputs`` (per-output rules).
 
     Raises:
         ConfigError: HYB-101 for an unknown key, HYB-102 for a bad value or a budget at fp32.
@@ -347,8 +352,9 @@ def _float_pairs(expected: list[Any], got: list[Any], names: list[str]):
 
 def accuracy_failure(budget: Mapping[str, float], expected: list[Any], got: list[Any],
                      names: list[str]) -> str | None:
-    """Why ``got`` misses the budget against ``expected`` (None: within it). Non-float outputs must
-    match exactly; float outputs are held to ``min_cosine`` and ``max_rel_error``.
+    """Why ``got`` misses the budget against ``expected`` (None: within it).
+
+    Non-float outputs must match exactly; float outputs are held to ``min_cosine`` and ``max_rel_error``.
     """
     if len(got) != len(expected):
         return f"returned {len(got)} outputs, expected {len(expected)}"
@@ -391,10 +397,11 @@ def cosine(expected: list[Any], got: list[Any], names: list[str]) -> float:
 
 
 def deviation(expected: list[Any], got: list[Any], names: list[str]) -> float:
-    """How far ``got`` is from ``expected``, in units of the dtype tolerance without its scaled part:
-    the largest ``|error| / (atol + rtol * |expected|)`` over the float outputs (0.0: the same
-    numbers). Other outputs count 0.0 when equal and infinity when not; so do mismatched shapes.
-    It ranks candidates that all passed :func:`compare` by closeness to the reference.
+    """How far ``got`` is from ``expected``, in units of the dtype tolerance without its scaled part.
+
+    The largest ``|error| / (atol + rtol * |expected|)`` over the float outputs (0.0: the same numbers). Other outputs
+    count 0.0 when equal and infinity when not; so do mismatched shapes. It ranks candidates that all passed
+    :func:`compare` by closeness to the reference.
     """
     if len(got) != len(expected):
         return float("inf")

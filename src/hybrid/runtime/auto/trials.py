@@ -52,6 +52,7 @@ class Trial:
 
     @property
     def partitioned(self) -> bool:
+        """Whether the trial splits the graph across candidates."""
         return isinstance(self.decision, PartitionDecision)
 
     @property
@@ -199,9 +200,10 @@ def trial_of(model: Model, decision: Decision, order: list[Candidate], options_o
 def check_trials(search: Search, autotune: bool, *, first_accelerated: bool = False,
                  stop: Callable[[], bool] | None = None, after_each: Callable[[float], None] | None = None,
                  log: Callable[[str], None] | None = None) -> tuple[list[Trial], Trial | None]:
-    """Check the trials of ``search`` in order (the one loop of the offline search, the check process and the
-    in-thread check); returns them with ``rejected`` set, and the first accelerated trial that passed when
-    ``first_accelerated`` (the loop stops there: nothing is timed).
+    """Check the trials of ``search`` in order.
+
+    The one loop of the offline search, the check process and the in-thread check. Returns them with ``rejected`` set,
+    and the first accelerated trial that passed when ``first_accelerated`` (the loop stops there: nothing is timed).
 
     Args:
         search: The search.
