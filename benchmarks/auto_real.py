@@ -116,6 +116,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3, help="interleaved repetitions after the decision")
     ap.add_argument("--skip-open", action="store_true")
     ap.add_argument("--skip-precision", action="store_true")
+    ap.add_argument("--max-tax", type=float, default=None,
+                    help="hybrid.init({'autotune': {'max_tax': X}}): the tuning policy's budget (default 0.1)")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="hybrid-bench-auto-real-"))
 
@@ -125,6 +127,8 @@ def main() -> None:
     import hybrid
     from hybrid import zoo
 
+    if args.max_tax is not None:
+        hybrid.init({"autotune": {"max_tax": args.max_tax}})
     names = args.models.split(",") if args.models else list(zoo.NAMES)
     core = ov.Core()
     print(machine_info(), flush=True)
