@@ -24,8 +24,8 @@ from pydantic import Field
 
 from hybrid.config import ConfigSection
 from hybrid.errors import ConfigError, HybridError, RunError, ServingError
-from hybrid.runtime.batching import Batcher
 from hybrid.runtime.validate import InputValidator
+from hybrid.serve.batcher import LoopBatcher
 
 if TYPE_CHECKING:
     from hybrid.runtime.compiled import CompiledModel
@@ -90,6 +90,21 @@ class CheckedRequest:
 _Item = CheckedRequest  # what the batcher queues
 
 
+class _Group:
+    """Requests of a batch that run as one call: their positions in the batch and their joined feeds."""
+
+    __slots__ = ("feeds", "idx", "members")
+
+    def __init__(self, idx: list[int], members: list[CheckedRequest], feeds: dict[str, np.ndarray]) -> None:
+        self.idx = idx
+        self.members = members
+        self.feeds = feeds
+
+
+class _Each(list):  # type: ignore[type-arg]
+    """One result per request of a group (its joined run failed, or broke the rows apart)."""
+
+
 def _as_text(name: str, arr: np.ndarray) -> np.ndarray:
     """BYTES elements (bytes) as the str elements an ONNX string tensor holds (UTF-8)."""
     if arr.size == 0 or not isinstance(arr.flat[0], bytes):
@@ -152,11 +167,11 @@ class ServedModel:
         self._output_names = self.signature.output_names
         self._in_flight = 0  # unbatched mode's queue
         self._closed = False
-        self._batcher: Batcher | None = None
+        self._batcher: LoopBatcher[CheckedRequest] | None = None
         if settings.max_batch > 0:
-            self._batcher = Batcher(self._run_batch, max_batch=settings.max_batch, timeout=settings.batch_timeout,
-                                    max_queue=settings.max_queue, max_concurrent_batches=settings.concurrency,
-                                    name=f"{name}:{version}", dispatch_when_idle=True)
+            self._batcher = LoopBatcher(self._join, self._execute, self._split, max_batch=settings.max_batch,
+                                        max_queue=settings.max_queue, runners=settings.concurrency,
+                                        name=f"{name}:{version}")
         if settings.max_batch > 1 and self.batch_symbol is None:
             logger.warning("model %s:%s has no symbolic batch dimension shared by its inputs and outputs; its "
                            "batches run request by request", name, version)
@@ -337,29 +352,72 @@ class ServedModel:
         return out
 
     # ---------------------------------------------------------------------------------------- batching
-    def _run_batch(self, items: list[_Item]) -> list[dict[str, np.ndarray] | Exception]:
-        t0 = time.monotonic()
-        results: list[dict[str, np.ndarray] | Exception] = [None] * len(items)  # type: ignore[list-item]
+    # the batcher's three steps (hybrid.serve.batcher): join and split on the event loop, execute in a runner
+    # thread, which needs the GIL only to call the model and to post the batch back
+    def _join(self, items: list[_Item]) -> list[_Group]:
+        """The batch's groups (requests that concatenate: same inputs and inner shapes), each with its feeds."""
+        job = []
         for idx in self._groups(items):
-            group = [items[i] for i in idx]
-            try:
-                outs = self._run_group(group)
-            except Exception as e:
-                outs = self._isolate(group, e)
-            for i, out in zip(idx, outs):
-                results[i] = out
+            members = [items[i] for i in idx]
+            if len(idx) == 1:
+                job.append(_Group(idx, members, members[0].feeds))
+            else:
+                names = list(members[0].feeds)
+                job.append(_Group(idx, members, {k: np.concatenate([m.feeds[k] for m in members], axis=0)
+                                                 for k in names}))
+        return job
+
+    def _execute(self, job: list[_Group]) -> list[dict[str, np.ndarray] | _Each]:
+        """Run each group: its outputs, or (when a joined run failed) one result per request."""
+        return [self._run_group(group) for group in job]
+
+    def _run_group(self, group: _Group) -> dict[str, np.ndarray] | _Each:
+        try:
+            outs = self.compiled.run_checked(group.feeds)
+        except Exception as e:
+            return self._isolate(group.members, e)
+        if len(group.members) > 1:
+            total = sum(m.rows for m in group.members)
+            if any(np.ndim(v) == 0 or len(v) != total for v in outs.values()):
+                # the graph does not keep rows independent after all: fall back to one run per request
+                logger.warning("model %s:%s returned outputs without the batch of %d rows; running requests one "
+                               "by one", self.name, self.version, total)
+                return self._isolate(group.members, None)
+        return outs
+
+    def _split(self, items: list[_Item], job: list[_Group], raw: list[Any] | Exception, waits: list[float],
+               run_s: float) -> list[dict[str, np.ndarray] | Exception]:
+        """Each request's outputs: its rows of its group's outputs (views)."""
+        results: list[dict[str, np.ndarray] | Exception] = [None] * len(items)  # type: ignore[list-item]
+        if isinstance(raw, Exception):
+            raw = [_Each([self._error_for_one(raw, len(g.members)) for _ in g.members]) for g in job]
+        names = self._output_names
+        for group, outs in zip(job, raw, strict=True):
+            if isinstance(outs, _Each):
+                parts: list[Any] = outs
+            elif len(group.members) == 1:
+                parts = [outs]
+            else:
+                parts, start = [], 0
+                for m in group.members:
+                    stop = start + m.rows
+                    parts.append({k: outs[k][start:stop] for k in names})
+                    start = stop
+            for i, part in zip(group.idx, parts, strict=True):
+                results[i] = part
         if self.observer is not None:
-            self.observer(self, len(items), [t0 - it.enqueued for it in items], time.monotonic() - t0)
+            self.observer(self, len(items), waits, run_s)
         return results
 
-    def _isolate(self, group: list[_Item], error: Exception) -> list[dict[str, np.ndarray] | Exception]:
+    def _isolate(self, group: list[_Item], error: Exception | None) -> _Each:
         """After a joined run failed: run each request alone, so only the requests that fail on their own
         get an error (one bad request must not fail the requests it was batched with)."""
-        if len(group) == 1:
-            return [self._error_for_one(error, 1)]
-        logger.warning("model %s:%s failed on a batch of %d (%s); running its requests one by one", self.name,
-                       self.version, len(group), str(error).splitlines()[0][:200] if str(error) else type(error))
-        outs: list[dict[str, np.ndarray] | Exception] = []
+        if len(group) == 1 and error is not None:
+            return _Each([self._error_for_one(error, 1)])
+        if error is not None:
+            logger.warning("model %s:%s failed on a batch of %d (%s); running its requests one by one", self.name,
+                           self.version, len(group), str(error).splitlines()[0][:200] if str(error) else type(error))
+        outs = _Each()
         for item in group:
             try:
                 outs.append(self.compiled.run_checked(item.feeds))
@@ -387,23 +445,6 @@ class ServedModel:
             groups.setdefault(key, []).append(i)
         return list(groups.values())
 
-    def _run_group(self, group: list[_Item]) -> list[dict[str, np.ndarray]]:
-        if len(group) == 1:
-            return [self.compiled.run_checked(group[0].feeds)]
-        rows = [it.rows for it in group]
-        names = list(group[0].feeds)
-        joined = {k: np.concatenate([it.feeds[k] for it in group], axis=0) for k in names}
-        outs = self.compiled.run_checked(joined)
-        total = sum(rows)
-        if any(np.ndim(v) == 0 or len(v) != total for v in outs.values()):
-            # the graph does not keep rows independent after all: fall back to one run per request
-            logger.warning("model %s:%s returned outputs without the batch of %d rows; running requests one "
-                           "by one", self.name, self.version, total)
-            return [self.compiled.run_checked(it.feeds) for it in group]
-        bounds = np.cumsum(rows)[:-1]
-        parts = {k: np.split(v, bounds, axis=0) for k, v in outs.items()}
-        return [{k: parts[k][j] for k in self._output_names} for j in range(len(group))]
-
     # ---------------------------------------------------------------------------------------- lifecycle
     def _closing_error(self) -> ServingError:
         return ServingError("HYB-706", f"model {self.name!r} version {self.version} is shutting down",
@@ -413,7 +454,7 @@ class ServedModel:
         """Refuse new requests; run every queued one now (without waiting for batches to fill), then stop."""
         self._closed = True
         if self._batcher is not None:
-            self._batcher.close(wait=True, timeout=timeout)
+            self._batcher.close(timeout=timeout)
 
     def close(self) -> None:
         """Drain, then release the backend's resources."""

@@ -1,0 +1,249 @@
+"""The server's dynamic batcher: the queue lives on the event loop, only the model's run leaves it.
+
+:class:`LoopBatcher` keeps a model's waiting requests on the event loop that received them. Whenever a
+runner is idle, what is queued (up to ``max_batch``) goes at once as one batch: a lone request on an idle
+model never waits, and what queued while a batch ran goes together when it ends (Triton's default queue
+delay is 0; ``batch_timeout`` stays an upper bound that this never reaches). When ``max_batch`` requests
+are already queued while every runner is busy, that full batch is joined at once and handed over, so a
+runner that finishes takes its next batch without waiting for the loop.
+
+The work of a batch is split so that the runner threads need Python (and so the GIL, which the
+transports' event loop holds most of the time under load) as little as possible: the loop joins the
+batch (``join``), a runner thread only executes it (``execute``: the model's run, which releases the GIL)
+and posts it back with one loop wake-up per batch, and the loop splits the outputs and answers each
+caller (``split``). The runner threads never touch the queue or any lock of it, the loop never waits
+for a runner.
+
+The queue is bound to the loop of its first request; a request from another loop is passed to that one.
+:meth:`LoopBatcher.close` (any thread but the loop's) refuses new requests, lets the queued ones run
+and waits for them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from hybrid.errors import RunError
+
+__all__ = ["BatcherStats", "LoopBatcher"]
+
+Item = TypeVar("Item")
+Job = Any  # what join returns and execute takes
+
+
+@dataclass(frozen=True, slots=True)
+class BatcherStats:
+    """A snapshot: requests waiting (``queued``), batches running (``running``), batches run (``batches``)."""
+
+    queued: int
+    running: int
+    batches: int
+
+
+class _Waiting(Generic[Item]):
+    __slots__ = ("enqueued", "future", "item")
+
+    def __init__(self, item: Item, future: asyncio.Future[Any]) -> None:
+        self.item = item
+        self.future = future
+        self.enqueued = time.monotonic()
+
+
+class _Task(Generic[Item]):
+    """A batch handed to the runners: its requests, its joined job, whether a runner has begun it."""
+
+    __slots__ = ("batch", "begun", "job")
+
+    def __init__(self, batch: list[_Waiting[Item]], job: Job) -> None:
+        self.batch = batch
+        self.job = job
+        self.begun = False
+
+
+class LoopBatcher(Generic[Item]):
+    """Batches the requests of one model on the event loop; see the module docstring.
+
+    Args:
+        join: ``join(items) -> job``, on the loop: the batch made ready to run (inputs concatenated).
+        execute: ``execute(job) -> raw``, in a runner thread: the run itself (exceptions are passed to
+            ``split``).
+        split: ``split(items, job, raw_or_exception, waits_s, run_s) -> results``, on the loop: one result
+            per item, in order; an element that is an exception fails only its own caller.
+        max_batch: Most requests in one batch.
+        max_queue: Most requests waiting at once; more get HYB-412. None: unbounded.
+        runners: Batches that may run at the same time (runner threads).
+        name: Used in thread names and messages.
+    """
+
+    def __init__(self, join: Callable[[list[Item]], Job], execute: Callable[[Job], Any],
+                 split: Callable[[list[Item], Job, Any, list[float], float], list[Any]], *, max_batch: int,
+                 max_queue: int | None = None, runners: int = 1, name: str = "model") -> None:
+        self._join, self._execute, self._split = join, execute, split
+        self.max_batch = max_batch
+        self.max_queue = max_queue
+        self.runners = runners
+        self.name = name
+        self._queue: deque[_Waiting[Item]] = deque()
+        self._jobs: queue.SimpleQueue[_Task[Item] | None] = queue.SimpleQueue()
+        self._tasks: set[_Task[Item]] = set()  # handed to the runners and not yet split (loop thread only)
+        self._threads: list[threading.Thread] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._batches = 0
+        self._closing = False
+        self._drained = threading.Event()
+        self._drained.set()
+
+    # ------------------------------------------------------------------ on the loop
+    async def acall(self, item: Item, timeout: float | None = None) -> Any:
+        """Queue ``item``, return its result.
+
+        Raises:
+            RunError: HYB-411 after ``timeout`` seconds (a queued request is withdrawn), HYB-412 when
+                ``max_queue`` requests are waiting, HYB-415 once closing; the request's own error.
+        """
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:
+            if self._loop is not None and not self._loop.is_closed() and (self._queue or self._tasks):
+                # the queue belongs to another loop now: run the call there
+                other = asyncio.run_coroutine_threadsafe(self.acall(item, timeout), self._loop)
+                return await asyncio.wrap_future(other)
+            self._loop = loop
+        if self._closing:
+            raise RunError("HYB-415", f"batcher {self.name!r} is closed; it takes no more requests")
+        if self.max_queue is not None and len(self._queue) >= self.max_queue:
+            raise RunError("HYB-412", f"batcher {self.name!r}: {len(self._queue)} requests already queued "
+                           f"(max_queue={self.max_queue}); request rejected", "retry later, or raise max_queue")
+        waiting = _Waiting(item, loop.create_future())
+        self._queue.append(waiting)
+        self._drained.clear()
+        self._dispatch()
+        timer = loop.call_later(timeout, self._expire, waiting, timeout) if timeout is not None else None
+        try:
+            return await waiting.future
+        except asyncio.CancelledError:
+            self._withdraw(waiting)
+            raise
+        finally:
+            if timer is not None:
+                timer.cancel()
+
+    def _expire(self, waiting: _Waiting[Item], timeout: float) -> None:
+        if waiting.future.done():
+            return
+        withdrawn = self._withdraw(waiting)
+        where = "it was still queued and is withdrawn" if withdrawn else "its batch was still running"
+        waiting.future.set_exception(RunError("HYB-411", f"batcher {self.name!r}: no result within {timeout} s "
+                                              f"({where})", "raise the request timeout, or lower max_batch"))
+
+    def _withdraw(self, waiting: _Waiting[Item]) -> bool:
+        try:
+            self._queue.remove(waiting)
+        except ValueError:
+            return False  # already in a batch
+        self._check_drained()
+        return True
+
+    def _dispatch(self) -> None:
+        """Hand batches to the runners: at once while a runner is idle, and a full batch ahead of them."""
+        while self._queue and (len(self._tasks) < self.runners
+                               or (len(self._tasks) == self.runners and len(self._queue) >= self.max_batch)):
+            batch = [self._queue.popleft() for _ in range(min(self.max_batch, len(self._queue)))]
+            items = [w.item for w in batch]
+            try:
+                job = self._join(items)
+            except Exception as e:  # never leave a caller waiting
+                for w in batch:
+                    if not w.future.done():
+                        w.future.set_exception(e)
+                continue
+            if not self._threads:
+                self._start()
+            task = _Task(batch, job)
+            self._tasks.add(task)
+            self._jobs.put(task)
+
+    def _finished(self, task: _Task[Item], raw: Any, started: float, run_s: float) -> None:
+        self._tasks.discard(task)
+        batch, job = task.batch, task.job
+        self._batches += 1
+        self._dispatch()  # the next batch first: the runner must not wait for the answers of this one
+        waits = [started - w.enqueued for w in batch]
+        try:
+            results = self._split([w.item for w in batch], job, raw, waits, run_s)
+            if len(results) != len(batch):
+                raise RunError("HYB-413", f"batcher {self.name!r}: {len(results)} results for {len(batch)} requests")
+        except Exception as e:
+            results = [e] * len(batch)
+        for w, result in zip(batch, results, strict=True):
+            if w.future.done():  # its caller went away
+                continue
+            if isinstance(result, BaseException):
+                w.future.set_exception(result)
+            else:
+                w.future.set_result(result)
+        self._check_drained()
+
+    def _check_drained(self) -> None:
+        if not self._queue and not self._tasks:
+            self._drained.set()
+
+    # ------------------------------------------------------------------ runner threads
+    def _start(self) -> None:
+        self._threads = [threading.Thread(target=self._run, name=f"hybrid-serve-{self.name}-run{i}", daemon=True)
+                         for i in range(self.runners)]
+        for t in self._threads:
+            t.start()
+
+    def _run(self) -> None:
+        while (task := self._jobs.get()) is not None:
+            task.begun = True
+            started = time.monotonic()
+            try:
+                raw = self._execute(task.job)
+            except Exception as e:
+                raw = e
+            run_s = time.monotonic() - started
+            loop = self._loop
+            if loop is None:
+                continue
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
+                loop.call_soon_threadsafe(self._finished, task, raw, started, run_s)
+
+    # ------------------------------------------------------------------ lifecycle
+    def stats(self) -> BatcherStats:
+        """Requests waiting (queued, or in a batch no runner has begun), batches running, batches run."""
+        tasks = list(self._tasks)
+        waiting = sum(len(t.batch) for t in tasks if not t.begun)
+        return BatcherStats(queued=len(self._queue) + waiting, running=sum(t.begun for t in tasks),
+                            batches=self._batches)
+
+    def close(self, timeout: float | None = None) -> None:
+        """Take no more requests; let the queued ones run and wait for them, then stop the runner threads.
+
+        Args:
+            timeout: Longest time in seconds to wait. On the loop's own thread it does not wait.
+        """
+        self._closing = True
+        loop = self._loop
+        deadline = None if timeout is None else time.monotonic() + timeout
+        on_loop = False
+        with contextlib.suppress(RuntimeError):
+            on_loop = asyncio.get_running_loop() is loop
+        if loop is not None and not loop.is_closed() and not on_loop:
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(self._check_drained)
+                self._drained.wait(timeout)
+        if on_loop:
+            return
+        for _ in self._threads:
+            self._jobs.put(None)
+        for t in self._threads:
+            t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
