@@ -78,6 +78,8 @@ class LoopBatcher(Generic[Item]):
         split: ``split(items, job, raw_or_exception, waits_s, run_s) -> results``, on the loop: one result
             per item, in order; an element that is an exception fails only its own caller.
         max_batch: Most requests in one batch.
+        max_delay: Under load (the last batch was full), longest time in seconds a request waits for its
+            batch to fill when a runner is idle; otherwise an idle runner takes what is queued at once.
         max_queue: Most requests waiting at once; more get HYB-412. None: unbounded.
         runners: Batches that may run at the same time (runner threads).
         name: Used in thread names and messages.
@@ -85,9 +87,13 @@ class LoopBatcher(Generic[Item]):
 
     def __init__(self, join: Callable[[list[Item]], Job], execute: Callable[[Job], Any],
                  split: Callable[[list[Item], Job, Any, list[float], float], list[Any]], *, max_batch: int,
-                 max_queue: int | None = None, runners: int = 1, name: str = "model") -> None:
+                 max_delay: float = 0.0, max_queue: int | None = None, runners: int = 1,
+                 name: str = "model") -> None:
         self._join, self._execute, self._split = join, execute, split
         self.max_batch = max_batch
+        self.max_delay = max_delay
+        self._hold = False  # the last batch was full: under load, let the next one fill (up to max_delay)
+        self._timer: asyncio.TimerHandle | None = None
         self.max_queue = max_queue
         self.runners = runners
         self.name = name
@@ -151,11 +157,25 @@ class LoopBatcher(Generic[Item]):
         self._check_drained()
         return True
 
-    def _dispatch(self) -> None:
-        """Hand batches to the runners: at once while a runner is idle, and a full batch ahead of them."""
+    def _dispatch(self, waited: bool = False) -> None:
+        """Hand batches to the runners: to an idle one, and a full batch ahead of busy ones.
+
+        An idle runner takes what is queued at once, except under load (the last batch was full): then
+        once the batch is full or its oldest request has waited ``max_delay`` (``waited``: that is now).
+        """
         while self._queue and (len(self._tasks) < self.runners
                                or (len(self._tasks) == self.runners and len(self._queue) >= self.max_batch)):
+            if self._hold and not waited and len(self._queue) < self.max_batch and self._loop is not None:
+                due = self._queue[0].enqueued + self.max_delay
+                if due > time.monotonic():
+                    if self._timer is None:
+                        self._timer = self._loop.call_at(self._loop.time() + due - time.monotonic(), self._due)
+                    return
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
             batch = [self._queue.popleft() for _ in range(min(self.max_batch, len(self._queue)))]
+            self._hold = len(batch) == self.max_batch
             items = [w.item for w in batch]
             try:
                 job = self._join(items)
@@ -169,6 +189,10 @@ class LoopBatcher(Generic[Item]):
             task = _Task(batch, job)
             self._tasks.add(task)
             self._jobs.put(task)
+
+    def _due(self) -> None:
+        self._timer = None
+        self._dispatch(waited=True)
 
     def _finished(self, task: _Task[Item], raw: Any, started: float, run_s: float) -> None:
         self._tasks.discard(task)

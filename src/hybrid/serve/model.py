@@ -170,7 +170,8 @@ class ServedModel:
         self._batcher: LoopBatcher[CheckedRequest] | None = None
         if settings.max_batch > 0:
             self._batcher = LoopBatcher(self._join, self._execute, self._split, max_batch=settings.max_batch,
-                                        max_queue=settings.max_queue, runners=settings.concurrency,
+                                        max_delay=settings.batch_timeout, max_queue=settings.max_queue,
+                                        runners=settings.concurrency,
                                         name=f"{name}:{version}")
         if settings.max_batch > 1 and self.batch_symbol is None:
             logger.warning("model %s:%s has no symbolic batch dimension shared by its inputs and outputs; its "
