@@ -340,8 +340,8 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
             timeout = _request_timeout(request, context)
             # raw contents become arrays without a copy (numpy views of the message's bytes): only typed
             # contents and BYTES elements cost work proportional to their size, and only those leave the loop
-            if request.ByteSize() > _OFFLOAD and any(t.datatype == "BYTES" or not request.raw_input_contents
-                                                     for t in request.inputs):
+            costly = not request.raw_input_contents or any(t.datatype == "BYTES" for t in request.inputs)
+            if costly and request.ByteSize() > _OFFLOAD:  # ByteSize walks the message: only when it may matter
                 loop = asyncio.get_running_loop()
                 return loop.run_in_executor(None, lambda: Decoded(decode_inputs(request, limits), timeout))
             return Decoded(decode_inputs(request, limits), timeout)

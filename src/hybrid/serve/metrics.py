@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 import threading
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -88,9 +88,17 @@ class ServerMetrics:
                                    ["code"], registry=self.registry)
         self._stats: dict[tuple[str, str], ModelStats] = {}
         self._stats_lock = threading.Lock()
+        self._children: dict[tuple[str, str], tuple[Any, Any]] = {}
         self.registry.register(_LiveCollector(models))
         self.registry.register(TritonCollector(self._all_stats,
                                                lambda: [(m.name, m.version, m.queued) for m in models]))
+
+    def children(self, key: tuple[str, str]) -> tuple[Any, Any]:
+        """The requests counter and the latency histogram of the model ``key`` (name, version), looked up once."""
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = (self.requests.labels(*key), self.latency.labels(*key))
+        return found
 
     def _all_stats(self) -> list[ModelStats]:
         with self._stats_lock:  # a batcher thread may add a model's entry meanwhile

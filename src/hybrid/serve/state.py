@@ -141,7 +141,8 @@ async def infer(state: ServerState, model: ServedModel, decode: Callable[[], Awa
     """
     metrics = state.metrics
     key = (model.name, model.version)
-    metrics.requests.labels(*key).inc()
+    requests, latency = metrics.children(key)
+    requests.inc()
     t0 = time.perf_counter()
     ok, rows = False, 1
     input_s = output_s = 0.0
@@ -166,7 +167,7 @@ async def infer(state: ServerState, model: ServedModel, decode: Callable[[], Awa
         raise
     finally:  # a client that went away (CancelledError) counts as a failure too
         elapsed = time.perf_counter() - t0
-        metrics.latency.labels(*key).observe(elapsed)
+        latency.observe(elapsed)
         metrics.request_done(model, ok, elapsed, rows, input_s, output_s)
 
 
