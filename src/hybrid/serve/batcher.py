@@ -92,7 +92,13 @@ class LoopBatcher(Generic[Item]):
         self._join, self._execute, self._split = join, execute, split
         self.max_batch = max_batch
         self.max_delay = max_delay
-        self._hold = False  # the last batch was full: under load, let the next one fill (up to max_delay)
+        # how many requests come together: the most seen at once (queued + running) lately, grown at once and
+        # lowered when a held batch did not fill; an idle runner lets its batch fill to that (up to max_delay)
+        self._expect = 1
+        self._peak = 0
+        self._dispatches = 0
+        self._running = 0  # requests in the batches handed to the runners
+        self._last_run = 0.0  # seconds the last batch took
         self._timer: asyncio.TimerHandle | None = None
         self.max_queue = max_queue
         self.runners = runners
@@ -129,6 +135,8 @@ class LoopBatcher(Generic[Item]):
                            f"(max_queue={self.max_queue}); request rejected", "retry later, or raise max_queue")
         waiting = _Waiting(item, loop.create_future())
         self._queue.append(waiting)
+        if len(self._queue) + self._running > self._expect:
+            self._expect = min(self.max_batch, len(self._queue) + self._running)
         self._drained.clear()
         self._dispatch()
         timer = loop.call_later(timeout, self._expire, waiting, timeout) if timeout is not None else None
@@ -165,8 +173,9 @@ class LoopBatcher(Generic[Item]):
         """
         while self._queue and (len(self._tasks) < self.runners
                                or (len(self._tasks) == self.runners and len(self._queue) >= self.max_batch)):
-            if self._hold and not waited and len(self._queue) < self.max_batch and self._loop is not None:
-                due = self._queue[0].enqueued + self.max_delay
+            if not waited and not self._closing and len(self._queue) < self._expect and self._loop is not None:
+                # never longer than a batch takes: past that, running now and the rest after is sooner
+                due = self._queue[0].enqueued + min(self.max_delay, self._last_run)
                 if due > time.monotonic():
                     if self._timer is None:
                         self._timer = self._loop.call_at(self._loop.time() + due - time.monotonic(), self._due)
@@ -174,8 +183,9 @@ class LoopBatcher(Generic[Item]):
             if self._timer is not None:
                 self._timer.cancel()
                 self._timer = None
+            self._learn(waited)
             batch = [self._queue.popleft() for _ in range(min(self.max_batch, len(self._queue)))]
-            self._hold = len(batch) == self.max_batch
+            self._running += len(batch)
             items = [w.item for w in batch]
             try:
                 job = self._join(items)
@@ -190,6 +200,17 @@ class LoopBatcher(Generic[Item]):
             self._tasks.add(task)
             self._jobs.put(task)
 
+    def _learn(self, waited: bool) -> None:
+        """Update how many requests come together, at a dispatch (``waited``: its hold ran out)."""
+        together = min(self.max_batch, len(self._queue) + self._running)
+        if waited and len(self._queue) < self._expect:
+            self._expect = max(1, together)  # they did not come: expect what came
+        self._peak = max(self._peak, together)
+        self._dispatches += 1
+        if self._dispatches >= 32:  # the peak of the last 32 batches
+            self._expect = max(1, min(self._expect, self._peak))
+            self._peak, self._dispatches = 0, 0
+
     def _due(self) -> None:
         self._timer = None
         self._dispatch(waited=True)
@@ -197,6 +218,8 @@ class LoopBatcher(Generic[Item]):
     def _finished(self, task: _Task[Item], raw: Any, started: float, run_s: float) -> None:
         self._tasks.discard(task)
         batch, job = task.batch, task.job
+        self._running -= len(batch)
+        self._last_run = run_s
         self._batches += 1
         self._dispatch()  # the next batch first: the runner must not wait for the answers of this one
         waits = [started - w.enqueued for w in batch]
@@ -213,6 +236,10 @@ class LoopBatcher(Generic[Item]):
                 w.future.set_exception(result)
             else:
                 w.future.set_result(result)
+        self._check_drained()
+
+    def _flush(self) -> None:
+        self._dispatch(waited=True)
         self._check_drained()
 
     def _check_drained(self) -> None:
@@ -263,7 +290,7 @@ class LoopBatcher(Generic[Item]):
             on_loop = asyncio.get_running_loop() is loop
         if loop is not None and not loop.is_closed() and not on_loop:
             with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(self._check_drained)
+                loop.call_soon_threadsafe(self._flush)
                 self._drained.wait(timeout)
         if on_loop:
             return
