@@ -226,3 +226,119 @@ def test_without_dispatch_when_idle_a_batch_waits_to_fill():
         assert [f.result(60) for f in futures] == [0, 1, 2] and seen == [3]
     finally:
         batcher.close()
+
+
+# ---------------------------------------------------------------------------- the server's batcher (serve/batcher.py)
+def loop_batcher(execute, **kw):
+    from hybrid.serve.batcher import LoopBatcher
+
+    seen = []
+
+    def split(items, job, raw, waits, run_s):
+        seen.append(list(items))
+        return [raw] * len(items) if isinstance(raw, Exception) else list(raw)
+
+    return LoopBatcher(lambda items: list(items), execute, split, **kw), seen
+
+
+def test_the_server_batcher_runs_a_lone_request_at_once_even_with_a_long_timeout():
+    batcher, seen = loop_batcher(lambda job: job, max_batch=8, max_delay=3600)
+
+    async def main():
+        return [await batcher.acall(i, timeout=60) for i in range(3)]
+
+    try:
+        assert asyncio.run(main()) == [0, 1, 2] and seen == [[0], [1], [2]]
+    finally:
+        batcher.close()
+
+
+def test_the_server_batcher_joins_what_queues_while_busy_and_bounds_it_by_max_batch():
+    release, started = threading.Event(), threading.Event()
+
+    def execute(job):
+        if job == ["a"]:
+            started.set()
+            release.wait(60)
+        return job
+
+    batcher, seen = loop_batcher(execute, max_batch=4, max_delay=0)
+
+    async def main():
+        first = asyncio.ensure_future(batcher.acall("a"))
+        await asyncio.to_thread(started.wait, 60)
+        later = [asyncio.ensure_future(batcher.acall(x)) for x in "bcdefg"]
+        await asyncio.sleep(0)
+        assert batcher.stats().queued == 6  # b..e handed over as a full batch, not begun; f, g queued
+        release.set()
+        return await first, await asyncio.gather(*later)
+
+    try:
+        assert asyncio.run(main()) == ("a", list("bcdefg"))
+        assert seen == [["a"], ["b", "c", "d", "e"], ["f", "g"]]
+    finally:
+        batcher.close()
+
+
+def test_the_server_batcher_lets_a_batch_fill_to_what_came_together_within_the_timeout():
+    batcher, seen = loop_batcher(lambda job: (time.sleep(0.05), job)[1], max_batch=8, max_delay=10.0)
+
+    async def round_of(n):
+        return await asyncio.gather(*(batcher.acall(i) for i in range(n)))
+
+    async def main():
+        await round_of(4)  # 4 together: one runs at once, 3 queue behind it -> it expects 4
+        seen.clear()
+        t0 = time.monotonic()
+        first = asyncio.ensure_future(batcher.acall("x"))  # alone on an idle runner: held for the others
+        await asyncio.sleep(0.01)
+        rest = [asyncio.ensure_future(batcher.acall(y)) for y in "yzw"]
+        await asyncio.gather(first, *rest)
+        joined = list(seen)
+        seen.clear()
+        await batcher.acall("alone")  # the others did not come: the hold ran out (at most a batch's time)
+        return joined, time.monotonic() - t0
+
+    try:
+        joined, elapsed = asyncio.run(main())
+        assert joined == [["x", "y", "z", "w"]] and elapsed < 5
+        assert seen == [["alone"]]
+    finally:
+        batcher.close()
+
+
+def test_the_server_batcher_times_out_a_queued_request_and_fails_a_bad_batch_alone():
+    from hybrid.errors import RunError
+
+    release = threading.Event()
+
+    def execute(job):
+        if job == ["slow"]:
+            release.wait(60)
+        if "bad" in job:
+            raise ValueError("broken")
+        return job
+
+    batcher, _ = loop_batcher(execute, max_batch=8, max_queue=1)
+
+    async def main():
+        slow = asyncio.ensure_future(batcher.acall("slow"))
+        await asyncio.sleep(0.05)
+        with pytest.raises(RunError) as e:
+            await batcher.acall("late", timeout=0.05)  # queued behind the slow batch
+        assert e.value.code == "HYB-411" and "withdrawn" in e.value.message
+        queued = asyncio.ensure_future(batcher.acall("q"))
+        await asyncio.sleep(0)
+        with pytest.raises(RunError) as full:
+            await batcher.acall("over")
+        assert full.value.code == "HYB-412"
+        release.set()
+        assert await slow == "slow" and await queued == "q"
+        with pytest.raises(ValueError):
+            await batcher.acall("bad")
+
+    try:
+        asyncio.run(main())
+        assert batcher.stats().queued == 0
+    finally:
+        batcher.close()

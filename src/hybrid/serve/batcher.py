@@ -1,11 +1,15 @@
 """The server's dynamic batcher: the queue lives on the event loop, only the model's run leaves it.
 
 :class:`LoopBatcher` keeps a model's waiting requests on the event loop that received them. Whenever a
-runner is idle, what is queued (up to ``max_batch``) goes at once as one batch: a lone request on an idle
-model never waits, and what queued while a batch ran goes together when it ends (Triton's default queue
-delay is 0; ``batch_timeout`` stays an upper bound that this never reaches). When ``max_batch`` requests
-are already queued while every runner is busy, that full batch is joined at once and handed over, so a
-runner that finishes takes its next batch without waiting for the loop.
+runner is idle, what is queued (up to ``max_batch``) goes as one batch: a lone client's request on an
+idle model never waits, and what queued while a batch ran goes together when it ends (Triton's default
+queue delay is 0). When ``max_batch`` requests are already queued while every runner is busy, that full
+batch is joined at once and handed over, so a runner that finishes takes its next batch without waiting
+for the loop. Under load, an idle runner lets its batch fill to the number of requests that have lately
+come together (the most queued and running at once over the last 32 batches; lowered to what came when a
+hold runs out), for at most ``max_delay`` (the model's ``batch_timeout``) and never longer than the last
+batch took: closed-loop clients then meet in one batch instead of splitting into a lone request and the
+rest, which costs both throughput and tail latency. A closing batcher never holds.
 
 The work of a batch is split so that the runner threads need Python (and so the GIL, which the
 transports' event loop holds most of the time under load) as little as possible: the loop joins the

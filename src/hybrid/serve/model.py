@@ -41,8 +41,10 @@ class BatchSettings(ConfigSection):
     Attributes:
         max_batch: Most requests run in one call of the model; 0 turns batching off (each request runs
             on its own, concurrently, in the server's thread pool).
-        batch_timeout: Longest time in seconds a request waits for its batch to fill; a request that finds
-            the model idle runs at once (what queued while a batch ran goes as soon as the model is free).
+        batch_timeout: Longest time in seconds a request waits for its batch to fill; a lone request that
+            finds the model idle runs at once (what queued while a batch ran goes as soon as the model is
+            free; under load an idle model lets its batch fill to what lately came together, within this
+            bound: :mod:`hybrid.serve.batcher`).
         max_queue: Most requests waiting at once; more get HTTP 503 (HYB-705). None: unbounded.
         request_timeout: Longest time in seconds a request may take in the server; None: no limit.
         concurrency: Batches that may run at the same time.
