@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import queue
 import threading
 import time
@@ -41,6 +42,18 @@ __all__ = ["BatcherStats", "LoopBatcher"]
 
 Item = TypeVar("Item")
 Job = Any  # what join returns and execute takes
+
+
+def _normal_policy() -> None:
+    """Put the calling runner thread back in the normal scheduling policy, whatever its creator's.
+
+    The server's front end runs in ``SCHED_BATCH`` (:func:`hybrid.serve.server.front_end_yields_to_compute`);
+    the model's run must not.
+    """
+    if hasattr(os, "sched_setscheduler") and hasattr(os, "SCHED_OTHER"):
+        with contextlib.suppress(OSError):
+            if os.sched_getscheduler(0) != os.SCHED_OTHER:
+                os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,6 +271,7 @@ class LoopBatcher(Generic[Item]):
             t.start()
 
     def _run(self) -> None:
+        _normal_policy()
         while (task := self._jobs.get()) is not None:
             task.begun = True
             started = time.monotonic()

@@ -51,7 +51,8 @@ if TYPE_CHECKING:
 
     from hybrid.serve.state import ServerState
 
-__all__ = ["BackgroundServer", "ConnectionLimits", "HybridServer", "limit_allocator_retention", "make_server", "run"]
+__all__ = ["BackgroundServer", "ConnectionLimits", "HybridServer", "front_end_yields_to_compute",
+           "limit_allocator_retention", "make_server", "run"]
 
 logger = logging.getLogger("hybrid.serve")
 
@@ -263,13 +264,32 @@ def make_server(app: FastAPI, host: str = "127.0.0.1", port: int = 8000, drain_t
     return HybridServer(config, app.state.hybrid)
 
 
+def front_end_yields_to_compute() -> bool:
+    """Put the calling thread (the event loop's) and the threads it starts after this (gRPC's poller and
+    event-engine threads) in Linux's ``SCHED_BATCH``: they keep their share of the CPU but no longer preempt
+    a running thread when they wake. The models' threads keep the normal policy (the runtimes' pools were
+    made while the models loaded, before this; the batcher's runner threads set it back for themselves), so
+    a wake-up of the front end no longer stalls a parallel operator of the model mid-run on a loaded machine.
+    False where the platform has no ``SCHED_BATCH`` or refuses it.
+    """
+    if not hasattr(os, "sched_setscheduler") or not hasattr(os, "SCHED_BATCH"):
+        return False
+    try:
+        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+    except OSError:
+        return False
+    return True
+
+
 def run(app: FastAPI, host: str = "127.0.0.1", port: int = 8000, drain_timeout: float = 30.0,
         log_level: str = "info", connections: ConnectionLimits | None = None) -> None:
-    """Serve ``app`` until SIGTERM/SIGINT, then drain and return."""
+    """Serve ``app`` until SIGTERM/SIGINT, then drain and return (the front end in ``SCHED_BATCH``:
+    :func:`front_end_yields_to_compute`)."""
     if host not in LOOPBACK and not app.state.hybrid.options.auth_token:
         logger.warning("serving on %s without --auth-token: anyone who reaches this address can run the models",
                        host)
     limit_allocator_retention()
+    front_end_yields_to_compute()
     make_server(app, host, port, drain_timeout, log_level, connections).run()
 
 
