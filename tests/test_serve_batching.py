@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures as cf
+import os
 import re
 import threading
 import time
@@ -342,3 +343,36 @@ def test_the_server_batcher_times_out_a_queued_request_and_fails_a_bad_batch_alo
         assert batcher.stats().queued == 0
     finally:
         batcher.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="no Linux scheduling policies on this platform")
+def test_a_model_loaded_from_the_batch_policy_front_end_builds_in_the_normal_policy():
+    """What in_normal_policy runs (a model load from model control) and the threads it starts are in the normal
+    policy even when called from a SCHED_BATCH thread (the front end); its errors reach the caller."""
+    from hybrid.serve.batcher import in_normal_policy
+
+    seen = {}
+
+    def load():
+        seen["load"] = os.sched_getscheduler(0)
+        pool = threading.Thread(target=lambda: seen.__setitem__("pool", os.sched_getscheduler(0)))
+        pool.start()
+        pool.join()
+        return "loaded"
+
+    def fail():
+        raise ValueError("bad model")
+
+    def front_end():
+        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+        seen["front"] = os.sched_getscheduler(0)
+        seen["result"] = in_normal_policy(load)
+        with pytest.raises(ValueError, match="bad model"):
+            in_normal_policy(fail)
+        seen["front after"] = os.sched_getscheduler(0)
+
+    t = threading.Thread(target=front_end)
+    t.start()
+    t.join()
+    assert seen == {"front": os.SCHED_BATCH, "load": os.SCHED_OTHER, "pool": os.SCHED_OTHER, "result": "loaded",
+                    "front after": os.SCHED_BATCH}

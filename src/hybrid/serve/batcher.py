@@ -38,7 +38,7 @@ from typing import Any, Generic, TypeVar
 
 from hybrid.errors import RunError
 
-__all__ = ["BatcherStats", "LoopBatcher"]
+__all__ = ["BatcherStats", "LoopBatcher", "in_normal_policy"]
 
 Item = TypeVar("Item")
 Job = Any  # what join returns and execute takes
@@ -54,6 +54,35 @@ def _normal_policy() -> None:
         with contextlib.suppress(OSError):
             if os.sched_getscheduler(0) != os.SCHED_OTHER:
                 os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+
+
+def in_normal_policy(fn: Callable[..., Item], *args: Any, **kwargs: Any) -> Item:
+    """``fn(*args, **kwargs)`` in a thread of the normal scheduling policy, waited for; its result or error.
+
+    What a model builds there (a runtime's thread pool) inherits that policy: a model loaded through model
+    control, from an executor thread of the ``SCHED_BATCH`` front end, computes like one loaded at start-up.
+    Runs ``fn`` in the calling thread where that already has the normal policy (or the platform has no
+    scheduling policies).
+    """
+    if not (hasattr(os, "sched_getscheduler") and hasattr(os, "SCHED_OTHER")) \
+            or os.sched_getscheduler(0) == os.SCHED_OTHER:
+        return fn(*args, **kwargs)
+    out: list[Any] = []
+    error: list[BaseException] = []
+
+    def target() -> None:
+        _normal_policy()
+        try:
+            out.append(fn(*args, **kwargs))
+        except BaseException as e:  # handed to the caller
+            error.append(e)
+
+    thread = threading.Thread(target=target, name="hybrid-model-load", daemon=True)
+    thread.start()
+    thread.join()
+    if error:
+        raise error[0]
+    return out[0]
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,6 +35,7 @@ from hybrid.bundle.manifest import Manifest
 from hybrid.config import backend_sections
 from hybrid.errors import HybridError, ModelError, ServingError
 from hybrid.hal import backend_class, backend_names
+from hybrid.serve.batcher import in_normal_policy
 from hybrid.serve.model import BatchObserver, BatchSettings, ServedModel
 
 __all__ = ["ModelIndexEntry", "ModelRegistry", "ModelSource", "build_registry", "check_name",
@@ -432,7 +433,8 @@ class ModelRegistry:
                 raise ServingError("HYB-701", f"no model named {name!r} in the served repositories "
                                    f"({', '.join(map(str, self.paths)) or 'none'})",
                                    "POST /v2/repository/index lists the models that can be loaded")
-            fresh = build_registry([], sources=sources, **self.load_args)
+            # the front end runs in SCHED_BATCH; the model's runtime pools must not inherit it
+            fresh = in_normal_policy(build_registry, [], sources=sources, **self.load_args)
             for m in fresh:
                 m.observer = self.observer
             table = dict(self._models)
