@@ -31,9 +31,12 @@ Concurrency = Annotated[int | None, typer.Option(help="Batches run at once per m
 def serving_settings(max_batch: int | None, batch_timeout: float | None, max_queue: int | None,
                      request_timeout: float | None, concurrency: int | None, *,
                      zero_means_off: bool) -> dict[str, Any]:
-    """The settings given on the command line, by manifest key. With ``zero_means_off`` (the server),
-    0 turns the queue bound and the request timeout off; a bundle's manifest has no 'off' for them, so
-    there 0 is passed on and refused by the manifest's validation (HYB-502 naming the key)."""
+    """The settings given on the command line, by manifest key.
+
+    With ``zero_means_off`` (the server), 0 turns the queue bound and the request timeout off; a bundle's
+    manifest has no 'off' for them, so there 0 is passed on and refused by the manifest's validation
+    (HYB-502 naming the key).
+    """
     given = {"max_batch": max_batch, "batch_timeout": batch_timeout, "max_queue": max_queue,
              "request_timeout": request_timeout, "concurrency": concurrency}
     given = {k: v for k, v in given.items() if v is not None}

@@ -133,8 +133,10 @@ def serve(
     ray_warmup: Annotated[int, typer.Option(help="--ray: probe runs per model before a replica counts as "
                                                  "started (0: none).")] = 1,
 ) -> None:
-    """Serve models over the KServe v2 / Open Inference Protocol REST and gRPC APIs (tritonclient.http and
-    tritonclient.grpc work)."""
+    """Serve models over the KServe v2 / Open Inference Protocol REST and gRPC APIs.
+
+    tritonclient.http and tritonclient.grpc work.
+    """
     with report_errors():
         from hybrid.config import parse_size
 

@@ -1,5 +1,6 @@
-"""``hybrid.serve``: a KServe v2 / Open Inference Protocol server (HTTP and Triton's gRPC service) for hybrid
-models, and its Ray Serve form.
+"""``hybrid.serve``: a KServe v2 / Open Inference Protocol server for hybrid models, and its Ray Serve form.
+
+The server speaks HTTP and Triton's gRPC service.
 
 Layout, lowest first: ``protocol`` (the v2 JSON/binary codec and its checks), ``model`` (one served model:
 validation and dynamic batching), ``triton_config`` (config.pbtxt and the ModelConfig a model reports),

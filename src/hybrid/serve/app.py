@@ -165,8 +165,10 @@ def _header_length(request: Request) -> int | None:
 
 def _head_check(request: Request, header_length: int | None, limits: Limits,
                 precheck: Precheck) -> tuple[int, Callable[[bytes], object]] | None:
-    """For a binary-extension request with a small JSON header: the check of that header alone (the
-    request's pre-decode check; :func:`parse_request` then does not repeat it)."""
+    """For a binary-extension request with a small JSON header: the check of that header alone.
+
+    This is the request's pre-decode check; :func:`parse_request` then does not repeat it.
+    """
     if header_length is None or header_length > _PARSE_INLINE:
         return None
     if request.headers.get("content-encoding", "identity").strip().lower() not in ("", "identity"):

@@ -57,8 +57,11 @@ _HINT = "build requests with tritonclient.grpc (InferInput.set_data_from_numpy)"
 
 
 def grpc_status(code: str) -> grpc.StatusCode:
-    """The gRPC status of a HybridError code: the counterpart of its HTTP status (400 -> INVALID_ARGUMENT,
-    404 -> NOT_FOUND, 503 -> UNAVAILABLE, 504 -> DEADLINE_EXCEEDED, ...; anything else INTERNAL)."""
+    """The gRPC status of a HybridError code: the counterpart of its HTTP status.
+
+    400 -> INVALID_ARGUMENT, 404 -> NOT_FOUND, 503 -> UNAVAILABLE, 504 -> DEADLINE_EXCEEDED, ...; anything
+    else INTERNAL.
+    """
     return _BY_HTTP.get(http_status(code), grpc.StatusCode.INTERNAL)
 
 
@@ -166,8 +169,9 @@ def decode_inputs(request: pb.ModelInferRequest, limits: Limits) -> dict[str, np
 
 def encode_outputs(model: ServedModel, request: pb.ModelInferRequest,
                    outputs: dict[str, np.ndarray]) -> pb.ModelInferResponse:
-    """The ModelInferResponse with the outputs the request asked for (all when it names none), as raw
-    contents.
+    """The ModelInferResponse with the outputs the request asked for, as raw contents.
+
+    All of the model's outputs when the request names none.
 
     Raises:
         ServingError: HYB-702 for an output the model does not have or the classification extension.
@@ -238,6 +242,11 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
 
     # ------------------------------------------------------------------ plumbing
     def authorize(self, context: grpc.aio.ServicerContext) -> None:
+        """Check the call's ``authorization`` metadata against the bearer token (nothing to check without one).
+
+        Raises:
+            ServingError: HYB-703 when the metadata is missing or holds another token.
+        """
         if self._expected is None:
             return
         given = next((v for k, v in (context.invocation_metadata() or ()) if k == "authorization"), "")
@@ -248,6 +257,10 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
                                "send the metadata 'authorization: Bearer <token>' (headers= in tritonclient)")
 
     async def abort(self, context: grpc.aio.ServicerContext, e: HybridError) -> None:
+        """End the call with ``e``: counted in the gRPC error metric, its code in the trailing ``hyb-code``.
+
+        The status is :func:`grpc_status` of the code, the message ``[HYB-7xx] message (hint: ...)``.
+        """
         self.state.metrics.grpc_errors.labels(e.code).inc()
         context.set_trailing_metadata((("hyb-code", e.code),))
         text = f"[{e.code}] {e.message}" + (f" (hint: {e.hint})" if e.hint else "")
@@ -264,15 +277,22 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
     # ------------------------------------------------------------------ health and metadata
     @_rpc(public=True)
     async def ServerLive(self, request: pb.ServerLiveRequest, context: Any) -> pb.ServerLiveResponse:
+        """Answer ``ServerLive``: always live, and the one RPC that needs no bearer token."""
         return pb.ServerLiveResponse(live=True)
 
     @_rpc()
     async def ServerReady(self, request: pb.ServerReadyRequest, context: Any) -> pb.ServerReadyResponse:
+        """Answer ``ServerReady``: ready when the server is not draining and every served model is ready."""
         ready = not self.state.draining and all(m.ready for m in self.state.registry)
         return pb.ServerReadyResponse(ready=ready)
 
     @_rpc()
     async def ModelReady(self, request: pb.ModelReadyRequest, context: Any) -> pb.ModelReadyResponse:
+        """Answer ``ModelReady``: whether the model (the highest version when none is given) takes requests.
+
+        An unknown model or version (HYB-701) is not ready rather than NOT_FOUND; a malformed name is
+        INVALID_ARGUMENT (HYB-702). While the server drains every model is not ready.
+        """
         try:
             model = self._model(request.name, request.version)
         except ServingError as e:
@@ -283,10 +303,16 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
 
     @_rpc()
     async def ServerMetadata(self, request: pb.ServerMetadataRequest, context: Any) -> pb.ServerMetadataResponse:
+        """Answer ``ServerMetadata``: name ``pyasc``, the package version and the supported extensions."""
         return pb.ServerMetadataResponse(name="pyasc", version=__version__, extensions=EXTENSIONS)
 
     @_rpc()
     async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: Any) -> pb.ModelMetadataResponse:
+        """Answer ``ModelMetadata``: the model's platform and input and output tensors (name, datatype, shape).
+
+        ``versions`` lists the requested version, or every served version when the request names none. An
+        unknown model or version is NOT_FOUND (HYB-701).
+        """
         model = self._model(request.name, request.version)
         versions = [model.version] if request.version else self.state.registry.versions(model.name)
         doc = model.metadata(versions)
@@ -296,11 +322,20 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
 
     @_rpc()
     async def ModelConfig(self, request: pb.ModelConfigRequest, context: Any) -> pb.ModelConfigResponse:
+        """Answer ``ModelConfig``: Triton's ModelConfig of the model (:func:`.triton_config.model_config`).
+
+        An unknown model or version is NOT_FOUND (HYB-701).
+        """
         return pb.ModelConfigResponse(config=model_config(self._model(request.name, request.version)))
 
     @_rpc()
     async def ModelStatistics(self, request: pb.ModelStatisticsRequest,
                               context: Any) -> pb.ModelStatisticsResponse:
+        """Answer ``ModelStatistics``: Triton's per-model statistics of every model, every version or one.
+
+        No name selects every served model, a name without a version every version of it. An unknown model
+        or version is NOT_FOUND (HYB-701).
+        """
         models = selected_models(self.state.registry, request.name or None, request.version or None)
         return pb.ModelStatisticsResponse(model_stats=statistics_of(self.state, models))
 
@@ -308,6 +343,10 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
     @_rpc()
     async def RepositoryIndex(self, request: pb.RepositoryIndexRequest,
                               context: Any) -> pb.RepositoryIndexResponse:
+        """Answer ``RepositoryIndex``: every model version loaded or found in the repositories, with its state.
+
+        With ``ready`` set only the READY ones. The repositories are read in a worker thread.
+        """
         entries = await asyncio.get_running_loop().run_in_executor(None, self.state.registry.index)
         models = [pb.RepositoryIndexResponse.ModelIndex(name=e.name, version=e.version, state=e.state,
                                                         reason=e.reason)
@@ -317,6 +356,12 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
     @_rpc()
     async def RepositoryModelLoad(self, request: pb.RepositoryModelLoadRequest,
                                   context: Any) -> pb.RepositoryModelLoadResponse:
+        """Answer ``RepositoryModelLoad``: load (or reload) every version of the model from the repositories.
+
+        The load runs in a worker thread. Refused with FAILED_PRECONDITION (HYB-709) unless the server runs
+        with model control; load parameters are INVALID_ARGUMENT (HYB-702); a model no repository holds is
+        NOT_FOUND (HYB-701).
+        """
         self._control()
         if len(request.parameters):
             raise _bad(f"load parameters ({', '.join(request.parameters)}) are not supported",
@@ -327,6 +372,11 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
     @_rpc()
     async def RepositoryModelUnload(self, request: pb.RepositoryModelUnloadRequest,
                                     context: Any) -> pb.RepositoryModelUnloadResponse:
+        """Answer ``RepositoryModelUnload``: stop serving every version of the model; queued requests are answered.
+
+        Refused with FAILED_PRECONDITION (HYB-709) unless the server runs with model control; a model not
+        served is NOT_FOUND (HYB-701).
+        """
         self._control()
         await asyncio.get_running_loop().run_in_executor(None, self.state.registry.unload, request.model_name)
         return pb.RepositoryModelUnloadResponse()
@@ -350,10 +400,22 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
 
     @_rpc()
     async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
+        """Answer ``ModelInfer``: run one request through the model's batcher; outputs as raw contents.
+
+        The errors map through :func:`grpc_status`: a malformed request INVALID_ARGUMENT (HYB-702, HYB-401..407),
+        an unknown model NOT_FOUND (HYB-701), a full queue or a draining server UNAVAILABLE (HYB-705,
+        HYB-706), no result within the timeout DEADLINE_EXCEEDED (HYB-411).
+        """
         return await self._infer(request, context)
 
     async def ModelStreamInfer(self, request_iterator: AsyncIterator[pb.ModelInferRequest],
                                context: Any) -> AsyncIterator[pb.ModelStreamInferResponse]:
+        """Answer ``ModelStreamInfer``: the requests of one stream run concurrently (so they batch).
+
+        Each answer carries its request's id, in the order the results come. A failed request does not end
+        the stream: its answer has ``error_message`` ``[HYB-xxx] ...`` and the request's model and id. A
+        wrong bearer token ends the call (UNAUTHENTICATED, HYB-703).
+        """
         try:
             self.authorize(context)
         except HybridError as e:

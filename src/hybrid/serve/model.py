@@ -192,9 +192,10 @@ class ServedModel:
     _warm = True  # False while warm_up runs
 
     def warm_up(self, samples: list[dict[str, np.ndarray]], timeout_s: float | None = None) -> None:
-        """Run ``samples`` before serving (Triton's ``model_warmup``, ``pyasc serve --warmup``): the model is
-        not ready meanwhile; a model that tunes online (``target='auto'``) decides their shape buckets
-        (``CompiledModel.tune``), any other runs each sample once.
+        """Run ``samples`` before serving (Triton's ``model_warmup``, ``pyasc serve --warmup``).
+
+        The model is not ready meanwhile; a model that tunes online (``target='auto'``) decides their shape
+        buckets (``CompiledModel.tune``), any other runs each sample once.
 
         Raises:
             RunError: HYB-401..407 for a sample that does not fit the model; HYB-411 when tuning takes
@@ -216,8 +217,11 @@ class ServedModel:
             self._warm = True
 
     def report(self) -> dict[str, Any]:
-        """What pyasc adds to Triton's statistics of this model: where it runs, at which precision and with
-        what measured accuracy (the compile's decision), and the online tuning's state per shape bucket."""
+        """What pyasc adds to Triton's statistics of this model.
+
+        Where it runs, at which precision and with what measured accuracy (the compile's decision), and the
+        online tuning's state per shape bucket.
+        """
         compiled = self.compiled
         plan = getattr(compiled, "plan", None)
         segments = getattr(plan, "segments", ()) or ()
@@ -234,8 +238,10 @@ class ServedModel:
 
     @property
     def max_batch_size(self) -> int:
-        """Triton's ``max_batch_size`` of this model (its configuration's): most rows a request may carry; 0: no
-        limit (the model does not batch)."""
+        """Triton's ``max_batch_size`` of this model (its configuration's): most rows a request may carry.
+
+        0: no limit (the model does not batch).
+        """
         if self._max_rows is None:  # as hybrid.serve.triton_config.model_config reports it
             if self.model_config is not None:
                 self._max_rows = int(self.model_config.max_batch_size)
@@ -245,8 +251,10 @@ class ServedModel:
         return self._max_rows
 
     def precheck(self, feeds: Mapping[str, np.ndarray]) -> None:
-        """The check of :meth:`check` on a request's declared inputs (placeholder arrays), before its data
-        is decoded."""
+        """The check of :meth:`check` on a request's declared inputs (placeholder arrays).
+
+        It runs before the request's data is decoded.
+        """
         self._checked(feeds)
 
     def check(self, feeds: Mapping[str, np.ndarray]) -> CheckedRequest:
@@ -413,8 +421,10 @@ class ServedModel:
         return results
 
     def _isolate(self, group: list[_Item], error: Exception | None) -> _Each:
-        """After a joined run failed: run each request alone, so only the requests that fail on their own
-        get an error (one bad request must not fail the requests it was batched with)."""
+        """After a joined run failed: run each request alone, so only the requests that fail on their own get an error.
+
+        One bad request must not fail the requests it was batched with.
+        """
         if len(group) == 1 and error is not None:
             return _Each([self._error_for_one(error, 1)])
         if error is not None:

@@ -283,8 +283,11 @@ def _from_binary(name: str, datatype: str, dtype: np.dtype, shape: tuple[int, ..
 
 
 def placeholder(dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
-    """A read-only array of ``dtype`` and ``shape`` that allocates nothing: a request's inputs can be
-    checked against the model (names, datatypes, ranks, dims) before any of their data is decoded."""
+    """A read-only array of ``dtype`` and ``shape`` that allocates nothing.
+
+    With these a request's inputs can be checked against the model (names, datatypes, ranks, dims) before any
+    of their data is decoded.
+    """
     return np.broadcast_to(np.zeros((), dtype), shape)
 
 
@@ -481,8 +484,10 @@ def parse_request(body: bytes, header_length: int | None, limits: Limits,
 
 # ------------------------------------------------------------------------------------------------ encoding
 def binary_of(arr: np.ndarray, datatype: str) -> bytes:
-    """A tensor in the KServe v2 binary layout (and gRPC's raw contents): little-endian elements, BYTES
-    elements each prefixed by its 4-byte length."""
+    """A tensor in the KServe v2 binary layout (and gRPC's raw contents).
+
+    Little-endian elements; BYTES elements each prefixed by its 4-byte length.
+    """
     if datatype != "BYTES":
         return np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<")).tobytes()
     parts = []

@@ -52,9 +52,11 @@ _CONFIG_MAX = 64 << 10
 
 
 def server_backend_defaults() -> dict[str, dict[str, Any]]:
-    """Each installed backend's options for sharing the cores (:meth:`hybrid.hal.Backend.shared_options`): a
-    server process shares them between the HTTP event loop and the runtime, whose idle threads must not spin
-    between batches and starve the loop that forms the next one (DESIGN 4)."""
+    """Each installed backend's options for sharing the cores (:meth:`hybrid.hal.Backend.shared_options`).
+
+    A server process shares them between the HTTP event loop and the runtime, whose idle threads must not spin
+    between batches and starve the loop that forms the next one (DESIGN 4).
+    """
     defaults = {}
     for name in backend_names():
         try:
@@ -394,6 +396,7 @@ class ModelRegistry:
         return versions[version]
 
     def versions(self, name: str) -> list[str]:
+        """The served versions of ``name``, highest first (none when it is not served)."""
         return list(self._models.get(name, {}))
 
     def __iter__(self) -> Iterator[ServedModel]:
@@ -419,8 +422,9 @@ class ModelRegistry:
         return sorted(entries.values(), key=lambda e: (e.name, int(e.version)))
 
     def load(self, name: str) -> list[ServedModel]:
-        """Load (or reload) every version of ``name`` from the registry's paths; the versions served
-        before are replaced, then drained and closed (their queued requests still answered).
+        """Load (or reload) every version of ``name`` from the registry's paths.
+
+        The versions served before are replaced, then drained and closed (their queued requests still answered).
 
         Raises:
             ServingError: HYB-702 for a bad name, HYB-701 when no path holds the model.
@@ -471,6 +475,7 @@ class ModelRegistry:
             m.drain(timeout)
 
     def close(self) -> None:
+        """Close every model (each drains, then releases its backend); a failure is logged and the rest still close."""
         for m in self:
             try:
                 m.close()
@@ -482,8 +487,9 @@ def build_registry(paths: Sequence[str | Path], target: str | None = None,
                    overrides: Mapping[str, Any] | None = None, defaults: BatchSettings | None = None,
                    sources: Sequence[ModelSource] | None = None, compile_options: Mapping[str, Any] | None = None,
                    warmup: int = 0) -> ModelRegistry:
-    """Discover and load every model under ``paths`` (or the given ``sources``) into a registry, each compiled
-    with ``compile_options`` and warmed up (see :func:`load_model`).
+    """Discover and load every model under ``paths`` (or the given ``sources``) into a registry.
+
+    Each is compiled with ``compile_options`` and warmed up (see :func:`load_model`).
 
     Raises:
         HybridError: what discovery or loading raised; models loaded so far are closed first.

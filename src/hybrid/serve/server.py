@@ -60,8 +60,9 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 class ConnectionLimits(ConfigSection):
-    """How long and how many connections may stay open without a request in progress (checked on
-    construction: HYB-102 for a value out of range).
+    """How long and how many connections may stay open without a request in progress.
+
+    Checked on construction: HYB-102 for a value out of range.
 
     Attributes:
         header_timeout: Seconds a connection has to deliver a complete request head (request line and
@@ -114,7 +115,7 @@ def _bad_request(message: str) -> bytes:
 
 def guarded_protocol(base: type[asyncio.Protocol], limits: ConnectionLimits,
                      on_drop: Callable[[str], None] = lambda reason: None) -> type[asyncio.Protocol]:
-    """uvicorn's HTTP protocol class ``base`` (httptools or h11) with a header deadline and a connection cap.
+    """Uvicorn's HTTP protocol class ``base`` (httptools or h11) with a header deadline and a connection cap.
 
     Both uvicorn protocols make a new ``cycle`` when a request's headers are complete and clear its
     ``more_body`` when its body is complete, which is all this relies on. ``on_drop(reason)`` is called for
@@ -204,8 +205,10 @@ def guarded_protocol(base: type[asyncio.Protocol], limits: ConnectionLimits,
 
 
 class HybridServer(uvicorn.Server):
-    """uvicorn's server with the gRPC service beside it and the drain step before uvicorn's own graceful
-    shutdown; it closes the models once both transports have stopped."""
+    """Uvicorn's server with the gRPC service beside it and the drain step before uvicorn's own graceful shutdown.
+
+    It closes the models once both transports have stopped.
+    """
 
     def __init__(self, config: uvicorn.Config, state: ServerState) -> None:
         super().__init__(config)
@@ -213,6 +216,12 @@ class HybridServer(uvicorn.Server):
         state.managed = True
 
     async def serve(self, sockets: list[Any] | None = None) -> None:
+        """Run both transports until shutdown: the gRPC service (when ``grpc_address`` is set), then uvicorn.
+
+        Once uvicorn has stopped, the gRPC service stops after its in-flight calls finish (at most
+        ``drain_timeout`` seconds; the drain has begun, so new ones are refused), and the models are closed
+        in a worker thread.
+        """
         grpc_server = None
         address = self.state.options.grpc_address
         try:
@@ -228,6 +237,7 @@ class HybridServer(uvicorn.Server):
             await asyncio.get_running_loop().run_in_executor(None, self.state.close)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        """On SIGTERM/SIGINT: begin the drain and ask uvicorn to shut down; a second SIGINT forces the exit."""
         # the signal is not re-raised after the drain (uvicorn's default): a drained server exits 0
         if self.should_exit and sig == signal.SIGINT:
             self.force_exit = True
@@ -265,11 +275,13 @@ def make_server(app: FastAPI, host: str = "127.0.0.1", port: int = 8000, drain_t
 
 
 def front_end_yields_to_compute() -> bool:
-    """Put the calling thread (the event loop's) and the threads it starts after this (gRPC's poller and
-    event-engine threads) in Linux's ``SCHED_BATCH``: they keep their share of the CPU but no longer preempt
-    a running thread when they wake. The models' threads keep the normal policy (the runtimes' pools were
-    made while the models loaded, before this; the batcher's runner threads set it back for themselves), so
-    a wake-up of the front end no longer stalls a parallel operator of the model mid-run on a loaded machine.
+    """Put the calling thread (the event loop's) and the threads it starts after this in Linux's ``SCHED_BATCH``.
+
+    The threads started after this are gRPC's poller and event-engine threads. In ``SCHED_BATCH`` all of them
+    keep their share of the CPU but no longer preempt a running thread when they wake. The models' threads keep
+    the normal policy (the runtimes' pools were made while the models loaded, before this; the batcher's runner
+    threads set it back for themselves), so a wake-up of the front end no longer stalls a parallel operator of
+    the model mid-run on a loaded machine.
     False where the platform has no ``SCHED_BATCH`` or refuses it.
     """
     if not hasattr(os, "sched_setscheduler") or not hasattr(os, "SCHED_BATCH"):
@@ -283,8 +295,10 @@ def front_end_yields_to_compute() -> bool:
 
 def run(app: FastAPI, host: str = "127.0.0.1", port: int = 8000, drain_timeout: float = 30.0,
         log_level: str = "info", connections: ConnectionLimits | None = None) -> None:
-    """Serve ``app`` until SIGTERM/SIGINT, then drain and return (the front end in ``SCHED_BATCH``:
-    :func:`front_end_yields_to_compute`)."""
+    """Serve ``app`` until SIGTERM/SIGINT, then drain and return.
+
+    The front end runs in ``SCHED_BATCH`` (:func:`front_end_yields_to_compute`).
+    """
     if host not in LOOPBACK and not app.state.hybrid.options.auth_token:
         logger.warning("serving on %s without --auth-token: anyone who reaches this address can run the models",
                        host)
@@ -314,6 +328,15 @@ class BackgroundServer:
         self._error: BaseException | None = None
 
     def start(self) -> BackgroundServer:
+        """Start serving in a daemon thread and wait until the socket is listening.
+
+        Returns:
+            This server.
+
+        Raises:
+            RuntimeError: When the server did not start within ``startup_timeout`` (or its thread ended
+                first); the server is stopped.
+        """
         def target() -> None:
             try:
                 asyncio.run(self.server.serve())
@@ -332,10 +355,12 @@ class BackgroundServer:
 
     @property
     def port(self) -> int:
+        """The bound port (the free one picked for port 0)."""
         return self.server.port
 
     @property
     def url(self) -> str:
+        """``host:port`` of the server."""
         return f"{self.host}:{self.port}"
 
     def stop(self, timeout: float = 60.0) -> None:

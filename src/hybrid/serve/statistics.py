@@ -70,6 +70,11 @@ class ModelStats:
             entry[1] += round(run_s * _NS)
 
     def snapshot(self) -> dict[str, int | dict[str, tuple[int, int]] | dict[int, tuple[int, int]]]:
+        """A consistent copy of every number, taken under the lock.
+
+        ``phase``: (count, ns) per phase; ``batches``: (count, infer ns) per executed batch size, smallest
+        first; ``inference_count``, ``execution_count`` and ``last_inference`` (ms since the epoch).
+        """
         with self._lock:
             return {"phase": {p: (c, ns) for p, (c, ns) in self._phase.items()},
                     "batches": {k: (c, ns) for k, (c, ns) in sorted(self._batches.items())},
@@ -129,6 +134,11 @@ class TritonCollector(Collector):
         self._pending = pending
 
     def collect(self) -> Iterator[Metric]:
+        """The metrics at scrape time: Triton's ``nv_inference_*`` counters and the pending-request gauge.
+
+        Durations are in microseconds, per ``model`` and ``version``, from one snapshot of each model's
+        statistics.
+        """
         snaps = [(s.name, s.version, s.snapshot()) for s in self._stats()]
         for name, doc, phase, which in _COUNTERS:
             metric = _counter(name, doc)

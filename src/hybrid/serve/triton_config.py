@@ -111,8 +111,9 @@ def unmapped_fields(config: mc.ModelConfig) -> list[str]:
 
 
 def settings_of(config: mc.ModelConfig, where: str) -> tuple[dict[str, Any], list[str]]:
-    """The serving settings (BatchSettings field -> value) a configuration asks for, and notes for the
-    fields applied differently from Triton (listed with the unmapped ones at startup).
+    """The serving settings (BatchSettings field -> value) a configuration asks for, and notes.
+
+    The notes are for the fields applied differently from Triton (listed with the unmapped ones at startup).
 
     Raises:
         ServingError: HYB-707 for values that contradict each other (a preferred batch size above
@@ -207,8 +208,11 @@ def _tensor(message: Any, spec: TensorSpec, batched: bool) -> None:
 
 
 def model_config(model: ServedModel) -> mc.ModelConfig:
-    """The Triton ``ModelConfig`` of a served model: its ``config.pbtxt`` completed from the model (name,
-    platform, inputs and outputs when absent), or one made from the model and its serving settings."""
+    """The Triton ``ModelConfig`` of a served model.
+
+    Its ``config.pbtxt`` completed from the model (name, platform, inputs and outputs when absent), or one made
+    from the model and its serving settings.
+    """
     given: mc.ModelConfig | None = getattr(model, "model_config", None)
     config = mc.ModelConfig()
     if given is not None:
@@ -242,9 +246,11 @@ def model_config(model: ServedModel) -> mc.ModelConfig:
 
 
 def config_json(message: Message) -> dict[str, Any]:
-    """A protobuf message as the JSON Triton's HTTP API returns: proto field names, defaults printed,
-    64-bit integers as numbers (protobuf's JSON mapping quotes them; older protobuf releases have no option
-    to keep them numbers, so they are turned back here)."""
+    """A protobuf message as the JSON Triton's HTTP API returns.
+
+    Proto field names, defaults printed, 64-bit integers as numbers (protobuf's JSON mapping quotes them;
+    older protobuf releases have no option to keep them numbers, so they are turned back here).
+    """
     data = json_format.MessageToDict(message, preserving_proto_field_name=True,
                                      always_print_fields_with_no_presence=True)
     return _int64_unquoted(message.DESCRIPTOR, data)
