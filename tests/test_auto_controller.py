@@ -60,8 +60,9 @@ class FakeLab:
     """Passes every candidate it was given, compiles them instantly, caches in a dict."""
 
     def __init__(self, exes: dict[str, Executable], rejected: dict[str, str] | None = None,
-                 warm: dict[str, float] | None = None) -> None:
+                 warm: dict[str, float] | None = None, notes: tuple[str, ...] = ()) -> None:
         self.exes = exes
+        self.notes = notes
         self.rejected = dict(rejected or {})
         self.warm = dict(warm or {})
         self.released: list[str] = []
@@ -71,7 +72,7 @@ class FakeLab:
     def check(self, sample, closing):
         self.checks += 1
         return CheckResult(tuple((lb, self.warm.get(lb)) for lb in self.exes if lb not in self.rejected),
-                           tuple(self.rejected.items()))
+                           tuple(self.rejected.items()), self.notes)
 
     def lane(self, label, sample):
         exe = self.exes.get(label)
@@ -150,6 +151,24 @@ def test_a_twice_faster_candidate_serves_within_the_bound_and_few_rounds():
     assert status.decided_after_s < 3.0  # one round of four 0.2 s turns (a 2x gap is not a near tie)
     assert {c.label: c.outcome for c in status.candidates} == {"a:cpu": "slower", "b:cpu": "serving"}
     assert status.bucket == "x: 2x4" and status.decided_after_calls <= calls
+
+
+def test_a_reduced_precision_that_wins_reports_the_accuracy_its_check_measured():
+    clock = FakeClock()
+    notes = ("b:cpu bf16: min cosine vs fp32 0.999912", "c:cpu fp16: min cosine vs fp32 0.998000")
+    router, controller, _ = tuner({"a:cpu": Scripted(clock, 2e-3), "b:cpu bf16": Scripted(clock, 1e-3)}, clock,
+                                  notes=notes)
+    drive(router, controller, X, decided(controller))
+    (status,) = controller.status()
+    assert status.serving == "b:cpu bf16"
+    (note,) = controller.notes()
+    assert note.endswith("its accuracy: min cosine vs fp32 0.999912 on the bucket's first real input")
+    # an fp32 winner reports none
+    clock = FakeClock()
+    router, controller, _ = tuner({"a:cpu": Scripted(clock, 1e-3), "b:cpu bf16": Scripted(clock, 2e-3)}, clock,
+                                  notes=notes)
+    drive(router, controller, X, decided(controller))
+    assert "accuracy" not in controller.notes()[0]
 
 
 def test_a_slower_candidate_is_dropped_and_the_mean_tax_stays_within_the_policy():

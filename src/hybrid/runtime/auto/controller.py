@@ -78,6 +78,7 @@ class _Bucket:
     recheck_at: float | None = None
     recheck_every: float = 0.0
     first_shapes: str = ""
+    accuracy: dict[str, str] = field(default_factory=dict)  # reduced-precision candidate -> its check's cosine
 
 
 class Controller:
@@ -242,6 +243,10 @@ class Controller:
         self._compile(b, result)
 
     def _compile(self, b: _Bucket, result: CheckResult) -> None:
+        for note in result.notes:  # 'openvino:cpu bf16: min cosine vs fp32 0.999987' (reduced precisions)
+            label, sep, measured = note.partition(": min cosine vs fp32 ")
+            if sep:
+                b.accuracy[label] = f"min cosine vs fp32 {measured} on the bucket's first real input"
         for label, why in result.rejected:
             b.results[label] = CandidateResult(label, None, "rejected", why)
         passed = [lb for lb, _ in result.passed]
@@ -368,7 +373,8 @@ class Controller:
         self._publish(b)
         ratios = ", ".join(f"{r.label} {r.ratio:.3f}" for r in b.results.values() if r.ratio is not None)
         self._note(b, f"{b.incumbent} serves, decided {why} after {b.decided_at:.3g} s and {b.decided_calls} calls"
-                   + (f" (time relative to it: {ratios})" if ratios else ""))
+                   + (f" (time relative to it: {ratios})" if ratios else "")
+                   + (f"; its accuracy: {b.accuracy[b.incumbent]}" if b.incumbent in b.accuracy else ""))
         for label in list(self._lanes):
             if not self._wanted(label):
                 self._releases.append((now + RELEASE_GRACE_S, label))
