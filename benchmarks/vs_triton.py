@@ -53,7 +53,8 @@ def build_model(folder: Path) -> tuple[Path, np.ndarray]:
     return path, x
 
 
-def start_pyasc(model: Path, target: str | None, warmup: int) -> tuple[subprocess.Popen[bytes], str, str]:
+def start_pyasc(model: Path, target: str | None, warmup: int, extra: tuple[str, ...] = ()
+                ) -> tuple[subprocess.Popen[bytes], str, str, str]:
     http, grpc = tr.free_port(), tr.free_port()
     cmd = [sys.executable, "-m", "hybrid", "serve", f"{MODEL}={model}", "--port", str(http), "--grpc-port", str(grpc),
            "--max-batch", str(MAX_BATCH), "--batch-timeout", str(DELAY_S), "--log-level", "warning",
@@ -62,6 +63,7 @@ def start_pyasc(model: Path, target: str | None, warmup: int) -> tuple[subproces
         cmd += ["--target", target]
     if warmup:
         cmd += ["--warmup", str(warmup)]
+    cmd += list(extra)
     log = tempfile.NamedTemporaryFile(prefix="pyasc-serve-", suffix=".log", delete=False)  # noqa: SIM115
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 900
@@ -71,7 +73,7 @@ def start_pyasc(model: Path, target: str | None, warmup: int) -> tuple[subproces
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{http}/v2/health/ready", timeout=1) as r:
                 if r.status == 200:
-                    return proc, f"127.0.0.1:{grpc}", log.name
+                    return proc, f"127.0.0.1:{grpc}", log.name, f"http://127.0.0.1:{http}"
         except OSError:
             pass
         time.sleep(0.3)
@@ -116,12 +118,23 @@ def load(url: str, x: np.ndarray, clients: int, seconds: float) -> tuple[float, 
     return len(every) / elapsed, 1e3 * float(np.percentile(every, 99))
 
 
+def decision_of(http: str) -> str:
+    """What a pyasc server runs the model on, from its statistics (backend, precision, accuracy where given)."""
+    with urllib.request.urlopen(f"{http}/v2/models/{MODEL}/stats", timeout=10) as r:
+        doc = json.loads(r.read())
+    report = (doc.get("model_stats") or [{}])[0].get("pyasc", {})
+    keep = {k: report.get(k) for k in ("backend", "device", "precision", "accuracy")}
+    keep["tuning"] = [{k: t.get(k) for k in ("state", "serving", "decided_after_s")} for t in report.get("tuning", [])]
+    return json.dumps(keep)[:800]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=6.0)
     ap.add_argument("--clients", default="1,4,16")
-    ap.add_argument("--servers", default="triton,pyasc-ort,pyasc-auto")
+    ap.add_argument("--servers", default="triton,pyasc-ort,pyasc-auto",
+                    help="of triton, pyasc-ort, pyasc-auto, pyasc-precision (--precision auto --min-cosine 0.995)")
     ap.add_argument("--warmup", type=int, default=200, help="pyasc serve --warmup for the default target")
     ap.add_argument("--threads", type=int, default=2, help="ONNX Runtime intra-op threads (both servers)")
     args = ap.parse_args()
@@ -142,11 +155,17 @@ def main() -> None:
             triton = tr.TritonServer(repo).start()
             stops.append(triton.stop)
             servers["triton"] = triton.grpc_url
-        for name, target, warm in (("pyasc-ort", "onnxruntime", 0), ("pyasc-auto", None, args.warmup)):
+        chosen: dict[str, str] = {}
+        for name, target, warm, extra in (("pyasc-ort", "onnxruntime", 0, ()), ("pyasc-auto", None, args.warmup, ()),
+                                          ("pyasc-precision", None, args.warmup,
+                                           ("--precision", "auto", "--min-cosine", "0.995"))):
             if name in names:
-                proc, url, _ = start_pyasc(model, target, warm)
+                proc, url, _, http = start_pyasc(model, target, warm, extra)
                 stops.append(lambda p=proc: (p.terminate(), p.wait(60)))
                 servers[name] = url
+                chosen[name] = http
+        for name, http in chosen.items():  # what each pyasc server decided (its model statistics)
+            print(f"{name}: {decision_of(http)}", flush=True)
         for url in servers.values():  # first calls: connections, sessions, allocators
             load(url, x, 4, 2.0)
         results: dict[tuple[str, int], list[tuple[float, float]]] = {}
@@ -164,14 +183,14 @@ def main() -> None:
         for n in counts:
             base = results[("triton", n)]
             row = [str(n), f"{statistics.median(v[0] for v in base):.0f}",
-                   f"{statistics.median(v[1] for v in base):.0f}"]
+                   f"{statistics.median(v[1] for v in base):.1f}"]
             for s in servers:
                 if s == "triton":
                     continue
                 mine = results[(s, n)]
                 ratios = [a[0] / b[0] for a, b in zip(mine, base, strict=True)]
                 row += [f"{statistics.median(v[0] for v in mine):.0f}", f"x{statistics.median(ratios):.2f}",
-                        f"{statistics.median(v[1] for v in mine):.0f}"]
+                        f"{statistics.median(v[1] for v in mine):.1f}"]
             print("| " + " | ".join(row) + " |")
     finally:
         for stop in stops:
