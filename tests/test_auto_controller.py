@@ -67,6 +67,7 @@ class FakeLab:
         self.warm = dict(warm or {})
         self.released: list[str] = []
         self.cache: dict = {}
+        self.measured: dict = {}
         self.checks = 0
 
     def check(self, sample, closing):
@@ -87,8 +88,12 @@ class FakeLab:
     def cached(self, key):
         return self.cache.get(key)
 
-    def persist(self, key, label):
+    def persist(self, key, label, accuracy=None):
         self.cache[key] = label
+        self.measured[key] = accuracy
+
+    def accuracy_of(self, key):
+        return self.measured.get(key)
 
     def close(self):
         pass
@@ -156,13 +161,21 @@ def test_a_twice_faster_candidate_serves_within_the_bound_and_few_rounds():
 def test_a_reduced_precision_that_wins_reports_the_accuracy_its_check_measured():
     clock = FakeClock()
     notes = ("b:cpu bf16: min cosine vs fp32 0.999912", "c:cpu fp16: min cosine vs fp32 0.998000")
-    router, controller, _ = tuner({"a:cpu": Scripted(clock, 2e-3), "b:cpu bf16": Scripted(clock, 1e-3)}, clock,
-                                  notes=notes)
+    router, controller, lab = tuner({"a:cpu": Scripted(clock, 2e-3), "b:cpu bf16": Scripted(clock, 1e-3)}, clock,
+                                    notes=notes)
     drive(router, controller, X, decided(controller))
     (status,) = controller.status()
     assert status.serving == "b:cpu bf16"
     (note,) = controller.notes()
     assert note.endswith("its accuracy: min cosine vs fp32 0.999912 on the bucket's first real input")
+    # a process that installs the decision from the cache reports the same accuracy, without a check
+    checks = lab.checks
+    router2, controller2, _ = tuner({"a:cpu": Scripted(clock, 2e-3), "b:cpu bf16": Scripted(clock, 1e-3)}, clock)
+    controller2._lab = lab  # the same cache
+    drive(router2, controller2, X, decided(controller2))
+    assert lab.checks == checks
+    assert controller2.notes()[0].endswith("its accuracy: min cosine vs fp32 0.999912 on the bucket's first "
+                                           "real input")
     # an fp32 winner reports none
     clock = FakeClock()
     router, controller, _ = tuner({"a:cpu": Scripted(clock, 1e-3), "b:cpu bf16": Scripted(clock, 2e-3)}, clock,

@@ -227,6 +227,9 @@ class Controller:
             lane = self._lane(cached, None)
             if lane is not None:
                 b.incumbent, b.lanes = cached, {cached: lane}
+                measured = self._lab.accuracy_of(b.key)
+                if measured:
+                    b.accuracy[cached] = measured
                 self._decide(b, f"{cached} (decision read from the autotune cache)")
                 return
         elif self._confirm is not None and b.key == self._confirm[0]:
@@ -379,7 +382,7 @@ class Controller:
             if not self._wanted(label):
                 self._releases.append((now + RELEASE_GRACE_S, label))
         try:
-            self._lab.persist(b.key, b.incumbent)
+            self._lab.persist(b.key, b.incumbent, b.accuracy.get(b.incumbent))
         except Exception as e:  # a cache that cannot be written costs the next compile its turns, nothing more
             logger.info("auto (online): decision of bucket %s not cached: %s", bucket_label(b.key), first_line(e))
 

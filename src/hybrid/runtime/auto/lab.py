@@ -83,8 +83,11 @@ class Lab(Protocol):
     def cached(self, key: Bucket) -> str | None:
         """The label of a decision made on real calls before, for bucket ``key`` (None: none)."""
 
-    def persist(self, key: Bucket, label: str) -> None:
-        """Record ``label`` as bucket ``key``'s decision in the decision cache."""
+    def persist(self, key: Bucket, label: str, accuracy: str | None = None) -> None:
+        """Record ``label`` as bucket ``key``'s decision in the decision cache (with its measured accuracy)."""
+
+    def accuracy_of(self, key: Bucket) -> str | None:
+        """The accuracy recorded with bucket ``key``'s cached decision (reduced precisions), or None."""
 
     def close(self) -> None:
         """Close every compiled candidate."""
@@ -128,7 +131,7 @@ class RealLab:
             self.trials[t.label], self._compiled[t.label] = t, t.executable
         self._lock = threading.Lock()  # the fallback compiles in a caller's thread, the controller in its own
         self._index_key, self._index_material = cache.decision_key({**key_base, "online_buckets": True})
-        self._index = self._read_index()
+        self._index, self._accuracy = self._read_index()
         # the worker process sees the built-in and installed backends and the standard op domains only
         self._portable = check_process and all(
             n.domain in ("", "ai.onnx", "ai.onnx.ml", "com.microsoft") for n in model.graph.all_nodes()) and all(
@@ -237,29 +240,48 @@ class RealLab:
                 self._compiled[label], self.trials[label] = trial.executable, trial
         return label
 
-    def persist(self, key: Bucket, label: str) -> None:
-        """Write the bucket's decision (and a confirmed compile-time decision) to the decision cache."""
+    def persist(self, key: Bucket, label: str, accuracy: str | None = None) -> None:
+        """Write the bucket's decision (and a confirmed compile-time decision) to the decision cache.
+
+        ``accuracy`` (a reduced precision's measured cosine, in words) is kept with it, so a process that
+        installs the decision from the cache still reports it.
+        """
         trial = self.trials.get(label)
         if trial is None:
             return
         if self.confirm is not None and key == confirm_key(self.model, self.confirm):
             self.confirm.save(trial)
-        known = self._read_index()
+        known, measured = self._read_index()
         known[key] = trial.decision
-        self._index = known
-        buckets = [[[[n, list(s)] for n, s in k], d.to_json()] for k, d in known.items()]
+        if accuracy:
+            measured[key] = accuracy
+        else:
+            measured.pop(key, None)
+        self._index, self._accuracy = known, measured
+        buckets = [[[[n, list(s)] for n, s in k], d.to_json(), *([measured[k]] if k in measured else [])]
+                   for k, d in known.items()]
         cache.save_decision(self._index_key, self._index_material, {"kind": "buckets", "buckets": buckets},
                             [f"online decisions of {self.model.name!r} per shape bucket"])
 
-    def _read_index(self) -> dict[Bucket, Any]:
+    def accuracy_of(self, key: Bucket) -> str | None:
+        """The accuracy recorded with bucket ``key``'s cached decision (reduced precisions), or None."""
+        return self._accuracy.get(key)
+
+    def _read_index(self) -> tuple[dict[Bucket, Any], dict[Bucket, str]]:
+        """The cached decisions per bucket, and the accuracy recorded with those of reduced precision."""
         record = cache.load_decision(self._index_key, self._index_material)
         out: dict[Bucket, Any] = {}
-        for bucket, decision in (record or {}).get("decision", {}).get("buckets", []):
+        measured: dict[Bucket, str] = {}
+        for entry in (record or {}).get("decision", {}).get("buckets", []):
             try:
-                out[tuple((str(n), tuple(int(d) for d in s)) for n, s in bucket)] = decision_from_json(decision)
+                bucket, decision, *rest = entry
+                key = tuple((str(n), tuple(int(d) for d in s)) for n, s in bucket)
+                out[key] = decision_from_json(decision)
             except (KeyError, TypeError, ValueError):
                 continue
-        return out
+            if rest and isinstance(rest[0], str):
+                measured[key] = rest[0]
+        return out, measured
 
     def close(self) -> None:
         """Close every candidate compiled here (each once, however many labels share it)."""
