@@ -144,16 +144,18 @@ class OnlineTuner(Executable):
              run: Callable[[Mapping[str, Any]], Any] | None = None) -> tuple[BucketTuning, ...]:
         """Call the model on each sample until its bucket is decided: the decision made before the first request.
 
-        At most ``timeout_s`` in all; by default the policy's bound plus a minute for the compiles.
+        At most ``timeout_s`` in all; by default the policy's bound for each distinct bucket (they are decided one
+        after the other), plus a minute for the compiles.
 
         Raises:
             RunError: HYB-411 when a bucket is not decided within ``timeout_s``.
         """
         call = run or self.run
-        limit = timeout_s if timeout_s is not None else self.policy.decide_within_s + 60.0
+        samples = list(samples)
+        keys = [bucket_of(self.model.signature, sample) for sample in samples]
+        limit = timeout_s if timeout_s is not None else self.policy.decide_within_s * len(set(keys)) + 60.0
         deadline = time.monotonic() + limit
-        for sample in samples:
-            key = bucket_of(self.model.signature, sample)
+        for sample, key in zip(samples, keys, strict=True):
             while True:
                 call(sample)
                 if any(s.key == key and s.state == "decided" for s in self.status()):
