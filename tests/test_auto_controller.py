@@ -60,9 +60,9 @@ class FakeLab:
     """Passes every candidate it was given, compiles them instantly, caches in a dict."""
 
     def __init__(self, exes: dict[str, Executable], rejected: dict[str, str] | None = None,
-                 warm: dict[str, float] | None = None, notes: tuple[str, ...] = ()) -> None:
+                 warm: dict[str, float] | None = None, accuracy: tuple[tuple[str, str], ...] = ()) -> None:
         self.exes = exes
-        self.notes = notes
+        self.accuracy = accuracy
         self.rejected = dict(rejected or {})
         self.warm = dict(warm or {})
         self.released: list[str] = []
@@ -73,7 +73,7 @@ class FakeLab:
     def check(self, sample, closing):
         self.checks += 1
         return CheckResult(tuple((lb, self.warm.get(lb)) for lb in self.exes if lb not in self.rejected),
-                           tuple(self.rejected.items()), self.notes)
+                           tuple(self.rejected.items()), accuracy=self.accuracy)
 
     def lane(self, label, sample):
         exe = self.exes.get(label)
@@ -159,10 +159,15 @@ def test_a_twice_faster_candidate_serves_within_the_bound_and_few_rounds():
 
 
 def test_a_reduced_precision_that_wins_reports_the_accuracy_its_check_measured():
+    from hybrid.runtime.auto.trials import cosine_note, parse_cosine_note
+
+    # the check writes its measured cosine as a note; the lab reads it back into CheckResult.accuracy
+    assert parse_cosine_note(cosine_note("b:cpu bf16", 0.999912)) == ("b:cpu bf16", "0.999912")
+    assert parse_cosine_note("partitioning failed: no candidate") is None
     clock = FakeClock()
-    notes = ("b:cpu bf16: min cosine vs fp32 0.999912", "c:cpu fp16: min cosine vs fp32 0.998000")
+    accuracy = (("b:cpu bf16", "0.999912"), ("c:cpu fp16", "0.998000"))
     router, controller, lab = tuner({"a:cpu": Scripted(clock, 2e-3), "b:cpu bf16": Scripted(clock, 1e-3)}, clock,
-                                    notes=notes)
+                                    accuracy=accuracy)
     drive(router, controller, X, decided(controller))
     (status,) = controller.status()
     assert status.serving == "b:cpu bf16"
@@ -179,7 +184,7 @@ def test_a_reduced_precision_that_wins_reports_the_accuracy_its_check_measured()
     # an fp32 winner reports none
     clock = FakeClock()
     router, controller, _ = tuner({"a:cpu": Scripted(clock, 1e-3), "b:cpu bf16": Scripted(clock, 2e-3)}, clock,
-                                  notes=notes)
+                                  accuracy=accuracy)
     drive(router, controller, X, decided(controller))
     assert "accuracy" not in controller.notes()[0]
 

@@ -246,10 +246,8 @@ class Controller:
         self._compile(b, result)
 
     def _compile(self, b: _Bucket, result: CheckResult) -> None:
-        for note in result.notes:  # 'openvino:cpu bf16: min cosine vs fp32 0.999987' (reduced precisions)
-            label, sep, measured = note.partition(": min cosine vs fp32 ")
-            if sep:
-                b.accuracy[label] = f"min cosine vs fp32 {measured} on the bucket's first real input"
+        for label, cosine in result.accuracy:
+            b.accuracy[label] = f"min cosine vs fp32 {cosine} on the bucket's first real input"
         for label, why in result.rejected:
             b.results[label] = CandidateResult(label, None, "rejected", why)
         passed = [lb for lb, _ in result.passed]

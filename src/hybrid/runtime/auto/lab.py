@@ -24,7 +24,15 @@ from hybrid.runtime.auto.router import Lane
 from hybrid.runtime.auto.shapes import bucket_of
 from hybrid.runtime.auto.status import Bucket
 from hybrid.runtime.auto.tolerance import OutputRule
-from hybrid.runtime.auto.trials import OptionsOf, Search, Trial, check_trials, offered_precisions, trial_of
+from hybrid.runtime.auto.trials import (
+    OptionsOf,
+    Search,
+    Trial,
+    check_trials,
+    offered_precisions,
+    parse_cosine_note,
+    trial_of,
+)
 
 __all__ = ["CheckResult", "Confirmation", "Lab", "RealLab"]
 
@@ -40,12 +48,13 @@ class CheckResult:
     """The check of one bucket.
 
     The candidates that passed in priority order (with the CPU seconds of a warm run where measured), those rejected and
-    why, and the check's notes.
+    why, the check's notes, and the accuracy it measured for each reduced precision that passed.
     """
 
     passed: tuple[tuple[str, float | None], ...]
     rejected: tuple[tuple[str, str], ...] = ()
     notes: tuple[str, ...] = ()
+    accuracy: tuple[tuple[str, str], ...] = ()  # (reduced-precision candidate, its min cosine vs fp32)
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,7 +197,8 @@ class RealLab:
         passed = [(lb, warm) for lb, why, warm, _ in verdicts.results if why is None]
         accelerated = [(lb, w) for lb, w in passed if not is_fallback(lb.partition(":")[0])]
         return CheckResult(tuple(accelerated or passed),
-                           tuple((lb, why) for lb, why, _, _ in verdicts.results if why is not None), verdicts.notes)
+                           tuple((lb, why) for lb, why, _, _ in verdicts.results if why is not None), verdicts.notes,
+                           tuple(found for found in map(parse_cosine_note, verdicts.notes) if found is not None))
 
     def _labels(self) -> list[tuple[Candidate, str]]:
         reduced = self._precision == "auto" and self._budget is not None

@@ -27,10 +27,23 @@ from hybrid.runtime.executor import compile_partitioned
 from hybrid.runtime.partition import supporters, typed_model
 from hybrid.runtime.plan import Plan
 
-__all__ = ["OptionsOf", "Search", "Trial", "build_partition", "check_trials", "offered_precisions", "trial_of",
-           "trials"]
+__all__ = ["OptionsOf", "Search", "Trial", "build_partition", "check_trials", "cosine_note", "offered_precisions",
+           "parse_cosine_note", "trial_of", "trials"]
 
 OptionsOf = Callable[[Candidate, str], dict[str, Any]]
+
+_COSINE = ": min cosine vs fp32 "
+
+
+def cosine_note(label: str, cosine: float) -> str:
+    """The check's note of a reduced precision's accuracy: ``'openvino:cpu bf16: min cosine vs fp32 0.999987'``."""
+    return f"{label}{_COSINE}{cosine:.6f}"
+
+
+def parse_cosine_note(note: str) -> tuple[str, str] | None:
+    """(label, cosine as written) of a :func:`cosine_note`; None for any other note."""
+    label, sep, cosine = note.partition(_COSINE)
+    return (label, cosine) if sep else None
 
 
 @dataclass(slots=True)
@@ -130,7 +143,7 @@ class Search:
             base = cases[0].expected if cases else truth
             if base is not None:
                 cos = checks.cosine(base, trial.outputs, self.verifier.names)
-                self.notes.append(f"{trial.label}: min cosine vs fp32 {cos:.6f}")
+                self.notes.append(cosine_note(trial.label, cos))
         return verdict.why
 
 
