@@ -29,7 +29,7 @@ __all__ = [
     "Manifest",
     "MemberEntry",
     "ModelEntry",
-    "ShapeRange",
+    "ShapeRangeEntry",
     "TensorEntry",
     "cache_folder",
     "parse_manifest",
@@ -65,7 +65,7 @@ class TensorEntry(_Strict):
 _Dims = list[Annotated[int, Field(ge=0)]]
 
 
-class ShapeRange(_Strict):
+class ShapeRangeEntry(_Strict):
     """A dynamic input's range, trtexec's spelling: the smallest, typical and largest shape run."""
 
     min: _Dims
@@ -73,7 +73,7 @@ class ShapeRange(_Strict):
     max: _Dims
 
     @model_validator(mode="after")
-    def _one_rank(self) -> ShapeRange:
+    def _one_rank(self) -> ShapeRangeEntry:
         if not len(self.min) == len(self.opt) == len(self.max):
             raise ValueError(f"min, opt and max have ranks {len(self.min)}, {len(self.opt)}, {len(self.max)}; "
                              "they must be equal")
@@ -184,7 +184,7 @@ class Manifest(_Strict):
     preprocess: Preprocess | None = None  # vision tasks: frames -> input (hybrid.vision.spec)
     postprocess: Postprocess | None = None  # vision tasks: output -> detections / labels
     serving: ServingEntry | None = None  # dynamic batching under `pyasc serve`
-    shapes: dict[str, _Dims | ShapeRange] | None = None  # the shapes users run (`bundle create --shapes`)
+    shapes: dict[str, _Dims | ShapeRangeEntry] | None = None  # the shapes users run (`bundle create --shapes`)
     model: ModelEntry
     platform: PlatformProfile
     optimize_level: str | None = Field(default=None, pattern=r"^O[0-3]$")
@@ -217,7 +217,7 @@ class Manifest(_Strict):
             if name not in inputs:
                 raise ValueError(f"shapes names {name!r}, which is not an input of the model")
             shape = inputs[name].shape
-            rank = len(value.opt if isinstance(value, ShapeRange) else value)
+            rank = len(value.opt if isinstance(value, ShapeRangeEntry) else value)
             if shape is not None and rank != len(shape):
                 raise ValueError(f"shapes[{name!r}] has rank {rank}, the input has rank {len(shape)}")
         refs = [self.model.path, *self.model.external_data]
