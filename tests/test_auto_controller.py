@@ -206,6 +206,56 @@ def test_a_slower_candidate_is_dropped_and_the_mean_tax_stays_within_the_policy(
     assert lab.exes["b:cpu"].calls > 0
 
 
+class BusyCheckLab(FakeLab):
+    """Its check takes long, and the calls that reach the model meanwhile are slowed (``slow[0]``): the check's work
+    on the same cores. The test's "callers" are ``calls`` calls made from inside the check."""
+
+    def __init__(self, exes, calls: int, slow: list[bool], **kw) -> None:
+        super().__init__(exes, **kw)
+        self.router: Router | None = None
+        self.calls, self.slow = calls, slow
+
+    def check(self, sample, closing):
+        self.slow[0] = True
+        for _ in range(self.calls):
+            self.router.run({"x": X})
+        self.slow[0] = False
+        return super().check(sample, closing)
+
+
+def test_what_the_check_costs_the_callers_is_charged_to_the_tax_before_any_turn():
+    """The check slows the serving candidate 2x for 500 calls (0.5 s more than its own 0.5 s): a baseline turn
+    measures its own speed, the 0.5 s is charged, and the first round waits until the budget has paid for it, so
+    the whole tuning period, the check included, stays within the policy's mean tax."""
+    clock = FakeClock()
+    policy = TuningPolicy(max_tax=0.1)
+    slow = [False]
+    exes = {"a:cpu": Scripted(clock, lambda c: 2e-3 if slow[0] else 1e-3), "b:cpu": Scripted(clock, 3e-3)}
+    lab = BusyCheckLab(exes, 500, slow, warm={"a:cpu": 1e-3, "b:cpu": 3e-3})
+    start = Lane("a:cpu", exes["a:cpu"])
+    holder: dict = {}
+    router = Router(signature(), start, clock, lambda e: holder["c"].notify(e), lambda lb: lab.lane(lb, None))
+    lab.router = router
+    controller = holder["c"] = Controller(router, lab, policy, clock, start, "fake")
+    t0 = clock()
+    calls, _ = drive(router, controller, X, decided(controller))
+    calls += lab.calls
+    (status,) = controller.status()
+    assert status.serving == "a:cpu"
+    assert {c.label: c.outcome for c in status.candidates}["b:cpu"] == "slower"
+    assert 0.5 / policy.max_tax <= status.decided_after_s <= policy.decide_within_s
+    assert (clock() - t0) / (calls * 1e-3) <= 1 + policy.max_tax + 1e-9
+
+
+def test_the_precharge_is_the_excess_over_the_serving_candidates_own_speed():
+    from hybrid.runtime.auto.race import precharge_cost
+
+    assert precharge_cost((3.0, 1000), [1e-3, 1e-3]) == pytest.approx(2.0)
+    assert precharge_cost((0.5, 1000), [1e-3]) == 0.0  # faster than its baseline: nothing to charge
+    assert precharge_cost((3.0, 1000), []) == 0.0  # no baseline call (an idle model): nothing measured
+    assert precharge_cost((0.0, 0), [1e-3]) == 0.0
+
+
 def test_a_near_tie_keeps_the_serving_candidate_and_is_rechecked_later_by_the_same_rule():
     clock = FakeClock()
     policy = TuningPolicy(recheck_after_s=60.0)

@@ -291,8 +291,9 @@ class Controller:
             return
         b.sample = None
         self._enter(b, Phase.RACING)
-        serving_s = self._route(b).tally.last_s or b.lanes[b.incumbent].warm_s
-        self._start_race(b, race.estimates(b.lanes, warm, b.incumbent, serving_s))
+        tally = self._route(b).tally
+        serving_s = tally.last_s or b.lanes[b.incumbent].warm_s
+        self._start_race(b, race.estimates(b.lanes, warm, b.incumbent, serving_s), (tally.served_s, tally.served))
 
     def _lane(self, label: str, sample: dict[str, Any] | None) -> Lane | None:
         lane = self._lanes.get(label) or self._lab.lane(label, sample)
@@ -302,8 +303,8 @@ class Controller:
         return lane
 
     # ------------------------------------------------------------------ the race
-    def _start_race(self, b: _Bucket, estimates: dict[str, float]) -> None:
-        b.race = Race.between(b.incumbent, b.lanes, b.race_from, estimates)
+    def _start_race(self, b: _Bucket, estimates: dict[str, float], precharge: tuple[float, int] | None = None) -> None:
+        b.race = Race.between(b.incumbent, b.lanes, b.race_from, estimates, precharge)
         if b.race.over:
             self._decide(b, "as the only candidate left after the check")
             return

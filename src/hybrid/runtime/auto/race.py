@@ -19,7 +19,8 @@ from hybrid.runtime.auto.policy import TuningPolicy
 from hybrid.runtime.auto.router import Lane, Probe
 from hybrid.runtime.auto.status import CandidateResult
 
-__all__ = ["CONCLUDE", "Race", "check_ratio", "conclude", "estimates", "judge", "plan", "unaffordable"]
+__all__ = ["CONCLUDE", "Race", "check_ratio", "conclude", "estimates", "judge", "plan", "precharge_cost",
+           "unaffordable"]
 
 logger = logging.getLogger("hybrid")
 
@@ -37,17 +38,24 @@ class Race:
     estimate: dict[str, float] = field(default_factory=dict)  # challenger -> speed ratio before any pair
     results: dict[str, CandidateResult] = field(default_factory=dict)
     runners: list[str] = field(default_factory=list)  # tied: they race again at the next re-check
-    spent: float = 0.0  # seconds the rounds added to the calls so far (the tax paid)
+    spent: float = 0.0  # seconds tuning added to the calls so far (the tax paid)
     probe: Probe | None = None
     next_round: float = 0.0
+    precharge: tuple[float, int] | None = None  # (seconds, calls) the serving candidate answered before the race,
+    # beside the check and the compiles: charged to ``spent`` once a baseline turn has measured its own speed
 
     @classmethod
-    def between(cls, incumbent: str, lanes: dict[str, Lane], started: float,
-                estimates: dict[str, float]) -> Race:
-        """A race of every lane against ``incumbent``, each challenger starting from its estimated ratio."""
+    def between(cls, incumbent: str, lanes: dict[str, Lane], started: float, estimates: dict[str, float],
+                precharge: tuple[float, int] | None = None) -> Race:
+        """A race of every lane against ``incumbent``, each challenger starting from its estimated ratio.
+
+        ``precharge``: the seconds and count of the calls served while the check and the compiles ran; what they
+        cost beyond the serving candidate's own speed is charged to the tax before the first round (:func:`plan`).
+        """
         challengers = [lb for lb in lanes if lb != incumbent]
         return cls(incumbent, dict(lanes), started, {lb: [] for lb in challengers},
-                   {lb: estimates.get(lb, 1.0) for lb in challengers}, next_round=started)
+                   {lb: estimates.get(lb, 1.0) for lb in challengers}, next_round=started,
+                   precharge=precharge if challengers else None)
 
     def ratio(self, label: str) -> float:
         """A challenger's call time over the incumbent's: from its paired turns, else its estimate."""
@@ -99,8 +107,12 @@ def plan(race: Race, policy: TuningPolicy, now: float, turn_s: float, deadline: 
 
     A round that cannot end before ``deadline`` is not started: the challenger whose turns cost the most leaves
     (when it is slower: its turns are what the budget cannot pay), and the others race on; when none can, the
-    race concludes.
+    race concludes. A race with a precharge first runs a baseline turn: the serving candidate alone, with nothing
+    else at work, so that :func:`judge` can charge what the calls before the race paid beside the check and the
+    compiles.
     """
+    if race.precharge is not None:
+        return Probe(now, turn_s, (race.lanes[race.incumbent],))
     while True:
         round_s = turn_s * (1 + 3 * len(race.logs))
         extra = policy.round_extra_s(turn_s, [race.ratio(lb) for lb in race.logs])
@@ -126,8 +138,21 @@ def plan(race: Race, policy: TuningPolicy, now: float, turn_s: float, deadline: 
 def judge(race: Race, probe: Probe, policy: TuningPolicy) -> str | None:
     """Add the round's paired log-ratios, charge the tax it paid, and apply the rule to each challenger.
 
-    Returns the new incumbent when one was found faster (None: the incumbent stays).
+    Returns the new incumbent when one was found faster (None: the incumbent stays). A baseline turn (the race's
+    first probe when it has a precharge) judges nothing: it charges the precharge (:func:`precharge_cost`) and
+    makes each challenger's estimate at least its warm-up time over the serving candidate's measured one.
     """
+    if race.precharge is not None:
+        own = probe.timed(0, policy.lead_share)
+        race.spent += precharge_cost(race.precharge, own)
+        race.precharge = None
+        if own:
+            serving_s = statistics.fmean(own)
+            for label in race.logs:
+                warm = race.lanes[label].warm_s
+                if warm:
+                    race.estimate[label] = max(race.estimate.get(label, 1.0), warm / serving_s)
+        return None
     for j, label in enumerate(list(race.logs)):
         a0, x1, x2, a3 = (probe.timed(3 * j + k, policy.lead_share) for k in range(4))
         pairs = [v for v in (rule.log_ratio(x1, a0), rule.log_ratio(x2, a3)) if v is not None]
@@ -135,6 +160,20 @@ def judge(race: Race, probe: Probe, policy: TuningPolicy) -> str | None:
         ratio = math.exp(statistics.fmean(pairs)) if pairs else race.estimate.get(label, 1.0)
         race.spent += policy.round_extra_s(probe.turn_s, [ratio])
     return _apply(race, {lb: rule.compare(v, policy.confidence, policy.tie_rel) for lb, v in race.logs.items()})
+
+
+def precharge_cost(precharge: tuple[float, int], own: list[float]) -> float:
+    """What the calls served beside the check and the compiles paid beyond the serving candidate's own speed.
+
+    ``precharge`` is their (seconds, count); ``own`` the seconds of its calls in a baseline turn, with nothing else
+    at work. Their excess over the count times the baseline's mean is the tax those phases took: the other work on
+    the machine's cores (the check process, the compiles, their interpreter lock) counted where the callers felt
+    it, whatever the cores, the load or the model. No baseline call (an idle model): nothing to charge.
+    """
+    seconds, calls = precharge
+    if not own or calls <= 0:
+        return 0.0
+    return max(0.0, seconds - calls * statistics.fmean(own))
 
 
 def conclude(race: Race, policy: TuningPolicy) -> str | None:

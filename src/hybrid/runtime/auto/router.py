@@ -55,6 +55,8 @@ class Tally:
     first_call: float
     calls: int = 0
     last_s: float = 0.0  # the last untimed-by-a-probe call's seconds (the serving candidate's speed)
+    served: int = 0  # calls answered outside a probe's turns, and their seconds: what tuning's other work
+    served_s: float = 0.0  # (the check, the compiles) cost the callers is read from these (:mod:`.race`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,6 +185,8 @@ class Router(Executable):
             probe.records.append((turn, t0, seconds))  # type: ignore[union-attr]
         else:
             tally.last_s = seconds
+            tally.served += 1
+            tally.served_s += seconds
         return outs
 
     def _key(self, feeds: Mapping[str, Any]) -> Bucket:
