@@ -11,8 +11,10 @@ cache:
    to the decision (``cm.tuning``), the mean latency tax (mean of the tuning calls over the mean of the default
    candidate's) and the p99 ratio.
 2. **Open loop at ~50 % load**: a new compile, called at a fixed rate of half the default candidate's capacity
-   (a call's latency counts from its scheduled time: queueing included), with the same 0.1 s blocks of the
-   default candidate at the same rate beside it. Reported: seconds to the decision and the mean latency tax.
+   (a call's latency counts from its scheduled time: queueing included), alternating in 0.5 s blocks with the
+   default candidate at the same rate (the first 0.1 s of every block of both left out). Reported: seconds to the
+   decision and the mean latency tax. On this VM a model's speed halves for seconds at a time, which turns a
+   50 % load into 100 %: the open loop's means are heavy-tailed, read them across runs.
 3. **After the decision**: the decided model, raw ONNX Runtime and raw OpenVINO (f32, LATENCY hint) interleaved
    in blocks, ``--reps`` repetitions; the ratio to the best raw runtime is the median over repetitions of the
    median of paired per-block ratios.
@@ -92,12 +94,20 @@ def open_loop(fn, interval_s: float, seconds: float, stop=None) -> list[float]:
         k += 1
 
 
-def tune_open(cm, feeds, default, interval_s: float, limit_s: float) -> tuple[list[float], list[float]]:
+def tune_open(cm, feeds, default, interval_s: float, limit_s: float, block_s: float = 0.5,
+              lead_s: float = 0.1) -> tuple[list[float], list[float]]:
+    """Open loop on ``cm`` until decided, alternating with ``default`` in blocks of the same length.
+
+    An open loop's mean latency depends on how long it runs (a queue that builds in a slow moment drains over the
+    block), so both sides run equal blocks, and both leave out their first ``lead_s`` (each model's pool idled in
+    the other's block).
+    """
     tuning, base = [], []
+    skip = int(lead_s / interval_s)
     deadline = time.monotonic() + limit_s
     while not decided(cm) and time.monotonic() < deadline:
-        tuning += open_loop(lambda: cm.run(feeds), interval_s, 1.5, lambda: decided(cm))
-        base += open_loop(lambda: default.run(feeds), interval_s, 0.3)[int(0.1 / interval_s):]
+        tuning += open_loop(lambda: cm.run(feeds), interval_s, block_s, lambda: decided(cm))[skip:]
+        base += open_loop(lambda: default.run(feeds), interval_s, block_s)[skip:]
     return tuning, base
 
 

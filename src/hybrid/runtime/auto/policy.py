@@ -38,10 +38,11 @@ class TuningPolicy:
             compiles included), or after ``decide_within_calls`` calls of the serving candidate where that is
             longer. Until then the sequential test runs; at the bound the point estimate decides.
         decide_within_calls: See ``decide_within_s``: the bound for slow models, in calls.
-        max_tax: The mean latency the turns may add while a bucket is tuned, as a share of the serving
-            candidate's (0.1: the calls are on average at most 10 % slower). A slower candidate under test is
-            given its turns only as often as this allows: rounds of turns are spaced by a rest in which the
-            serving candidate answers every call.
+        max_tax: The mean latency tuning may add while a bucket is tuned, as a share of the serving candidate's
+            (0.1: the calls are on average at most 10 % slower): the turns, and the check and the compiles as the
+            callers felt them (charged after a baseline turn, :func:`.race.precharge_cost`). A slower candidate
+            under test is given its turns only as often as this allows: rounds of turns are spaced by a rest in
+            which the serving candidate answers every call.
         confidence: Confidence of the interval of the mean log-ratio of paired turns (Student's t). A candidate
             is faster or slower only when the whole interval lies beyond the tie band, tied when it lies inside.
         tie_rel: Half-width of the tie band: candidates whose speed ratio to the serving one lies within
