@@ -43,6 +43,8 @@ class Race:
     next_round: float = 0.0
     precharge: tuple[float, int] | None = None  # (seconds, calls) the serving candidate answered before the race,
     # beside the check and the compiles: charged to ``spent`` once a baseline turn has measured its own speed
+    pace: dict[str, float] = field(default_factory=dict)  # challenger -> its warm-up here over the serving speed:
+    # a floor on the ratio that paces its first round (never a verdict: lazy initialisation inflates it)
 
     @classmethod
     def between(cls, incumbent: str, lanes: dict[str, Lane], started: float, estimates: dict[str, float],
@@ -61,6 +63,10 @@ class Race:
         """A challenger's call time over the incumbent's: from its paired turns, else its estimate."""
         logs = self.logs.get(label)
         return math.exp(statistics.fmean(logs)) if logs else self.estimate.get(label, 1.0)
+
+    def cost_ratio(self, label: str) -> float:
+        """The ratio a round's cost is planned at: :meth:`ratio`, before any pair at least the warm-up's (``pace``)."""
+        return self.ratio(label) if self.logs.get(label) else max(self.ratio(label), self.pace.get(label, 0.0))
 
     @property
     def over(self) -> bool:
@@ -115,7 +121,7 @@ def plan(race: Race, policy: TuningPolicy, now: float, turn_s: float, deadline: 
         return Probe(now, turn_s, (race.lanes[race.incumbent],))
     while True:
         round_s = turn_s * (1 + 3 * len(race.logs))
-        extra = policy.round_extra_s(turn_s, [race.ratio(lb) for lb in race.logs])
+        extra = policy.round_extra_s(turn_s, [race.cost_ratio(lb) for lb in race.logs])
         start = max(now, policy.next_round_at(race.started, race.spent, extra, round_s))
         if start + round_s <= deadline:
             break
@@ -140,7 +146,8 @@ def judge(race: Race, probe: Probe, policy: TuningPolicy) -> str | None:
 
     Returns the new incumbent when one was found faster (None: the incumbent stays). A baseline turn (the race's
     first probe when it has a precharge) judges nothing: it charges the precharge (:func:`precharge_cost`) and
-    makes each challenger's estimate at least its warm-up time over the serving candidate's measured one.
+    records each challenger's warm-up time over the serving candidate's measured speed, which paces its first round
+    (a floor on the planned cost, never a verdict).
     """
     if race.precharge is not None:
         own = probe.timed(0, policy.lead_share)
@@ -151,7 +158,7 @@ def judge(race: Race, probe: Probe, policy: TuningPolicy) -> str | None:
             for label in race.logs:
                 warm = race.lanes[label].warm_s
                 if warm:
-                    race.estimate[label] = max(race.estimate.get(label, 1.0), warm / serving_s)
+                    race.pace[label] = warm / serving_s
         return None
     for j, label in enumerate(list(race.logs)):
         a0, x1, x2, a3 = (probe.timed(3 * j + k, policy.lead_share) for k in range(4))
