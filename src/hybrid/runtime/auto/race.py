@@ -218,6 +218,7 @@ def _apply(race: Race, verdicts: dict[str, rule.Outcome]) -> str | None:
     was = race.incumbent
     race.results[was] = CandidateResult(was, math.exp(-faster[best]), rule.Outcome.SLOWER.value)
     race.incumbent = best
+    race.pace.clear()  # warm-ups over the old serving speed
     race.logs.pop(best, None)
     for label in race.logs:  # they were compared with the one before: compare them with the new one afresh
         logs = race.logs[label]
