@@ -1,11 +1,11 @@
 """Where the latency tax of online tuning goes: each call of a closed loop, by the bucket's phase and the lane serving.
 
 One zoo model compiled with ``target='auto'`` and nothing given, called back to back until its bucket is decided.
-Every call is recorded with its seconds, the controller's phase at that moment (polled every 2 ms) and the lane that
-answered (the serving candidate, or a probe's turn). The excess of a group of calls is their seconds beyond their count
-times the mean of the default candidate (``target=<the start's backend>``) timed alone for 2 s before tuning. That
-baseline is not interleaved, so the total moves with this VM's speed (it halves for seconds at a time): read the
-shares of the excess by phase, not the total; ``benchmarks/auto_real.py`` measures the tax itself.
+Every call is recorded with its seconds, the bucket's phase at that moment (``cm.tuning``, polled every 2 ms) and
+the lane that answered (the serving candidate, or a probe's turn). The excess of a group of calls is their seconds
+beyond their count times the mean of the default candidate (``target=<the start's backend>``) timed alone for 2 s
+before tuning. That baseline is not interleaved, so the total moves with this VM's speed (it halves for seconds at
+a time): read the shares of the excess by phase, not the total; ``benchmarks/auto_real.py`` measures the tax itself.
 
 Run:
     python benchmarks/auto_tax_breakdown.py [--model neg_dim] [--limit-s 40] [--warm]
@@ -60,7 +60,6 @@ def main() -> None:
         base.append(time.perf_counter() - a)
     base_mean = statistics.fmean(base)
 
-    controller = cm.executable.controller
     router = cm.executable.router
     phase, done, marks = ["new"], [False], []
     polling = [True]
@@ -68,8 +67,8 @@ def main() -> None:
     def poll() -> None:
         last = None
         while polling[0]:
-            buckets = list(controller._buckets.values())
-            p = buckets[0].phase.value if buckets else "new"
+            status = cm.tuning
+            p = status[0].phase if status else "new"
             if p != last:
                 marks.append((time.perf_counter(), p))
                 last = p

@@ -106,8 +106,9 @@ def signature():
     return Model.load(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])).signature
 
 
-def tuner(exes: dict[str, Executable], clock: FakeClock, policy: TuningPolicy | None = None, **lab_kw):
-    lab = FakeLab(exes, **lab_kw)
+def tuner(exes: dict[str, Executable], clock: FakeClock, policy: TuningPolicy | None = None,
+          lab: FakeLab | None = None, **lab_kw):
+    lab = lab or FakeLab(exes, **lab_kw)
     first = next(iter(exes))
     start = Lane(first, exes[first])
     holder: dict = {}
@@ -232,11 +233,8 @@ def test_what_the_check_costs_the_callers_is_charged_to_the_tax_before_any_turn(
     slow = [False]
     exes = {"a:cpu": Scripted(clock, lambda c: 2e-3 if slow[0] else 1e-3), "b:cpu": Scripted(clock, 3e-3)}
     lab = BusyCheckLab(exes, 500, slow, warm={"a:cpu": 1e-3, "b:cpu": 3e-3})
-    start = Lane("a:cpu", exes["a:cpu"])
-    holder: dict = {}
-    router = Router(signature(), start, clock, lambda e: holder["c"].notify(e), lambda lb: lab.lane(lb, None))
+    router, controller, _ = tuner(exes, clock, policy, lab=lab)
     lab.router = router
-    controller = holder["c"] = Controller(router, lab, policy, clock, start, "fake")
     t0 = clock()
     calls, _ = drive(router, controller, X, decided(controller))
     calls += lab.calls
