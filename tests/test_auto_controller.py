@@ -245,6 +245,40 @@ def test_what_the_check_costs_the_callers_is_charged_to_the_tax_before_any_turn(
     assert (clock() - t0) / (calls * 1e-3) <= 1 + policy.max_tax + 1e-9
 
 
+def drive_in_bursts(router, controller, clock, until, busy_s=1.5, idle_s=0.3):
+    """Call back to back for ``busy_s`` of the fake clock, then nothing for ``idle_s`` (a batch job that pauses, or
+    a benchmark that times something else between blocks), until ``until()``; the calls made and their seconds."""
+    wake, calls, seconds = -math.inf, 0, 0.0
+    block = clock()
+    while not until():
+        if clock() - block >= busy_s:
+            clock.advance(idle_s)
+            block = clock()
+        if clock() >= wake or not controller._inbox.empty():
+            wake = controller.step()
+        t0 = clock()
+        router.run({"x": X})
+        seconds += clock() - t0
+        calls += 1
+    return calls, seconds
+
+
+@pytest.mark.parametrize("ratio", [1.05, 1.5, 3.0])
+def test_the_tax_is_a_share_of_the_calls_own_time_whatever_the_idle_time_between_them(ratio):
+    """The budget accrues with the calls served, not with the clock: a caller that pauses 0.3 s after every 1.5 s of
+    calls pays at most ``max_tax`` more per call on average while tuning (with the clock's time as the budget, the
+    pauses paid for turns: 1.2x the budget), and so does a closed loop, whose slow turns make fewer calls."""
+    clock = FakeClock()
+    policy = TuningPolicy(max_tax=0.1)
+    router, controller, _ = tuner({"a:cpu": Scripted(clock, 1e-3), "b:cpu": Scripted(clock, ratio * 1e-3)}, clock,
+                                  policy, warm={"a:cpu": 1e-3, "b:cpu": ratio * 1e-3})
+    calls, seconds = drive_in_bursts(router, controller, clock, decided(controller))
+    (status,) = controller.status()
+    assert status.serving == "a:cpu"
+    assert status.decided_after_s <= policy.decide_within_s + 1e-9
+    assert seconds / (calls * 1e-3) <= 1 + policy.max_tax + 1e-9
+
+
 def test_the_precharge_is_the_excess_over_the_serving_candidates_own_speed():
     from hybrid.runtime.auto.race import precharge_cost
 
@@ -253,6 +287,30 @@ def test_the_precharge_is_the_excess_over_the_serving_candidates_own_speed():
     assert precharge_cost((3.0, 1000), []) == 0.0  # no baseline call (an idle model): nothing measured
     assert precharge_cost((0.0, 0), [1e-3]) == 0.0
 
+
+def test_a_round_is_charged_what_its_calls_paid_lead_ins_and_lingering_threads_included():
+    """The paired ratios time each turn after its lead-in on purpose; the budget is charged every call. Here the
+    challenger is as fast as the serving candidate once warm (ratio 1: the ratios alone would charge nothing), but
+    its first 10 calls take 5 ms and the serving candidate's first 10 calls after it take 3 ms."""
+    from hybrid.runtime.auto.race import Race, judge, round_cost
+    from hybrid.runtime.auto.router import Probe
+
+    a, b = Lane("a:cpu", Scripted(FakeClock(), 1e-3)), Lane("b:cpu", Scripted(FakeClock(), 1e-3))
+    probe = Probe(0.0, 0.2, (a, b, b, a))
+    slow_first = {1: 5e-3, 3: 3e-3}
+    for turn in range(4):
+        t = turn * 0.2
+        for k in range(100):  # 100 calls a turn, the first 10 in the lead-in (the first quarter is 50 calls)
+            seconds = slow_first.get(turn, 1e-3) if k < 10 else 1e-3
+            probe.records.append((turn, t, seconds))
+            t += 0.002
+    race = Race.between("a:cpu", {"a:cpu": a, "b:cpu": b}, 0.0, {})
+    policy = TuningPolicy()
+    assert round_cost(race, probe, policy) == pytest.approx(10 * 4e-3 + 10 * 2e-3)
+    assert race.base_s == pytest.approx(1e-3)  # the round's first turn, timed
+    judge(race, probe, policy)
+    assert race.spent == pytest.approx(0.06)
+    assert race.results["b:cpu"].ratio == pytest.approx(1.0)  # what the pairs measured: level once warm
 
 def test_a_near_tie_keeps_the_serving_candidate_and_is_rechecked_later_by_the_same_rule():
     clock = FakeClock()
@@ -424,17 +482,23 @@ def test_the_rule_compares_paired_log_ratios_against_the_tie_band():
     assert rule.settle([], 0.02) is rule.Outcome.TIE
 
 
+@pytest.mark.parametrize("load", [1.0, 0.5, 4.0])
 @pytest.mark.parametrize("ratios", [[1.0], [3.0], [1.5, 2.0], [0.5, 5.0]])
-def test_rounds_paced_by_the_policy_keep_the_tax_within_it(ratios):
+def test_rounds_paced_by_the_policy_keep_the_tax_within_it(ratios, load):
+    """Calls of 1 ms arriving at ``load`` per ms: each round, started as early as the policy allows, keeps what the
+    rounds added within ``max_tax`` of the calls' own time at its end."""
     policy = TuningPolicy(max_tax=0.1)
-    turn, spent, start = 0.2, 0.0, 0.0
+    call_s, rate = 1e-3, load / 1e-3
+    turn, spent, now = 0.2, 0.0, 0.0
     round_s = turn * (1 + 3 * len(ratios))
-    for _ in range(5):  # five rounds, each started as early as the policy allows
-        extra = policy.round_extra_s(turn, ratios)
-        start = max(start, policy.next_round_at(0.0, spent, extra, round_s))
+    for _ in range(5):
+        extra = load * policy.round_extra_s(turn, ratios)
+        start = policy.next_round_at(now, spent, extra, round_s, int(rate * now), rate, call_s)
+        assert start >= now
         spent += extra
-        start += round_s
-        assert spent / start <= policy.max_tax + 1e-12
+        now = start + round_s
+        assert spent <= policy.max_tax * (rate * now) * call_s + 1e-9
+    assert policy.next_round_at(5.0, 1.0, 0.0, 0.8, 0, 0.0, call_s) == 5.8  # no calls: asked again a round later
 
 
 def test_each_candidate_is_timed_at_its_own_speed_not_in_the_wake_of_the_one_before():

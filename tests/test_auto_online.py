@@ -4,6 +4,7 @@ scripted time in test_auto_controller.py."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -249,6 +250,66 @@ def test_the_check_process_answers_like_the_search_and_paces_itself():
         worker.time = real
     assert slept == [pytest.approx(0.5)]
 
+
+
+SPIN = ("import sys, time\nt = time.process_time()\nwhile time.process_time() - t < {cpu}: pass\n"
+        "print('done', flush=True)")
+
+
+def test_the_parent_paces_the_check_process_from_outside_its_start_included():
+    """A child that spins 0.4 s of CPU from its first instruction, held to a 0.25 share by the parent: at its end
+    its CPU time is within that share of the wall time, give or take one slice and one tick of /proc's clock (an
+    upper bound that holds however fast the machine is)."""
+    import subprocess
+    import sys
+
+    from hybrid.runtime.auto import worker
+
+    proc = subprocess.Popen([sys.executable, "-c", SPIN.format(cpu=0.4)], stdout=subprocess.PIPE)
+    try:
+        if not worker._Pacer.available(proc.pid):
+            pytest.skip("this system does not let a parent read a child's CPU time from /proc")
+        pacer = worker._Pacer(proc.pid, 0.25)
+        t0 = time.perf_counter()
+        pacer.wait(proc.stdout.fileno())
+        wall = time.perf_counter() - t0
+        cpu = pacer.cpu_s() - pacer._cpu0
+        assert proc.stdout.readline() == b"done\n"
+        assert cpu >= 0.35  # it did its work (the spin counts its own CPU time)
+        assert cpu <= 0.25 * wall + worker.SLICE_S + 2.0 / os.sysconf("SC_CLK_TCK")
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_check_process_held_stopped_dies_with_its_parent():
+    """A parent that ends abruptly while its check process is stopped (paced) leaves nothing behind; a worker
+    started by a thread that has ended serves on (it is the process's, not the thread's)."""
+    import signal
+    import subprocess
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("the parent-death signal is Linux's")
+    parent = ("import os, signal, threading\nfrom hybrid.runtime.auto import worker\n"
+              "t = threading.Thread(target=worker._worker)\nt.start()\nt.join()\nw = worker._worker()\n"
+              "assert 'AttributeError' in w.ask(0)  # any request: the worker answers, in its loop\n"
+              "os.kill(w.proc.pid, signal.SIGSTOP)\nprint(w.proc.pid, flush=True)\nos._exit(0)  # no atexit")
+    out = subprocess.run([sys.executable, "-c", parent], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    pid = int(out.stdout.split()[-1])
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                state = f.read().rsplit(b")", 1)[1].split()[0]
+        except FileNotFoundError:
+            return
+        if state in (b"Z", b"X"):
+            return
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+    pytest.fail(f"the check process {pid} outlived its parent (state {state!r})")
 
 @pytest.mark.slow
 def test_the_demo_decides_auto_on_a_zoo_model_and_reads_every_error_against_the_reference():

@@ -152,9 +152,9 @@ class AutotuneSettings(BaseModel):
         online: With nothing declared about a dynamic-shape model's inputs, tune on real calls per
             shape bucket (False: decide once on generated samples).
         calls_per_bucket: Calls each turn of online tuning times, at the serving candidate's speed.
-        overhead_cap: Share of one core's time the background checks of online tuning may spend (they pace
-            themselves); None: ``max_tax`` times the usable cores, at most 1 (the check then costs callers that
-            keep every core busy at most ``max_tax``).
+        overhead_cap: Share of the wall time the background checks of online tuning may run, in CPU time
+            (they are paced to it); None: ``max_tax`` (while it runs, the check can slow callers that keep every
+            core busy up to twice: :class:`hybrid.runtime.auto.TuningPolicy`).
         rtol: Model-level relative tolerance of the fp32 parity check (ONNX's model tests use 1e-3).
         check_process: Run online tuning's checks in a separate low-priority process (False: in a thread).
         decide_within_s: Online tuning decides a shape bucket at most this long after its first call (or

@@ -303,8 +303,9 @@ class Controller:
         return lane
 
     # ------------------------------------------------------------------ the race
-    def _start_race(self, b: _Bucket, estimates: dict[str, float], precharge: tuple[float, int] | None = None) -> None:
-        b.race = Race.between(b.incumbent, b.lanes, b.race_from, estimates, precharge)
+    def _start_race(self, b: _Bucket, estimates: dict[str, float], precharge: tuple[float, int] | None = None,
+                    calls_from: int = 0) -> None:
+        b.race = Race.between(b.incumbent, b.lanes, b.race_from, estimates, precharge, calls_from)
         if b.race.over:
             self._decide(b, "as the only candidate left after the check")
             return
@@ -330,7 +331,8 @@ class Controller:
                 self._decide(b, "by the paired turns")
                 return math.inf
             self._publish(b)
-        planned = race.plan(r, self._policy, now, self._turn_s(b), self._deadline(b))
+        tally = self._route(b).tally
+        planned = race.plan(r, self._policy, now, self._turn_s(b), self._deadline(b), tally.calls, tally.last_s)
         self._sync(b)
         if isinstance(planned, Probe):
             r.probe = planned
@@ -395,7 +397,8 @@ class Controller:
         b.lanes = {lb: self._lanes[lb] for lb in (b.incumbent, *runners)}
         b.race_from = self._clock()
         self._enter(b, Phase.RACING)
-        self._start_race(b, {lb: (b.results[lb].ratio or 1.0) if lb in b.results else 1.0 for lb in runners})
+        self._start_race(b, {lb: (b.results[lb].ratio or 1.0) if lb in b.results else 1.0 for lb in runners},
+                         calls_from=self._route(b).tally.calls)
 
     # ------------------------------------------------------------------ publishing
     def _route(self, b: _Bucket) -> Route:

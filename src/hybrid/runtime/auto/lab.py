@@ -115,7 +115,7 @@ class RealLab:
         rtol: The model-level tolerance of the fp32 check.
         rules: Per-output rules of the check.
         key_base: What the decisions depend on besides the shapes (for the decision cache).
-        check_share: The check process's share of a busy core (its nice level).
+        check_share: The share of one core's time the check may spend in CPU time (it paces itself to it).
         check_process: Whether to check in the worker process at all.
         confirm: Rivals of a decision made at compile (their bucket starts with them checked).
     """
@@ -146,7 +146,7 @@ class RealLab:
             n.domain in ("", "ai.onnx", "ai.onnx.ml", "com.microsoft") for n in model.graph.all_nodes()) and all(
             is_installed_backend(c.backend) for c in order)
         if self._portable:
-            worker.prestart()
+            worker.prestart(check_share)
 
     # ------------------------------------------------------------------ candidates
     def order(self) -> tuple[str, ...]:

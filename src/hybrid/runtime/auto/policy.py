@@ -7,7 +7,6 @@ another machine and is tested on scripted time.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,11 +16,6 @@ from hybrid.config import AutotuneSettings
 __all__ = ["Clock", "TuningPolicy", "monotonic"]
 
 Clock = Callable[[], float]  # seconds, monotonic: time.perf_counter in production, a script in tests
-
-
-def usable_cores() -> int:
-    """The cores this process may run on."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def monotonic() -> float:
@@ -39,10 +33,12 @@ class TuningPolicy:
             longer. Until then the sequential test runs; at the bound the point estimate decides.
         decide_within_calls: See ``decide_within_s``: the bound for slow models, in calls.
         max_tax: The mean latency tuning may add while a bucket is tuned, as a share of the serving candidate's
-            (0.1: the calls are on average at most 10 % slower): the turns, and the check and the compiles as the
-            callers felt them (charged after a baseline turn, :func:`.race.precharge_cost`). A slower candidate
-            under test is given its turns only as often as this allows: rounds of turns are spaced by a rest in
-            which the serving candidate answers every call.
+            (0.1: the calls are on average at most 10 % slower). Charged as the callers felt it: each round's calls
+            beyond the serving candidate's speed in the round's first turn (lead-ins and a runtime's lingering
+            threads included), and the check and the compiles after a baseline turn
+            (:func:`.race.precharge_cost`); paid for by the calls' own time, not the clock's
+            (:meth:`next_round_at`). A slower candidate under test is given its turns only as often as this
+            allows: rounds of turns are spaced by a rest in which the serving candidate answers every call.
         confidence: Confidence of the interval of the mean log-ratio of paired turns (Student's t). A candidate
             is faster or slower only when the whole interval lies beyond the tie band, tied when it lies inside.
         tie_rel: Half-width of the tie band: candidates whose speed ratio to the serving one lies within
@@ -54,10 +50,13 @@ class TuningPolicy:
             candidate before).
         recheck_after_s: After a decision, candidates that were not clearly slower take turns again this long
             later, by the same rule (then twice as long after each re-check); one that does not win leaves.
-        check_share: The share of one core's time the background check may spend (it paces itself in CPU time).
-            Where the callers keep every core busy, that takes ``check_share / cores`` of the machine from them:
-            by default ``max_tax`` times the usable cores (at most 1), so the check costs them at most ``max_tax``
-            and ends as soon as that allows (0.2 on 2 cores; unpaced on 10 or more).
+        check_share: The share of the wall time the background check may run, in CPU time (it is paced to it).
+            By default ``max_tax``, whatever the cores: while it runs, a runtime whose operators fork and join
+            across every core waits at each join for the thread the check delays (a 30 us model's calls took
+            2.3x as long beside the unpaced check on 2 cores, where the check's share of the cores predicts
+            1.5x), so the callers pay for the check's running time, not for its share of the cores; at about
+            twice their time while it runs, ``max_tax`` of it keeps their tax near ``max_tax``. What it cost
+            them is measured and charged all the same (``max_tax``).
     """
 
     decide_within_s: float = 30.0
@@ -69,14 +68,14 @@ class TuningPolicy:
     min_turn_s: float = 0.2
     lead_share: float = 0.25
     recheck_after_s: float = 60.0
-    check_share: float = 0.2
+    check_share: float = 0.1
 
     @classmethod
     def from_settings(cls, settings: AutotuneSettings) -> TuningPolicy:
         """The policy that ``hybrid.init({'autotune': {...}})`` asks for."""
         share = settings.overhead_cap
         if share is None:
-            share = min(1.0, settings.max_tax * usable_cores())
+            share = min(1.0, settings.max_tax)
         return cls(decide_within_s=settings.decide_within_s, max_tax=settings.max_tax,
                    confidence=settings.confidence, tie_rel=settings.tie_rel,
                    calls_per_turn=settings.calls_per_bucket, recheck_after_s=settings.recheck_after_s,
@@ -91,17 +90,27 @@ class TuningPolicy:
         return max(self.min_turn_s, self.calls_per_turn * call_s / (1.0 - self.lead_share))
 
     def round_extra_s(self, turn_s: float, ratios: list[float]) -> float:
-        """The time a round of turns adds for candidates under test at ``ratios`` of the serving one's call time.
+        """The seconds a round of turns adds for candidates under test at ``ratios`` of the serving one's call time.
 
-        Each has two turns, and a call rate that holds (an open loop) makes each turn cost ``turn_s * (ratio - 1)``
-        more (a closed loop costs less: it makes fewer calls in a slow turn).
+        Where one call after another keeps the model busy (a load of 1): each challenger has two turns, and each
+        turn costs ``turn_s * (ratio - 1)`` more. At another load ``u`` (calls per second times a call's seconds)
+        it costs ``u`` times that (:meth:`next_round_at`).
         """
         return sum(2.0 * turn_s * max(0.0, r - 1.0) for r in ratios)
 
-    def next_round_at(self, race_from: float, spent_s: float, extra_s: float, round_s: float) -> float:
-        """When a round that adds ``extra_s`` may start, the rounds before it having added ``spent_s``.
+    def next_round_at(self, now: float, spent_s: float, extra_s: float, round_s: float, calls: int, rate: float,
+                      call_s: float) -> float:
+        """When a round that adds ``extra_s`` may start, the work before it having added ``spent_s``.
 
-        The time added since tuning began (``race_from``) stays within ``max_tax`` of the time passed, at the round's
-        end.
+        The budget is ``max_tax`` of the **calls' own time**: the ``calls`` served since tuning began, each worth
+        the serving candidate's ``call_s``, and those that come at ``rate`` per second until the round ends. So
+        the tax is a share of the callers' mean latency whatever the load, and a caller that pauses does not pay
+        for turns with its pauses (the clock's time would). With no calls coming (``rate`` 0) nothing accrues:
+        the round is asked about again one ``round_s`` later.
         """
-        return race_from + (spent_s + extra_s) / self.max_tax - round_s
+        if call_s <= 0.0:
+            return now + round_s
+        need = (spent_s + extra_s) / (self.max_tax * call_s) - rate * round_s  # calls served before it starts
+        if calls >= need:
+            return now
+        return now + (need - calls) / rate if rate > 0.0 else now + round_s

@@ -20,7 +20,7 @@ from hybrid.runtime.auto.router import Lane, Probe
 from hybrid.runtime.auto.status import CandidateResult
 
 __all__ = ["CONCLUDE", "Race", "check_ratio", "conclude", "estimates", "judge", "plan", "precharge_cost",
-           "unaffordable"]
+           "round_cost", "unaffordable"]
 
 logger = logging.getLogger("hybrid")
 
@@ -39,6 +39,8 @@ class Race:
     results: dict[str, CandidateResult] = field(default_factory=dict)
     runners: list[str] = field(default_factory=list)  # tied: they race again at the next re-check
     spent: float = 0.0  # seconds tuning added to the calls so far (the tax paid)
+    calls_from: int = 0  # the bucket's call count when the race began: the budget accrues with the calls since
+    base_s: float | None = None  # the serving candidate's own call seconds (the baseline turn, each round's first)
     probe: Probe | None = None
     next_round: float = 0.0
     precharge: tuple[float, int] | None = None  # (seconds, calls) the serving candidate answered before the race,
@@ -48,16 +50,17 @@ class Race:
 
     @classmethod
     def between(cls, incumbent: str, lanes: dict[str, Lane], started: float, estimates: dict[str, float],
-                precharge: tuple[float, int] | None = None) -> Race:
+                precharge: tuple[float, int] | None = None, calls_from: int = 0) -> Race:
         """A race of every lane against ``incumbent``, each challenger starting from its estimated ratio.
 
         ``precharge``: the seconds and count of the calls served while the check and the compiles ran; what they
         cost beyond the serving candidate's own speed is charged to the tax before the first round (:func:`plan`).
+        ``calls_from``: the bucket's call count at ``started`` (the calls after it pay for the tuning).
         """
         challengers = [lb for lb in lanes if lb != incumbent]
         return cls(incumbent, dict(lanes), started, {lb: [] for lb in challengers},
                    {lb: estimates.get(lb, 1.0) for lb in challengers}, next_round=started,
-                   precharge=precharge if challengers else None)
+                   precharge=precharge if challengers else None, calls_from=calls_from)
 
     def ratio(self, label: str) -> float:
         """A challenger's call time over the incumbent's: from its paired turns, else its estimate."""
@@ -108,21 +111,28 @@ def estimates(lanes: dict[str, Lane], warm: dict[str, float | None], incumbent: 
     return out
 
 
-def plan(race: Race, policy: TuningPolicy, now: float, turn_s: float, deadline: float) -> Probe | float:
+def plan(race: Race, policy: TuningPolicy, now: float, turn_s: float, deadline: float, calls: int,
+         call_s: float) -> Probe | float:
     """The next round as a probe starting now, or the time it may start (the tax budget), or :data:`CONCLUDE`.
 
-    A round that cannot end before ``deadline`` is not started: the challenger whose turns cost the most leaves
-    (when it is slower: its turns are what the budget cannot pay), and the others race on; when none can, the
-    race concludes. A race with a precharge first runs a baseline turn: the serving candidate alone, with nothing
-    else at work, so that :func:`judge` can charge what the calls before the race paid beside the check and the
-    compiles.
+    ``calls`` is the bucket's call count now and ``call_s`` the serving candidate's last call (its speed until a
+    turn has measured it). The budget accrues with the calls since the race began (:meth:`.TuningPolicy.next_round_at`)
+    and a round is planned to cost its challengers' turns at their ratios, times the load those calls put on the
+    model. A round that cannot end before ``deadline`` is not started: the challenger whose turns cost the most
+    leaves (when it is slower: its turns are what the budget cannot pay), and the others race on; when none can,
+    the race concludes. A race with a precharge first runs a baseline turn: the serving candidate alone, with
+    nothing else at work, so that :func:`judge` can charge what the calls before the race paid beside the check and
+    the compiles.
     """
     if race.precharge is not None:
         return Probe(now, turn_s, (race.lanes[race.incumbent],))
+    base = race.base_s or call_s
+    served = max(0, calls - race.calls_from)
+    rate = served / (now - race.started) if now > race.started else 0.0
     while True:
         round_s = turn_s * (1 + 3 * len(race.logs))
-        extra = policy.round_extra_s(turn_s, [race.cost_ratio(lb) for lb in race.logs])
-        start = max(now, policy.next_round_at(race.started, race.spent, extra, round_s))
+        extra = rate * base * policy.round_extra_s(turn_s, [race.cost_ratio(lb) for lb in race.logs])
+        start = policy.next_round_at(now, race.spent, extra, round_s, served, rate, base)
         if start + round_s <= deadline:
             break
         costly = max(race.logs, key=race.ratio)
@@ -154,7 +164,7 @@ def judge(race: Race, probe: Probe, policy: TuningPolicy) -> str | None:
         race.spent += precharge_cost(race.precharge, own)
         race.precharge = None
         if own:
-            serving_s = statistics.fmean(own)
+            race.base_s = serving_s = statistics.fmean(own)
             for label in race.logs:
                 warm = race.lanes[label].warm_s
                 if warm:
@@ -164,9 +174,26 @@ def judge(race: Race, probe: Probe, policy: TuningPolicy) -> str | None:
         a0, x1, x2, a3 = (probe.timed(3 * j + k, policy.lead_share) for k in range(4))
         pairs = [v for v in (rule.log_ratio(x1, a0), rule.log_ratio(x2, a3)) if v is not None]
         race.logs[label] += pairs
-        ratio = math.exp(statistics.fmean(pairs)) if pairs else race.estimate.get(label, 1.0)
-        race.spent += policy.round_extra_s(probe.turn_s, [ratio])
+    race.spent += round_cost(race, probe, policy)
     return _apply(race, {lb: rule.compare(v, policy.confidence, policy.tie_rel) for lb, v in race.logs.items()})
+
+
+def round_cost(race: Race, probe: Probe, policy: TuningPolicy) -> float:
+    """What a round's calls paid beyond the serving candidate's own speed, as they felt it (never below 0).
+
+    That speed is the timed part of the round's first turn: the serving candidate after its rest, before any
+    challenger ran (it becomes the race's ``base_s``). Every call of the round counts, lead-ins included, and so does
+    the serving candidate's own slowness in its later turns (a runtime that ran before may still spin its threads):
+    what the paired ratios leave out on purpose is a cost all the same. A round without a timed first turn is
+    measured against the last speed known.
+    """
+    first = probe.timed(0, policy.lead_share)
+    if first:
+        race.base_s = statistics.fmean(first)
+    records = list(probe.records)
+    if race.base_s is None or not records:
+        return 0.0
+    return max(0.0, sum(s for _, _, s in records) - len(records) * race.base_s)
 
 
 def precharge_cost(precharge: tuple[float, int], own: list[float]) -> float:
@@ -219,6 +246,8 @@ def _apply(race: Race, verdicts: dict[str, rule.Outcome]) -> str | None:
     race.results[was] = CandidateResult(was, math.exp(-faster[best]), rule.Outcome.SLOWER.value)
     race.incumbent = best
     race.pace.clear()  # warm-ups over the old serving speed
+    if race.base_s is not None:
+        race.base_s *= math.exp(faster[best])  # the new one's speed, until its first turn measures it
     race.logs.pop(best, None)
     for label in race.logs:  # they were compared with the one before: compare them with the new one afresh
         logs = race.logs[label]

@@ -2,13 +2,14 @@
 
 Checking candidates on a copy of a real input means running the numpy reference and every candidate:
 seconds of CPU on a real model, and Python code that would hold the interpreter lock the caller's
-thread needs. Done in one shared worker process that paces itself to ``share`` of the wall time in CPU
-time (after each candidate it sleeps until its CPU time is within that share: the tuning policy's
-``check_share``), its cost on the callers is bounded whatever the load, and so is the time it takes: a
-low scheduling priority alone would starve it where the callers, or other processes, want every core.
-No caller ever waits for it. The process is started when a model begins to tune (:func:`prestart`), so
-its imports are done before the first check.
-The worker runs one thread per session (it must not crowd the callers' cores).
+thread needs. Done in one shared worker process paced to ``share`` of the wall time in CPU time (the
+tuning policy's ``check_share``), its cost on the callers is bounded whatever the load, and so is the time
+it takes: a low scheduling priority alone would starve it where the callers, or other processes, want every
+core. Where the system lets the parent read the process's CPU time and stop it (Linux), the parent paces it
+from outside in slices of :data:`SLICE_S` (:class:`_Pacer`), its start-up imports (over a second of CPU)
+included; elsewhere it paces itself after each candidate (:func:`pacer`). No caller ever waits for it.
+The process is started when a model begins to tune (:func:`prestart`), so its imports are done before the
+first check. The worker runs one thread per session (it must not crowd the callers' cores).
 
 The worker is ``python -c "from hybrid.runtime.auto.worker import serve; serve()"`` (``-m`` would run a
 second copy of this module, already imported by its package), spoken to with length-prefixed pickles over its
@@ -23,7 +24,11 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
+import os
 import pickle
+import queue
+import select
+import signal
 import struct
 import subprocess
 import sys
@@ -46,6 +51,9 @@ logger = logging.getLogger("hybrid")
 __all__ = ["CheckRequest", "Verdicts", "check", "check_elsewhere", "pacer", "prestart", "serve", "shutdown"]
 
 _WORKER_MAIN = "from hybrid.runtime.auto.worker import serve; serve()"
+_PARENT_ENV = "HYBRID_CHECK_PARENT"  # the pid of the process the worker serves (it ends with it)
+SLICE_S = 0.02  # the parent looks at the paced process this often: it never runs more than about this long past
+# its share (a core lost for longer stalls the callers' parallel operators in bursts they feel as latency)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,18 +84,64 @@ class Verdicts:
     notes: tuple[str, ...]
 
 
+class _Pacer:
+    """Keeps a child process's CPU time within ``share`` of the wall time, from outside, by stopping it.
+
+    It reads the process's CPU time (all its threads) from ``/proc`` and, while the process is over its share,
+    holds it with ``SIGSTOP`` until the wall time has caught up (then ``SIGCONT``). The child ends with its parent
+    (:func:`_die_with_parent`), so a parent killed while it is held leaves nothing behind.
+    """
+
+    def __init__(self, pid: int, share: float) -> None:
+        self.pid, self.share = pid, share
+        self._tick = os.sysconf("SC_CLK_TCK")
+        self._cpu0, self._wall0 = self.cpu_s(), time.perf_counter()
+
+    @staticmethod
+    def available(pid: int) -> bool:
+        """Whether this system lets a parent read ``pid``'s CPU time and stop it."""
+        return sys.platform.startswith("linux") and os.path.exists(f"/proc/{pid}/stat")
+
+    def cpu_s(self) -> float:
+        """The process's user and system CPU seconds so far (its threads included)."""
+        with open(f"/proc/{self.pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / self._tick
+
+    def hold_s(self) -> float:
+        """How long the process must stay stopped for its CPU time to be within its share (0: none)."""
+        return max(0.0, (self.cpu_s() - self._cpu0) / self.share - (time.perf_counter() - self._wall0))
+
+    def wait(self, readable: int) -> None:
+        """Pace the process until file descriptor ``readable`` has data (its answer); it runs freely after."""
+        try:
+            while not select.select([readable], [], [], SLICE_S)[0]:
+                hold = self.hold_s()
+                if hold > 0.0:
+                    os.kill(self.pid, signal.SIGSTOP)
+                    try:
+                        time.sleep(min(hold, 1.0))
+                    finally:
+                        os.kill(self.pid, signal.SIGCONT)
+        except (OSError, ValueError):  # the process ended: reading its answer says so
+            pass
+
+
 class _Worker:
     """The worker process and the lock that keeps one request at a time on its pipes."""
 
     def __init__(self) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-c", _WORKER_MAIN], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE)
+        self.proc = _spawn()
         self.lock = threading.Lock()
+        self.paced = _Pacer.available(self.proc.pid)
 
-    def ask(self, request: CheckRequest | str) -> Any:
+    def ask(self, request: CheckRequest | str, share: float = 1.0) -> Any:
+        """Send ``request`` and return the answer; the process paced to ``share`` meanwhile where it can be."""
         with self.lock:
             assert self.proc.stdin is not None and self.proc.stdout is not None
             _send(self.proc.stdin, request)
+            if self.paced and share < 1.0:
+                _Pacer(self.proc.pid, share).wait(self.proc.stdout.fileno())
             return _receive(self.proc.stdout)
 
     def close(self) -> None:
@@ -98,6 +152,54 @@ class _Worker:
 
 _WORKER: _Worker | None = None
 _WORKER_LOCK = threading.Lock()
+_SPAWNER: queue.SimpleQueue[queue.SimpleQueue[Any]] | None = None
+_SPAWNER_LOCK = threading.Lock()  # not _WORKER_LOCK: _worker() holds that one while it starts the process
+
+
+def _spawn() -> subprocess.Popen[bytes]:
+    """Start the worker process from the one thread that lives as long as this process.
+
+    The worker asks the kernel to end it when its parent does (:func:`_die_with_parent`), and Linux sends that
+    signal when the *thread* that started it ends: started by a thread that finishes (a loader, a pool's), it would
+    die with that thread.
+    """
+    global _SPAWNER
+    with _SPAWNER_LOCK:
+        if _SPAWNER is None:
+            _SPAWNER = queue.SimpleQueue()
+            threading.Thread(target=_spawn_forever, args=(_SPAWNER,), name="hybrid-check-spawner", daemon=True).start()
+        spawner = _SPAWNER
+    box: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    spawner.put(box)
+    started = box.get()
+    if isinstance(started, BaseException):
+        raise started
+    return started
+
+
+def _spawn_forever(requests: queue.SimpleQueue[queue.SimpleQueue[Any]]) -> None:
+    while True:
+        box = requests.get()
+        try:
+            box.put(subprocess.Popen([sys.executable, "-c", _WORKER_MAIN], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, env={**os.environ, _PARENT_ENV: str(os.getpid())}))
+        except Exception as e:
+            box.put(e)
+
+
+def _forget_spawner() -> None:
+    """Forget, in a forked child, what belongs to the parent.
+
+    Neither the spawner thread nor the worker is the child's (its exit must not kill the parent's worker), and a
+    lock another thread held at the fork would never be released.
+    """
+    global _SPAWNER, _WORKER, _SPAWNER_LOCK, _WORKER_LOCK
+    _SPAWNER, _WORKER = None, None
+    _SPAWNER_LOCK, _WORKER_LOCK = threading.Lock(), threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_spawner)
 
 
 def _send(stream: Any, obj: Any) -> None:
@@ -132,15 +234,15 @@ def _worker() -> _Worker:
         return _WORKER
 
 
-def prestart() -> None:
+def prestart(share: float = 1.0) -> None:
     """Start the worker process and let it import the backends' libraries, in a background thread.
 
-    Its first check then spends its time checking.
+    Its first check then spends its time checking. The imports are paced to ``share`` like a check.
     """
 
     def warm() -> None:
         with contextlib.suppress(Exception):
-            _worker().ask("probe")
+            _worker().ask("probe", share)
 
     threading.Thread(target=warm, name="hybrid-check-prestart", daemon=True).start()
 
@@ -148,7 +250,7 @@ def prestart() -> None:
 def check_elsewhere(request: CheckRequest) -> Verdicts | None:
     """Run :func:`check` in the worker process; None when it cannot (the caller then checks itself)."""
     try:
-        answer = _worker().ask(request)
+        answer = _worker().ask(request, request.share)
     except Exception as e:  # a broken or missing worker must never fail the model
         logger.info("auto (online): the check process is unavailable (%s); checking in a thread", e)
         shutdown()
@@ -216,8 +318,26 @@ def _probe() -> str:
     return "ok"
 
 
+def _die_with_parent() -> None:
+    """Have the kernel kill this process when its parent ends (Linux's parent-death signal).
+
+    A parent that dies while it holds this process stopped (:class:`_Pacer`) must not leave it stopped for ever; a
+    running one would see its standard input close, a stopped one cannot.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+        if str(os.getppid()) != os.environ.get(_PARENT_ENV, str(os.getppid())):
+            os._exit(0)  # the parent ended before the signal was asked for (this process was handed to another)
+
+
 def serve() -> None:
     """The worker's loop: answer each request on stdin with its verdicts (or why not) on stdout."""
+    _die_with_parent()
     logging.basicConfig(level=logging.ERROR)
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr  # nothing else may write into the answer stream
