@@ -69,9 +69,11 @@ class FakeLab:
         self.cache: dict = {}
         self.measured: dict = {}
         self.checks = 0
+        self.paced_for_s: list[float] = []
 
-    def check(self, sample, closing):
+    def check(self, sample, closing, *, paced_for_s=math.inf):
         self.checks += 1
+        self.paced_for_s.append(paced_for_s)
         return CheckResult(tuple((lb, self.warm.get(lb)) for lb in self.exes if lb not in self.rejected),
                            tuple(self.rejected.items()), accuracy=self.accuracy)
 
@@ -216,12 +218,12 @@ class BusyCheckLab(FakeLab):
         self.router: Router | None = None
         self.calls, self.slow = calls, slow
 
-    def check(self, sample, closing):
+    def check(self, sample, closing, *, paced_for_s=math.inf):
         self.slow[0] = True
         for _ in range(self.calls):
             self.router.run({"x": X})
         self.slow[0] = False
-        return super().check(sample, closing)
+        return super().check(sample, closing, paced_for_s=paced_for_s)
 
 
 def test_what_the_check_costs_the_callers_is_charged_to_the_tax_before_any_turn():
@@ -243,6 +245,8 @@ def test_what_the_check_costs_the_callers_is_charged_to_the_tax_before_any_turn(
     assert {c.label: c.outcome for c in status.candidates}["b:cpu"] == "slower"
     assert 0.5 / policy.max_tax <= status.decided_after_s <= policy.decide_within_s
     assert (clock() - t0) / (calls * 1e-3) <= 1 + policy.max_tax + 1e-9
+    # the check is paced for half the bound from the first call at most, then runs unpaced: the turns keep the rest
+    assert lab.paced_for_s == [pytest.approx(policy.decide_within_s / 2, abs=0.01)]  # from the first call
 
 
 def drive_in_bursts(router, controller, clock, until, busy_s=1.5, idle_s=0.3):

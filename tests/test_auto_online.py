@@ -282,6 +282,29 @@ def test_the_parent_paces_the_check_process_from_outside_its_start_included():
         proc.wait()
 
 
+def test_the_check_process_runs_unpaced_once_the_waiting_checks_time_to_be_paced_has_passed():
+    import subprocess
+    import sys
+
+    from hybrid.runtime.auto import worker
+
+    proc = subprocess.Popen([sys.executable, "-c", SPIN.format(cpu=2.0)], stdout=subprocess.PIPE)
+    try:
+        if not worker._Pacer.available(proc.pid):
+            pytest.skip("this system does not let a parent read a child's CPU time from /proc")
+        pacer = worker._Pacer(proc.pid, 0.01)
+        while pacer.cpu_s() - pacer._cpu0 < 0.05:  # it ran past a 1 % share
+            time.sleep(0.01)
+        assert pacer.hold_s() > 0.0  # no check waits: paced (the imports of prestart)
+        worker._PACED.append(time.perf_counter() + 60.0)
+        assert pacer.hold_s() > 0.0
+        worker._PACED.append(time.perf_counter() - 1.0)  # a check whose time to be paced has passed
+        assert pacer.hold_s() == 0.0
+    finally:
+        worker._PACED.clear()
+        proc.kill()
+        proc.wait()
+
 def test_a_check_process_held_stopped_dies_with_its_parent():
     """A parent that ends abruptly while its check process is stopped (paced) leaves nothing behind; a worker
     started by a thread that has ended serves on (it is the process's, not the thread's)."""

@@ -242,7 +242,8 @@ class Controller:
             return
         self._enter(b, Phase.CHECKING)
         self._refresh(b)
-        result = self._lab.check(b.sample or {}, lambda: self.closing)
+        paced_for_s = max(0.0, self._policy.check_paced_until(b.race_from) - self._clock())
+        result = self._lab.check(b.sample or {}, lambda: self.closing, paced_for_s=paced_for_s)
         self._compile(b, result)
 
     def _compile(self, b: _Bucket, result: CheckResult) -> None:

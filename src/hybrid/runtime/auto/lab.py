@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -77,8 +78,12 @@ class Confirmation:
 class Lab(Protocol):
     """What the controller needs done (the production one is :class:`RealLab`)."""
 
-    def check(self, sample: Mapping[str, Any], closing: Callable[[], bool]) -> CheckResult:
-        """Every candidate run on ``sample`` against the reference (given up early once ``closing()``)."""
+    def check(self, sample: Mapping[str, Any], closing: Callable[[], bool], *,
+              paced_for_s: float = math.inf) -> CheckResult:
+        """Every candidate run on ``sample`` against the reference (given up early once ``closing()``).
+
+        Paced to the policy's ``check_share`` for ``paced_for_s`` seconds, unpaced after.
+        """
 
     def lane(self, label: str, sample: Mapping[str, Any] | None) -> Lane | None:
         """``label`` compiled in this process and warmed up on ``sample``; None when it cannot compile."""
@@ -115,7 +120,7 @@ class RealLab:
         rtol: The model-level tolerance of the fp32 check.
         rules: Per-output rules of the check.
         key_base: What the decisions depend on besides the shapes (for the decision cache).
-        check_share: The share of one core's time the check may spend in CPU time (it paces itself to it).
+        check_share: The share of the wall time the check may run, in CPU time (it is paced to it).
         check_process: Whether to check in the worker process at all.
         confirm: Rivals of a decision made at compile (their bucket starts with them checked).
     """
@@ -189,11 +194,16 @@ class RealLab:
             logger.info("auto (online): %s: released %s (it serves no bucket)", self.model.name, label)
 
     # ------------------------------------------------------------------ the check
-    def check(self, sample: Mapping[str, Any], closing: Callable[[], bool]) -> CheckResult:
-        """Every candidate run on ``sample`` against the reference, as ``compile(shapes=...)`` checks them."""
-        verdicts = worker.check_elsewhere(self._request(sample)) if self._portable else None
+    def check(self, sample: Mapping[str, Any], closing: Callable[[], bool], *,
+              paced_for_s: float = math.inf) -> CheckResult:
+        """Every candidate run on ``sample`` against the reference, as ``compile(shapes=...)`` checks them.
+
+        Paced to ``check_share`` for ``paced_for_s`` seconds from now, unpaced after.
+        """
+        paced_until = time.perf_counter() + paced_for_s
+        verdicts = worker.check_elsewhere(self._request(sample), paced_until) if self._portable else None
         if verdicts is None or any(partitioned for *_, partitioned in verdicts.results):
-            verdicts = self._check_here(sample, closing)
+            verdicts = self._check_here(sample, closing, paced_until)
         passed = [(lb, warm) for lb, why, warm, _ in verdicts.results if why is None]
         accelerated = [(lb, w) for lb, w in passed if not is_fallback(lb.partition(":")[0])]
         return CheckResult(tuple(accelerated or passed),
@@ -215,10 +225,12 @@ class RealLab:
             {k: r.model_dump() for k, r in self._rules.items()}, dict(sample),
             "auto" if reduced else "fp32", self._budget if reduced else None, self._share)
 
-    def _check_here(self, sample: Mapping[str, Any], closing: Callable[[], bool]) -> worker.Verdicts:
+    def _check_here(self, sample: Mapping[str, Any], closing: Callable[[], bool],
+                    paced_until: float = math.inf) -> worker.Verdicts:
         """The check in the controller's thread (custom ops or backends the worker cannot see).
 
-        It pauses after each candidate so that it runs at most ``check_share`` of the wall time.
+        It pauses after each candidate so that it runs at most ``check_share`` of the wall time (until
+        ``paced_until``, ``time.perf_counter``'s).
         """
         reduced = self._precision == "auto" and self._budget is not None
         search = Search(self.model, self._order, self._options_of, "auto" if reduced else "fp32",
@@ -226,7 +238,7 @@ class RealLab:
                         compiled=self._compiled)
 
         def pace(busy_s: float) -> None:
-            if self._share < 1.0:
+            if self._share < 1.0 and time.perf_counter() < paced_until:
                 time.sleep(min(2.0, busy_s * (1.0 / self._share - 1.0)))  # the controller's thread, not a caller
 
         tried, _ = check_trials(search, autotune=True, stop=closing, after_each=pace)

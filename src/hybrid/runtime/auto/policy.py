@@ -17,6 +17,10 @@ __all__ = ["Clock", "TuningPolicy", "monotonic"]
 
 Clock = Callable[[], float]  # seconds, monotonic: time.perf_counter in production, a script in tests
 
+CHECK_PACED_SHARE = 0.5  # the check is paced to ``check_share`` for at most this share of the bound in time from the
+# first call (``decide_within_s``), then runs unpaced: a check that needs more CPU than the pace allows (a large
+# model's reference run, a new process's imports) must leave the turns the rest of the bound
+
 
 def monotonic() -> float:
     """The production clock (``time.perf_counter``)."""
@@ -80,6 +84,10 @@ class TuningPolicy:
                    confidence=settings.confidence, tie_rel=settings.tie_rel,
                    calls_per_turn=settings.calls_per_bucket, recheck_after_s=settings.recheck_after_s,
                    check_share=share)
+
+    def check_paced_until(self, first_call: float) -> float:
+        """When the check of a bucket first called at ``first_call`` runs unpaced (:data:`CHECK_PACED_SHARE`)."""
+        return first_call + CHECK_PACED_SHARE * self.decide_within_s
 
     def deadline(self, first_call: float, call_s: float) -> float:
         """When a bucket whose first call came at ``first_call`` and whose calls take ``call_s`` is decided."""

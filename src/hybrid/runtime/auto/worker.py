@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import logging
+import math
 import os
 import pickle
 import queue
@@ -69,7 +71,7 @@ class CheckRequest:
     sample: dict[str, Any]
     precision: str = "fp32"  # 'auto': the reduced precisions each backend offers join, within ``budget``
     budget: dict[str, float] | None = None
-    share: float = 1.0  # the share of the wall time the check may spend in CPU time (it paces itself)
+    share: float = 1.0  # the share of the wall time the check may spend in CPU time (it is paced to it)
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,8 +111,14 @@ class _Pacer:
         return (int(fields[11]) + int(fields[12])) / self._tick
 
     def hold_s(self) -> float:
-        """How long the process must stay stopped for its CPU time to be within its share (0: none)."""
-        return max(0.0, (self.cpu_s() - self._cpu0) / self.share - (time.perf_counter() - self._wall0))
+        """How long the process must stay stopped for its CPU time to be within its share (0: none).
+
+        None once the time of the checks waiting for it to be paced has passed (:func:`check_elsewhere`).
+        """
+        now = time.perf_counter()
+        if now >= _paced_until():
+            return 0.0
+        return max(0.0, min((self.cpu_s() - self._cpu0) / self.share - (now - self._wall0), _paced_until() - now))
 
     def wait(self, readable: int) -> None:
         """Pace the process until file descriptor ``readable`` has data (its answer); it runs freely after."""
@@ -247,14 +255,37 @@ def prestart(share: float = 1.0) -> None:
     threading.Thread(target=warm, name="hybrid-check-prestart", daemon=True).start()
 
 
-def check_elsewhere(request: CheckRequest) -> Verdicts | None:
-    """Run :func:`check` in the worker process; None when it cannot (the caller then checks itself)."""
+_PACED: list[float] = []  # until when each check waiting for the worker wants it paced (``time.perf_counter``)
+_PACED_LOCK = threading.Lock()
+
+
+def _paced_until() -> float:
+    """The worker is paced until the earliest time a waiting check asked for (forever while none waits)."""
+    with _PACED_LOCK:
+        return min(_PACED, default=math.inf)
+
+
+def check_elsewhere(request: CheckRequest, paced_until: float = math.inf) -> Verdicts | None:
+    """Run :func:`check` in the worker process; None when it cannot (the caller then checks itself).
+
+    The worker is paced to the request's share until ``paced_until`` (``time.perf_counter``'s), and so is the
+    request before it still under way (the imports of :func:`prestart`): the check must leave the turns their time.
+    """
+    with _PACED_LOCK:
+        _PACED.append(paced_until)
     try:
-        answer = _worker().ask(request, request.share)
+        w = _worker()
+        share = request.share
+        if w.paced:  # paced from outside: it must not also pace itself (after ``paced_until`` it runs unpaced)
+            request = dataclasses.replace(request, share=1.0)
+        answer = w.ask(request, share)
     except Exception as e:  # a broken or missing worker must never fail the model
         logger.info("auto (online): the check process is unavailable (%s); checking in a thread", e)
         shutdown()
         return None
+    finally:
+        with _PACED_LOCK:
+            _PACED.remove(paced_until)
     if not isinstance(answer, Verdicts):
         logger.info("auto (online): the check process could not check (%s); checking in a thread", answer)
         return None
