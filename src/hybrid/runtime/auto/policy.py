@@ -59,8 +59,9 @@ class TuningPolicy:
             across every core waits at each join for the thread the check delays (a 30 us model's calls took
             2.3x as long beside the unpaced check on 2 cores, where the check's share of the cores predicts
             1.5x), so the callers pay for the check's running time, not for its share of the cores; at about
-            twice their time while it runs, ``max_tax`` of it keeps their tax near ``max_tax``. What it cost
-            them is measured and charged all the same (``max_tax``).
+            twice their time while it runs, ``max_tax`` of it keeps their tax near ``max_tax``. Paced for the
+            first half of the bound at most (:data:`CHECK_PACED_SHARE`); what it cost the callers is measured and
+            charged all the same (``max_tax``).
     """
 
     decide_within_s: float = 30.0

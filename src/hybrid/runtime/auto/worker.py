@@ -113,7 +113,7 @@ class _Pacer:
     def hold_s(self) -> float:
         """How long the process must stay stopped for its CPU time to be within its share (0: none).
 
-        None once the time of the checks waiting for it to be paced has passed (:func:`check_elsewhere`).
+        0 once the time until which the waiting checks want it paced has passed (:func:`check_elsewhere`).
         """
         now = time.perf_counter()
         if now >= _paced_until():
