@@ -19,8 +19,8 @@ from hybrid.runtime.auto.policy import TuningPolicy
 from hybrid.runtime.auto.router import Lane, Probe
 from hybrid.runtime.auto.status import CandidateResult
 
-__all__ = ["CONCLUDE", "Race", "check_ratio", "conclude", "estimates", "judge", "plan", "precharge_cost",
-           "round_cost", "unaffordable"]
+__all__ = ["CONCLUDE", "Race", "check_ratio", "conclude", "estimates", "excess", "judge", "plan",
+           "precharge_cost", "round_cost", "unaffordable"]
 
 logger = logging.getLogger("hybrid")
 
@@ -42,7 +42,6 @@ class Race:
     calls_from: int = 0  # the bucket's call count when the race began: the budget accrues with the calls since
     base_s: float | None = None  # the serving candidate's own call seconds (the baseline turn, each round's first)
     probe: Probe | None = None
-    next_round: float = 0.0
     precharge: tuple[float, int] | None = None  # (seconds, calls) the serving candidate answered before the race,
     # beside the check and the compiles: charged to ``spent`` once a baseline turn has measured its own speed
     pace: dict[str, float] = field(default_factory=dict)  # challenger -> its warm-up here over the serving speed:
@@ -59,7 +58,7 @@ class Race:
         """
         challengers = [lb for lb in lanes if lb != incumbent]
         return cls(incumbent, dict(lanes), started, {lb: [] for lb in challengers},
-                   {lb: estimates.get(lb, 1.0) for lb in challengers}, next_round=started,
+                   {lb: estimates.get(lb, 1.0) for lb in challengers},
                    precharge=precharge if challengers else None, calls_from=calls_from)
 
     def ratio(self, label: str) -> float:
@@ -191,9 +190,9 @@ def round_cost(race: Race, probe: Probe, policy: TuningPolicy) -> float:
     if first:
         race.base_s = statistics.fmean(first)
     records = list(probe.records)
-    if race.base_s is None or not records:
+    if race.base_s is None:
         return 0.0
-    return max(0.0, sum(s for _, _, s in records) - len(records) * race.base_s)
+    return excess(sum(s for _, _, s in records), len(records), race.base_s)
 
 
 def precharge_cost(precharge: tuple[float, int], own: list[float]) -> float:
@@ -204,10 +203,12 @@ def precharge_cost(precharge: tuple[float, int], own: list[float]) -> float:
     the machine's cores (the check process, the compiles, their interpreter lock) counted where the callers felt
     it, whatever the cores, the load or the model. No baseline call (an idle model): nothing to charge.
     """
-    seconds, calls = precharge
-    if not own or calls <= 0:
-        return 0.0
-    return max(0.0, seconds - calls * statistics.fmean(own))
+    return excess(*precharge, statistics.fmean(own)) if own else 0.0
+
+
+def excess(seconds: float, calls: int, call_s: float) -> float:
+    """What ``calls`` calls that took ``seconds`` paid beyond ``call_s`` each (never below 0: gains are not banked)."""
+    return max(0.0, seconds - calls * call_s) if calls > 0 else 0.0
 
 
 def conclude(race: Race, policy: TuningPolicy) -> str | None:
