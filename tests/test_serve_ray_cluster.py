@@ -133,12 +133,13 @@ def test_two_raylets_replicas_restart_without_the_driver_files_and_sigterm_drain
         reader = threading.Thread(target=lambda: output.extend(serve_proc.stdout), daemon=True)
         reader.start()
 
-        def ready() -> bool:
+        def ready() -> bool:  # answering, and deployed: replicas killed while Serve still deploys fail the deploy
             if serve_proc.poll() is not None:
                 pytest.fail(f"pyasc serve --ray exited {serve_proc.returncode}:\n{''.join(output)}")
-            return _post(f"{base}/v2/models/tiny/infer", _body(0)[0], 5)[0] == 200
+            return _post(f"{base}/v2/models/tiny/infer", _body(0)[0], 5)[0] == 200 and \
+                any("serving on Ray Serve" in line for line in list(output))
 
-        _until("pyasc serve --ray answers", ready, 150)
+        _until("pyasc serve --ray answers and says it serves", ready, 150)
 
         def spread() -> list[dict] | bool:
             found = _replicas()
