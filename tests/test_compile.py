@@ -136,6 +136,28 @@ def test_bad_inputs_raise_coded_errors_naming_the_input(cm2, mutate, code, words
         assert w in e.value.message, (w, e.value.message)
 
 
+def test_feeds_that_passed_before_skip_the_checks_but_nothing_else_does(cm2):
+    """The validator remembers (name, dtype, shape) of feeds that passed; any other feeds are checked in full."""
+    from hybrid.runtime.validate import InputValidator
+
+    validator = InputValidator(cm2.signature)
+    good = _feeds()
+    for _ in range(2):
+        out = validator.feeds(good)
+        assert out == good and out is not good
+    reordered = {k: good[k] for k in ("k", "b", "a")}
+    assert validator.feeds(reordered).keys() == reordered.keys()
+    for update, code in (({"a": np.ones((2, 3), np.float64)}, "HYB-403"),
+                         ({"b": np.ones((5, 3), np.float32)}, "HYB-405"),  # 'N' disagrees with a's
+                         ({"a": np.ones((2, 4), np.float32)}, "HYB-405")):
+        with pytest.raises(RunError) as e:
+            validator.feeds({**good, **update})
+        assert e.value.code == code
+    torch = pytest.importorskip("torch")  # not numpy: converted each call, never remembered
+    converted = validator.feeds({**good, "a": torch.ones(2, 3)})
+    assert type(converted["a"]) is np.ndarray
+
+
 def test_positional_errors(cm2):
     a = np.ones((2, 3), np.float32)
     with pytest.raises(RunError) as e:

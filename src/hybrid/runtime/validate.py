@@ -17,6 +17,8 @@ from hybrid.ir.signature import UNKNOWN_DIM, Signature, TensorSpec
 
 __all__ = ["InputValidator", "to_array"]
 
+MAX_PASSED = 1024  # combinations of input shapes remembered as checked (more are checked each call)
+
 
 def to_array(name: str, value: Any) -> np.ndarray:
     """Return ``value`` as a numpy array, without copying when possible.
@@ -84,7 +86,7 @@ def _check_container(spec: TensorSpec) -> Callable[[Any, dict[str, int]], Any]:
 class InputValidator:
     """Validates and normalizes feeds for one signature."""
 
-    __slots__ = ("_checks", "_names", "_order", "_required")
+    __slots__ = ("_checks", "_names", "_order", "_passed", "_required")
 
     def __init__(self, signature: Signature) -> None:
         self._order = [s.name for s in signature.inputs]
@@ -92,9 +94,13 @@ class InputValidator:
         self._checks = {s.name: (_check_tensor(s) if s.kind == "tensor" else _check_container(s))
                         for s in signature.inputs}
         self._required = [s.name for s in signature.inputs if s.kind != "optional"]
+        self._passed: set[tuple[Any, ...]] = set()  # (name, dtype, shape) per input of feeds that passed
 
     def feeds(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
         """Check a name -> value mapping; return the normalized feeds.
+
+        Numpy feeds whose names, dtypes and shapes passed before pass again without the per-input checks (what
+        they check is a function of those alone): a model called in a loop pays one lookup.
 
         Raises:
             RunError: HYB-401..406 naming the input, what was expected and what was given.
@@ -102,9 +108,17 @@ class InputValidator:
         # the usual call (a dict of every input, nothing else) needs no per-key checks
         if type(feeds) is not dict or feeds.keys() != self._names:
             self._check_names(feeds)
+            key = None
+        else:
+            key = tuple([(k, v.dtype, v.shape) if type(v) is np.ndarray else None for k, v in feeds.items()])
+            if key in self._passed:
+                return dict(feeds)
         dims: dict[str, int] = {}
         checks = self._checks
-        return {k: checks[k](v, dims) for k, v in feeds.items()}
+        out = {k: checks[k](v, dims) for k, v in feeds.items()}
+        if key is not None and None not in key and len(self._passed) < MAX_PASSED:
+            self._passed.add(key)
+        return out
 
     def _check_names(self, feeds: Any) -> None:
         if not isinstance(feeds, Mapping):

@@ -173,8 +173,18 @@ def judge(race: Race, probe: Probe, policy: TuningPolicy) -> str | None:
         a0, x1, x2, a3 = (probe.timed(3 * j + k, policy.lead_share) for k in range(4))
         pairs = [v for v in (rule.log_ratio(x1, a0), rule.log_ratio(x2, a3)) if v is not None]
         race.logs[label] += pairs
-    race.spent += round_cost(race, probe, policy)
+    cost = round_cost(race, probe, policy)
+    race.spent += cost
+    if logger.isEnabledFor(logging.DEBUG):
+        turns = ", ".join(f"{lane.label} {_ms(probe.timed(i, policy.lead_share))}"
+                          for i, lane in enumerate(probe.lanes))
+        logger.debug("auto (online): round of %.3g s turns (timed mean ms, calls): %s; it cost %.4g s, %.4g s in all",
+                     probe.turn_s, turns, cost, race.spent)
     return _apply(race, {lb: rule.compare(v, policy.confidence, policy.tie_rel) for lb, v in race.logs.items()})
+
+
+def _ms(seconds: list[float]) -> str:
+    return f"{1e3 * statistics.fmean(seconds):.3g} ({len(seconds)})" if seconds else "- (0)"
 
 
 def round_cost(race: Race, probe: Probe, policy: TuningPolicy) -> float:
