@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -53,8 +54,9 @@ def build_model(folder: Path) -> tuple[Path, np.ndarray]:
     return path, x
 
 
-def start_pyasc(model: Path, target: str | None, warmup: int, extra: tuple[str, ...] = ()
-                ) -> tuple[subprocess.Popen[bytes], str, str, str]:
+def start_pyasc(model: Path, target: str | None, warmup: int, extra: tuple[str, ...] = (),
+                source: Path | None = None) -> tuple[subprocess.Popen[bytes], str, str, str]:
+    """A ``pyasc serve`` process; ``source``: the ``src`` folder of another checkout to run instead of this one."""
     http, grpc = tr.free_port(), tr.free_port()
     cmd = [sys.executable, "-m", "hybrid", "serve", f"{MODEL}={model}", "--port", str(http), "--grpc-port", str(grpc),
            "--max-batch", str(MAX_BATCH), "--batch-timeout", str(DELAY_S), "--log-level", "warning",
@@ -65,7 +67,10 @@ def start_pyasc(model: Path, target: str | None, warmup: int, extra: tuple[str, 
         cmd += ["--warmup", str(warmup)]
     cmd += list(extra)
     log = tempfile.NamedTemporaryFile(prefix="pyasc-serve-", suffix=".log", delete=False)  # noqa: SIM115
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    env = None
+    if source is not None:  # ahead of the editable install's path entry
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(source), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     deadline = time.monotonic() + 900
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -137,6 +142,9 @@ def main() -> None:
                     help="of triton, pyasc-ort, pyasc-auto, pyasc-precision (--precision auto --min-cosine 0.995)")
     ap.add_argument("--warmup", type=int, default=200, help="pyasc serve --warmup for the default target")
     ap.add_argument("--threads", type=int, default=2, help="ONNX Runtime intra-op threads (both servers)")
+    ap.add_argument("--baseline", type=Path, default=None,
+                    help="the src folder of another checkout (e.g. `git archive <commit> src | tar -x -C /tmp/base`): "
+                         "adds pyasc-ort-base, --target onnxruntime from that code, paired with the others")
     args = ap.parse_args()
     global THREADS
     THREADS = args.threads
@@ -156,11 +164,15 @@ def main() -> None:
             stops.append(triton.stop)
             servers["triton"] = triton.grpc_url
         chosen: dict[str, str] = {}
-        for name, target, warm, extra in (("pyasc-ort", "onnxruntime", 0, ()), ("pyasc-auto", None, args.warmup, ()),
+        if args.baseline is not None and "pyasc-ort-base" not in names:
+            names.append("pyasc-ort-base")
+        for name, target, warm, extra in (("pyasc-ort", "onnxruntime", 0, ()), ("pyasc-ort-base", "onnxruntime", 0, ()),
+                                          ("pyasc-auto", None, args.warmup, ()),
                                           ("pyasc-precision", None, args.warmup,
                                            ("--precision", "auto", "--min-cosine", "0.995"))):
             if name in names:
-                proc, url, _, http = start_pyasc(model, target, warm, extra)
+                source = args.baseline if name == "pyasc-ort-base" else None
+                proc, url, _, http = start_pyasc(model, target, warm, extra, source)
                 stops.append(lambda p=proc: (p.terminate(), p.wait(60)))
                 servers[name] = url
                 chosen[name] = http
@@ -192,6 +204,13 @@ def main() -> None:
                 row += [f"{statistics.median(v[0] for v in mine):.0f}", f"x{statistics.median(ratios):.2f}",
                         f"{statistics.median(v[1] for v in mine):.1f}"]
             print("| " + " | ".join(row) + " |")
+        if "pyasc-ort-base" in servers and "pyasc-ort" in servers:
+            print()
+            for n in counts:  # the change measured against its baseline, paired within each block
+                ratios = [a[0] / b[0] for a, b in zip(results[("pyasc-ort", n)], results[("pyasc-ort-base", n)],
+                                                      strict=True)]
+                print(f"clients {n:2d}: pyasc-ort / pyasc-ort-base {', '.join(f'{r:.2f}' for r in ratios)} "
+                      f"(median x{statistics.median(ratios):.2f})")
     finally:
         for stop in stops:
             stop()
