@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures as cf
+import contextlib
 import os
 import re
 import threading
@@ -365,17 +366,25 @@ def _may_set_batch_policy() -> bool:
     return bool(ok)
 
 
+def _compute_nice():
+    from hybrid.serve.batcher import COMPUTE_NICE
+
+    return min(19, os.getpriority(os.PRIO_PROCESS, os.getpid()) + COMPUTE_NICE)
+
+
 @pytest.mark.skipif(not _may_set_batch_policy(), reason="no SCHED_BATCH for threads on this platform")
-def test_a_model_loaded_from_the_batch_policy_front_end_builds_in_the_normal_policy():
-    """What in_normal_policy runs (a model load from model control) and the threads it starts are in the normal
-    policy even when called from a SCHED_BATCH thread (the front end); its errors reach the caller."""
-    from hybrid.serve.batcher import in_normal_policy
+def test_a_model_loaded_from_the_batch_policy_front_end_builds_in_the_models_scheduling():
+    """What in_compute_policy runs (a model load) and the threads it starts are in the normal policy, COMPUTE_NICE
+    below the process, even when called from a SCHED_BATCH thread (the front end); its errors reach the caller,
+    and the caller's own scheduling is unchanged."""
+    from hybrid.serve.batcher import in_compute_policy
 
     seen = {}
 
     def load():
-        seen["load"] = os.sched_getscheduler(0)
-        pool = threading.Thread(target=lambda: seen.__setitem__("pool", os.sched_getscheduler(0)))
+        seen["load"] = (os.sched_getscheduler(0), os.getpriority(os.PRIO_PROCESS, 0))
+        pool = threading.Thread(target=lambda: seen.__setitem__(
+            "pool", (os.sched_getscheduler(0), os.getpriority(os.PRIO_PROCESS, 0))))
         pool.start()
         pool.join()
         return "loaded"
@@ -385,14 +394,42 @@ def test_a_model_loaded_from_the_batch_policy_front_end_builds_in_the_normal_pol
 
     def front_end():
         os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
-        seen["front"] = os.sched_getscheduler(0)
-        seen["result"] = in_normal_policy(load)
+        seen["front"] = (os.sched_getscheduler(0), os.getpriority(os.PRIO_PROCESS, 0))
+        seen["result"] = in_compute_policy(load)
         with pytest.raises(ValueError, match="bad model"):
-            in_normal_policy(fail)
-        seen["front after"] = os.sched_getscheduler(0)
+            in_compute_policy(fail)
+        seen["front after"] = (os.sched_getscheduler(0), os.getpriority(os.PRIO_PROCESS, 0))
 
+    base = os.getpriority(os.PRIO_PROCESS, 0)
     t = threading.Thread(target=front_end)
     t.start()
     t.join()
-    assert seen == {"front": os.SCHED_BATCH, "load": os.SCHED_OTHER, "pool": os.SCHED_OTHER, "result": "loaded",
-                    "front after": os.SCHED_BATCH}
+    compute = (os.SCHED_OTHER, _compute_nice())
+    assert seen == {"front": (os.SCHED_BATCH, base), "load": compute, "pool": compute, "result": "loaded",
+                    "front after": (os.SCHED_BATCH, base)}
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getscheduler"), reason="no per-thread scheduling on this platform")
+def test_the_batch_runner_computes_in_the_models_scheduling_whatever_its_creator_runs_in():
+    """The runner thread of a batcher started from a SCHED_BATCH front end runs the model in the normal policy,
+    COMPUTE_NICE below the process; the front end keeps its own."""
+    seen = {}
+
+    def execute(job):
+        seen["runner"] = (os.sched_getscheduler(0), os.getpriority(os.PRIO_PROCESS, 0))
+        return job
+
+    batcher, _ = loop_batcher(execute, max_batch=4)
+
+    def front_end():
+        with contextlib.suppress(OSError):
+            os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+        seen["result"] = asyncio.run(batcher.acall("x"))
+        seen["front"] = os.getpriority(os.PRIO_PROCESS, 0)
+
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    t = threading.Thread(target=front_end)
+    t.start()
+    t.join()
+    batcher.close()
+    assert seen == {"runner": (os.SCHED_OTHER, _compute_nice()), "result": "x", "front": base}

@@ -35,7 +35,7 @@ from hybrid.bundle.manifest import Manifest
 from hybrid.config import backend_sections
 from hybrid.errors import HybridError, ModelError, ServingError
 from hybrid.hal import backend_class, backend_names
-from hybrid.serve.batcher import in_normal_policy
+from hybrid.serve.batcher import in_compute_policy
 from hybrid.serve.model import BatchObserver, BatchSettings, ServedModel
 
 __all__ = ["ModelIndexEntry", "ModelRegistry", "ModelSource", "build_registry", "check_name",
@@ -437,8 +437,7 @@ class ModelRegistry:
                 raise ServingError("HYB-701", f"no model named {name!r} in the served repositories "
                                    f"({', '.join(map(str, self.paths)) or 'none'})",
                                    "POST /v2/repository/index lists the models that can be loaded")
-            # the front end runs in SCHED_BATCH; the model's runtime pools must not inherit it
-            fresh = in_normal_policy(build_registry, [], sources=sources, **self.load_args)
+            fresh = build_registry([], sources=sources, **self.load_args)  # in the models' scheduling
             for m in fresh:
                 m.observer = self.observer
             table = dict(self._models)
@@ -489,17 +488,24 @@ def build_registry(paths: Sequence[str | Path], target: str | None = None,
                    warmup: int = 0) -> ModelRegistry:
     """Discover and load every model under ``paths`` (or the given ``sources``) into a registry.
 
-    Each is compiled with ``compile_options`` and warmed up (see :func:`load_model`).
+    Each is compiled with ``compile_options`` and warmed up (see :func:`load_model`), in a thread of the
+    models' scheduling (:func:`hybrid.serve.batcher.in_compute_policy`), so that the threads a runtime starts
+    meanwhile (its intra-op pool) yield CPU weight to the server's front end as the batch runners do, whichever
+    thread calls this (the CLI's main thread, or an executor thread of the ``SCHED_BATCH`` front end).
 
     Raises:
         HybridError: what discovery or loading raised; models loaded so far are closed first.
     """
     found = list(sources) if sources is not None else discover(paths)
     loaded: list[ServedModel] = []
-    try:
+
+    def load_all() -> None:
         for source in found:
             loaded.append(load_model(source, target, overrides, defaults, compile_options=compile_options,
                                      warmup=warmup))
+
+    try:
+        in_compute_policy(load_all)
     except BaseException:
         ModelRegistry(loaded).close()
         raise

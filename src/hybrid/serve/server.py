@@ -279,9 +279,10 @@ def front_end_yields_to_compute() -> bool:
 
     The threads started after this are gRPC's poller and event-engine threads. In ``SCHED_BATCH`` all of them
     keep their share of the CPU but no longer preempt a running thread when they wake. The models' threads keep
-    the normal policy (the runtimes' pools were made while the models loaded, before this; the batcher's runner
-    threads set it back for themselves), so a wake-up of the front end no longer stalls a parallel operator of
-    the model mid-run on a loaded machine.
+    the normal policy at a lower weight (:data:`hybrid.serve.batcher.COMPUTE_NICE`: the runtimes' pools were made
+    in a thread of that scheduling while the models loaded, the batcher's runner threads set it for themselves),
+    so a wake-up of the front end no longer stalls a parallel operator of the model mid-run on a loaded machine,
+    and the front end still gets the CPU it needs to read and answer the requests while a batch runs.
     False where the platform has no ``SCHED_BATCH`` or refuses it.
     """
     if not hasattr(os, "sched_setscheduler") or not hasattr(os, "SCHED_BATCH"):
