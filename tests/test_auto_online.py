@@ -305,6 +305,35 @@ def test_the_check_process_runs_unpaced_once_the_waiting_checks_time_to_be_paced
         proc.kill()
         proc.wait()
 
+def test_the_prestart_imports_run_unpaced_until_a_check_waits_then_pay_only_from_then():
+    """Before any call nothing waits for a core: the imports of prestart run at full speed; once a check waits they
+    are paced to the share, counted from that moment (what ran unpaced is not paid back by a long stop)."""
+    import subprocess
+    import sys
+
+    from hybrid.runtime.auto import worker
+
+    proc = subprocess.Popen([sys.executable, "-c", SPIN.format(cpu=3.0)], stdout=subprocess.PIPE)
+    try:
+        if not worker._Pacer.available(proc.pid):
+            pytest.skip("this system does not let a parent read a child's CPU time from /proc")
+        pacer = worker._Pacer(proc.pid, 0.1, until_a_check_waits=True)
+        start = pacer.cpu_s()
+        while pacer.cpu_s() - start < 0.3:  # far past a 10 % share of the wall time
+            assert pacer.hold_s() == 0.0  # no check waits: unpaced
+            time.sleep(0.01)
+        worker._PACED.append(time.perf_counter() + 60.0)  # a call came: its check waits
+        assert pacer.hold_s() <= 1.0  # not the ~3 s that paying back the unpaced 0.3 s at 10 % would take
+        base = pacer.cpu_s()
+        while pacer.cpu_s() - base < 0.05:
+            time.sleep(0.01)
+        assert pacer.hold_s() > 0.0  # paced from when the check began to wait
+    finally:
+        worker._PACED.clear()
+        proc.kill()
+        proc.wait()
+
+
 def test_a_check_process_held_stopped_dies_with_its_parent():
     """A parent that ends abruptly while its check process is stopped (paced) leaves nothing behind; a worker
     started by a thread that has ended serves on (it is the process's, not the thread's)."""

@@ -7,9 +7,10 @@ tuning policy's ``check_share``), its cost on the callers is bounded whatever th
 it takes: a low scheduling priority alone would starve it where the callers, or other processes, want every
 core. Where the system lets the parent read the process's CPU time and stop it (Linux), the parent paces it
 from outside in slices of :data:`SLICE_S` (:class:`_Pacer`), its start-up imports (over a second of CPU)
-included; elsewhere it paces itself after each candidate (:func:`pacer`). No caller ever waits for it.
-The process is started when a model begins to tune (:func:`prestart`), so its imports are done before the
-first check. The worker runs one thread per session (it must not crowd the callers' cores).
+included once a check waits; elsewhere it paces itself after each candidate (:func:`pacer`). No caller ever
+waits for it. The process is started when a model that tunes is compiled (:func:`prestart`), and imports at full
+speed until the first call asks for a check, so that its imports are done, or under way, before the first check.
+The worker runs one thread per session (it must not crowd the callers' cores).
 
 The worker is ``python -c "from hybrid.runtime.auto.worker import serve; serve()"`` (``-m`` would run a
 second copy of this module, already imported by its package), spoken to with length-prefixed pickles over its
@@ -94,8 +95,8 @@ class _Pacer:
     (:func:`_die_with_parent`), so a parent killed while it is held leaves nothing behind.
     """
 
-    def __init__(self, pid: int, share: float) -> None:
-        self.pid, self.share = pid, share
+    def __init__(self, pid: int, share: float, until_a_check_waits: bool = False) -> None:
+        self.pid, self.share, self.until_a_check_waits = pid, share, until_a_check_waits
         self._tick = os.sysconf("SC_CLK_TCK")
         self._cpu0, self._wall0 = self.cpu_s(), time.perf_counter()
 
@@ -113,12 +114,17 @@ class _Pacer:
     def hold_s(self) -> float:
         """How long the process must stay stopped for its CPU time to be within its share (0: none).
 
-        0 once the time until which the waiting checks want it paced has passed (:func:`check_elsewhere`).
+        0 once the time until which the waiting checks want it paced has passed (:func:`check_elsewhere`), and,
+        for a pacer made ``until_a_check_waits`` (the imports of :func:`prestart`), while no check waits: no call
+        has come to a model that tunes, so there is no caller to slow. The share counts from when pacing starts,
+        so what ran unpaced is not paid back by a stop.
         """
         now = time.perf_counter()
-        if now >= _paced_until():
+        until = _paced_until()
+        if now >= until or (self.until_a_check_waits and not _PACED):
+            self._cpu0, self._wall0 = self.cpu_s(), now
             return 0.0
-        return max(0.0, min((self.cpu_s() - self._cpu0) / self.share - (now - self._wall0), _paced_until() - now))
+        return max(0.0, min((self.cpu_s() - self._cpu0) / self.share - (now - self._wall0), until - now))
 
     def wait(self, readable: int) -> None:
         """Pace the process until file descriptor ``readable`` has data (its answer); it runs freely after."""
@@ -143,13 +149,16 @@ class _Worker:
         self.lock = threading.Lock()
         self.paced = _Pacer.available(self.proc.pid)
 
-    def ask(self, request: CheckRequest | str, share: float = 1.0) -> Any:
-        """Send ``request`` and return the answer; the process paced to ``share`` meanwhile where it can be."""
+    def ask(self, request: CheckRequest | str, share: float = 1.0, until_a_check_waits: bool = False) -> Any:
+        """Send ``request`` and return the answer; the process paced to ``share`` meanwhile where it can be.
+
+        ``until_a_check_waits``: paced only while a check waits for the worker (:meth:`_Pacer.hold_s`).
+        """
         with self.lock:
             assert self.proc.stdin is not None and self.proc.stdout is not None
             _send(self.proc.stdin, request)
             if self.paced and share < 1.0:
-                _Pacer(self.proc.pid, share).wait(self.proc.stdout.fileno())
+                _Pacer(self.proc.pid, share, until_a_check_waits).wait(self.proc.stdout.fileno())
             return _receive(self.proc.stdout)
 
     def close(self) -> None:
@@ -245,12 +254,15 @@ def _worker() -> _Worker:
 def prestart(share: float = 1.0) -> None:
     """Start the worker process and let it import the backends' libraries, in a background thread.
 
-    Its first check then spends its time checking. The imports are paced to ``share`` like a check.
+    Its first check then spends its time checking. The imports (over a second of CPU) run at full speed until
+    the first call of a model that tunes asks for a check, and are paced to ``share`` from then on like the check
+    (on Linux, where the parent paces the process; elsewhere they run unpaced): before any call, nothing waits
+    for a core they take.
     """
 
     def warm() -> None:
         with contextlib.suppress(Exception):
-            _worker().ask("probe", share)
+            _worker().ask("probe", share, until_a_check_waits=True)
 
     threading.Thread(target=warm, name="hybrid-check-prestart", daemon=True).start()
 
@@ -260,7 +272,11 @@ _PACED_LOCK = threading.Lock()
 
 
 def _paced_until() -> float:
-    """The worker is paced until the earliest time a waiting check asked for (forever while none waits)."""
+    """The worker is paced until the earliest time a waiting check asked for (forever while none waits).
+
+    A pacer made ``until_a_check_waits`` (the imports of :func:`prestart`) is not paced while none waits
+    (:meth:`_Pacer.hold_s`).
+    """
     with _PACED_LOCK:
         return min(_PACED, default=math.inf)
 
