@@ -113,16 +113,11 @@ class TuningPolicy:
         the serving candidate's ``call_s``, and those that come at ``rate`` per second until the round ends. So
         the tax is a share of the callers' mean latency whatever the load, and a caller that pauses does not pay
         for turns with its pauses (the clock's time would). With no calls coming (``rate`` 0) nothing accrues:
-        the round is asked about again one ``round_s`` later. A round planned to add nothing (every challenger
-        expected at most as slow as the serving candidate) starts at once, whatever was spent before it: it does not
-        raise the tax, and the calls pay back what was spent during it as well as after it (a faster candidate
-        found sooner pays it back sooner).
+        the round is asked about again one ``round_s`` later.
         """
-        if call_s <= 0.0 or rate <= 0.0:
+        if call_s <= 0.0:
             return now + round_s
-        if extra_s <= 0.0:
-            return now
         need = (spent_s + extra_s) / (self.max_tax * call_s) - rate * round_s  # calls served before it starts
         if calls >= need:
             return now
-        return now + (need - calls) / rate
+        return now + (need - calls) / rate if rate > 0.0 else now + round_s
