@@ -12,11 +12,11 @@ from onnx import TensorProto, helper
 
 from hybrid.hal.backend import Executable
 from hybrid.ir import Model
-from hybrid.runtime.auto import rule
+from hybrid.runtime.auto import race, rule
 from hybrid.runtime.auto.controller import TRANSITIONS, Controller, Phase
 from hybrid.runtime.auto.lab import CheckResult
 from hybrid.runtime.auto.policy import TuningPolicy
-from hybrid.runtime.auto.router import Lane, Router
+from hybrid.runtime.auto.router import Lane, Probe, Router
 
 
 class FakeClock:
@@ -346,6 +346,24 @@ def test_a_noisy_near_tie_is_decided_at_the_time_bound():
     assert status.serving == "a:cpu"
     assert status.decided_after_s <= policy.decide_within_s + 1e-9
     assert clock() - first <= policy.decide_within_s + 0.01
+
+
+def test_a_switch_on_the_point_estimate_at_the_bound_is_rechecked_and_one_by_the_test_stands():
+    """At the bound an open interval is settled by its point estimate; the candidate a switch there replaces races
+    again at the re-check. A switch the test made (the interval wholly below the tie band) leaves no runner."""
+    lanes = {lb: Lane(lb, None) for lb in ("a:cpu", "b:cpu")}  # type: ignore[arg-type]
+    policy = TuningPolicy()
+    r = race.Race.between("a:cpu", lanes, 0.0, {})
+    r.logs["b:cpu"] = [math.log(0.6), math.log(1.3), math.log(0.8)]  # faster on average, the interval open
+    assert rule.compare(r.logs["b:cpu"], policy.confidence, policy.tie_rel) is rule.Outcome.OPEN
+    assert race.conclude(r, policy) == "b:cpu"
+    assert r.incumbent == "b:cpu" and r.runners == ["a:cpu"]
+
+    r = race.Race.between("a:cpu", lanes, 0.0, {})
+    r.logs["b:cpu"] = [math.log(0.5), math.log(0.52)]  # wholly below the band: the test says faster
+    probe = Probe(0.0, 1.0, (lanes["a:cpu"],))
+    assert race.judge(r, probe, policy) == "b:cpu"
+    assert r.incumbent == "b:cpu" and r.runners == []
 
 
 def test_the_bound_holds_for_slow_models_in_calls():

@@ -228,13 +228,18 @@ def conclude(race: Race, policy: TuningPolicy) -> str | None:
     """The bound in time: the point estimate of each challenger still open decides (:func:`.rule.settle`).
 
     One never timed (its turns would have cost more than the budget allows before the bound) is judged by its estimate,
-    which can drop it but never make it serve. Returns the new incumbent, if any.
+    which can drop it but never make it serve. A switch made here rests on a point estimate, not on the test, so the
+    candidate it replaces races again at the re-check, by the same rule: a wrong switch is undone there, where one
+    the test had made would stand. Returns the new incumbent, if any.
     """
     tie = policy.tie_rel
     untimed = [lb for lb, v in race.logs.items() if not v]
     verdicts = {lb: rule.settle(v, tie) if v else (rule.Outcome.SLOWER if race.estimate.get(lb, 1.0) > 1 + tie
                                                    else rule.Outcome.TIE) for lb, v in race.logs.items()}
+    was = race.incumbent
     switched = _apply(race, verdicts)
+    if switched is not None and was not in race.runners:
+        race.runners.append(was)
     for label in untimed:
         race.results[label] = CandidateResult(label, race.estimate.get(label), race.results[label].outcome,
                                               "not timed: its turns, at the estimated ratio, would cost more than "
