@@ -366,6 +366,37 @@ def test_a_switch_on_the_point_estimate_at_the_bound_is_rechecked_and_one_by_the
     assert r.incumbent == "b:cpu" and r.runners == []
 
 
+def test_a_wrong_switch_at_the_bound_is_undone_at_the_recheck():
+    """b's speed flips between two modes every 0.2 s (a runtime that is bimodal on a noisy machine): its turns give
+    it the edge on average but no interval excludes a tie before the 3 s bound, so the point estimate switches to it.
+    Once b settles at 1.3x a's time, the re-check puts a back, by the test."""
+    clock = FakeClock()
+    policy = TuningPolicy(decide_within_s=3.0, recheck_after_s=60.0)
+    rng = np.random.default_rng(0)
+    modes: dict[int, float] = {}
+    state = {"bimodal": True}
+
+    def b_latency(c):
+        if not state["bimodal"]:
+            return 1.3e-3
+        window = int((c.t - 1000.0) / 0.2)
+        if window not in modes:
+            modes[window] = 0.55e-3 if rng.random() < 0.5 else 1.25e-3
+        return modes[window]
+
+    router, controller, _ = tuner({"a:cpu": Scripted(clock, 1e-3), "b:cpu": Scripted(clock, b_latency)}, clock,
+                                  policy)
+    drive(router, controller, X, decided(controller))
+    (status,) = controller.status()
+    assert status.serving == "b:cpu" and status.decided_after_s <= policy.decide_within_s + 1e-9
+    assert status.recheck_at_s is not None  # a, replaced on a point estimate, races again
+    state["bimodal"] = False
+    drive(router, controller, X, lambda: controller.status()[0].serving == "a:cpu"
+          and controller.status()[0].state == "decided")
+    (status,) = controller.status()
+    assert {c.label: c.outcome for c in status.candidates}["b:cpu"] == "slower"
+
+
 def test_the_bound_holds_for_slow_models_in_calls():
     clock = FakeClock()
     policy = TuningPolicy(decide_within_s=5.0, decide_within_calls=200)
