@@ -147,9 +147,10 @@ def plan(race: Race, policy: TuningPolicy, now: float, turn_s: float, deadline: 
     lanes = [race.lanes[race.incumbent]]
     for label in race.logs:
         lanes += [race.lanes[label], race.lanes[label], race.lanes[race.incumbent]]
-    logger.debug("auto (online): a round of %s planned to add %.4g s (%.4g s spent, %d calls of %.3g ms since the race "
-                 "began)", ", ".join(f"{lb} at {race.cost_ratio(lb):.3g}x" for lb in race.logs), extra, race.spent,
-                 served, 1e3 * base)
+    if logger.isEnabledFor(logging.DEBUG):
+        logger.debug("auto (online): a round of %s planned to add %.4g s (%.4g s spent, %d calls of %.3g ms since the "
+                     "race began)", ", ".join(f"{lb} at {race.cost_ratio(lb):.3g}x" for lb in race.logs), extra,
+                     race.spent, served, 1e3 * base)
     return Probe(now, turn_s, tuple(lanes))
 
 
