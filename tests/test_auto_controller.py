@@ -12,9 +12,11 @@ from onnx import TensorProto, helper
 
 from hybrid.hal.backend import Executable
 from hybrid.ir import Model
-from hybrid.runtime.auto import race, rule
-from hybrid.runtime.auto.controller import TRANSITIONS, Controller, Phase
+from hybrid.runtime.auto import controller as controller_module
+from hybrid.runtime.auto import lifecycle, race, rule
+from hybrid.runtime.auto.controller import Controller
 from hybrid.runtime.auto.lab import CheckResult
+from hybrid.runtime.auto.lifecycle import TRANSITIONS, Phase
 from hybrid.runtime.auto.policy import TuningPolicy
 from hybrid.runtime.auto.router import Lane, Probe, Router
 
@@ -390,11 +392,21 @@ def test_a_wrong_switch_at_the_bound_is_undone_at_the_recheck():
     (status,) = controller.status()
     assert status.serving == "b:cpu" and status.decided_after_s <= policy.decide_within_s + 1e-9
     assert status.recheck_at_s is not None  # a, replaced on a point estimate, races again
+    displaced = {c.label: c for c in status.candidates}["a:cpu"]
+    assert displaced.outcome == "slower" and "re-check" in displaced.reason  # shown as provisional
     state["bimodal"] = False
     drive(router, controller, X, lambda: controller.status()[0].serving == "a:cpu"
           and controller.status()[0].state == "decided")
     (status,) = controller.status()
     assert {c.label: c.outcome for c in status.candidates}["b:cpu"] == "slower"
+    assert {c.label: c.reason for c in status.candidates}["a:cpu"] == ""  # serving again: nothing qualifies it
+
+
+def test_a_move_off_the_transition_table_is_refused():
+    record = lifecycle.BucketRecord((("x", (2, 4)),), None, phase=Phase.DECIDED)
+    with pytest.raises(RuntimeError, match="cannot go from decided to checking"):
+        lifecycle.enter(record, Phase.CHECKING)
+    assert record.phase is Phase.DECIDED
 
 
 def test_the_bound_holds_for_slow_models_in_calls():
@@ -461,18 +473,17 @@ def test_each_bucket_decides_for_itself_and_the_cache_installs_a_decision_withou
     assert lab.checks == checks and controller2.status()[0].serving == "b:cpu"
 
 
-def test_the_lifecycle_follows_its_transition_table():
+def test_the_lifecycle_follows_its_transition_table(monkeypatch):
     assert Phase.DECIDED in TRANSITIONS[Phase.RACING] and Phase.RACING in TRANSITIONS[Phase.DECIDED]
     clock = FakeClock()
     router, controller, _ = tuner({"a:cpu": Scripted(clock, 1e-3), "b:cpu": Scripted(clock, 1e-3)}, clock)
     seen = []
-    original = controller._enter
 
     def record(b, phase):
         seen.append((b.phase, phase))
-        original(b, phase)
+        lifecycle.enter(b, phase)
 
-    controller._enter = record
+    monkeypatch.setattr(controller_module, "enter", record)
     drive(router, controller, X, decided(controller))
     assert seen[:3] == [(Phase.NEW, Phase.CHECKING), (Phase.CHECKING, Phase.COMPILING),
                         (Phase.COMPILING, Phase.RACING)]

@@ -1,13 +1,10 @@
 """The control plane of online tuning: one controller decides every bucket, by one rule (docs/auto.md).
 
-Per shape bucket the controller walks an explicit lifecycle (:class:`Phase`, :data:`TRANSITIONS`):
+Per shape bucket the controller walks an explicit lifecycle (:mod:`.lifecycle`: :class:`Phase`,
+:data:`TRANSITIONS`): ``new`` -> ``checking`` -> ``compiling`` -> ``racing`` -> ``decided``, ``new`` ->
+``installing`` -> ``decided`` for a cached decision, ``decided`` -> ``racing`` for a re-check.
 
-``new`` -> ``checking`` (every candidate on a copy of the bucket's first real inputs, against the reference)
--> ``compiling`` (those that passed, in this process, while the start keeps serving) -> ``racing`` (rounds of
-paired turns on real calls, judged by :mod:`.rule`) -> ``decided``; ``new`` -> ``installing`` -> ``decided``
-for a decision read from the cache; ``decided`` -> ``racing`` for a re-check.
-
-Only the controller writes a bucket's state, and only through :meth:`Controller._enter`; the router reads the
+Only the controller writes a bucket's state, and only through :func:`.lifecycle.enter`; the router reads the
 routes it publishes. :meth:`Controller.step` does what is due at the clock's time and returns when to call it
 again: the production tuner calls it from one background thread; tests call it on scripted time.
 """
@@ -15,70 +12,27 @@ again: the production tuner calls it from one background thread; tests call it o
 from __future__ import annotations
 
 import dataclasses
-import enum
 import logging
 import math
 import queue
 import statistics
-from dataclasses import dataclass, field
 from typing import Any
 
 from hybrid.errors import first_line
 from hybrid.runtime.auto import race
 from hybrid.runtime.auto.lab import CheckResult, Lab
+from hybrid.runtime.auto.lifecycle import BucketRecord, Phase, enter
 from hybrid.runtime.auto.policy import Clock, TuningPolicy
 from hybrid.runtime.auto.race import Race
 from hybrid.runtime.auto.router import Event, Lane, Probe, Route, Router
 from hybrid.runtime.auto.status import Bucket, BucketTuning, CandidateResult, bucket_label, shapes_label
 
-__all__ = ["TRANSITIONS", "Controller", "Phase"]
+__all__ = ["Controller"]
 
 logger = logging.getLogger("hybrid")
 
 RELEASE_GRACE_S = 2.0  # a candidate that serves no bucket any more is closed this much later (a call it was
 # answering when the route changed has ended by then)
-
-
-class Phase(enum.Enum):
-    """Where a bucket is in its lifecycle (module doc)."""
-
-    NEW = "new"
-    CHECKING = "checking"
-    COMPILING = "compiling"
-    RACING = "racing"
-    INSTALLING = "installing"
-    DECIDED = "decided"
-
-
-TRANSITIONS: dict[Phase, frozenset[Phase]] = {
-    Phase.NEW: frozenset({Phase.CHECKING, Phase.INSTALLING, Phase.RACING, Phase.DECIDED}),
-    Phase.INSTALLING: frozenset({Phase.DECIDED, Phase.CHECKING}),
-    Phase.CHECKING: frozenset({Phase.COMPILING, Phase.DECIDED}),
-    Phase.COMPILING: frozenset({Phase.RACING, Phase.DECIDED}),
-    Phase.RACING: frozenset({Phase.DECIDED}),
-    Phase.DECIDED: frozenset({Phase.RACING}),
-}
-
-
-@dataclass(slots=True)
-class _Bucket:
-    """The controller's own record of one bucket (never read by another thread)."""
-
-    key: Bucket
-    sample: dict[str, Any] | None
-    phase: Phase = Phase.NEW
-    incumbent: str = ""
-    lanes: dict[str, Lane] = field(default_factory=dict)  # the candidates compiled for it, the incumbent included
-    results: dict[str, CandidateResult] = field(default_factory=dict)
-    runners: list[str] = field(default_factory=list)  # tied candidates, re-checked later
-    race: Race | None = None  # while racing (:mod:`.race`)
-    race_from: float = 0.0  # the first call, or the start of a re-check: the deadline counts from here
-    decided_at: float | None = None
-    decided_calls: int | None = None
-    recheck_at: float | None = None
-    recheck_every: float = 0.0
-    first_shapes: str = ""
-    accuracy: dict[str, str] = field(default_factory=dict)  # reduced-precision candidate -> its check's cosine
 
 
 class Controller:
@@ -105,7 +59,7 @@ class Controller:
         self._name = model_name
         self._confirm = confirm
         self._inbox: queue.SimpleQueue[Event] = queue.SimpleQueue()
-        self._buckets: dict[Bucket, _Bucket] = {}
+        self._buckets: dict[Bucket, BucketRecord] = {}
         self._lanes: dict[str, Lane] = {start.label: start}
         self._releases: list[tuple[float, str]] = []
         self._status: dict[Bucket, BucketTuning] = {}  # replaced per key: read by any thread
@@ -167,7 +121,7 @@ class Controller:
 
     def _receive(self, event: Event) -> None:
         if event.kind == "new":
-            self._buckets.setdefault(event.key, _Bucket(event.key, event.sample, incumbent=self._start.label,
+            self._buckets.setdefault(event.key, BucketRecord(event.key, event.sample, incumbent=self._start.label,
                                                         first_shapes=shapes_label(event.sample or {})))
             return
         b = self._buckets.get(event.key)
@@ -190,13 +144,7 @@ class Controller:
             r.results.pop(event.label, None)
         self._note(b, f"{event.answered_by} serves ({event.label} failed on a real call: {event.why})")
 
-    def _enter(self, b: _Bucket, phase: Phase) -> None:
-        if phase not in TRANSITIONS[b.phase]:
-            raise RuntimeError(f"online tuning: bucket {bucket_label(b.key)} cannot go from {b.phase.value} "
-                               f"to {phase.value}")
-        b.phase = phase
-
-    def _advance(self, b: _Bucket) -> float:
+    def _advance(self, b: BucketRecord) -> float:
         """Move one bucket on as far as it can go now; the clock time it next needs attention."""
         try:
             if b.phase is Phase.NEW:
@@ -219,11 +167,11 @@ class Controller:
         return math.inf
 
     # ------------------------------------------------------------------ check and compile
-    def _begin(self, b: _Bucket) -> None:
+    def _begin(self, b: BucketRecord) -> None:
         b.race_from = self._route(b).tally.first_call
         cached = self._lab.cached(b.key)
         if cached is not None:
-            self._enter(b, Phase.INSTALLING)
+            enter(b, Phase.INSTALLING)
             lane = self._lane(cached, None)
             if lane is not None:
                 b.incumbent, b.lanes = cached, {cached: lane}
@@ -237,16 +185,16 @@ class Controller:
             for lane in self._confirm[1]:
                 self._lanes[lane.label] = lane
             self._router.set_lanes(self._lanes, self._order)
-            self._enter(b, Phase.RACING)
+            enter(b, Phase.RACING)
             self._start_race(b, {})
             return
-        self._enter(b, Phase.CHECKING)
+        enter(b, Phase.CHECKING)
         self._refresh(b)
         paced_for_s = max(0.0, self._policy.check_paced_until(b.race_from) - self._clock())
         result = self._lab.check(b.sample or {}, lambda: self.closing, paced_for_s=paced_for_s)
         self._compile(b, result)
 
-    def _compile(self, b: _Bucket, result: CheckResult) -> None:
+    def _compile(self, b: BucketRecord, result: CheckResult) -> None:
         for label, cosine in result.accuracy:
             b.accuracy[label] = f"min cosine vs fp32 {cosine} on the bucket's first real input"
         for label, why in result.rejected:
@@ -272,7 +220,7 @@ class Controller:
             else:
                 self._decide(b, "no candidate that passed the check compiled here")
                 return
-        self._enter(b, Phase.COMPILING)
+        enter(b, Phase.COMPILING)
         self._refresh(b)
         for label in passed:
             if label in b.lanes or label in b.results:
@@ -291,7 +239,7 @@ class Controller:
             self._decide(b, "no candidate that passed the check compiled here")
             return
         b.sample = None
-        self._enter(b, Phase.RACING)
+        enter(b, Phase.RACING)
         tally = self._route(b).tally
         serving_s = tally.last_s or b.lanes[b.incumbent].warm_s
         self._start_race(b, race.estimates(b.lanes, warm, b.incumbent, serving_s), (tally.served_s, tally.served))
@@ -304,7 +252,7 @@ class Controller:
         return lane
 
     # ------------------------------------------------------------------ the race
-    def _start_race(self, b: _Bucket, estimates: dict[str, float], precharge: tuple[float, int] | None = None,
+    def _start_race(self, b: BucketRecord, estimates: dict[str, float], precharge: tuple[float, int] | None = None,
                     calls_from: int = 0) -> None:
         b.race = Race.between(b.incumbent, b.lanes, b.race_from, estimates, precharge, calls_from)
         if b.race.over:
@@ -314,7 +262,7 @@ class Controller:
                     bucket_label(b.key), ", ".join(b.race.logs), b.incumbent,
                     ", ".join(f"{lb} {r:.3g}" for lb, r in b.race.estimate.items()))
 
-    def _race(self, b: _Bucket) -> float:
+    def _race(self, b: BucketRecord) -> float:
         """Run the rounds of turns and judge each round when it is over.
 
         The rounds are :func:`.race.plan`'s: paced by the tax budget, the last ending before the bound.
@@ -348,7 +296,7 @@ class Controller:
             return math.inf
         return planned
 
-    def _sync(self, b: _Bucket) -> None:
+    def _sync(self, b: BucketRecord) -> None:
         """What the race found becomes the bucket's: who serves, and each candidate's result."""
         r = b.race
         if r is not None:
@@ -356,17 +304,17 @@ class Controller:
             b.results.update(r.results)
             b.runners = list(r.runners)
 
-    def _turn_s(self, b: _Bucket) -> float:
+    def _turn_s(self, b: BucketRecord) -> float:
         return self._policy.turn_s(self._route(b).tally.last_s)
 
-    def _deadline(self, b: _Bucket) -> float:
+    def _deadline(self, b: BucketRecord) -> float:
         return self._policy.deadline(b.race_from, self._route(b).tally.last_s)
 
-    def _decide(self, b: _Bucket, why: str) -> None:
+    def _decide(self, b: BucketRecord, why: str) -> None:
         now = self._clock()
         self._sync(b)
         b.race = None
-        self._enter(b, Phase.DECIDED)
+        enter(b, Phase.DECIDED)
         b.decided_at, b.decided_calls = now - b.race_from, self._route(b).tally.calls
         b.results[b.incumbent] = CandidateResult(b.incumbent, 1.0, "serving")
         b.runners = [lb for lb in b.runners if lb in b.lanes and lb != b.incumbent]
@@ -388,7 +336,7 @@ class Controller:
         except Exception as e:  # a cache that cannot be written costs the next compile its turns, nothing more
             logger.info("auto (online): decision of bucket %s not cached: %s", bucket_label(b.key), first_line(e))
 
-    def _recheck(self, b: _Bucket) -> None:
+    def _recheck(self, b: BucketRecord) -> None:
         """Let the runners-up take turns with the bucket's candidate again, by the same rule."""
         runners = [lb for lb in b.runners if lb in self._lanes]
         b.runners = []
@@ -397,17 +345,17 @@ class Controller:
             return
         b.lanes = {lb: self._lanes[lb] for lb in (b.incumbent, *runners)}
         b.race_from = self._clock()
-        self._enter(b, Phase.RACING)
+        enter(b, Phase.RACING)
         self._start_race(b, {lb: (b.results[lb].ratio or 1.0) if lb in b.results else 1.0 for lb in runners},
                          calls_from=self._route(b).tally.calls)
 
     # ------------------------------------------------------------------ publishing
-    def _route(self, b: _Bucket) -> Route:
+    def _route(self, b: BucketRecord) -> Route:
         route = self._router.route(b.key)
         assert route is not None, "a bucket the router never opened"
         return route
 
-    def _publish(self, b: _Bucket) -> None:
+    def _publish(self, b: BucketRecord) -> None:
         self._router.publish(b.key, Route(b.lanes.get(b.incumbent) or self._lanes[b.incumbent], self._route(b).tally,
                                           b.race.probe if b.race is not None else None))
 
@@ -416,12 +364,12 @@ class Controller:
             label == b.incumbent or label in b.runners or (b.race is not None and label in b.race.logs)
             or (b.phase is not Phase.DECIDED and label in b.lanes) for b in self._buckets.values())
 
-    def _note(self, b: _Bucket, text: str) -> None:
+    def _note(self, b: BucketRecord, text: str) -> None:
         seen = f" (first call {b.first_shapes})" if b.first_shapes and b.first_shapes != bucket_label(b.key) else ""
         self._notes[b.key] = f"bucket {bucket_label(b.key)}{seen}: {text}"
         logger.info("auto (online): %s: %s", self._name, self._notes[b.key])
 
-    def _refresh(self, b: _Bucket) -> BucketTuning:
+    def _refresh(self, b: BucketRecord) -> BucketTuning:
         route = self._router.route(b.key)
         calls = route.tally.calls if route is not None else 0
         serving = route.serving.label if route is not None else b.incumbent

@@ -9,6 +9,7 @@ publishes what follows (a route, a decision).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import statistics
@@ -19,12 +20,14 @@ from hybrid.runtime.auto.policy import TuningPolicy
 from hybrid.runtime.auto.router import Lane, Probe
 from hybrid.runtime.auto.status import CandidateResult
 
-__all__ = ["CONCLUDE", "Race", "check_ratio", "conclude", "estimates", "excess", "judge", "plan",
+__all__ = ["CONCLUDE", "DISPLACED_AT_BOUND", "Race", "check_ratio", "conclude", "estimates", "excess", "judge", "plan",
            "precharge_cost", "round_cost", "unaffordable"]
 
 logger = logging.getLogger("hybrid")
 
 CONCLUDE = -1.0  # what plan() returns when no round fits before the bound: the race ends now
+DISPLACED_AT_BOUND = ("replaced at the time bound on the point estimate of its rival's turns, not by the test: "
+                      "it races again at the re-check")
 
 
 @dataclass(slots=True)
@@ -239,8 +242,10 @@ def conclude(race: Race, policy: TuningPolicy) -> str | None:
                                                    else rule.Outcome.TIE) for lb, v in race.logs.items()}
     was = race.incumbent
     switched = _apply(race, verdicts)
-    if switched is not None and was not in race.runners:
-        race.runners.append(was)
+    if switched is not None:
+        race.results[was] = dataclasses.replace(race.results[was], reason=DISPLACED_AT_BOUND)
+        if was not in race.runners:
+            race.runners.append(was)
     for label in untimed:
         race.results[label] = CandidateResult(label, race.estimate.get(label), race.results[label].outcome,
                                               "not timed: its turns, at the estimated ratio, would cost more than "

@@ -30,7 +30,8 @@ class CandidateResult:
         ratio: Its call time over the serving candidate's, from the paired turns (None: not timed yet).
         outcome: What the rule said: 'faster', 'slower', 'tie', 'open' (still under test), 'serving',
             'rejected' or 'failed'.
-        reason: Why it was rejected or failed (the check's words), else ''.
+        reason: Why it was rejected or failed (the check's words); for a judgement that is provisional, what
+            qualifies it (not timed; replaced at the time bound and re-checked later); else ''.
     """
 
     label: str
