@@ -14,6 +14,11 @@ Every (round, clients) block runs each server for ``--seconds``, in an order tha
 rounds; the ratios pyasc / Triton are paired within a block and the table gives their median over the
 rounds, with the p99 latencies (median over rounds). Run it under ``flock /tmp/coord/bench.lock``.
 
+Where the CPU goes (Linux): per block, each server's CPU time per inference from ``/proc``, split by role: the
+model's compute (pyasc's threads named ``pyasc-compute``: batch runners and the runtime's pools; Triton's
+``triton_python_backend_stub``: ORT and the backend's Python and IPC) and the front end (the rest of the server:
+pyasc's event loop and gRPC threads, ``tritonserver``'s own), with the load generator's CPU beside it.
+
     flock /tmp/coord/bench.lock python benchmarks/vs_triton.py --rounds 3 --seconds 6
 """
 
@@ -123,6 +128,47 @@ def load(url: str, x: np.ndarray, clients: int, seconds: float) -> tuple[float, 
     return len(every) / elapsed, 1e3 * float(np.percentile(every, 99))
 
 
+def _processes(root: int) -> list[int]:
+    """``root`` and its descendants (Linux ``/proc``)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo += children.get(pid, [])
+    return out
+
+
+def cpu_by_role(root: int | None) -> dict[str, float]:
+    """CPU seconds so far of a server process tree by role, 'compute' and 'front end' (empty without ``/proc``)."""
+    out = {"front end": 0.0, "compute": 0.0}
+    if root is None or not Path(f"/proc/{root}/task").is_dir():
+        return {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for pid in _processes(root):
+        try:
+            tasks = list(Path(f"/proc/{pid}/task").iterdir())
+        except OSError:
+            continue
+        for task in tasks:
+            try:
+                stat = (task / "stat").read_text()
+            except OSError:
+                continue  # ended meanwhile
+            name = stat[stat.index("(") + 1:stat.rindex(")")]
+            fields = stat.rsplit(")", 1)[1].split()
+            role = "compute" if name.startswith(("pyasc-compute", "triton_python")) else "front end"
+            out[role] += (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
 def decision_of(http: str) -> str:
     """What a pyasc server runs the model on, from its statistics (backend, precision, accuracy where given)."""
     with urllib.request.urlopen(f"{http}/v2/models/{MODEL}/stats", timeout=10) as r:
@@ -157,12 +203,14 @@ def main() -> None:
                    [tr.TritonSpec("probs", "TYPE_FP32", [5])], max_batch_size=MAX_BATCH,
                    queue_delay_us=round(DELAY_S * 1e6), threads=args.threads)
     servers: dict[str, str] = {}
+    pids: dict[str, int] = {}
     stops = []
     try:
         if "triton" in names:
             triton = tr.TritonServer(repo).start()
             stops.append(triton.stop)
             servers["triton"] = triton.grpc_url
+            pids["triton"] = triton.process.pid if triton.process is not None else 0
         chosen: dict[str, str] = {}
         if args.baseline is not None and "pyasc-ort-base" not in names:
             names.append("pyasc-ort-base")
@@ -176,17 +224,26 @@ def main() -> None:
                 stops.append(lambda p=proc: (p.terminate(), p.wait(60)))
                 servers[name] = url
                 chosen[name] = http
+                pids[name] = proc.pid
         for name, http in chosen.items():  # what each pyasc server decided (its model statistics)
             print(f"{name}: {decision_of(http)}", flush=True)
         for url in servers.values():  # first calls: connections, sessions, allocators
             load(url, x, 4, 2.0)
         results: dict[tuple[str, int], list[tuple[float, float]]] = {}
+        cpu: dict[tuple[str, int], list[tuple[float, float, float]]] = {}
         for r in range(args.rounds):
             for n in counts:
                 order = list(servers) if r % 2 == 0 else list(reversed(servers))
                 for name in order:
+                    before, mine = cpu_by_role(pids.get(name)), os.times()
                     rate, p99 = load(servers[name], x, n, args.seconds)
+                    after, mine_after = cpu_by_role(pids.get(name)), os.times()
                     results.setdefault((name, n), []).append((rate, p99))
+                    if before and after and rate > 0:  # microseconds of CPU per inference
+                        per = 1e6 / (rate * args.seconds)
+                        client = (mine_after.user + mine_after.system - mine.user - mine.system) * per
+                        cpu.setdefault((name, n), []).append(((after["front end"] - before["front end"]) * per,
+                                                              (after["compute"] - before["compute"]) * per, client))
                     print(f"round {r} clients {n:2d} {name:11s} {rate:7.1f} inf/s  p99 {p99:6.1f} ms", flush=True)
         print()
         print("| clients | Triton inf/s | p99 ms | " + " | ".join(f"{s} inf/s | ratio | p99 ms"
@@ -204,6 +261,15 @@ def main() -> None:
                 row += [f"{statistics.median(v[0] for v in mine):.0f}", f"x{statistics.median(ratios):.2f}",
                         f"{statistics.median(v[1] for v in mine):.1f}"]
             print("| " + " | ".join(row) + " |")
+        if cpu:
+            print()
+            print("| clients | server | front end us/inf | compute us/inf | load generator us/inf |")
+            print("|---|---|---|---|---|")
+            for n in counts:
+                for s in servers:
+                    if (s, n) in cpu:
+                        front, compute, client = (statistics.median(v[i] for v in cpu[(s, n)]) for i in range(3))
+                        print(f"| {n} | {s} | {front:.0f} | {compute:.0f} | {client:.0f} |")
         if "pyasc-ort-base" in servers and "pyasc-ort" in servers:
             print()
             for n in counts:  # the change measured against its baseline, paired within each block

@@ -10,6 +10,7 @@ import os
 import re
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -372,19 +373,30 @@ def _compute_nice():
     return min(19, os.getpriority(os.PRIO_PROCESS, os.getpid()) + COMPUTE_NICE)
 
 
+def _os_thread_name() -> str | None:
+    """The calling thread's name in the OS (None where there is no per-thread name file)."""
+    try:
+        return Path(f"/proc/self/task/{threading.get_native_id()}/comm").read_text().strip()
+    except OSError:
+        return None
+
+
 @pytest.mark.skipif(not _may_set_batch_policy(), reason="no SCHED_BATCH for threads on this platform")
 def test_a_model_loaded_from_the_batch_policy_front_end_builds_in_the_models_scheduling():
     """What in_compute_policy runs (a model load) and the threads it starts are in the normal policy, COMPUTE_NICE
     below the process, even when called from a SCHED_BATCH thread (the front end); its errors reach the caller,
     and the caller's own scheduling is unchanged."""
-    from hybrid.serve.batcher import in_compute_policy
+    from hybrid.serve.batcher import COMPUTE_THREAD_NAME, in_compute_policy
 
     seen = {}
+    names = {}
 
     def load():
         seen["load"] = (os.sched_getscheduler(0), os.getpriority(os.PRIO_PROCESS, 0))
-        pool = threading.Thread(target=lambda: seen.__setitem__(
-            "pool", (os.sched_getscheduler(0), os.getpriority(os.PRIO_PROCESS, 0))))
+        names["load"] = _os_thread_name()
+        pool = threading.Thread(target=lambda: (seen.__setitem__(
+            "pool", (os.sched_getscheduler(0), os.getpriority(os.PRIO_PROCESS, 0))),
+            names.__setitem__("pool", _os_thread_name())))
         pool.start()
         pool.join()
         return "loaded"
@@ -399,6 +411,7 @@ def test_a_model_loaded_from_the_batch_policy_front_end_builds_in_the_models_sch
         with pytest.raises(ValueError, match="bad model"):
             in_compute_policy(fail)
         seen["front after"] = (os.sched_getscheduler(0), os.getpriority(os.PRIO_PROCESS, 0))
+        names["front"] = _os_thread_name()
 
     base = os.getpriority(os.PRIO_PROCESS, 0)
     t = threading.Thread(target=front_end)
@@ -407,6 +420,9 @@ def test_a_model_loaded_from_the_batch_policy_front_end_builds_in_the_models_sch
     compute = (os.SCHED_OTHER, _compute_nice())
     assert seen == {"front": (os.SCHED_BATCH, base), "load": compute, "pool": compute, "result": "loaded",
                     "front after": (os.SCHED_BATCH, base)}
+    if names["front"] is not None:  # Linux: the load and the pool it starts carry the models' name, the caller not
+        assert names == {"load": COMPUTE_THREAD_NAME, "pool": COMPUTE_THREAD_NAME, "front": names["front"]}
+        assert names["front"] != COMPUTE_THREAD_NAME
 
 
 @pytest.mark.skipif(not hasattr(os, "sched_getscheduler"), reason="no per-thread scheduling on this platform")

@@ -34,11 +34,12 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from hybrid.errors import RunError
 
-__all__ = ["COMPUTE_NICE", "BatcherStats", "LoopBatcher", "in_compute_policy"]
+__all__ = ["COMPUTE_NICE", "COMPUTE_THREAD_NAME", "BatcherStats", "LoopBatcher", "in_compute_policy"]
 
 Item = TypeVar("Item")
 Job = Any  # what join returns and execute takes
@@ -56,15 +57,32 @@ threads at +3, so the gain is the front end's, not the co-located clients'). On 
 nothing. Raising one's own nice value needs no privilege.
 """
 
+COMPUTE_THREAD_NAME = "pyasc-compute"
+"""The OS name of the models' threads (batch runners, model loading, and the runtime pools they start): in
+``top -H`` or ``/proc/PID/task/*/comm`` the rest of the server process is its front end."""
+
+
+def _name_thread(name: str) -> None:
+    """Give the calling thread ``name`` in the OS (Linux: what ``top -H``, ``ps -L``, ``perf`` and py-spy show).
+
+    Threads it starts afterwards (a runtime's thread pool) inherit the name. Nothing where the platform has no
+    per-thread name file.
+    """
+    with contextlib.suppress(OSError):
+        Path(f"/proc/self/task/{threading.get_native_id()}/comm").write_text(name[:15])
+
 
 def _compute_policy() -> None:
     """Put the calling thread in the models' scheduling: the normal policy, ``COMPUTE_NICE`` below the process.
+
+    The thread is named :data:`COMPUTE_THREAD_NAME` in the OS, and so are the threads it starts.
 
     The server's front end runs in ``SCHED_BATCH`` (:func:`hybrid.serve.server.front_end_yields_to_compute`);
     the model's run must not, and it yields CPU weight to the front end instead (:data:`COMPUTE_NICE`). Only
     ever lowers the thread's priority (needs no privilege); nothing where the platform has no per-thread
     scheduling.
     """
+    _name_thread(COMPUTE_THREAD_NAME)
     if not (hasattr(os, "sched_setscheduler") and hasattr(os, "SCHED_OTHER")):
         return
     with contextlib.suppress(OSError):
