@@ -19,7 +19,10 @@ cache:
    in blocks, ``--reps`` repetitions; the ratio to the best raw runtime is the median over repetitions of the
    median of paired per-block ratios.
 4. **precision='auto'** with ``accuracy={'min_cosine': 0.995}``, nothing else given: called until decided, then
-   interleaved with raw ONNX Runtime fp32 (speedup = ORT time / its time), and the cosine of its outputs to ORT's.
+   interleaved with raw ONNX Runtime fp32 and raw OpenVINO bf16 (``INFERENCE_PRECISION_HINT: bf16``, LATENCY
+   hint: what this CPU's bf16 gives at all), speedups = ORT fp32 time / each one's time, and the cosines of
+   their outputs to ORT's. Where raw bf16 keeps the budget, precision='auto' / raw bf16 says how much of what the
+   hardware offers it took; where it does not, precision='auto' should stay at fp32.
 
 Run (best alone on the machine; a few minutes a model):
     python benchmarks/auto_real.py [--models crnn,detector] [--limit-s 120] [--reps 3]
@@ -132,6 +135,17 @@ def reps_ratio(contenders, num, den_names, reps, per_block, blocks=15, lead_s=0.
     return statistics.median(ratios), max(set(best_seen), key=best_seen.count)
 
 
+def reps_speedups(contenders, refs, reps, per_block, blocks=15, lead_s=0.05) -> dict[tuple[str, str], float]:
+    """Median over ``reps`` interleaved runs of the paired speedup ``time(ref) / time(other)`` for each pair."""
+    ratios: dict[tuple[str, str], list[float]] = {pair: [] for pair in refs}
+    for _ in range(reps):
+        times = interleave(contenders, blocks=blocks, per_block=per_block, lead_s=lead_s)
+        for num, ref in refs:
+            if num in times and ref in times:
+                ratios[(num, ref)].append(1.0 / paired_ratio(times, num, ref, per_block))
+    return {pair: statistics.median(v) for pair, v in ratios.items() if v}
+
+
 def cosine(a, b) -> float:
     from hybrid.runtime.auto.tolerance import cosine as min_cosine
 
@@ -220,10 +234,22 @@ def main() -> None:
                 pm = hybrid.compile(m.path, target="auto", precision="auto", accuracy={"min_cosine": 0.995})
                 tune_closed(pm, feeds, pm, args.limit_s, beside_s=0.0)
                 ppicked = ", ".join(sorted({t.serving for t in pm.tuning})) or f"{pm.backend}:{pm.device}"
-                speed, _ = reps_ratio({"raw ORT": raw["raw ORT"], "auto precision": lambda c=pm, f=feeds: c.run(f)},
-                                      "auto precision", ["raw ORT"], args.reps, per_block)
-                cos = cosine(sess.run(None, feeds), list(pm.run(feeds).values()))
-                prows.append([name, ppicked, f"{1.0 / speed:.2f}x", f"{cos:.4f}"])
+                reference = sess.run(None, feeds)
+                contenders = {"raw ORT": raw["raw ORT"], "auto precision": lambda c=pm, f=feeds: c.run(f)}
+                bf16_cos = "n/a"
+                try:
+                    bf16 = {"INFERENCE_PRECISION_HINT": "bf16", "PERFORMANCE_HINT": "LATENCY"}
+                    req16 = core.compile_model(str(m.path), "CPU", bf16).create_infer_request()
+                    bf16_cos = f"{cosine(reference, list(req16.infer(feeds).values())):.4f}"
+                    contenders["raw OV bf16"] = lambda r=req16, f=feeds: r.infer(f, share_inputs=True)
+                except Exception as e:
+                    notes.append(f"{name}: raw OpenVINO bf16 cannot run it: {' '.join(str(e).split())[:160]}")
+                pairs = [("auto precision", "raw ORT"), ("raw OV bf16", "raw ORT"), ("auto precision", "raw OV bf16")]
+                speed = reps_speedups(contenders, pairs, args.reps, per_block)
+                cos = cosine(reference, list(pm.run(feeds).values()))
+                shown = {pair: f"{v:.2f}x" for pair, v in speed.items()}
+                prows.append([name, ppicked, shown[pairs[0]], f"{cos:.4f}", shown.get(pairs[1], "n/a"), bf16_cos,
+                              shown.get(pairs[2], "n/a")])
                 pm.close()
         except Exception as e:  # a crash is a result: counted and shown
             notes.append(f"{name}: {type(e).__name__}: {e}")
@@ -237,7 +263,9 @@ def main() -> None:
                  f"after / best raw (median of {args.reps})", "best raw"], rows))
     if prows:
         print()
-        print(table(["model", "precision='auto' picked", "speed vs raw ORT fp32", "min cosine vs ORT fp32"], prows))
+        print(table(["model", "precision='auto' picked", "speed vs raw ORT fp32", "min cosine vs ORT fp32",
+                     "raw OV bf16 speed vs raw ORT fp32", "raw OV bf16 min cosine", "precision='auto' / raw OV bf16 "
+                     "(speed)"], prows))
     ok = [r for r in rows if "crash" not in r]
     within_30 = sum(1 for r in ok if r[2].endswith(tuple("0123456789")) and float(r[2].split()[0]) <= 30.0)
     tax_ok = sum(1 for r in ok if r[4] != "n/a" and float(r[4]) <= 1.10)
