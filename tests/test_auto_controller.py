@@ -211,6 +211,48 @@ def test_a_slower_candidate_is_dropped_and_the_mean_tax_stays_within_the_policy(
     assert lab.exes["b:cpu"].calls > 0
 
 
+class InflatedWarmUpLab(FakeLab):
+    """Its lanes carry the warm-up seconds given (a runtime whose first calls pay for lazy initialisation)."""
+
+    def __init__(self, exes, warm_up: dict[str, float], **kw) -> None:
+        super().__init__(exes, **kw)
+        self.warm_up = warm_up
+
+    def lane(self, label, sample):
+        exe = self.exes.get(label)
+        return None if exe is None else Lane(label, exe, self.warm_up.get(label))
+
+
+def test_a_candidate_the_budget_left_untimed_races_at_the_recheck_not_dropped_on_its_estimate():
+    """b's check says 1.05x a's time, its warm-up here 20x (lazy initialisation), its real calls 0.5x: the first
+    race's budget cannot pay for a round planned at the warm-up, so b is left untimed. It is not judged on the
+    check's estimate: it waits for the re-check, which times it on real calls, and it serves from then on."""
+    clock = FakeClock()
+    policy = TuningPolicy(decide_within_s=5.0, recheck_after_s=10.0)
+    exes = {"a:cpu": Scripted(clock, 1e-3), "b:cpu bf16": Scripted(clock, 0.5e-3)}
+    lab = InflatedWarmUpLab(exes, {"b:cpu bf16": 20e-3}, warm={"a:cpu": 1e-3, "b:cpu bf16": 1.05e-3})
+    router, controller, _ = tuner(exes, clock, policy, lab=lab)
+    drive(router, controller, X, decided(controller))
+    (status,) = controller.status()
+    untimed = {c.label: c for c in status.candidates}["b:cpu bf16"]
+    assert status.serving == "a:cpu" and exes["b:cpu bf16"].calls == 0
+    assert untimed.outcome == "open" and untimed.reason == race.NOT_TIMED and status.recheck_at_s is not None
+    drive(router, controller, X, lambda: controller.status()[0].serving == "b:cpu bf16"
+          and controller.status()[0].state == "decided")
+    assert {c.label: c.outcome for c in controller.status()[0].candidates}["a:cpu"] == "slower"
+
+
+def test_a_candidate_left_untimed_twice_leaves():
+    """A candidate a re-check leaves untimed too is not kept for re-checks without end: it leaves, by its estimate;
+    one left untimed for the first time waits for the re-check."""
+    lanes = {lb: Lane(lb, Scripted(FakeClock(), 1e-3)) for lb in ("a:cpu", "b:cpu", "c:cpu")}
+    r = race.Race.between("a:cpu", lanes, 0.0, {"b:cpu": 1.05, "c:cpu": 1.05}, deferred=frozenset({"b:cpu"}))
+    assert race.conclude(r, TuningPolicy()) is None
+    assert r.results["b:cpu"] == race.CandidateResult("b:cpu", 1.05, "slower", race.NOT_TIMED_TWICE)
+    assert r.results["c:cpu"] == race.CandidateResult("c:cpu", 1.05, "open", race.NOT_TIMED)
+    assert r.runners == ["c:cpu"] and r.over
+
+
 class BusyCheckLab(FakeLab):
     """Its check takes long, and the calls that reach the model meanwhile are slowed (``slow[0]``): the check's work
     on the same cores. The test's "callers" are ``calls`` calls made from inside the check."""

@@ -254,7 +254,8 @@ class Controller:
     # ------------------------------------------------------------------ the race
     def _start_race(self, b: BucketRecord, estimates: dict[str, float], precharge: tuple[float, int] | None = None,
                     calls_from: int = 0) -> None:
-        b.race = Race.between(b.incumbent, b.lanes, b.race_from, estimates, precharge, calls_from)
+        deferred = frozenset(lb for lb, r in b.results.items() if r.reason == race.NOT_TIMED)
+        b.race = Race.between(b.incumbent, b.lanes, b.race_from, estimates, precharge, calls_from, deferred)
         if b.race.over:
             self._decide(b, "as the only candidate left after the check")
             return

@@ -20,12 +20,16 @@ from hybrid.runtime.auto.policy import TuningPolicy
 from hybrid.runtime.auto.router import Lane, Probe
 from hybrid.runtime.auto.status import CandidateResult
 
-__all__ = ["CONCLUDE", "DISPLACED_AT_BOUND", "Race", "check_ratio", "conclude", "estimates", "excess", "judge", "plan",
-           "precharge_cost", "round_cost", "unaffordable"]
+__all__ = ["CONCLUDE", "DISPLACED_AT_BOUND", "NOT_TIMED", "NOT_TIMED_TWICE", "Race", "check_ratio", "conclude",
+           "estimates", "excess", "judge", "plan", "precharge_cost", "round_cost", "unaffordable"]
 
 logger = logging.getLogger("hybrid")
 
 CONCLUDE = -1.0  # what plan() returns when no round fits before the bound: the race ends now
+NOT_TIMED = ("not timed: the tax budget could not pay for its turns before the time bound (its ratio is the check's "
+             "estimate); it races at the re-check")
+NOT_TIMED_TWICE = ("not timed in two races: the tax budget cannot pay for a round of its turns at its estimated ratio "
+                   "within the time bound")
 DISPLACED_AT_BOUND = ("replaced at the time bound on the point estimate of its rival's turns, not by the test: "
                       "it races again at the re-check")
 
@@ -49,20 +53,23 @@ class Race:
     # beside the check and the compiles: charged to ``spent`` once a baseline turn has measured its own speed
     pace: dict[str, float] = field(default_factory=dict)  # challenger -> its warm-up here over the serving speed:
     # a floor on the ratio that paces its first round (never a verdict: lazy initialisation inflates it)
+    deferred: frozenset[str] = frozenset()  # challengers a race before this one left untimed (:func:`_defer`)
 
     @classmethod
     def between(cls, incumbent: str, lanes: dict[str, Lane], started: float, estimates: dict[str, float],
-                precharge: tuple[float, int] | None = None, calls_from: int = 0) -> Race:
+                precharge: tuple[float, int] | None = None, calls_from: int = 0,
+                deferred: frozenset[str] = frozenset()) -> Race:
         """A race of every lane against ``incumbent``, each challenger starting from its estimated ratio.
 
         ``precharge``: the seconds and count of the calls served while the check and the compiles ran; what they
         cost beyond the serving candidate's own speed is charged to the tax before the first round (:func:`plan`).
         ``calls_from``: the bucket's call count at ``started`` (the calls after it pay for the tuning).
+        ``deferred``: challengers an earlier race left untimed (a second time untimed, they leave).
         """
         challengers = [lb for lb in lanes if lb != incumbent]
         return cls(incumbent, dict(lanes), started, {lb: [] for lb in challengers},
                    {lb: estimates.get(lb, 1.0) for lb in challengers},
-                   precharge=precharge if challengers else None, calls_from=calls_from)
+                   precharge=precharge if challengers else None, calls_from=calls_from, deferred=deferred)
 
     def ratio(self, label: str) -> float:
         """A challenger's call time over the incumbent's: from its paired turns, else its estimate."""
@@ -141,10 +148,12 @@ def plan(race: Race, policy: TuningPolicy, now: float, turn_s: float, deadline: 
         if len(race.logs) == 1 or race.ratio(costly) <= 1.0 + policy.tie_rel:
             return CONCLUDE
         logs = race.logs.pop(costly)  # the others' turns fit the budget without its
+        if not logs:
+            _defer(race, costly, race.estimate.get(costly))
+            continue
         race.results[costly] = CandidateResult(
-            costly, math.exp(statistics.fmean(logs)) if logs else race.estimate.get(costly),
-            rule.Outcome.SLOWER.value, "its turns, at this ratio, cost more than the tax budget allows within the "
-            "time bound")
+            costly, math.exp(statistics.fmean(logs)), rule.Outcome.SLOWER.value,
+            "its turns, at this ratio, cost more than the tax budget allows within the time bound")
     if now < start:
         return start
     lanes = [race.lanes[race.incumbent]]
@@ -231,27 +240,41 @@ def excess(seconds: float, calls: int, call_s: float) -> float:
 def conclude(race: Race, policy: TuningPolicy) -> str | None:
     """The bound in time: the point estimate of each challenger still open decides (:func:`.rule.settle`).
 
-    One never timed (its turns would have cost more than the budget allows before the bound) is judged by its estimate,
-    which can drop it but never make it serve. A switch made here rests on a point estimate, not on the test, so the
-    candidate it replaces races again at the re-check, by the same rule: a wrong switch is undone there, where one
-    the test had made would stand. Returns the new incumbent, if any.
+    One never timed (its turns would have cost more than the budget allows before the bound) is not judged: its
+    estimate comes from the check, not from real calls, so it races at the re-check (:func:`_defer`). A switch made
+    here rests on a point estimate, not on the test, so the candidate it replaces races again at the re-check, by
+    the same rule: a wrong switch is undone there, where one the test had made would stand. Returns the new
+    incumbent, if any.
     """
-    tie = policy.tie_rel
-    untimed = [lb for lb, v in race.logs.items() if not v]
-    verdicts = {lb: rule.settle(v, tie) if v else (rule.Outcome.SLOWER if race.estimate.get(lb, 1.0) > 1 + tie
-                                                   else rule.Outcome.TIE) for lb, v in race.logs.items()}
+    untimed = {lb: race.estimate.get(lb) for lb, v in race.logs.items() if not v}
+    verdicts = {lb: rule.settle(v, policy.tie_rel) for lb, v in race.logs.items() if v}
     was = race.incumbent
     switched = _apply(race, verdicts)
     if switched is not None:
         race.results[was] = dataclasses.replace(race.results[was], reason=DISPLACED_AT_BOUND)
         if was not in race.runners:
             race.runners.append(was)
-    for label in untimed:
-        race.results[label] = CandidateResult(label, race.estimate.get(label), race.results[label].outcome,
-                                              "not timed: its turns, at the estimated ratio, would cost more than "
-                                              "the tax budget allows within the time bound")
+    for label, estimate in untimed.items():
+        _defer(race, label, estimate)
     race.logs.clear()
     return switched
+
+
+def _defer(race: Race, label: str, estimate: float | None) -> None:
+    """``label`` leaves the race untimed: not judged on the check's estimate, it races at the re-check.
+
+    The check times candidates in another process, paced, on one input: an estimate, not a measurement of the
+    serving configuration (on the zoo's unet it read OpenVINO bf16 at 1.03x ONNX Runtime's time, real calls at
+    0.85x), and the first race's budget also pays for the check and the compiles. So the re-check, with a budget
+    of its own, gives it turns. One that a re-check leaves untimed too (the budget cannot pay for a round of its
+    turns within any bound) leaves, as slower by its estimate.
+    """
+    if label in race.deferred:
+        race.results[label] = CandidateResult(label, estimate, rule.Outcome.SLOWER.value, NOT_TIMED_TWICE)
+        return
+    race.results[label] = CandidateResult(label, estimate, "open", NOT_TIMED)
+    if label not in race.runners:
+        race.runners.append(label)
 
 
 def _apply(race: Race, verdicts: dict[str, rule.Outcome]) -> str | None:
