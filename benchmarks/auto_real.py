@@ -50,8 +50,8 @@ def decided(cm) -> bool:
 
 
 def waiting(cm) -> bool:
-    """A decided bucket has a candidate the tax budget left untimed: it races at the bucket's re-check."""
-    return any(c.outcome == "open" for s in (cm.tuning or ()) if s.state == "decided" for c in s.candidates)
+    """A bucket has a candidate the tax budget left untimed (it races at the bucket's re-check), or is re-checked."""
+    return any(s.state != "decided" or any(c.outcome == "open" for c in s.candidates) for s in (cm.tuning or ()))
 
 
 def settle(cm, feeds, limit_s: float) -> float:

@@ -272,7 +272,7 @@ def _defer(race: Race, label: str, estimate: float | None) -> None:
     if label in race.deferred:
         race.results[label] = CandidateResult(label, estimate, rule.Outcome.SLOWER.value, NOT_TIMED_TWICE)
         return
-    race.results[label] = CandidateResult(label, estimate, "open", NOT_TIMED)
+    race.results[label] = CandidateResult(label, estimate, rule.Outcome.OPEN.value, NOT_TIMED)
     if label not in race.runners:
         race.runners.append(label)
 

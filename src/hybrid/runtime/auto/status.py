@@ -27,9 +27,10 @@ class CandidateResult:
 
     Attributes:
         label: ``'backend:device'``, with the precision after a space when reduced (``'openvino:cpu bf16'``).
-        ratio: Its call time over the serving candidate's, from the paired turns (None: not timed yet).
-        outcome: What the rule said: 'faster', 'slower', 'tie', 'open' (still under test), 'serving',
-            'rejected' or 'failed'.
+        ratio: Its call time over the serving candidate's, from the paired turns (None: not timed yet; for one
+            left untimed, the check's estimate).
+        outcome: What the rule said: 'faster', 'slower', 'tie', 'open' (still under test, or left untimed and
+            waiting for the re-check), 'serving', 'rejected' or 'failed'.
         reason: Why it was rejected or failed (the check's words); for a judgement that is provisional, what
             qualifies it (not timed; replaced at the time bound and re-checked later); else ''.
     """
