@@ -20,11 +20,11 @@ cache:
    hint) interleaved in blocks, ``--reps`` repetitions; the ratio to the best raw runtime is the median over
    repetitions of the median of paired per-block ratios.
 4. **precision='auto'** with ``accuracy={'min_cosine': 0.995}``, nothing else given: called until decided (and
-   re-checked as in 3), then
-   interleaved with raw ONNX Runtime fp32 and raw OpenVINO bf16 (``INFERENCE_PRECISION_HINT: bf16``, LATENCY
-   hint: what this CPU's bf16 gives at all), speedups = ORT fp32 time / each one's time, and the cosines of
-   their outputs to ORT's. Where raw bf16 keeps the budget, precision='auto' / raw bf16 says how much of what the
-   hardware offers it took; where it does not, precision='auto' should stay at fp32.
+   re-checked as in 3), then interleaved with raw ONNX Runtime fp32 and raw OpenVINO bf16
+   (``INFERENCE_PRECISION_HINT: bf16``, LATENCY hint: what this CPU's bf16 gives at all), speedups = ORT fp32
+   time / each one's time, and the cosines of their outputs to ORT's. Where raw bf16 keeps the budget,
+   precision='auto' / raw bf16 says how much of what the hardware offers it took; where it does not,
+   precision='auto' should stay at fp32.
 
 Run (best alone on the machine; a few minutes a model):
     python benchmarks/auto_real.py [--models crnn,detector] [--limit-s 120] [--reps 3]

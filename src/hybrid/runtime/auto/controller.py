@@ -121,8 +121,9 @@ class Controller:
 
     def _receive(self, event: Event) -> None:
         if event.kind == "new":
-            self._buckets.setdefault(event.key, BucketRecord(event.key, event.sample, incumbent=self._start.label,
-                                                        first_shapes=shapes_label(event.sample or {})))
+            record = BucketRecord(event.key, event.sample, incumbent=self._start.label,
+                                  first_shapes=shapes_label(event.sample or {}))
+            self._buckets.setdefault(event.key, record)
             return
         b = self._buckets.get(event.key)
         if b is None:

@@ -44,7 +44,8 @@ class Race:
     logs: dict[str, list[float]] = field(default_factory=dict)  # challenger -> paired log-ratios vs the incumbent
     estimate: dict[str, float] = field(default_factory=dict)  # challenger -> speed ratio before any pair
     results: dict[str, CandidateResult] = field(default_factory=dict)
-    runners: list[str] = field(default_factory=list)  # tied: they race again at the next re-check
+    runners: list[str] = field(default_factory=list)  # tied, untimed or replaced at the bound: they race again at
+    # the next re-check
     spent: float = 0.0  # seconds tuning added to the calls so far (the tax paid)
     calls_from: int = 0  # the bucket's call count when the race began: the budget accrues with the calls since
     base_s: float | None = None  # the serving candidate's own call seconds (the baseline turn, each round's first)
