@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 import _triton_real as tr
-from vs_triton import MODEL, load
+from vs_triton import MODEL, cpu_by_role, load
 
 
 def serve(kind: str, port: int, delay_s: float, ready: mp.synchronize.Event) -> None:
@@ -79,9 +79,8 @@ def serve(kind: str, port: int, delay_s: float, ready: mp.synchronize.Event) -> 
 
 
 def cpu_s(pid: int) -> float:
-    """CPU seconds of process ``pid`` so far (all its threads)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """CPU seconds of process ``pid`` so far, every thread whatever its role (:func:`vs_triton.cpu_by_role`)."""
+    return sum(cpu_by_role(pid).values())
 
 
 def main() -> None:

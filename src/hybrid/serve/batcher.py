@@ -88,18 +88,25 @@ def _compute_policy() -> None:
     with contextlib.suppress(OSError):
         if os.sched_getscheduler(0) != os.SCHED_OTHER:
             os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
-    with contextlib.suppress(OSError):  # Linux: a nice value is per thread, the main thread's is the process's
-        target = min(19, os.getpriority(os.PRIO_PROCESS, os.getpid()) + COMPUTE_NICE)
+    with contextlib.suppress(OSError):
+        target = _compute_nice()
         if os.getpriority(os.PRIO_PROCESS, 0) < target:
             os.setpriority(os.PRIO_PROCESS, 0, target)
+
+
+def _compute_nice() -> int:
+    """The models' threads' nice value: ``COMPUTE_NICE`` above the process's, at most 19.
+
+    On Linux a nice value is per thread; the main thread's is the process's.
+    """
+    return min(19, os.getpriority(os.PRIO_PROCESS, os.getpid()) + COMPUTE_NICE)
 
 
 def _in_compute_policy() -> bool:
     if not (hasattr(os, "sched_getscheduler") and hasattr(os, "SCHED_OTHER")):
         return True
     try:
-        target = min(19, os.getpriority(os.PRIO_PROCESS, os.getpid()) + COMPUTE_NICE)
-        return os.sched_getscheduler(0) == os.SCHED_OTHER and os.getpriority(os.PRIO_PROCESS, 0) >= target
+        return os.sched_getscheduler(0) == os.SCHED_OTHER and os.getpriority(os.PRIO_PROCESS, 0) >= _compute_nice()
     except OSError:
         return True
 
