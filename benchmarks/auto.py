@@ -28,12 +28,17 @@ from _harness import geomean, interleave, machine_info, median_ms, paired_ratio,
 BERT = "bert-6x384"
 
 
-def export_bert(folder: Path) -> Path:
-    """Export the BERT-style encoder with torch.onnx (static batch 8 x 128); return the .onnx path."""
+def export_bert(folder: Path, dynamic: bool = False) -> Path:
+    """Export the BERT-style encoder with torch.onnx; return the .onnx path.
+
+    Args:
+        folder: Where the model is written (reused when it is there).
+        dynamic: Batch and sequence length as dynamic axes, as an exported encoder is served; else static 8 x 128.
+    """
     import torch
     from transformers import BertConfig, BertModel
 
-    path = folder / "bert_6x384.onnx"
+    path = folder / ("bert_6x384_dynamic.onnx" if dynamic else "bert_6x384.onnx")
     if path.exists():
         return path
     cfg = BertConfig(num_hidden_layers=6, hidden_size=384, num_attention_heads=12, intermediate_size=1536)
@@ -51,7 +56,9 @@ def export_bert(folder: Path) -> Path:
     ids = torch.randint(0, cfg.vocab_size, (8, 128))
     mask = torch.ones(8, 128, dtype=torch.int64)
     torch.onnx.export(Encoder().eval(), (ids, mask), str(path), input_names=["input_ids", "attention_mask"],
-                      output_names=["last_hidden_state"], opset_version=17, dynamo=False)
+                      output_names=["last_hidden_state"], opset_version=17, dynamo=False,
+                      dynamic_axes={n: {0: "batch", 1: "sequence"} for n in ("input_ids", "attention_mask",
+                                                                            "last_hidden_state")} if dynamic else None)
     return path
 
 

@@ -293,6 +293,66 @@ def test_what_the_check_costs_the_callers_is_charged_to_the_tax_before_any_turn(
     assert lab.paced_for_s == [pytest.approx(policy.decide_within_s / 2, abs=0.01)]  # from the first call
 
 
+def test_a_candidate_the_check_puts_faster_races_at_once_though_the_check_overdrew_the_budget():
+    """The check slows the serving candidate 2x for 2000 calls (2 s more than their own time: the budget would need
+    20 s of calls to pay for it, past the 10 s bound), and b's estimate is 0.5x: a round of b's turns lowers the
+    calls' mean latency, so it starts right after the baseline turn, and b serves after one round."""
+    clock = FakeClock()
+    policy = TuningPolicy(max_tax=0.1, decide_within_s=10.0)
+    slow = [False]
+    exes = {"a:cpu": Scripted(clock, lambda c: 2e-3 if slow[0] else 1e-3), "b:cpu": Scripted(clock, 0.5e-3)}
+    lab = BusyCheckLab(exes, 2000, slow, warm={"a:cpu": 1e-3, "b:cpu": 0.5e-3})
+    router, controller, _ = tuner(exes, clock, policy, lab=lab)
+    lab.router = router
+    drive(router, controller, X, decided(controller))
+    (status,) = controller.status()
+    assert status.serving == "b:cpu" and status.recheck_at_s is None
+    turn_s = policy.turn_s(1e-3)
+    assert status.decided_after_s <= 4.0 + 5 * turn_s + 0.01  # the check, a baseline turn, one round of four
+
+
+def test_a_round_planned_to_gain_starts_at_once_until_a_round_costs_in_net():
+    """Only the challengers faster beyond the tie band take such a round; once the rounds have cost the calls in net
+    (lead-ins, an estimate that was wrong), the budget paces the race again."""
+    lanes = {lb: Lane(lb, None) for lb in ("a:cpu", "b:cpu", "c:cpu")}  # type: ignore[arg-type]
+    policy = TuningPolicy()
+    r = race.Race.between("a:cpu", lanes, 0.0, {"b:cpu": 0.5, "c:cpu": 1.5})
+    r.spent = 5.0  # the check and the compiles overdrew the budget: 50,000 calls of 1 ms to pay back
+    probe = race.plan(r, policy, 1.0, 0.2, 30.0, 1000, 1e-3)
+    assert isinstance(probe, Probe) and probe.start == 1.0 and race.challengers_of(probe) == ["b:cpu"]
+    r.rounds_net = 0.01
+    assert race.plan(r, policy, 1.0, 0.2, 30.0, 1000, 1e-3) == race.CONCLUDE  # no round fits the budget now
+
+
+def test_a_faster_challengers_turns_pay_the_tax_back():
+    """The budget bounds the calls' mean latency: a round whose challenger answered in half the time is a gain."""
+    a, b = Lane("a:cpu", Scripted(FakeClock(), 1e-3)), Lane("b:cpu", Scripted(FakeClock(), 0.5e-3))
+    probe = Probe(0.0, 0.2, (a, b, b, a))
+    for turn, seconds in enumerate((1e-3, 0.5e-3, 0.5e-3, 1e-3)):
+        probe.records.extend((turn, turn * 0.2 + k * seconds, seconds) for k in range(int(0.2 / seconds)))
+    r = race.Race.between("a:cpu", {"a:cpu": a, "b:cpu": b}, 0.0, {})
+    r.spent = 0.3
+    assert race.round_cost(r, probe, TuningPolicy()) == pytest.approx(-0.4)  # 800 calls of 0.5 ms, not 1 ms
+    race.judge(r, probe, TuningPolicy())
+    assert r.spent == pytest.approx(-0.1) and r.rounds_net == pytest.approx(-0.4)
+
+
+def test_an_untimed_candidate_the_check_put_faster_is_rechecked_at_once():
+    """The check ends so near the bound that no round fits: b (estimated 0.5x) is left untimed at the decision.
+    Its re-check starts at once rather than ``recheck_after_s`` later, and times it: b serves soon after the bound."""
+    clock = FakeClock()
+    policy = TuningPolicy(decide_within_s=10.0, recheck_after_s=60.0)
+    slow = [False]
+    exes = {"a:cpu": Scripted(clock, lambda c: 2e-3 if slow[0] else 1e-3), "b:cpu": Scripted(clock, 0.5e-3)}
+    lab = BusyCheckLab(exes, 4750, slow, warm={"a:cpu": 1e-3, "b:cpu": 0.5e-3})  # 9.5 s of calls
+    router, controller, _ = tuner(exes, clock, policy, lab=lab)
+    lab.router = router
+    first = clock()
+    drive(router, controller, X, lambda: [(s.serving, s.state) for s in controller.status()] == [("b:cpu", "decided")])
+    assert clock() - first <= policy.decide_within_s + 5 * policy.turn_s(1e-3) + 0.01
+    assert "decided by the paired turns" in controller.notes()[0]
+
+
 def drive_in_bursts(router, controller, clock, until, busy_s=1.5, idle_s=0.3):
     """Call back to back for ``busy_s`` of the fake clock, then nothing for ``idle_s`` (a batch job that pauses, or
     a benchmark that times something else between blocks), until ``until()``; the calls made and their seconds."""

@@ -151,8 +151,10 @@ class Controller:
             if b.phase is Phase.NEW:
                 self._begin(b)
             if b.phase is Phase.RACING:
-                return self._race(b)
-            if b.phase is Phase.DECIDED and b.recheck_at is not None:
+                wake = self._race(b)
+                if b.phase is Phase.RACING:
+                    return wake
+            if b.phase is Phase.DECIDED and b.recheck_at is not None:  # a re-check due at once starts at once
                 if self._clock() >= b.recheck_at:
                     self._recheck(b)
                     return self._race(b) if b.phase is Phase.RACING else math.inf
@@ -255,8 +257,8 @@ class Controller:
     # ------------------------------------------------------------------ the race
     def _start_race(self, b: BucketRecord, estimates: dict[str, float], precharge: tuple[float, int] | None = None,
                     calls_from: int = 0) -> None:
-        deferred = frozenset(lb for lb, r in b.results.items() if r.reason == race.NOT_TIMED)
-        b.race = Race.between(b.incumbent, b.lanes, b.race_from, estimates, precharge, calls_from, deferred)
+        b.race = Race.between(b.incumbent, b.lanes, b.race_from, estimates, precharge, calls_from,
+                              frozenset(b.untimed))
         if b.race.over:
             self._decide(b, "as the only candidate left after the check")
             return
@@ -305,6 +307,7 @@ class Controller:
             b.incumbent = r.incumbent
             b.results.update(r.results)
             b.runners = list(r.runners)
+            b.untimed = dict(r.untimed)
 
     def _turn_s(self, b: BucketRecord) -> float:
         return self._policy.turn_s(self._route(b).tally.last_s)
@@ -320,7 +323,9 @@ class Controller:
         b.decided_at, b.decided_calls = now - b.race_from, self._route(b).tally.calls
         b.results[b.incumbent] = CandidateResult(b.incumbent, 1.0, "serving")
         b.runners = [lb for lb in b.runners if lb in b.lanes and lb != b.incumbent]
-        if b.runners:
+        if any(self._gains(b.untimed.get(lb)) for lb in b.runners):
+            b.recheck_at = now  # an untimed runner the check put faster: its turns pay for themselves (race.plan)
+        elif b.runners:
             b.recheck_every = b.recheck_every * 2 if b.recheck_every else self._policy.recheck_after_s
             b.recheck_at = now + b.recheck_every
         else:
@@ -337,6 +342,10 @@ class Controller:
             self._lab.persist(b.key, b.incumbent, b.accuracy.get(b.incumbent))
         except Exception as e:  # a cache that cannot be written costs the next compile its turns, nothing more
             logger.info("auto (online): decision of bucket %s not cached: %s", bucket_label(b.key), first_line(e))
+
+    def _gains(self, ratio: float | None) -> bool:
+        """A ratio to the serving candidate's time below the tie band."""
+        return ratio is not None and ratio < 1.0 - self._policy.tie_rel
 
     def _recheck(self, b: BucketRecord) -> None:
         """Let the runners-up take turns with the bucket's candidate again, by the same rule."""

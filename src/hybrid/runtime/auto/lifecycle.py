@@ -52,6 +52,8 @@ class BucketRecord:
     lanes: dict[str, Lane] = field(default_factory=dict)  # the candidates compiled for it, the incumbent included
     results: dict[str, CandidateResult] = field(default_factory=dict)
     runners: list[str] = field(default_factory=list)  # re-checked later: tied, untimed, or replaced at the bound
+    untimed: dict[str, float | None] = field(default_factory=dict)  # runners the last race left untimed -> the
+    # check's estimate of their ratio (untimed again, they leave)
     race: Race | None = None  # while racing (:mod:`.race`)
     race_from: float = 0.0  # the first call, or the start of a re-check: the deadline counts from here
     decided_at: float | None = None

@@ -20,8 +20,8 @@ from hybrid.runtime.auto.policy import TuningPolicy
 from hybrid.runtime.auto.router import Lane, Probe
 from hybrid.runtime.auto.status import CandidateResult
 
-__all__ = ["CONCLUDE", "DISPLACED_AT_BOUND", "NOT_TIMED", "NOT_TIMED_TWICE", "Race", "check_ratio", "conclude",
-           "estimates", "excess", "judge", "plan", "precharge_cost", "round_cost", "unaffordable"]
+__all__ = ["CONCLUDE", "DISPLACED_AT_BOUND", "NOT_TIMED", "NOT_TIMED_TWICE", "Race", "challengers_of", "check_ratio",
+           "conclude", "estimates", "excess", "judge", "plan", "precharge_cost", "round_cost", "unaffordable"]
 
 logger = logging.getLogger("hybrid")
 
@@ -46,7 +46,10 @@ class Race:
     results: dict[str, CandidateResult] = field(default_factory=dict)
     runners: list[str] = field(default_factory=list)  # tied, untimed or replaced at the bound: they race again at
     # the next re-check
-    spent: float = 0.0  # seconds tuning added to the calls so far (the tax paid)
+    spent: float = 0.0  # seconds tuning added to the calls so far (the tax paid; a faster challenger's turns pay it
+    # back: the calls' mean is what the budget bounds)
+    rounds_net: float = 0.0  # what the rounds alone added to the calls, in net (their gains subtracted): a round
+    # planned to make the calls faster starts at once only while this is not above 0 (:func:`plan`)
     calls_from: int = 0  # the bucket's call count when the race began: the budget accrues with the calls since
     base_s: float | None = None  # the serving candidate's own call seconds (the baseline turn, each round's first)
     probe: Probe | None = None
@@ -55,6 +58,8 @@ class Race:
     pace: dict[str, float] = field(default_factory=dict)  # challenger -> its warm-up here over the serving speed:
     # a floor on the ratio that paces its first round (never a verdict: lazy initialisation inflates it)
     deferred: frozenset[str] = frozenset()  # challengers a race before this one left untimed (:func:`_defer`)
+    untimed: dict[str, float | None] = field(default_factory=dict)  # challengers this race left untimed, for the
+    # first time: label -> the check's estimate of its ratio (they race at the re-check)
 
     @classmethod
     def between(cls, incumbent: str, lanes: dict[str, Lane], started: float, estimates: dict[str, float],
@@ -133,9 +138,19 @@ def plan(race: Race, policy: TuningPolicy, now: float, turn_s: float, deadline: 
     the race concludes. A race with a precharge first runs a baseline turn: the serving candidate alone, with
     nothing else at work, so that :func:`judge` can charge what the calls before the race paid beside the check and
     the compiles.
+
+    A round of the challengers faster than the serving one beyond the tie band (by their turns, else by the check's
+    estimate) starts at once, whatever the balance, while the rounds so far have not cost the calls in net: it
+    lowers the calls' mean latency, so waiting for the budget would only keep the slower candidate serving
+    longer (on a MiniLM-sized encoder under ``precision='auto'`` the check and the compiles overdrew the budget and
+    OpenVINO bf16, 0.45x the serving time, waited for the re-check). A round that cost in net (lead-ins, an estimate
+    that was wrong) ends the privilege: the race is paced by the budget again.
     """
     if race.precharge is not None:
         return Probe(now, turn_s, (race.lanes[race.incumbent],))
+    gaining = [lb for lb in race.logs if race.ratio(lb) < 1.0 - policy.tie_rel]
+    if gaining and race.rounds_net <= 0.0 and now + turn_s * (1 + 3 * len(gaining)) <= deadline:
+        return _round(race, now, turn_s, gaining)  # it lowers the calls' mean latency: waiting would not
     base = race.base_s or call_s
     served = max(0, calls - race.calls_from)
     rate = served / (now - race.started) if now > race.started else 0.0
@@ -157,14 +172,24 @@ def plan(race: Race, policy: TuningPolicy, now: float, turn_s: float, deadline: 
             "its turns, at this ratio, cost more than the tax budget allows within the time bound")
     if now < start:
         return start
-    lanes = [race.lanes[race.incumbent]]
-    for label in race.logs:
-        lanes += [race.lanes[label], race.lanes[label], race.lanes[race.incumbent]]
     if logger.isEnabledFor(logging.DEBUG):
         logger.debug("auto (online): a round of %s planned to add %.4g s (%.4g s spent, %d calls of %.3g ms since the "
                      "race began)", ", ".join(f"{lb} at {race.cost_ratio(lb):.3g}x" for lb in race.logs), extra,
                      race.spent, served, 1e3 * base)
+    return _round(race, now, turn_s, list(race.logs))
+
+
+def _round(race: Race, now: float, turn_s: float, challengers: list[str]) -> Probe:
+    """A round of paired turns A X X A for each of ``challengers`` (A: the serving candidate), starting ``now``."""
+    lanes = [race.lanes[race.incumbent]]
+    for label in challengers:
+        lanes += [race.lanes[label], race.lanes[label], race.lanes[race.incumbent]]
     return Probe(now, turn_s, tuple(lanes))
+
+
+def challengers_of(probe: Probe) -> list[str]:
+    """The challengers a round's probe gives turns to, in its order (none for a baseline turn)."""
+    return [probe.lanes[1 + 3 * j].label for j in range((len(probe.lanes) - 1) // 3)]
 
 
 def judge(race: Race, probe: Probe, policy: TuningPolicy) -> str | None:
@@ -186,12 +211,14 @@ def judge(race: Race, probe: Probe, policy: TuningPolicy) -> str | None:
                 if warm:
                     race.pace[label] = warm / serving_s
         return None
-    for j, label in enumerate(list(race.logs)):
+    for j, label in enumerate(challengers_of(probe)):
         a0, x1, x2, a3 = (probe.timed(3 * j + k, policy.lead_share) for k in range(4))
         pairs = [v for v in (rule.log_ratio(x1, a0), rule.log_ratio(x2, a3)) if v is not None]
-        race.logs[label] += pairs
+        if label in race.logs:
+            race.logs[label] += pairs
     cost = round_cost(race, probe, policy)
     race.spent += cost
+    race.rounds_net += cost
     if logger.isEnabledFor(logging.DEBUG):
         turns = ", ".join(f"{lane.label} {_ms(probe.timed(i, policy.lead_share))}"
                           for i, lane in enumerate(probe.lanes))
@@ -205,21 +232,22 @@ def _ms(seconds: list[float]) -> str:
 
 
 def round_cost(race: Race, probe: Probe, policy: TuningPolicy) -> float:
-    """What a round's calls paid beyond the serving candidate's own speed, as they felt it (never below 0).
+    """What a round's calls paid beyond the serving candidate's own speed, as they felt it (negative: they gained).
 
     That speed is the timed part of the round's first turn: the serving candidate after its rest, before any
     challenger ran (it becomes the race's ``base_s``). Every call of the round counts, lead-ins included, and so does
     the serving candidate's own slowness in its later turns (a runtime that ran before may still spin its threads):
-    what the paired ratios leave out on purpose is a cost all the same. A round without a timed first turn is
-    measured against the last speed known.
+    what the paired ratios leave out on purpose is a cost all the same. The turns of a challenger faster than the
+    serving candidate pay back: the budget bounds the calls' mean latency, which they lower. A round without a timed
+    first turn is measured against the last speed known.
     """
     first = probe.timed(0, policy.lead_share)
     if first:
         race.base_s = statistics.fmean(first)
     records = list(probe.records)
-    if race.base_s is None:
+    if race.base_s is None or not records:
         return 0.0
-    return excess(sum(s for _, _, s in records), len(records), race.base_s)
+    return sum(s for _, _, s in records) - len(records) * race.base_s
 
 
 def precharge_cost(precharge: tuple[float, int], own: list[float]) -> float:
@@ -234,7 +262,11 @@ def precharge_cost(precharge: tuple[float, int], own: list[float]) -> float:
 
 
 def excess(seconds: float, calls: int, call_s: float) -> float:
-    """What ``calls`` calls that took ``seconds`` paid beyond ``call_s`` each (never below 0: gains are not banked)."""
+    """What ``calls`` calls that took ``seconds`` paid beyond ``call_s`` each (never below 0).
+
+    Beside the check and the compiles the serving candidate cannot have been faster than alone: a lower mean there
+    is the machine's noise, not a gain to bank (a round's turns bank theirs: :func:`round_cost`).
+    """
     return max(0.0, seconds - calls * call_s) if calls > 0 else 0.0
 
 
@@ -274,6 +306,7 @@ def _defer(race: Race, label: str, estimate: float | None) -> None:
         race.results[label] = CandidateResult(label, estimate, rule.Outcome.SLOWER.value, NOT_TIMED_TWICE)
         return
     race.results[label] = CandidateResult(label, estimate, rule.Outcome.OPEN.value, NOT_TIMED)
+    race.untimed[label] = estimate
     if label not in race.runners:
         race.runners.append(label)
 
