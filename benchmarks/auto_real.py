@@ -188,7 +188,7 @@ def reps_speedups(contenders, refs, reps, per_block, blocks=15, lead_s=0.05) -> 
 
 
 def cosine(a, b) -> float:
-    from hybrid.runtime.auto.tolerance import cosine as min_cosine
+    from hybrid.runtime.auto.accuracy import cosine as min_cosine
 
     return min_cosine(list(a), list(b), [f"output {k}" for k in range(len(a))])
 

@@ -521,6 +521,10 @@ def test_the_bound_holds_for_slow_models_in_calls():
     (status,) = controller.status()
     assert 5.0 < status.decided_after_s <= 200 * 0.15  # ~200 calls of ~0.1 s, not 5 s
     assert calls <= 300
+    # counted: once the 200 calls are made, the bound in time holds whatever one call takes now
+    assert policy.deadline(0.0, 0.1) == pytest.approx(20.0)
+    assert policy.deadline(0.0, 0.5, calls=250, now=10.0) == 5.0
+    assert policy.deadline(0.0, 0.5, calls=150, now=10.0) == pytest.approx(35.0)
 
 
 def test_a_candidate_rejected_by_the_check_never_serves():

@@ -204,7 +204,7 @@ def test_precision_auto_races_reduced_precisions_online_within_the_budget_and_fp
     deadline = time.monotonic() + 120
     while not cm.tuning or cm.tuning[0].state != "decided":
         y = cm(x)
-        assert hybrid.runtime.auto.tolerance.cosine([reference(x)], [y], ["y"]) >= 0.995
+        assert hybrid.runtime.auto.accuracy.cosine([reference(x)], [y], ["y"]) >= 0.995
         assert time.monotonic() < deadline, cm.tuning
     labels = {c.label for c in cm.tuning[0].candidates}
     assert set(reduced) <= labels  # each reduced precision offered here was checked against the budget

@@ -14,7 +14,7 @@ from tests._models import matmul_add
 import hybrid
 from hybrid.errors import ConfigError, RunError
 from hybrid.hal import Backend, Executable, ProbedDevice, get_backend
-from hybrid.runtime.auto import cache, judge, samples, search, timing, trials
+from hybrid.runtime.auto import accuracy, cache, judge, samples, search, timing, trials
 from hybrid.runtime.auto import tolerance as checks
 
 
@@ -274,14 +274,14 @@ def test_an_ill_conditioned_output_is_checked_only_as_tightly_as_it_is_stable():
 
 def test_accuracy_budgets():
     a = np.random.default_rng(0).standard_normal(1000)
-    assert checks.accuracy_failure({"min_cosine": 0.995}, [a], [a + 1e-3], ["y"]) is None
-    why = checks.accuracy_failure({"min_cosine": 0.995}, [a], [a + 0.5], ["y"])
+    assert accuracy.accuracy_failure({"min_cosine": 0.995}, [a], [a + 1e-3], ["y"]) is None
+    why = accuracy.accuracy_failure({"min_cosine": 0.995}, [a], [a + 0.5], ["y"])
     assert why and "cosine" in why and "'y'" in why
-    assert "relative error" in checks.accuracy_failure({"max_rel_error": 1e-6}, [a], [a + 1e-3], ["y"])
+    assert "relative error" in accuracy.accuracy_failure({"max_rel_error": 1e-6}, [a], [a + 1e-3], ["y"])
     for bad, code in [({"min_cos": 0.9}, "HYB-101"), ({"min_cosine": 2}, "HYB-102"), ({"max_rel_error": "x"},
                                                                                        "HYB-102")]:
         with pytest.raises(ConfigError) as e:
-            checks.validate_accuracy(bad)
+            accuracy.validate_accuracy(bad)
         assert e.value.code == code
     with pytest.raises(ConfigError) as e:
         hybrid.compile(matmul_add(), target="auto", accuracy={"min_cosine": 0.99})

@@ -28,7 +28,7 @@ BUDGET = {"min_cosine": 0.995}
 
 
 def _cosine(a: list[Any], b: list[Any]) -> float:
-    from hybrid.runtime.auto.tolerance import cosine
+    from hybrid.runtime.auto.accuracy import cosine
 
     return cosine(a, b, [f"output {k}" for k in range(len(a))])
 

@@ -11,8 +11,8 @@ from hybrid.errors import BackendError, ConfigError, HybridError
 from hybrid.hal import Candidate, backend_names, get_backend, resolve_target, split_fallback
 from hybrid.ir import Model
 from hybrid.runtime import auto
+from hybrid.runtime.auto.accuracy import parse_accuracy
 from hybrid.runtime.auto.shapes import normalize_shapes
-from hybrid.runtime.auto.tolerance import parse_accuracy
 from hybrid.runtime.compiled import CompiledModel
 from hybrid.runtime.plan import Plan, Segment
 

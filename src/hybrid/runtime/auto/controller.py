@@ -313,7 +313,9 @@ class Controller:
         return self._policy.turn_s(self._route(b).tally.last_s)
 
     def _deadline(self, b: BucketRecord) -> float:
-        return self._policy.deadline(b.race_from, self._route(b).tally.last_s)
+        tally = self._route(b).tally
+        since = tally.calls - (b.race.calls_from if b.race is not None else 0)  # the calls of this race
+        return self._policy.deadline(b.race_from, tally.last_s, since, self._clock())
 
     def _decide(self, b: BucketRecord, why: str) -> None:
         now = self._clock()

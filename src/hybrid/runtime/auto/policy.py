@@ -40,7 +40,8 @@ class TuningPolicy:
             threads included), and the check and the compiles after a baseline turn
             (:func:`.race.precharge_cost`); paid for by the calls' own time, not the clock's
             (:meth:`next_round_at`). A slower candidate under test is given its turns only as often as this
-            allows: rounds of turns are spaced by a rest in which the serving candidate answers every call.
+            allows: rounds of turns are spaced by a rest in which the serving candidate answers every call. A
+            faster one's turns pay the tax back, and its rounds are not held back (:func:`.race.plan`).
         confidence: Confidence of the interval of the mean log-ratio of paired turns (Student's t). A candidate
             is faster or slower only when the whole interval lies beyond the tie band, tied when it lies inside.
         tie_rel: Half-width of the tie band: candidates whose speed ratio to the serving one lies within
@@ -88,9 +89,18 @@ class TuningPolicy:
         """When the check of a bucket first called at ``first_call`` runs unpaced (:data:`CHECK_PACED_SHARE`)."""
         return first_call + CHECK_PACED_SHARE * self.decide_within_s
 
-    def deadline(self, first_call: float, call_s: float) -> float:
-        """When a bucket whose first call came at ``first_call`` and whose calls take ``call_s`` is decided."""
-        return first_call + max(self.decide_within_s, self.decide_within_calls * call_s)
+    def deadline(self, first_call: float, call_s: float, calls: int = 0, now: float | None = None) -> float:
+        """When a bucket whose first call came at ``first_call`` is decided.
+
+        ``decide_within_s`` later, or when its ``decide_within_calls``-th call is due where that is later: the
+        ``calls`` made by ``now`` (default: none, at the first call) and the rest at ``call_s`` each. Counted, not
+        assumed from one call's time: a call slowed 2x beside the check would otherwise push the bound of a model
+        that has made its 200 calls long ago.
+        """
+        bound = first_call + self.decide_within_s
+        if calls >= self.decide_within_calls:
+            return bound
+        return max(bound, (first_call if now is None else now) + (self.decide_within_calls - calls) * call_s)
 
     def turn_s(self, call_s: float) -> float:
         """How long a turn lasts for calls of ``call_s``: ``calls_per_turn`` timed calls after the lead-in."""

@@ -28,8 +28,8 @@ from hybrid.config import autotune_config
 from hybrid.errors import BackendError, HybridError
 from hybrid.hal import Candidate, backend_status, fallback_backend, is_fallback, split_fallback
 from hybrid.ir import Model
+from hybrid.runtime.auto import accuracy as accuracy_budget
 from hybrid.runtime.auto import cache, judge
-from hybrid.runtime.auto import tolerance as checks
 from hybrid.runtime.auto.decision import decision_from_json
 from hybrid.runtime.auto.lab import Confirmation, RealLab
 from hybrid.runtime.auto.online import CONFIRM_RATIO, OnlineTuner
@@ -95,7 +95,7 @@ def select(model: Model, target: str, order: list[Candidate], options_of: Option
         BackendError: HYB-304 when no candidate (nor a partition) can run the model.
     """
     sig = model.signature
-    acc = checks.parse_accuracy(accuracy, precision, sig.output_names)
+    acc = accuracy_budget.parse_accuracy(accuracy, precision, sig.output_names)
     ranges = normalize_shapes(sig, shapes)
     settings = autotune_config()
     rtol = settings.rtol if acc.rtol is None else acc.rtol
@@ -155,7 +155,7 @@ def select(model: Model, target: str, order: list[Candidate], options_of: Option
 
 
 def _search(model: Model, target: str, order: list[Candidate], options_of: OptionsOf, precision: str,
-            acc: checks.Accuracy, autotune: bool, sample_inputs: Any, ranges: Mapping[str, Any], rtol: float,
+            acc: accuracy_budget.Accuracy, autotune: bool, sample_inputs: Any, ranges: Mapping[str, Any], rtol: float,
             online: bool, confirm: bool) -> tuple[Trial, list[str], str, Rivals]:
     """Check, time and judge the trials.
 

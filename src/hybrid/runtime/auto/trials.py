@@ -18,6 +18,7 @@ from hybrid.errors import HybridError
 from hybrid.hal import Candidate, fallback_backend, get_backend, is_fallback, split_fallback
 from hybrid.hal.backend import Executable
 from hybrid.ir import Model
+from hybrid.runtime.auto import accuracy
 from hybrid.runtime.auto import tolerance as checks
 from hybrid.runtime.auto.decision import Decision, PartitionDecision, SingleDecision
 from hybrid.runtime.auto.samples import make_samples
@@ -142,7 +143,7 @@ class Search:
             cases = self.verifier.cases
             base = cases[0].expected if cases else truth
             if base is not None:
-                cos = checks.cosine(base, trial.outputs, self.verifier.names)
+                cos = accuracy.cosine(base, trial.outputs, self.verifier.names)
                 self.notes.append(cosine_note(trial.label, cos))
         return verdict.why
 

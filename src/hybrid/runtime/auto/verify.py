@@ -23,6 +23,7 @@ from hybrid.errors import HybridError, first_line
 from hybrid.hal import backend_status, fallback_backend, get_backend
 from hybrid.hal.backend import Executable
 from hybrid.ir import Model
+from hybrid.runtime.auto import accuracy
 from hybrid.runtime.auto import tolerance as checks
 from hybrid.runtime.auto.samples import SAMPLE_STYLES, make_samples
 from hybrid.runtime.auto.shapes import ShapeRange, concrete_shapes
@@ -273,7 +274,7 @@ class Verifier:
 
     def _within_budget(self, truth: list[Any], outs: list[Any]) -> str | None:
         assert self.budget is not None
-        return checks.accuracy_failure(self.budget, truth, outs, self.names)
+        return accuracy.accuracy_failure(self.budget, truth, outs, self.names)
 
     @property
     def reference(self) -> Executable | None:
