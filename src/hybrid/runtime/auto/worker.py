@@ -340,23 +340,21 @@ def check(request: CheckRequest) -> Verdicts | None:
     pace = pacer(request.share)
     tried, _ = check_trials(search, autotune=True, after_each=lambda _s: pace())
     judge.outvote(tried, search, model.name)
-    results = []  # the fallback serves only what no other candidate runs (then the lab leaves it out): not timed
-    untimed_fallback = any(t.rejected is None and not is_fallback(t.backend) for t in tried)
-    for t in tried:
-        warm = None
-        if t.rejected is None and not (untimed_fallback and is_fallback(t.backend)):
+    warm: dict[str, float] = {}  # the fallback last, timed only where no other passed (else the lab leaves it out)
+    for t in sorted(tried, key=lambda t: is_fallback(t.backend)):
+        accelerated = any(u.rejected is None and not is_fallback(u.backend) for u in tried)
+        if t.rejected is None and not (accelerated and is_fallback(t.backend)):
             try:
                 settle()  # the candidate checked before may still hold a core (its pool's idle threads spin)
                 # in CPU time: this process runs where the callers leave a core idle, so its wall time measures its
                 # waits (a U-Net's OpenVINO run "took" 13.6 s; the encoder's OpenVINO read 2.6x ONNX Runtime)
-                warm = warm_estimate(lambda e=t.executable: e.run(search.verifier.samples or {}), calls=10,
-                                     within_s=0.25, clock=time.process_time)
+                warm[t.label] = warm_estimate(lambda e=t.executable: e.run(search.verifier.samples or {}),
+                                              calls=10, within_s=0.25, clock=time.process_time)
             except Exception as e:
                 t.rejected = f"failed on a second run: {e}"
             pace()
-        results.append((t.label, t.rejected, warm, t.partitioned))
     judge.close_all(tried, None, search)
-    return Verdicts(tuple(results), tuple(search.notes))
+    return Verdicts(tuple((t.label, t.rejected, warm.get(t.label), t.partitioned) for t in tried), tuple(search.notes))
 
 
 def _probe() -> str:
