@@ -325,7 +325,7 @@ class Controller:
         b.decided_at, b.decided_calls = now - b.race_from, self._route(b).tally.calls
         b.results[b.incumbent] = CandidateResult(b.incumbent, 1.0, "serving")
         b.runners = [lb for lb in b.runners if lb in b.lanes and lb != b.incumbent]
-        if any(self._gains(b.untimed.get(lb)) for lb in b.runners):
+        if any(race.gains(self._policy, b.untimed.get(lb)) for lb in b.runners):
             b.recheck_at = now  # an untimed runner the check put faster: its turns pay for themselves (race.plan)
         elif b.runners:
             b.recheck_every = b.recheck_every * 2 if b.recheck_every else self._policy.recheck_after_s
@@ -344,10 +344,6 @@ class Controller:
             self._lab.persist(b.key, b.incumbent, b.accuracy.get(b.incumbent))
         except Exception as e:  # a cache that cannot be written costs the next compile its turns, nothing more
             logger.info("auto (online): decision of bucket %s not cached: %s", bucket_label(b.key), first_line(e))
-
-    def _gains(self, ratio: float | None) -> bool:
-        """A ratio to the serving candidate's time below the tie band."""
-        return ratio is not None and ratio < 1.0 - self._policy.tie_rel
 
     def _recheck(self, b: BucketRecord) -> None:
         """Let the runners-up take turns with the bucket's candidate again, by the same rule."""

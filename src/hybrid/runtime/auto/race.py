@@ -21,7 +21,7 @@ from hybrid.runtime.auto.router import Lane, Probe
 from hybrid.runtime.auto.status import CandidateResult
 
 __all__ = ["CONCLUDE", "DISPLACED_AT_BOUND", "NOT_TIMED", "NOT_TIMED_TWICE", "Race", "challengers_of", "check_ratio",
-           "conclude", "estimates", "excess", "judge", "plan", "precharge_cost", "round_cost", "unaffordable"]
+           "conclude", "estimates", "excess", "gains", "judge", "plan", "precharge_cost", "round_cost", "unaffordable"]
 
 logger = logging.getLogger("hybrid")
 
@@ -148,7 +148,7 @@ def plan(race: Race, policy: TuningPolicy, now: float, turn_s: float, deadline: 
     """
     if race.precharge is not None:
         return Probe(now, turn_s, (race.lanes[race.incumbent],))
-    gaining = [lb for lb in race.logs if race.ratio(lb) < 1.0 - policy.tie_rel]
+    gaining = [lb for lb in race.logs if gains(policy, race.ratio(lb))]
     if gaining and race.rounds_net <= 0.0 and now + turn_s * (1 + 3 * len(gaining)) <= deadline:
         return _round(race, now, turn_s, gaining)  # it lowers the calls' mean latency: waiting would not
     base = race.base_s or call_s
@@ -185,6 +185,11 @@ def _round(race: Race, now: float, turn_s: float, challengers: list[str]) -> Pro
     for label in challengers:
         lanes += [race.lanes[label], race.lanes[label], race.lanes[race.incumbent]]
     return Probe(now, turn_s, tuple(lanes))
+
+
+def gains(policy: TuningPolicy, ratio: float | None) -> bool:
+    """A candidate at ``ratio`` of the serving one's call time is faster beyond the tie band (its turns pay)."""
+    return ratio is not None and ratio < 1.0 - policy.tie_rel
 
 
 def challengers_of(probe: Probe) -> list[str]:
