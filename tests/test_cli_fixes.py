@@ -205,6 +205,33 @@ def test_openvino_compile_failure_keeps_the_reason():
     assert "core.cpp" not in info.value.message
 
 
+def test_openvino_cpu_properties_go_to_the_cpu_plugin_only():
+    from hybrid.backends.openvino import ov_config
+
+    options = {"cpu_pinning": False, "tbb_partitioner": "AUTO"}
+    cpu = ov_config(options)
+    assert cpu["ENABLE_CPU_PINNING"] == "NO" and cpu["TBB_PARTITIONER"] == "AUTO"
+    assert "ENABLE_CPU_PINNING" not in ov_config(options, native="GPU.0")
+    assert "TBB_PARTITIONER" not in ov_config(options, native="GPU.0")
+    assert "ENABLE_CPU_PINNING" not in ov_config({})  # the plugin's own default unless asked
+
+
+def test_openvino_compiles_unpinned_when_asked():
+    pytest.importorskip("openvino")
+    from hybrid.backends.openvino import OpenVINOBackend
+
+    assert OpenVINOBackend.shared_options() == {"cpu_pinning": False}
+    compiled = hybrid.compile(matmul_add(), target="openvino", config={"openvino": {"cpu_pinning": False}})
+    try:
+        native = compiled.executable.compiled  # the OpenVINO CompiledModel itself
+        assert native.get_property("ENABLE_CPU_PINNING") is False
+        x = np.ones((2, 4), np.float32)
+        np.testing.assert_allclose(compiled.run({"x": x})["y"], hybrid.compile(matmul_add(), target="reference").run(
+            {"x": x})["y"], rtol=1e-5, atol=1e-6)
+    finally:
+        compiled.close()
+
+
 def test_compile_reason_drops_source_lines():
     from hybrid.backends.openvino import compile_reason
 

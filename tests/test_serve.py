@@ -264,6 +264,8 @@ def test_server_backend_defaults_turn_spinning_off_unless_asked():
 
     configure_backends(None)
     assert get_config().backends["onnxruntime"]["allow_spinning"] is False
+    if "openvino" in get_config().backends:  # installed: its threads are left unpinned beside the front end
+        assert get_config().backends["openvino"]["cpu_pinning"] is False
     merged = configure_backends({"onnxruntime": {"allow_spinning": True, "intra_op_num_threads": 1}})
     assert merged["onnxruntime"] == {"allow_spinning": True, "intra_op_num_threads": 1}
     with pytest.raises(ConfigError):

@@ -21,6 +21,7 @@ __all__ = ["OpenVINOBackend", "OpenVINOExecutable", "compile_reason", "ov_config
 
 _HINTS = ("LATENCY", "THROUGHPUT", "CUMULATIVE_THROUGHPUT")
 _PRECISIONS = ("f32", "bf16", "f16")
+_PARTITIONERS = ("STATIC", "AUTO")
 
 
 def _native_device(device: str) -> str:
@@ -34,8 +35,11 @@ def _native_device(device: str) -> str:
     raise BackendError("HYB-303", f"openvino cannot use device {device!r}", "use cpu, gpu:N or npu")
 
 
-def ov_config(options: Mapping[str, Any], threads: int | None = None) -> dict[str, str]:
-    """OpenVINO compile properties from validated hybrid options."""
+def ov_config(options: Mapping[str, Any], threads: int | None = None, native: str = "CPU") -> dict[str, str]:
+    """OpenVINO compile properties from validated hybrid options, for the OpenVINO device ``native``.
+
+    The CPU plugin's own properties (pinning, the TBB partitioner) go to 'CPU' only: other plugins reject them.
+    """
     cfg = {
         "PERFORMANCE_HINT": options.get("performance_hint", "LATENCY"),
         "INFERENCE_PRECISION_HINT": options.get("inference_precision", "f32"),
@@ -47,6 +51,10 @@ def ov_config(options: Mapping[str, Any], threads: int | None = None) -> dict[st
         cfg["NUM_STREAMS"] = str(options["num_streams"])
     if options.get("num_requests"):
         cfg["PERFORMANCE_HINT_NUM_REQUESTS"] = str(options["num_requests"])
+    if native == "CPU" and options.get("cpu_pinning") is not None:
+        cfg["ENABLE_CPU_PINNING"] = "YES" if options["cpu_pinning"] else "NO"
+    if native == "CPU" and options.get("tbb_partitioner"):
+        cfg["TBB_PARTITIONER"] = options["tbb_partitioner"]
     if options.get("cache_dir"):
         cfg["CACHE_DIR"] = options["cache_dir"]
     if options.get("profile"):
@@ -196,9 +204,21 @@ class OpenVINOBackend(Backend):
         "num_threads": Option((int,), doc="INFERENCE_NUM_THREADS"),
         "num_streams": Option((int,), doc="NUM_STREAMS"),
         "num_requests": Option((int,), doc="PERFORMANCE_HINT_NUM_REQUESTS"),
+        "cpu_pinning": Option((bool,), doc="ENABLE_CPU_PINNING: pin the CPU plugin's threads to cores"),
+        "tbb_partitioner": Option((str,), None, _PARTITIONERS, "TBB_PARTITIONER: how parallel loops split work"),
         "cache_dir": Option((str,), doc="OpenVINO model cache folder (bundle platform cache)"),
         "profile": Option((bool,), doc="collect per-layer performance counters"),
     }
+
+    @classmethod
+    def shared_options(cls) -> dict[str, Any]:
+        """Leave the CPU plugin's threads unpinned: a pinned thread cannot move off a core the others are using.
+
+        By default (the LATENCY hint) the plugin pins its threads to cores, which suits a process that owns them;
+        beside a server's front end or another backend's part, a parallel loop then waits at its join for the thread
+        whose core is taken, where the OS would have moved it (OpenVINO's ``ENABLE_CPU_PINNING``).
+        """
+        return {"cpu_pinning": False}
 
     def _probe(self) -> list[ProbedDevice]:
         import openvino as ov
@@ -250,7 +270,7 @@ class OpenVINOBackend(Backend):
         native = _native_device(device)
         try:
             ov_model = self._core.read_model(model.to_bytes())
-            compiled = self._core.compile_model(ov_model, native, ov_config(options, get_config().num_threads))
+            compiled = self._core.compile_model(ov_model, native, ov_config(options, get_config().num_threads, native))
         except Exception as e:
             raise BackendError("HYB-304", f"openvino could not compile model {model.name!r} for {device}: "
                                f"{compile_reason(e)}", "try target='auto' or another backend") from e
