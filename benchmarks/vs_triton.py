@@ -186,7 +186,8 @@ def main() -> None:
     ap.add_argument("--clients", default="1,4,16")
     ap.add_argument("--servers", default="triton,pyasc-ort,pyasc-auto",
                     help="of triton, pyasc-ort, pyasc-auto, pyasc-precision (--precision auto --min-cosine 0.995)")
-    ap.add_argument("--warmup", type=int, default=200, help="pyasc serve --warmup for the default target")
+    ap.add_argument("--warmup", type=int, default=200, help="pyasc serve --warmup for the default target (0: it "
+                                                              "tunes under the load, as a user who passes nothing)")
     ap.add_argument("--threads", type=int, default=2, help="ONNX Runtime intra-op threads (both servers)")
     ap.add_argument("--baseline", type=Path, default=None,
                     help="the src folder of another checkout (e.g. `git archive <commit> src | tar -x -C /tmp/base`): "
@@ -245,6 +246,8 @@ def main() -> None:
                         cpu.setdefault((name, n), []).append(((after["front end"] - before["front end"]) * per,
                                                               (after["compute"] - before["compute"]) * per, client))
                     print(f"round {r} clients {n:2d} {name:11s} {rate:7.1f} inf/s  p99 {p99:6.1f} ms", flush=True)
+        for name, http in chosen.items():  # again after the load: a server without --warmup tuned under it
+            print(f"{name} after the rounds: {decision_of(http)}", flush=True)
         print()
         print("| clients | Triton inf/s | p99 ms | " + " | ".join(f"{s} inf/s | ratio | p99 ms"
                                                         for s in servers if s != "triton") + " |")

@@ -35,6 +35,7 @@ from hybrid.bundle.manifest import Manifest
 from hybrid.config import backend_sections
 from hybrid.errors import HybridError, ModelError, ServingError
 from hybrid.hal import backend_class, backend_names
+from hybrid.runtime import collector
 from hybrid.serve.batcher import in_compute_policy
 from hybrid.serve.model import BatchObserver, BatchSettings, ServedModel
 
@@ -467,6 +468,8 @@ class ModelRegistry:
                 m.close()
             except HybridError as e:
                 logger.warning("closing %s: %s", m, e)
+        if models:  # their objects may be frozen out of the collector (runtime.collector): let it reclaim them
+            collector.thaw()
 
     def drain(self, timeout: float | None = None) -> None:
         """Every model refuses new requests and runs what it has queued."""

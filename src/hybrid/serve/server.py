@@ -44,6 +44,7 @@ import uvicorn
 from pydantic import Field
 
 from hybrid.config import ConfigSection
+from hybrid.runtime import collector
 from hybrid.serve.app import BODY_TIMEOUT_SCOPE_KEY
 
 if TYPE_CHECKING:
@@ -298,12 +299,16 @@ def run(app: FastAPI, host: str = "127.0.0.1", port: int = 8000, drain_timeout: 
         log_level: str = "info", connections: ConnectionLimits | None = None) -> None:
     """Serve ``app`` until SIGTERM/SIGINT, then drain and return.
 
-    The front end runs in ``SCHED_BATCH`` (:func:`front_end_yields_to_compute`).
+    The front end runs in ``SCHED_BATCH`` (:func:`front_end_yields_to_compute`); long-lived objects are kept
+    out of the garbage collector's full passes (:mod:`hybrid.runtime.collector`, ``HYBRID_GC_MAX_PAUSE_MS``).
     """
     if host not in LOOPBACK and not app.state.hybrid.options.auth_token:
         logger.warning("serving on %s without --auth-token: anyone who reaches this address can run the models",
                        host)
     limit_allocator_retention()
+    policy = collector.policy_from_env()
+    if policy is not None:  # the imports and the loaded models leave the collector's full passes
+        collector.install(policy)
     front_end_yields_to_compute()
     make_server(app, host, port, drain_timeout, log_level, connections).run()
 

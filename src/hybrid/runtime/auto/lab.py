@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from hybrid.hal import Candidate, accelerated_first, is_fallback, is_installed_backend
 from hybrid.ir import Model
+from hybrid.runtime import collector
 from hybrid.runtime.auto import cache, judge, worker
 from hybrid.runtime.auto.decision import decision_from_json
 from hybrid.runtime.auto.router import Lane
@@ -191,6 +192,7 @@ class RealLab:
             shared = exe is not None and any(e is exe for e in self._compiled.values())
         if exe is not None and not shared:
             exe.close()
+            collector.thaw()  # where a server froze the candidate's objects, its cycles can be reclaimed again
             logger.info("auto (online): %s: released %s (it serves no bucket)", self.model.name, label)
 
     # ------------------------------------------------------------------ the check
