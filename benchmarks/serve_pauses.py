@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import tempfile
 import threading
@@ -26,7 +25,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from vs_triton import MODEL, build_model, start_pyasc
+from vs_triton import MODEL, build_model, paired, start_pyasc
 
 
 def load(url: str, x: np.ndarray, clients: int, seconds: float) -> list[float]:
@@ -106,8 +105,7 @@ def main() -> None:
             print(f"| {name} | {p50:.1f} | {p99:.1f} | {p999:.1f} | {v.max():.1f} | "
                   f"{int((v > args.stall_ms).sum())} of {v.size} |")
         ratios = [a / b for a, b in zip(rates["policy"], rates["off"], strict=True)]
-        print(f"\nthroughput policy / off, paired per round: {', '.join(f'{q:.2f}' for q in ratios)} "
-              f"(median x{statistics.median(ratios):.2f})")
+        print(f"\nthroughput policy / off, paired per round: {paired(ratios)}")
     finally:
         for stop in stops:
             stop()

@@ -128,6 +128,11 @@ def load(url: str, x: np.ndarray, clients: int, seconds: float) -> tuple[float, 
     return len(every) / elapsed, 1e3 * float(np.percentile(every, 99))
 
 
+def paired(ratios: list[float]) -> str:
+    """Ratios paired round by round, and their median: '1.02, 0.97, 1.05 (median x1.02)'."""
+    return f"{', '.join(f'{r:.2f}' for r in ratios)} (median x{statistics.median(ratios):.2f})"
+
+
 def _processes(root: int) -> list[int]:
     """``root`` and its descendants (Linux ``/proc``)."""
     children: dict[int, list[int]] = {}
@@ -278,8 +283,7 @@ def main() -> None:
             for n in counts:  # the change measured against its baseline, paired within each block
                 ratios = [a[0] / b[0] for a, b in zip(results[("pyasc-ort", n)], results[("pyasc-ort-base", n)],
                                                       strict=True)]
-                print(f"clients {n:2d}: pyasc-ort / pyasc-ort-base {', '.join(f'{r:.2f}' for r in ratios)} "
-                      f"(median x{statistics.median(ratios):.2f})")
+                print(f"clients {n:2d}: pyasc-ort / pyasc-ort-base {paired(ratios)}")
     finally:
         for stop in stops:
             stop()
