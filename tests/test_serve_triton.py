@@ -188,3 +188,7 @@ def test_cli_grpc_port_option(tmp_path, monkeypatch):
         taken.listen()
         result = runner.invoke(app, ["serve", str(model), "--grpc-port", str(taken.getsockname()[1]), "--port", "0"])
     assert result.exit_code == 1 and "HYB-710" in result.output and "--grpc-port" in result.output
+    monkeypatch.setenv("HYBRID_GC_MAX_PAUSE_MS", "soon")  # refused before any model loads
+    monkeypatch.setattr("hybrid.serve.repository.build_registry", lambda *a, **k: pytest.fail("a model loaded"))
+    result = runner.invoke(app, ["serve", str(model), "--grpc-port", "0", "--port", "0"])
+    assert result.exit_code == 1 and "HYB-102" in result.output and "HYBRID_GC_MAX_PAUSE_MS" in result.output

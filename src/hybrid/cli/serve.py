@@ -174,6 +174,9 @@ def serve(
             _check_port_free(host, grpc_port, "--grpc-port")
         if warmup < 0:
             raise ConfigError("HYB-102", f"--warmup must be >= 0, got {warmup}")
+        from hybrid.runtime.collector import policy_from_env
+
+        policy_from_env()  # a bad HYBRID_GC_MAX_PAUSE_MS is refused before anything loads (run() applies it)
         configure_backends(backends)
         registry = build_registry(models, target, overrides, warmup=warmup,
                                   compile_options=compile_request(precision, min_cosine, "--min-cosine"))
