@@ -32,7 +32,7 @@ ENV_MAX_PAUSE_MS = "HYBRID_GC_MAX_PAUSE_MS"  # the bound in ms; 'off' leaves the
 _OLDEST = 2  # the generation of a full collection
 
 
-@dataclass
+@dataclass(eq=False)  # one installed policy is told from another by identity (gc.callbacks.remove)
 class CollectorPolicy:
     """Freeze the long-lived objects when a full collection pauses the process longer than ``max_pause_s``.
 
@@ -64,8 +64,8 @@ class CollectorPolicy:
         if pause > self.max_pause_s:
             gc.freeze()  # the collection is over: the survivors are all in the oldest generation's list
             self.freezes += 1
-            logger.info("a full garbage collection paused the process %.0f ms; its %d surviving objects are frozen "
-                        "out of the next ones", pause * 1e3, gc.get_freeze_count())
+            logger.info("a full garbage collection paused the process %.0f ms; its survivors are frozen out of the "
+                        "next ones (%d objects frozen in all)", pause * 1e3, gc.get_freeze_count())
 
 
 _installed: CollectorPolicy | None = None
