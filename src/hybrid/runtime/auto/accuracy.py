@@ -15,7 +15,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from hybrid.errors import ConfigError
-from hybrid.runtime.auto.tolerance import OutputRule, float_pairs, output_rules, validated
+from hybrid.runtime.auto.tolerance import OutputRule, cosine_of, float_pairs, output_rules, validated
 
 __all__ = ["ACCURACY_KEYS", "DEFAULT_BUDGET", "Accuracy", "accuracy_failure", "cosine", "parse_accuracy",
            "validate_accuracy"]
@@ -110,8 +110,7 @@ def accuracy_failure(budget: Mapping[str, float], expected: list[Any], got: list
         fin = np.isfinite(a) & np.isfinite(b)
         a, b = a[fin], b[fin]
         if "min_cosine" in budget:
-            na, nb = float(np.linalg.norm(a)), float(np.linalg.norm(b))
-            cos = 1.0 if na == nb == 0 else float(a @ b) / max(na * nb, 1e-300)
+            cos = cosine_of(a, b)
             if cos < budget["min_cosine"]:
                 return f"output {name!r} cosine similarity {cos:.6f} < {budget['min_cosine']}"
         if "max_rel_error" in budget:
@@ -127,7 +126,5 @@ def cosine(expected: list[Any], got: list[Any], names: list[str]) -> float:
     worst = 1.0
     for _, e, g in float_pairs(expected, got, names):
         if e.dtype.kind in "fcV" and e.shape == g.shape:
-            a, b = e.astype(np.float64).ravel(), g.astype(np.float64).ravel()
-            na, nb = float(np.linalg.norm(a)), float(np.linalg.norm(b))
-            worst = min(worst, 1.0 if na == nb == 0 else float(a @ b) / max(na * nb, 1e-300))
+            worst = min(worst, cosine_of(e, g))
     return worst

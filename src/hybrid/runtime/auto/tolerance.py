@@ -31,6 +31,7 @@ __all__ = [
     "OutputRule",
     "Tolerance",
     "compare",
+    "cosine_of",
     "deviation",
     "float_pairs",
     "nudged",
@@ -130,11 +131,17 @@ def output_rules(spec: Mapping[str, Any] | None, names: list[str]) -> dict[str, 
     return rules
 
 
+def cosine_of(a: np.ndarray, b: np.ndarray) -> float:
+    """The cosine similarity of two arrays of one size, in float64 (1.0 when both are all zero)."""
+    a, b = np.asarray(a, np.float64).ravel(), np.asarray(b, np.float64).ravel()
+    na, nb = float(np.linalg.norm(a)), float(np.linalg.norm(b))
+    return 1.0 if na == nb == 0 else float(a @ b) / max(na * nb, 1e-300)
+
+
 def _judge_by_score(name: str, e: np.ndarray, g: np.ndarray, rule: OutputRule) -> Mismatch | None:
     a, b = e.astype(np.float64), g.astype(np.float64)
     if rule.min_cosine is not None:
-        na, nb = float(np.linalg.norm(a)), float(np.linalg.norm(b))
-        cos = 1.0 if na == nb == 0 else float(a.ravel() @ b.ravel()) / max(na * nb, 1e-300)
+        cos = cosine_of(a, b)
         if not cos >= rule.min_cosine:
             return Mismatch(name, f"cosine similarity {cos:.6f} < {rule.min_cosine} (per-output rule)", True)
     if rule.topk is not None and a.ndim:
