@@ -14,47 +14,15 @@ took longer than ``--stall-ms``; and the throughput ratio (policy / off) paired 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import tempfile
-import threading
-import time
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from vs_triton import MODEL, build_model, paired, start_pyasc
-
-
-def load(url: str, x: np.ndarray, clients: int, seconds: float) -> list[float]:
-    """Closed-loop load for ``seconds``: every request's latency in seconds."""
-    import tritonclient.grpc as grpcclient
-
-    start = threading.Barrier(clients + 1)
-    stop_at = [float("inf")]
-    lat: list[list[float]] = [[] for _ in range(clients)]
-
-    def client(i: int) -> None:
-        c = grpcclient.InferenceServerClient(url)
-        inp = grpcclient.InferInput("x", list(x.shape), "FP32")
-        inp.set_data_from_numpy(x)
-        start.wait()
-        mine = lat[i]
-        while (t0 := time.perf_counter()) < stop_at[0]:
-            c.infer(MODEL, [inp])
-            mine.append(time.perf_counter() - t0)
-        c.close()
-
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
-    for t in threads:
-        t.start()
-    start.wait()
-    stop_at[0] = time.perf_counter() + seconds
-    for t in threads:
-        t.join()
-    return [v for mine in lat for v in mine]
+from vs_triton import build_model, latencies, paired, start_pyasc
 
 
 def main() -> None:
@@ -69,31 +37,21 @@ def main() -> None:
     model, x = build_model(work)
     servers: dict[str, str] = {}
     stops = []
-    saved = {k: os.environ.get(k) for k in ("HYBRID_CACHE_DIR", "HYBRID_GC_MAX_PAUSE_MS")}
     try:
-        for name, pause in (("policy", None), ("off", "off")):
-            os.environ["HYBRID_CACHE_DIR"] = tempfile.mkdtemp(prefix=f"cache-{name}-", dir=work)
-            if pause is None:
-                os.environ.pop("HYBRID_GC_MAX_PAUSE_MS", None)
-            else:
-                os.environ["HYBRID_GC_MAX_PAUSE_MS"] = pause
-            proc, url, _, _ = start_pyasc(model, None, args.warmup)
+        for name, pause in (("policy", {}), ("off", {"HYBRID_GC_MAX_PAUSE_MS": "off"})):
+            cache = tempfile.mkdtemp(prefix=f"cache-{name}-", dir=work)
+            proc, url, _, _ = start_pyasc(model, None, args.warmup, env={"HYBRID_CACHE_DIR": cache, **pause})
             stops.append(lambda p=proc: (p.terminate(), p.wait(60)))
             servers[name] = url
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
         seen: dict[str, list[float]] = {k: [] for k in servers}
         rates: dict[str, list[float]] = {k: [] for k in servers}
         for r in range(args.rounds):
             for name in servers if r % 2 == 0 else reversed(servers):
-                lat = load(servers[name], x, args.clients, args.seconds)
+                lat, elapsed = latencies(servers[name], x, args.clients, args.seconds)
                 seen[name] += lat
-                rates[name].append(len(lat) / args.seconds)
+                rates[name].append(len(lat) / elapsed)
                 over = sum(v * 1e3 > args.stall_ms for v in lat)
-                print(f"round {r} {name:6s} {len(lat) / args.seconds:7.1f} inf/s  max {1e3 * max(lat):6.1f} ms  "
+                print(f"round {r} {name:6s} {len(lat) / elapsed:7.1f} inf/s  max {1e3 * max(lat):6.1f} ms  "
                       f"{over} over {args.stall_ms:g} ms", flush=True)
         print()
         print(f"| server ({args.clients} clients, {args.rounds} x {args.seconds:g} s) | p50 ms | p99 ms | p99.9 ms | "

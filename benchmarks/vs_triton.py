@@ -60,8 +60,10 @@ def build_model(folder: Path) -> tuple[Path, np.ndarray]:
 
 
 def start_pyasc(model: Path, target: str | None, warmup: int, extra: tuple[str, ...] = (),
-                source: Path | None = None) -> tuple[subprocess.Popen[bytes], str, str, str]:
-    """A ``pyasc serve`` process; ``source``: the ``src`` folder of another checkout to run instead of this one."""
+                source: Path | None = None,
+                env: dict[str, str] | None = None) -> tuple[subprocess.Popen[bytes], str, str, str]:
+    """A ``pyasc serve`` process; ``source``: the ``src`` folder of another checkout to run instead of this one;
+    ``env``: variables set for it (e.g. ``HYBRID_CACHE_DIR``)."""
     http, grpc = tr.free_port(), tr.free_port()
     cmd = [sys.executable, "-m", "hybrid", "serve", f"{MODEL}={model}", "--port", str(http), "--grpc-port", str(grpc),
            "--max-batch", str(MAX_BATCH), "--batch-timeout", str(DELAY_S), "--log-level", "warning",
@@ -72,10 +74,10 @@ def start_pyasc(model: Path, target: str | None, warmup: int, extra: tuple[str, 
         cmd += ["--warmup", str(warmup)]
     cmd += list(extra)
     log = tempfile.NamedTemporaryFile(prefix="pyasc-serve-", suffix=".log", delete=False)  # noqa: SIM115
-    env = None
+    child = {**os.environ, **(env or {})}
     if source is not None:  # ahead of the editable install's path entry
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(source), os.environ.get("PYTHONPATH")]))}
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        child["PYTHONPATH"] = os.pathsep.join(filter(None, [str(source), child.get("PYTHONPATH")]))
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=child)
     deadline = time.monotonic() + 900
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -93,6 +95,12 @@ def start_pyasc(model: Path, target: str | None, warmup: int, extra: tuple[str, 
 
 def load(url: str, x: np.ndarray, clients: int, seconds: float) -> tuple[float, float]:
     """Closed-loop load: (inferences per second, p99 latency in ms)."""
+    every, elapsed = latencies(url, x, clients, seconds)
+    return len(every) / elapsed, 1e3 * float(np.percentile(every, 99))
+
+
+def latencies(url: str, x: np.ndarray, clients: int, seconds: float) -> tuple[list[float], float]:
+    """Closed-loop load: every request's latency in seconds, and the seconds the load ran."""
     import tritonclient.grpc as grpcclient
 
     start = threading.Barrier(clients + 1)
@@ -123,9 +131,7 @@ def load(url: str, x: np.ndarray, clients: int, seconds: float) -> tuple[float, 
     stop_at[0] = t0 + seconds
     for t in threads:
         t.join()
-    elapsed = time.perf_counter() - t0
-    every = [v for mine in lat for v in mine]
-    return len(every) / elapsed, 1e3 * float(np.percentile(every, 99))
+    return [v for mine in lat for v in mine], time.perf_counter() - t0
 
 
 def paired(ratios: list[float]) -> str:
