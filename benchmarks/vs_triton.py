@@ -60,10 +60,12 @@ def build_model(folder: Path) -> tuple[Path, np.ndarray]:
 
 
 def start_pyasc(model: Path, target: str | None, warmup: int, extra: tuple[str, ...] = (),
-                source: Path | None = None,
-                env: dict[str, str] | None = None) -> tuple[subprocess.Popen[bytes], str, str, str]:
+                source: Path | None = None, env: dict[str, str] | None = None,
+                idle_tuning: bool = False) -> tuple[subprocess.Popen[bytes], str, str, str]:
     """A ``pyasc serve`` process; ``source``: the ``src`` folder of another checkout to run instead of this one;
-    ``env``: variables set for it (e.g. ``HYBRID_CACHE_DIR``)."""
+    ``env``: variables set for it (e.g. ``HYBRID_CACHE_DIR``); ``idle_tuning``: leave ``pyasc serve``'s tuning
+    while idle on. It is off by default here: between a benchmark's blocks a server is idle because the others
+    are being measured, and its tuning would run beside them (serve_idle_tuning.py measures it)."""
     http, grpc = tr.free_port(), tr.free_port()
     cmd = [sys.executable, "-m", "hybrid", "serve", f"{MODEL}={model}", "--port", str(http), "--grpc-port", str(grpc),
            "--max-batch", str(MAX_BATCH), "--batch-timeout", str(DELAY_S), "--log-level", "warning",
@@ -72,6 +74,8 @@ def start_pyasc(model: Path, target: str | None, warmup: int, extra: tuple[str, 
         cmd += ["--target", target]
     if warmup:
         cmd += ["--warmup", str(warmup)]
+    if not idle_tuning and source is None:  # (an older checkout has no such option)
+        cmd += ["--no-idle-tuning"]
     cmd += list(extra)
     log = tempfile.NamedTemporaryFile(prefix="pyasc-serve-", suffix=".log", delete=False)  # noqa: SIM115
     child = {**os.environ, **(env or {})}

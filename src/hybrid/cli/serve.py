@@ -93,6 +93,11 @@ def serve(
     warmup: Annotated[int, typer.Option(help="Random warm-up calls per model at its declared shapes before it is "
                                              "ready (target auto: its shape buckets are decided first); a "
                                              "config.pbtxt's model_warmup takes precedence.")] = 0,
+    idle_tuning: Annotated[bool, typer.Option(help="Target auto: while a model has had no request for a second, "
+                                                   "decide its batch-size buckets on random inputs at its "
+                                                   "declared shapes (models whose only dynamic dim is the "
+                                                   "batch, at fp32), so the traffic meets them decided.")]
+    = True,
     max_batch: so.MaxBatch = None,
     batch_timeout: so.BatchTimeout = None,
     max_queue: so.MaxQueue = None,
@@ -178,7 +183,7 @@ def serve(
 
         policy_from_env()  # a bad HYBRID_GC_MAX_PAUSE_MS is refused before anything loads (run() applies it)
         configure_backends(backends)
-        registry = build_registry(models, target, overrides, warmup=warmup,
+        registry = build_registry(models, target, overrides, warmup=warmup, idle_tuning=idle_tuning,
                                   compile_options=compile_request(precision, min_cosine, "--min-cosine"))
         _print_models(registry, f"http://{host}:{port}" + (f" and grpc://{grpc_address}" if grpc_port else ""))
         run(create_app(registry, options), host=host, port=port, drain_timeout=drain_timeout, log_level=log_level,

@@ -104,6 +104,11 @@ class CompiledModel:
         self._plan = value
 
     @property
+    def tunes_online(self) -> bool:
+        """Whether ``target='auto'`` decides this model's shape buckets on its calls (:attr:`tuning`)."""
+        return self._live is not None
+
+    @property
     def tuning(self) -> tuple[Any, ...]:
         """Per shape bucket, where ``target='auto'``'s online tuning stands.
 

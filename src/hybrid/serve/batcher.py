@@ -39,7 +39,9 @@ from typing import Any, Generic, TypeVar
 
 from hybrid.errors import RunError
 
-__all__ = ["COMPUTE_NICE", "COMPUTE_THREAD_NAME", "BatcherStats", "LoopBatcher", "in_compute_policy"]
+__all__ = [
+    "COMPUTE_NICE", "COMPUTE_THREAD_NAME", "BatcherStats", "LoopBatcher", "enter_compute_policy", "in_compute_policy",
+]
 
 Item = TypeVar("Item")
 Job = Any  # what join returns and execute takes
@@ -72,7 +74,7 @@ def _name_thread(name: str) -> None:
         Path(f"/proc/self/task/{threading.get_native_id()}/comm").write_text(name[:15])
 
 
-def _compute_policy() -> None:
+def enter_compute_policy() -> None:
     """Put the calling thread in the models' scheduling: the normal policy, ``COMPUTE_NICE`` below the process.
 
     The thread is named :data:`COMPUTE_THREAD_NAME` in the OS, and so are the threads it starts.
@@ -112,7 +114,7 @@ def _in_compute_policy() -> bool:
 
 
 def in_compute_policy(fn: Callable[..., Item], *args: Any, **kwargs: Any) -> Item:
-    """``fn(*args, **kwargs)`` in a thread of the models' scheduling (:func:`_compute_policy`), waited for.
+    """``fn(*args, **kwargs)`` in a thread of the models' scheduling (:func:`enter_compute_policy`), waited for.
 
     What a model builds there (a runtime's thread pool) inherits that scheduling: a model loaded at start-up
     or through model control (from an executor thread of the ``SCHED_BATCH`` front end) computes like the
@@ -125,7 +127,7 @@ def in_compute_policy(fn: Callable[..., Item], *args: Any, **kwargs: Any) -> Ite
     error: list[BaseException] = []
 
     def target() -> None:
-        _compute_policy()
+        enter_compute_policy()
         try:
             out.append(fn(*args, **kwargs))
         except BaseException as e:  # handed to the caller
@@ -354,7 +356,7 @@ class LoopBatcher(Generic[Item]):
             t.start()
 
     def _run(self) -> None:
-        _compute_policy()
+        enter_compute_policy()
         while (task := self._jobs.get()) is not None:
             task.begun = True
             started = time.monotonic()

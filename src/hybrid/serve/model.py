@@ -168,6 +168,9 @@ class ServedModel:
         self._max_rows: int | None = None  # Triton's max_batch_size once known (0: no limit); see max_batch_size
         self._output_names = self.signature.output_names
         self._in_flight = 0  # unbatched mode's queue
+        self._active = 0  # requests in run() now
+        self._last_active = time.monotonic()  # when the last request ended (idle_for)
+        self._idle_tuner: Any = None  # hybrid.serve.idle_tuning.IdleTuner, while it runs
         self._closed = False
         self._batcher: LoopBatcher[CheckedRequest] | None = None
         if settings.max_batch > 0:
@@ -326,9 +329,10 @@ class ServedModel:
         if self._closed:
             raise self._closing_error()
         request.enqueued = time.monotonic()
-        if self._batcher is None:
-            return await self._infer_alone(request.feeds, limit)
+        self._active += 1  # on the event loop's thread only; read by the idle tuner (idle_for)
         try:
+            if self._batcher is None:
+                return await self._infer_alone(request.feeds, limit)
             return await self._batcher.acall(request, timeout=limit)
         except RunError as e:
             if e.code == "HYB-412":
@@ -337,6 +341,19 @@ class ServedModel:
             if e.code == "HYB-415":
                 raise self._closing_error() from e
             raise
+        finally:
+            self._active -= 1
+            self._last_active = time.monotonic()
+
+    def idle_for(self, now: float) -> float | None:
+        """Seconds at ``now`` (``time.monotonic()``) since this model's last request ended; None while one runs.
+
+        Before any request it counts from the model's creation. Read from any thread (a heuristic: the
+        counters are the event loop's).
+        """
+        if self._active or self._closed:
+            return None
+        return max(0.0, now - self._last_active)
 
     async def _infer_alone(self, feeds: dict[str, np.ndarray], limit: float | None) -> dict[str, np.ndarray]:
         cap = self.settings.max_queue
@@ -463,9 +480,28 @@ class ServedModel:
         return ServingError("HYB-706", f"model {self.name!r} version {self.version} is shutting down",
                             "send the request to another replica")
 
+    def tune_when_idle(self, policy: Any = None) -> bool:
+        """Decide the model's batch-size buckets on random inputs while it has no requests (online tuning only).
+
+        See :mod:`hybrid.serve.idle_tuning`. ``policy``: an ``IdleTuningPolicy`` (None: its defaults).
+
+        Returns:
+            Whether a tuner started (False: nothing to decide, or why not is logged).
+        """
+        from hybrid.serve.idle_tuning import IdleTuner, IdleTuningPolicy, idle_samples
+
+        samples = idle_samples(self)
+        if not samples or self._closed:
+            return False
+        self._idle_tuner = IdleTuner(self, samples, policy or IdleTuningPolicy())
+        self._idle_tuner.start(f"hybrid-serve-{self.name}-idle")
+        return True
+
     def drain(self, timeout: float | None = None) -> None:
         """Refuse new requests; run every queued one now (without waiting for batches to fill), then stop."""
         self._closed = True
+        if self._idle_tuner is not None:
+            self._idle_tuner.stop()
         if self._batcher is not None:
             self._batcher.close(timeout=timeout)
 

@@ -488,13 +488,15 @@ class ModelRegistry:
 def build_registry(paths: Sequence[str | Path], target: str | None = None,
                    overrides: Mapping[str, Any] | None = None, defaults: BatchSettings | None = None,
                    sources: Sequence[ModelSource] | None = None, compile_options: Mapping[str, Any] | None = None,
-                   warmup: int = 0) -> ModelRegistry:
+                   warmup: int = 0, idle_tuning: bool = False) -> ModelRegistry:
     """Discover and load every model under ``paths`` (or the given ``sources``) into a registry.
 
     Each is compiled with ``compile_options`` and warmed up (see :func:`load_model`), in a thread of the
     models' scheduling (:func:`hybrid.serve.batcher.in_compute_policy`), so that the threads a runtime starts
     meanwhile (its intra-op pool) yield CPU weight to the server's front end as the batch runners do, whichever
     thread calls this (the CLI's main thread, or an executor thread of the ``SCHED_BATCH`` front end).
+    ``idle_tuning``: once all are loaded, each model that tunes online decides its batch-size buckets while
+    it has no requests (:mod:`hybrid.serve.idle_tuning`; ``pyasc serve`` turns it on).
 
     Raises:
         HybridError: what discovery or loading raised; models loaded so far are closed first.
@@ -512,5 +514,9 @@ def build_registry(paths: Sequence[str | Path], target: str | None = None,
     except BaseException:
         ModelRegistry(loaded).close()
         raise
+    if idle_tuning:
+        for model in loaded:
+            model.tune_when_idle()
     return ModelRegistry(loaded, paths, {"target": target, "overrides": overrides, "defaults": defaults,
-                                         "compile_options": compile_options, "warmup": warmup})
+                                         "compile_options": compile_options, "warmup": warmup,
+                                         "idle_tuning": idle_tuning})

@@ -20,7 +20,7 @@ from hybrid.errors import ServingError
 if TYPE_CHECKING:
     from hybrid.serve.model import ServedModel
 
-__all__ = ["pbtxt_samples", "random_samples"]
+__all__ = ["pbtxt_samples", "random_samples", "samples_of_rows"]
 
 _WARMUP_DIR = "warmup"
 _MAX_SAMPLE_BYTES = 1 << 30
@@ -38,11 +38,19 @@ def _random(dtype: np.dtype, shape: tuple[int, ...], rng: np.random.Generator) -
 
 def random_samples(model: ServedModel, count: int, seed: int = 0) -> list[dict[str, np.ndarray]]:
     """``count`` random samples at the model's declared input shapes (see the module docstring)."""
-    rng = np.random.default_rng(seed)
     top = max(1, model.max_batch_size)
+    return samples_of_rows(model, [1 + i % top for i in range(count)], seed)
+
+
+def samples_of_rows(model: ServedModel, batch_sizes: list[int], seed: int = 0) -> list[dict[str, np.ndarray]]:
+    """One random sample per batch size at the model's declared input shapes (1 for other dynamic dims).
+
+    Raises:
+        ServingError: HYB-707 for an input without a declared dtype and shape.
+    """
+    rng = np.random.default_rng(seed)
     samples = []
-    for i in range(count):
-        rows = 1 + i % top
+    for rows in batch_sizes:
         sample = {}
         for spec in model.signature.inputs:
             if spec.kind != "tensor" or spec.dtype is None or spec.shape is None:

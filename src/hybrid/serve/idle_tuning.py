@@ -1,0 +1,180 @@
+"""Tuning a served model while it has no requests: its buckets decided before the traffic comes.
+
+A model served with ``target='auto'`` and no warm-up decides each shape bucket on the bucket's first real
+calls (:mod:`hybrid.runtime.auto`): for its first half-minute of traffic a bucket is served by the start while
+the candidates are checked, compiled and raced beside the requests, on the same cores. A server is usually
+started some time before its traffic comes (a rollout waits for readiness, then shifts the load). The
+:class:`IdleTuner` uses that time. While the model has had no request for :attr:`IdleTuningPolicy.quiet_s`,
+it calls the model on random inputs at the batch sizes the batcher forms (1, 2, 4, ... up to
+``max_batch_size``), one bucket after the other, until each is decided; the decisions go to the decision
+cache as any other. A request that arrives meanwhile shares the cores with at most one such call, after which
+the tuner waits for the model to be idle again.
+
+It runs only where random inputs stand for the real ones:
+
+- every input has a declared dtype and shape, with no dynamic dimension but the batch (a sequence length or
+  an image size would be guessed: a shape nobody may send);
+- no reduced precision was asked for (``--precision``): its accuracy is judged on the bucket's first real
+  input, never on a random one.
+
+``pyasc serve`` starts one per model (``--no-idle-tuning`` turns it off); a model with explicit warm-up samples
+is decided before it serves, and the tuner then finds nothing left to do.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from hybrid.errors import HybridError
+from hybrid.runtime.auto.shapes import bucket_of
+
+if TYPE_CHECKING:
+    from hybrid.serve.model import ServedModel
+
+__all__ = ["IdleTuner", "IdleTuningPolicy", "idle_samples"]
+
+logger = logging.getLogger("hybrid.serve")
+
+
+@dataclass(frozen=True, slots=True)
+class IdleTuningPolicy:
+    """When the idle tuner calls the model.
+
+    Attributes:
+        quiet_s: The model is idle once no request has run for this long; then one call at a time, each after
+            looking again. A second is longer than the gap between the requests of any client that is still
+            sending (a closed loop waits only for its answers), and short beside the minutes before a
+            rollout's traffic.
+        poll_s: How often a busy model is looked at again.
+    """
+
+    quiet_s: float = 1.0
+    poll_s: float = 0.25
+
+
+def _reduced_precision(model: ServedModel) -> bool:
+    precision = model.compile_request.get("precision")
+    return precision not in (None, "fp32")
+
+
+def idle_samples(model: ServedModel, seed: int = 0) -> list[dict[str, np.ndarray]]:
+    """Random inputs for the idle tuner, one per batch-size bucket; none where it must not run (logged).
+
+    The batch sizes are the powers of two up to ``max_batch_size`` and the maximum itself (the batches the
+    batcher forms round up to those buckets); a model that does not batch gets one sample.
+    """
+    from hybrid.serve.warmup import samples_of_rows
+
+    compiled = model.compiled
+    if not getattr(compiled, "tunes_online", False):
+        return []
+    where = f"model {model.name!r} version {model.version}"
+    if _reduced_precision(model):
+        logger.info("%s: not tuned while idle: the accuracy of a reduced precision is checked on real inputs", where)
+        return []
+    for spec in model.signature.inputs:
+        dims = list(spec.shape or ())
+        if model.batch_symbol is not None and dims:
+            dims = dims[1:]
+        if spec.kind != "tensor" or spec.dtype is None or spec.shape is None or not all(isinstance(d, int)
+                                                                                         for d in dims):
+            logger.info("%s: not tuned while idle: input %r has no fixed shape but for its batch (%s); its buckets "
+                        "are decided on the first real calls", where, spec.name, spec.shape)
+            return []
+    top = max(1, model.max_batch_size) if model.batch_symbol is not None else 1
+    rows = sorted({min(top, 1 << k) for k in range(top.bit_length() + 1)})
+    seen, out = set(), []
+    for sample in samples_of_rows(model, rows, seed):
+        key = bucket_of(model.signature, sample)
+        if key not in seen:
+            seen.add(key)
+            out.append(sample)
+    return out
+
+
+class IdleTuner:
+    """Calls a served model on random inputs while it is idle, until each of their buckets is decided.
+
+    Args:
+        model: The served model (its compiled model tunes online).
+        samples: From :func:`idle_samples`, checked here as a request is.
+        policy: When to call.
+        clock: ``time.monotonic`` or a scripted one (tests).
+    """
+
+    def __init__(self, model: ServedModel, samples: list[dict[str, np.ndarray]],
+                 policy: IdleTuningPolicy | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.model = model
+        self.policy = policy or IdleTuningPolicy()
+        self._clock = clock
+        self._pending = [(bucket_of(model.signature, s), model.check(s).feeds) for s in samples]
+        self.calls = 0
+        self.done = False
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._started = clock()
+
+    def step(self) -> float | None:
+        """Do what is due now: one call when the model is idle and a bucket is undecided.
+
+        Returns:
+            Seconds until the next step is due; None once every bucket is decided, or the model closed.
+        """
+        if self.done:
+            return None
+        decided = {s.key for s in self.model.compiled.tuning if s.state == "decided"}
+        self._pending = [(key, feeds) for key, feeds in self._pending if key not in decided]
+        if not self._pending or self._stop.is_set():
+            return self._finish("decided" if not self._pending else "stopped")
+        if not self.model.ready:  # closed (a tuner starts after the warm-up)
+            return self._finish("stopped")
+        idle = self.model.idle_for(self._clock())
+        if idle is None:
+            return self.policy.poll_s
+        if idle < self.policy.quiet_s:
+            return max(self.policy.quiet_s - idle, 0.001)
+        try:
+            self.model.compiled.run_checked(dict(self._pending[0][1]))
+        except Exception as e:  # the thread must not die with a traceback: the model serves on regardless
+            logger.warning("model %r version %s: tuning while idle stopped: %s", self.model.name, self.model.version,
+                           e if isinstance(e, HybridError) else f"{type(e).__name__}: {e}")
+            return self._finish("failed")
+        self.calls += 1
+        return 0.0
+
+    def _finish(self, how: str) -> None:
+        """Mark the tuner done (``how``: 'decided', 'stopped' or 'failed'); log a completion."""
+        self.done = True
+        if how == "decided":
+            logger.info("model %r version %s: every batch-size bucket decided while idle (%d calls, %.1f s)",
+                        self.model.name, self.model.version, self.calls, self._clock() - self._started)
+        return None
+
+    def run(self) -> None:
+        """Step until done (the thread's body), in the models' scheduling (as the batch runners)."""
+        from hybrid.serve.batcher import enter_compute_policy
+
+        enter_compute_policy()
+        while (wait := self.step()) is not None:
+            if wait > 0 and self._stop.wait(wait):
+                self.done = True
+                return
+
+    def start(self, name: str) -> None:
+        """Run in a daemon thread named ``name`` (in Python; the OS shows the models' thread name)."""
+        self._thread = threading.Thread(target=self.run, name=name, daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float | None = 30.0) -> None:
+        """Stop, and wait for a call in progress to end (before the model is closed)."""
+        self._stop.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)

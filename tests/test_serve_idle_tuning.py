@@ -1,0 +1,230 @@
+"""Idle tuning (hybrid.serve.idle_tuning): a served model that tunes online decides its batch-size buckets on
+random inputs while it has no requests. The rule on scripted time with a stand-in model; which models it runs on;
+then the real thing: a registry whose model is decided before any request, and answers right afterwards."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+from _serve_support import tiny_expected, tiny_model
+
+import hybrid
+from hybrid.errors import RunError
+from hybrid.runtime.auto.shapes import bucket_of
+from hybrid.serve import build_registry
+from hybrid.serve.idle_tuning import IdleTuner, IdleTuningPolicy, idle_samples
+from hybrid.serve.model import BatchSettings, ServedModel
+
+pytestmark = pytest.mark.timeout(300)
+
+
+class _Tuning:
+    """A compiled model's stand-in that tunes online: a bucket is decided after ``needs`` calls of it."""
+
+    def __init__(self, signature: Any, needs: int = 2, fail: bool = False) -> None:
+        self.signature = signature
+        self.tunes_online = True
+        self.needs = needs
+        self.fail = fail
+        self.calls: list[Any] = []
+
+    @property
+    def tuning(self) -> tuple[Any, ...]:
+        keys = dict.fromkeys(self.calls)
+        return tuple(SimpleNamespace(key=k, state="decided" if self.calls.count(k) >= self.needs else "tuning")
+                     for k in keys)
+
+    def run_checked(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if self.fail:
+            raise RunError("HYB-408", "the backend failed")
+        self.calls.append(bucket_of(self.signature, feeds))
+        return {}
+
+    def close(self) -> None:
+        pass
+
+
+class _Model:
+    """What the idle tuner reads of a served model, on a scripted clock: busy or not, when it last ran."""
+
+    def __init__(self, served: ServedModel) -> None:
+        self.served = served
+        self.name, self.version, self.signature = served.name, served.version, served.signature
+        self.compiled = served.compiled
+        self.busy = False
+        self.last_end = 0.0
+        self.ready = True
+
+    def check(self, feeds: dict[str, np.ndarray]) -> Any:
+        return self.served.check(feeds)
+
+    def idle_for(self, now: float) -> float | None:
+        return None if self.busy else now - self.last_end
+
+
+@pytest.fixture
+def served(tmp_path: Path):
+    real = hybrid.compile(str(tiny_model(tmp_path / "tiny.onnx")), target="onnxruntime")
+    model = ServedModel("tiny", "1", _Tuning(real.signature), BatchSettings(max_batch=8))  # type: ignore[arg-type]
+    yield model
+    real.close()
+
+
+def _keys(model: ServedModel, rows: list[int]) -> list[Any]:
+    return [(("x", (r, 4)), ("scale", (r, 1))) for r in rows]
+
+
+def test_random_inputs_at_the_batch_sizes_the_batcher_forms(served: ServedModel) -> None:
+    samples = idle_samples(served)
+    assert [s["x"].shape for s in samples] == [(1, 4), (2, 4), (4, 4), (8, 4)]
+    assert [s["scale"].shape for s in samples] == [(1, 1), (2, 1), (4, 1), (8, 1)]
+    assert all(s["x"].dtype == np.float32 for s in samples)
+    served.settings = BatchSettings(max_batch=6)
+    served._max_rows = None
+    assert [s["x"].shape[0] for s in idle_samples(served)] == [1, 2, 4, 6]  # 6 rounds up to bucket 8: one sample
+    served.settings = BatchSettings(max_batch=0)  # does not batch: one sample
+    served._max_rows = None
+    assert [s["x"].shape[0] for s in idle_samples(served)] == [1]
+
+
+def test_only_where_random_inputs_stand_for_real_ones(served: ServedModel, tmp_path: Path) -> None:
+    served.compile_request = {"precision": "auto", "accuracy": {"min_cosine": 0.995}}
+    assert idle_samples(served) == []  # a reduced precision is judged on the first real input
+    served.compile_request = {"precision": "fp32"}
+    assert len(idle_samples(served)) == 4
+    served.compiled.tunes_online = False  # type: ignore[attr-defined]
+    assert idle_samples(served) == []  # nothing to decide
+    fixed = hybrid.compile(str(tiny_model(tmp_path / "fixed.onnx")), target="onnxruntime")
+    try:
+        assert fixed.tunes_online is False
+    finally:
+        fixed.close()
+
+
+def test_a_dynamic_dim_besides_the_batch_is_not_guessed(tmp_path: Path) -> None:
+    from tests.test_auto_shapes import conv_net  # x: [N, 3, H, W]
+
+    real = hybrid.compile(conv_net(), target="onnxruntime")
+    try:
+        model = ServedModel("conv", "1", _Tuning(real.signature), BatchSettings(max_batch=8))  # type: ignore[arg-type]
+        assert idle_samples(model) == []
+    finally:
+        real.close()
+
+
+def test_it_calls_only_while_the_model_is_idle_one_bucket_after_the_other(served: ServedModel) -> None:
+    now = [100.0]
+    model = _Model(served)
+    model.last_end = 100.0
+    tuner = IdleTuner(model, idle_samples(served), IdleTuningPolicy(quiet_s=1.0, poll_s=0.25),  # type: ignore[arg-type]
+                      clock=lambda: now[0])
+    compiled = served.compiled
+    assert tuner.step() == pytest.approx(1.0)  # a request just ended: wait for the quiet second
+    assert compiled.calls == []  # type: ignore[attr-defined]
+    now[0] = 100.6
+    assert tuner.step() == pytest.approx(0.4)
+    now[0] = 101.0
+    assert tuner.step() == 0.0 and tuner.step() == 0.0  # idle: call, call
+    model.busy = True  # a request came
+    assert tuner.step() == 0.25  # looked at again later, no call meanwhile
+    model.busy, model.last_end = False, 105.0
+    now[0] = 105.5
+    assert tuner.step() == pytest.approx(0.5)
+    now[0] = 106.0
+    while (wait := tuner.step()) is not None:
+        assert wait == 0.0
+    assert compiled.calls == [k for k in _keys(served, [1, 2, 4, 8]) for _ in range(2)]  # type: ignore[attr-defined]
+    assert tuner.done and tuner.calls == 8
+    assert tuner.step() is None
+
+
+def test_buckets_decided_already_cost_no_call_and_a_closed_or_failing_model_ends_it(served: ServedModel) -> None:
+    compiled = served.compiled
+    compiled.calls = [k for k in _keys(served, [1, 2, 4, 8]) for _ in range(2)]  # type: ignore[attr-defined]
+    tuner = IdleTuner(_Model(served), idle_samples(served), clock=lambda: 1e6)  # type: ignore[arg-type]
+    assert tuner.step() is None and tuner.calls == 0  # e.g. decided by --warmup, or read from the cache
+    compiled.calls = []  # type: ignore[attr-defined]
+    model = _Model(served)
+    model.ready = False  # closed
+    assert IdleTuner(model, idle_samples(served), clock=lambda: 1e6).step() is None  # type: ignore[arg-type]
+    compiled.fail = True  # type: ignore[attr-defined]
+    failing = IdleTuner(_Model(served), idle_samples(served), clock=lambda: 1e6)  # type: ignore[arg-type]
+    assert failing.step() is None and failing.done and failing.calls == 0
+
+
+def test_a_served_model_is_idle_between_requests_and_never_once_closed(tmp_path: Path) -> None:
+    registry = build_registry([tiny_model(tmp_path / "tiny.onnx")], target="onnxruntime")
+    (model,) = list(registry)
+    try:
+        x, scale = np.ones((2, 4), np.float32), np.ones((2, 1), np.float32)
+        asyncio.run(model.infer({"x": x, "scale": scale}))
+        ended = time.monotonic()
+        idle = model.idle_for(ended + 5.0)
+        assert idle is not None and 5.0 <= idle < 5.0 + (time.monotonic() - ended) + 1.0
+        assert model.tune_when_idle() is False  # a fixed target decides nothing
+    finally:
+        registry.close()
+    assert model.idle_for(time.monotonic() + 5.0) is None
+
+
+def test_a_served_auto_model_is_decided_while_idle_and_then_answers(tmp_path: Path) -> None:
+    hybrid.init({"autotune": {"decide_within_s": 6.0, "overhead_cap": 1.0}})
+    path = tiny_model(tmp_path / "tiny.onnx")
+    registry = build_registry([path], target="auto", overrides={"max_batch": 4}, idle_tuning=True)
+    (model,) = list(registry)
+    try:
+        assert model.compiled.tunes_online
+        deadline = time.monotonic() + 240
+        while not (len(model.compiled.tuning) == 3 and all(t.state == "decided" for t in model.compiled.tuning)):
+            assert time.monotonic() < deadline, model.compiled.tuning
+            time.sleep(0.5)
+        assert {t.key for t in model.compiled.tuning} == set(_keys(model, [1, 2, 4]))
+        x = np.random.default_rng(1).random((3, 4), np.float32)
+        scale = np.full((3, 1), 2.0, np.float32)
+        out = asyncio.run(model.infer({"x": x, "scale": scale}))
+        for name, want in tiny_expected(x, scale).items():
+            np.testing.assert_allclose(out[name], want, rtol=1e-4, atol=1e-5)
+    finally:
+        registry.close()
+
+
+def test_without_idle_tuning_nothing_runs_before_the_first_request(tmp_path: Path) -> None:
+    hybrid.init({"autotune": {"decide_within_s": 6.0, "overhead_cap": 1.0}})
+    registry = build_registry([tiny_model(tmp_path / "tiny.onnx")], target="auto")
+    (model,) = list(registry)
+    try:
+        time.sleep(1.5)
+        assert model.compiled.tunes_online and model.compiled.tuning == ()
+    finally:
+        registry.close()
+
+
+def test_pyasc_serve_tunes_while_idle_unless_told_not_to(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import typer
+    from typer.testing import CliRunner
+
+    from hybrid.cli.serve import register
+    from hybrid.errors import ConfigError
+
+    seen: list[bool] = []
+
+    def build(*args: Any, idle_tuning: bool = False, **kwargs: Any) -> Any:
+        seen.append(idle_tuning)
+        raise ConfigError("HYB-102", "recorded; nothing loads in this test")
+
+    monkeypatch.setattr("hybrid.serve.repository.build_registry", build)
+    app = typer.Typer()
+    app.callback()(lambda: None)
+    register(app)
+    model = str(tiny_model(tmp_path / "tiny.onnx"))
+    runner = CliRunner()
+    for extra, want in (((), True), (("--no-idle-tuning",), False)):
+        result = runner.invoke(app, ["serve", model, "--grpc-port", "0", "--port", "0", *extra])
+        assert result.exit_code == 1 and "recorded" in result.output, result.output
+        assert seen[-1] is want
