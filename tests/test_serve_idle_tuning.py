@@ -173,6 +173,29 @@ def test_a_served_model_is_idle_between_requests_and_never_once_closed(tmp_path:
     assert model.idle_for(time.monotonic() + 5.0) is None
 
 
+def test_the_server_is_idle_only_while_none_of_its_models_runs_a_request(tmp_path: Path) -> None:
+    registry = build_registry([f"a={tiny_model(tmp_path / 'a.onnx')}", f"b={tiny_model(tmp_path / 'b.onnx')}"],
+                              target="onnxruntime")
+    a, b = registry.get("a"), registry.get("b")
+    x, scale = np.ones((1, 4), np.float32), np.ones((1, 1), np.float32)
+
+    async def one_request_to_a() -> None:
+        task = asyncio.ensure_future(a.infer({"x": x, "scale": scale}))
+        await asyncio.sleep(0)  # in a's queue now
+        assert registry.idle_for(time.monotonic()) is None and a.idle_for(time.monotonic()) is None
+        assert b.idle_for(time.monotonic()) is not None  # b alone would call itself idle
+        await task
+
+    try:
+        asyncio.run(one_request_to_a())
+        assert registry.idle_for(time.monotonic()) is not None
+        # a tuner told the server's idleness waits on a request to another model
+        tuner = IdleTuner(_Model(b), [{"x": x, "scale": scale}], idle_for=lambda now: None)  # type: ignore[arg-type]
+        assert tuner.step() == IdleTuningPolicy().poll_s
+    finally:
+        registry.close()
+
+
 def test_a_served_auto_model_is_decided_while_idle_and_then_answers(tmp_path: Path) -> None:
     hybrid.init({"autotune": {"decide_within_s": 6.0, "overhead_cap": 1.0}})
     path = tiny_model(tmp_path / "tiny.onnx")
@@ -190,6 +213,11 @@ def test_a_served_auto_model_is_decided_while_idle_and_then_answers(tmp_path: Pa
         out = asyncio.run(model.infer({"x": x, "scale": scale}))
         for name, want in tiny_expected(x, scale).items():
             np.testing.assert_allclose(out[name], want, rtol=1e-4, atol=1e-5)
+        (fresh,) = registry.load("tiny")  # a reload tunes while idle too (the decisions now come from the cache)
+        assert fresh is not model and registry.get("tiny") is fresh
+        while not (len(fresh.compiled.tuning) == 3 and all(t.state == "decided" for t in fresh.compiled.tuning)):
+            assert time.monotonic() < deadline, fresh.compiled.tuning
+            time.sleep(0.5)
     finally:
         registry.close()
 

@@ -4,11 +4,11 @@ A model served with ``target='auto'`` and no warm-up decides each shape bucket o
 calls (:mod:`hybrid.runtime.auto`): for its first half-minute of traffic a bucket is served by the start while
 the candidates are checked, compiled and raced beside the requests, on the same cores. A server is usually
 started some time before its traffic comes (a rollout waits for readiness, then shifts the load). The
-:class:`IdleTuner` uses that time. While the model has had no request for :attr:`IdleTuningPolicy.quiet_s`,
-it calls the model on random inputs at the batch sizes the batcher forms (1, 2, 4, ... up to
-``max_batch_size``), one bucket after the other, until each is decided; the decisions go to the decision
-cache as any other. A request that arrives meanwhile shares the cores with at most one such call, after which
-the tuner waits for the model to be idle again.
+:class:`IdleTuner` uses that time. While the server has had no request (to any of its models) for
+:attr:`IdleTuningPolicy.quiet_s`, it calls the model on random inputs at the batch sizes the batcher forms
+(1, 2, 4, ... up to ``max_batch_size``), one bucket after the other, until each is decided; the decisions go
+to the decision cache as any other. A request that arrives meanwhile shares the cores with at most one such
+call, after which the tuner waits for the server to be idle again.
 
 It runs only where random inputs stand for the real ones:
 
@@ -107,13 +107,18 @@ class IdleTuner:
         samples: From :func:`idle_samples`, checked here as a request is.
         policy: When to call.
         clock: ``time.monotonic`` or a scripted one (tests).
+        idle_for: ``idle_for(now)``: seconds since the last request ended, None while one runs. The server's
+            (:meth:`hybrid.serve.repository.ModelRegistry.idle_for`: a model's tuning must not slow the requests
+            of another); default: the model's own.
     """
 
     def __init__(self, model: ServedModel, samples: list[dict[str, np.ndarray]],
-                 policy: IdleTuningPolicy | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 policy: IdleTuningPolicy | None = None, clock: Callable[[], float] = time.monotonic,
+                 idle_for: Callable[[float], float | None] | None = None) -> None:
         self.model = model
         self.policy = policy or IdleTuningPolicy()
         self._clock = clock
+        self._idle_for = idle_for or model.idle_for
         self._pending = [(bucket_of(model.signature, s), model.check(s).feeds) for s in samples]
         self.calls = 0
         self.done = False
@@ -135,7 +140,7 @@ class IdleTuner:
             return self._finish("decided" if not self._pending else "stopped")
         if not self.model.ready:  # closed (a tuner starts after the warm-up)
             return self._finish("stopped")
-        idle = self.model.idle_for(self._clock())
+        idle = self._idle_for(self._clock())
         if idle is None:
             return self.policy.poll_s
         if idle < self.policy.quiet_s:

@@ -29,6 +29,7 @@ from hybrid.serve.batcher import LoopBatcher
 
 if TYPE_CHECKING:
     from hybrid.runtime.compiled import CompiledModel
+    from hybrid.serve.idle_tuning import IdleTuner, IdleTuningPolicy
 
 __all__ = ["BatchSettings", "CheckedRequest", "ServedModel"]
 
@@ -170,7 +171,7 @@ class ServedModel:
         self._in_flight = 0  # unbatched mode's queue
         self._active = 0  # requests in run() now
         self._last_active = time.monotonic()  # when the last request ended (idle_for)
-        self._idle_tuner: Any = None  # hybrid.serve.idle_tuning.IdleTuner, while it runs
+        self._idle_tuner: IdleTuner | None = None  # while it runs (tune_when_idle)
         self._closed = False
         self._batcher: LoopBatcher[CheckedRequest] | None = None
         if settings.max_batch > 0:
@@ -480,21 +481,28 @@ class ServedModel:
         return ServingError("HYB-706", f"model {self.name!r} version {self.version} is shutting down",
                             "send the request to another replica")
 
-    def tune_when_idle(self, policy: Any = None) -> bool:
+    def tune_when_idle(self, idle_for: Callable[[float], float | None] | None = None,
+                       policy: IdleTuningPolicy | None = None) -> bool:
         """Decide the model's batch-size buckets on random inputs while it has no requests (online tuning only).
 
-        See :mod:`hybrid.serve.idle_tuning`. ``policy``: an ``IdleTuningPolicy`` (None: its defaults).
+        See :mod:`hybrid.serve.idle_tuning`.
+
+        Args:
+            idle_for: How long the server has been idle (:meth:`ModelRegistry.idle_for`: no request to any of its
+                models); None: this model's own :meth:`idle_for`.
+            policy: When to call (None: the defaults).
 
         Returns:
             Whether a tuner started (False: nothing to decide, or why not is logged).
         """
-        from hybrid.serve.idle_tuning import IdleTuner, IdleTuningPolicy, idle_samples
+        from hybrid.serve import idle_tuning
 
-        samples = idle_samples(self)
+        samples = idle_tuning.idle_samples(self)
         if not samples or self._closed:
             return False
-        self._idle_tuner = IdleTuner(self, samples, policy or IdleTuningPolicy())
-        self._idle_tuner.start(f"hybrid-serve-{self.name}-idle")
+        tuner = idle_tuning.IdleTuner(self, samples, policy, idle_for=idle_for)
+        tuner.start(f"hybrid-serve-{self.name}-idle")
+        self._idle_tuner = tuner
         return True
 
     def drain(self, timeout: float | None = None) -> None:

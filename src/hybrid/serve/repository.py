@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 import threading
 from collections.abc import Iterator, Mapping, Sequence
@@ -364,7 +365,7 @@ class ModelRegistry:
     Args:
         models: The loaded models.
         paths: The files and repositories they came from (what :meth:`index` and :meth:`load` read).
-        load_args: ``target``, ``overrides`` and ``defaults`` as given to :func:`load_model`.
+        load_args: What :func:`build_registry` was given besides the paths (a reload passes it on).
     """
 
     def __init__(self, models: Sequence[ServedModel], paths: Sequence[str | Path] = (),
@@ -438,7 +439,8 @@ class ModelRegistry:
                 raise ServingError("HYB-701", f"no model named {name!r} in the served repositories "
                                    f"({', '.join(map(str, self.paths)) or 'none'})",
                                    "POST /v2/repository/index lists the models that can be loaded")
-            fresh = build_registry([], sources=sources, **self.load_args)  # in the models' scheduling
+            args = {**self.load_args, "idle_tuning": False}  # started below, idle when the whole server is
+            fresh = build_registry([], sources=sources, **args)  # in the models' scheduling
             for m in fresh:
                 m.observer = self.observer
             table = dict(self._models)
@@ -446,6 +448,8 @@ class ModelRegistry:
             table[name] = _ordered(list(fresh))[name]
             self._models = table
         self._retire(old)
+        if self.load_args.get("idle_tuning"):
+            self.tune_when_idle(list(fresh))
         return list(fresh)
 
     def unload(self, name: str) -> None:
@@ -460,6 +464,25 @@ class ModelRegistry:
             old = list(table.pop(name, {}).values())
             self._models = table
         self._retire(old)
+
+    def idle_for(self, now: float) -> float | None:
+        """Seconds at ``now`` (``time.monotonic()``) since the last request to any served model ended.
+
+        None while one runs. A model that is not ready (closed, or warming up) does not count.
+        """
+        idle = math.inf
+        for model in self:
+            if model.ready:
+                mine = model.idle_for(now)
+                if mine is None:
+                    return None
+                idle = min(idle, mine)
+        return idle
+
+    def tune_when_idle(self, models: Sequence[ServedModel] | None = None) -> None:
+        """Start the idle tuning of ``models`` (default: all) while the server is idle (:meth:`idle_for`)."""
+        for model in self if models is None else models:
+            model.tune_when_idle(self.idle_for)
 
     @staticmethod
     def _retire(models: list[ServedModel]) -> None:
@@ -496,7 +519,7 @@ def build_registry(paths: Sequence[str | Path], target: str | None = None,
     meanwhile (its intra-op pool) yield CPU weight to the server's front end as the batch runners do, whichever
     thread calls this (the CLI's main thread, or an executor thread of the ``SCHED_BATCH`` front end).
     ``idle_tuning``: once all are loaded, each model that tunes online decides its batch-size buckets while
-    it has no requests (:mod:`hybrid.serve.idle_tuning`; ``pyasc serve`` turns it on).
+    the server has no requests (:mod:`hybrid.serve.idle_tuning`; ``pyasc serve`` turns it on).
 
     Raises:
         HybridError: what discovery or loading raised; models loaded so far are closed first.
@@ -514,9 +537,9 @@ def build_registry(paths: Sequence[str | Path], target: str | None = None,
     except BaseException:
         ModelRegistry(loaded).close()
         raise
+    registry = ModelRegistry(loaded, paths, {"target": target, "overrides": overrides, "defaults": defaults,
+                                             "compile_options": compile_options, "warmup": warmup,
+                                             "idle_tuning": idle_tuning})
     if idle_tuning:
-        for model in loaded:
-            model.tune_when_idle()
-    return ModelRegistry(loaded, paths, {"target": target, "overrides": overrides, "defaults": defaults,
-                                         "compile_options": compile_options, "warmup": warmup,
-                                         "idle_tuning": idle_tuning})
+        registry.tune_when_idle()
+    return registry
