@@ -55,7 +55,9 @@ def main() -> None:
     servers: dict[str, tuple[str, str]] = {}
     stops = []
     try:
-        for name, target, idle in (("idle-on", None, True), ("idle-off", None, False), ("ort", "onnxruntime", False)):
+        # idle-on starts last: its tuning begins a second after its load, and must not race its first bucket
+        # while the other two are still importing and compiling
+        for name, target, idle in (("ort", "onnxruntime", False), ("idle-off", None, False), ("idle-on", None, True)):
             cache = tempfile.mkdtemp(prefix=f"cache-{name}-", dir=work)
             proc, url, _, http = vt.start_pyasc(model, target, 0, env={"HYBRID_CACHE_DIR": cache}, idle_tuning=idle)
             stops.append(lambda p=proc: (p.terminate(), p.wait(60)))

@@ -24,6 +24,11 @@ from hybrid.serve.model import BatchSettings, ServedModel
 pytestmark = pytest.mark.timeout(300)
 
 
+def _record(key: Any, state: str, recheck_at_s: float | None = None, outcome: str = "slower") -> Any:
+    return SimpleNamespace(key=key, state=state, recheck_at_s=recheck_at_s,
+                           candidates=(SimpleNamespace(label="b:cpu", outcome=outcome),))
+
+
 class _Tuning:
     """A compiled model's stand-in that tunes online: a bucket is decided after ``needs`` calls of it."""
 
@@ -34,10 +39,12 @@ class _Tuning:
         self.fail = fail
         self.calls: list[Any] = []
 
+        self.records: dict[Any, Any] = {}  # a bucket's record as the test sets it, over the rule above
+
     @property
     def tuning(self) -> tuple[Any, ...]:
-        keys = dict.fromkeys(self.calls)
-        return tuple(SimpleNamespace(key=k, state="decided" if self.calls.count(k) >= self.needs else "tuning")
+        keys = dict.fromkeys([*self.calls, *self.records])
+        return tuple(self.records.get(k) or _record(k, "decided" if self.calls.count(k) >= self.needs else "tuning")
                      for k in keys)
 
     def run_checked(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -76,7 +83,7 @@ def served(tmp_path: Path):
     real.close()
 
 
-def _keys(model: ServedModel, rows: list[int]) -> list[Any]:
+def _keys(rows: list[int]) -> list[Any]:
     return [(("x", (r, 4)), ("scale", (r, 1))) for r in rows]
 
 
@@ -139,14 +146,41 @@ def test_it_calls_only_while_the_model_is_idle_one_bucket_after_the_other(served
     now[0] = 106.0
     while (wait := tuner.step()) is not None:
         assert wait == 0.0
-    assert compiled.calls == [k for k in _keys(served, [1, 2, 4, 8]) for _ in range(2)]  # type: ignore[attr-defined]
+    assert compiled.calls == [k for k in _keys([1, 2, 4, 8]) for _ in range(2)]  # type: ignore[attr-defined]
     assert tuner.done and tuner.calls == 8
     assert tuner.step() is None
 
 
+def test_a_candidate_left_untimed_is_raced_at_its_recheck_while_idle_and_a_tie_is_left_to_the_traffic(
+        served: ServedModel) -> None:
+    now = [0.0]
+    compiled: Any = served.compiled
+    compiled.needs = 1
+    (one,) = _keys([1])
+    tuner = IdleTuner(_Model(served), idle_samples(served)[:1], IdleTuningPolicy(quiet_s=1.0),  # type: ignore[arg-type]
+                      clock=lambda: now[0])
+    now[0] = 10.0
+    assert tuner.step() == 0.0 and compiled.calls == [one]  # its first call, at 10 s
+    compiled.records[one] = _record(one, "decided", recheck_at_s=60.0, outcome="open")  # b:cpu races at 10 + 60 s
+    assert tuner.step() == pytest.approx(60.0) and len(compiled.calls) == 1  # waits, no calls meanwhile
+    now[0] = 70.0
+    assert tuner.step() == pytest.approx(0.025)  # due: the controller starts the re-check on time
+    compiled.records[one] = _record(one, "tuning", recheck_at_s=60.0, outcome="open")  # racing
+    assert tuner.step() == 0.0 and len(compiled.calls) == 2  # fed while idle
+    compiled.records[one] = _record(one, "decided", recheck_at_s=180.0, outcome="tie")  # a tie: the long run's
+    assert tuner.step() is None and tuner.done
+    late = IdleTuner(_Model(served), idle_samples(served)[:1], clock=lambda: now[0])  # type: ignore[arg-type]
+    compiled.records.clear()
+    compiled.calls.clear()
+    assert late.step() == 0.0
+    compiled.records[one] = _record(one, "decided", recheck_at_s=60.0, outcome="open")
+    now[0] = 70.0 + 60.0 + 5.0  # due at 130 s, never begun: given up after the grace
+    assert late.step() is None
+
+
 def test_buckets_decided_already_cost_no_call_and_a_closed_or_failing_model_ends_it(served: ServedModel) -> None:
     compiled = served.compiled
-    compiled.calls = [k for k in _keys(served, [1, 2, 4, 8]) for _ in range(2)]  # type: ignore[attr-defined]
+    compiled.calls = [k for k in _keys([1, 2, 4, 8]) for _ in range(2)]  # type: ignore[attr-defined]
     tuner = IdleTuner(_Model(served), idle_samples(served), clock=lambda: 1e6)  # type: ignore[arg-type]
     assert tuner.step() is None and tuner.calls == 0  # e.g. decided by --warmup, or read from the cache
     compiled.calls = []  # type: ignore[attr-defined]
@@ -207,7 +241,7 @@ def test_a_served_auto_model_is_decided_while_idle_and_then_answers(tmp_path: Pa
         while not (len(model.compiled.tuning) == 3 and all(t.state == "decided" for t in model.compiled.tuning)):
             assert time.monotonic() < deadline, model.compiled.tuning
             time.sleep(0.5)
-        assert {t.key for t in model.compiled.tuning} == set(_keys(model, [1, 2, 4]))
+        assert {t.key for t in model.compiled.tuning} == set(_keys([1, 2, 4]))
         x = np.random.default_rng(1).random((3, 4), np.float32)
         scale = np.full((3, 1), 2.0, np.float32)
         out = asyncio.run(model.infer({"x": x, "scale": scale}))

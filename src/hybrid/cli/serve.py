@@ -93,10 +93,11 @@ def serve(
     warmup: Annotated[int, typer.Option(help="Random warm-up calls per model at its declared shapes before it is "
                                              "ready (target auto: its shape buckets are decided first); a "
                                              "config.pbtxt's model_warmup takes precedence.")] = 0,
-    idle_tuning: Annotated[bool, typer.Option(help="Target auto: while a model has had no request for a second, "
-                                                   "decide its batch-size buckets on random inputs at its "
-                                                   "declared shapes (models whose only dynamic dim is the "
-                                                   "batch, at fp32), so the traffic meets them decided.")]
+    idle_tuning: Annotated[bool, typer.Option(help="Target auto: once the server has had no request for a "
+                                                   "second, decide each model's batch-size buckets on random "
+                                                   "inputs at its declared shapes (models whose only dynamic "
+                                                   "dim is the batch, at fp32), so the traffic meets them "
+                                                   "decided.")]
     = True,
     max_batch: so.MaxBatch = None,
     batch_timeout: so.BatchTimeout = None,

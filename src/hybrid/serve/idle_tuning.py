@@ -7,8 +7,10 @@ started some time before its traffic comes (a rollout waits for readiness, then 
 :class:`IdleTuner` uses that time. While the server has had no request (to any of its models) for
 :attr:`IdleTuningPolicy.quiet_s`, it calls the model on random inputs at the batch sizes the batcher forms
 (1, 2, 4, ... up to ``max_batch_size``), one bucket after the other, until each is decided; the decisions go
-to the decision cache as any other. A request that arrives meanwhile shares the cores with at most one such
-call, after which the tuner waits for the server to be idle again.
+to the decision cache as any other. A candidate the race left untimed races again at the bucket's re-check
+(a minute later by default): the tuner waits for it and feeds that race too, so that it is settled, and the
+candidate released, before the traffic rather than on its first calls. A request that arrives meanwhile
+shares the cores with at most one such call, after which the tuner waits for the server to be idle again.
 
 It runs only where random inputs stand for the real ones:
 
@@ -28,7 +30,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -53,10 +55,13 @@ class IdleTuningPolicy:
             sending (a closed loop waits only for its answers), and short beside the minutes before a
             rollout's traffic.
         poll_s: How often a busy model is looked at again.
+        recheck_grace_s: A re-check planned for a candidate left untimed is waited for (the tuner stays on);
+            one that has not begun this long after it was due is not waited for any more.
     """
 
     quiet_s: float = 1.0
     poll_s: float = 0.25
+    recheck_grace_s: float = 5.0
 
 
 def _reduced_precision(model: ServedModel) -> bool:
@@ -120,6 +125,7 @@ class IdleTuner:
         self._clock = clock
         self._idle_for = idle_for or model.idle_for
         self._pending = [(bucket_of(model.signature, s), model.check(s).feeds) for s in samples]
+        self._first_call: dict[Any, float] = {}  # bucket -> when this tuner made its first call
         self.calls = 0
         self.done = False
         self._stop = threading.Event()
@@ -127,32 +133,59 @@ class IdleTuner:
         self._started = clock()
 
     def step(self) -> float | None:
-        """Do what is due now: one call when the model is idle and a bucket is undecided.
+        """Do what is due now: one call when the server is idle and a bucket is being tuned.
+
+        A bucket is followed until it is decided and no re-check is planned for a candidate its race left
+        untimed (outcome 'open': such a candidate races at the re-check, which is better run now than on the
+        traffic's first calls; a re-check planned for a tie is the long run's, and is left to the traffic).
 
         Returns:
-            Seconds until the next step is due; None once every bucket is decided, or the model closed.
+            Seconds until the next step is due; None once no bucket is followed any more, or the model closed.
         """
         if self.done:
             return None
-        decided = {s.key for s in self.model.compiled.tuning if s.state == "decided"}
-        self._pending = [(key, feeds) for key, feeds in self._pending if key not in decided]
-        if not self._pending or self._stop.is_set():
-            return self._finish("decided" if not self._pending else "stopped")
-        if not self.model.ready:  # closed (a tuner starts after the warm-up)
+        if self._stop.is_set() or not self.model.ready:  # closed (a tuner starts after the warm-up)
             return self._finish("stopped")
-        idle = self._idle_for(self._clock())
+        now = self._clock()
+        status = {s.key: s for s in self.model.compiled.tuning}
+        pending, waits = [], []
+        for key, feeds in self._pending:
+            record = status.get(key)
+            if record is None or record.state != "decided":
+                pending.append((key, feeds))
+            elif (due := self._recheck_due(record)) is not None and now < due + self.policy.recheck_grace_s:
+                pending.append((key, feeds))
+                waits.append(max(due - now, 0.0))
+        self._pending = pending
+        if not pending:
+            return self._finish("decided")
+        tuning = [(key, feeds) for key, feeds in pending if key not in status or status[key].state != "decided"]
+        if not tuning:  # a re-check is planned: the controller starts it on time, then its turns need calls
+            return max(min(waits), self.policy.poll_s / 10)
+        idle = self._idle_for(now)
         if idle is None:
             return self.policy.poll_s
         if idle < self.policy.quiet_s:
             return max(self.policy.quiet_s - idle, 0.001)
+        key, feeds = tuning[0]
+        if key not in status:
+            self._first_call[key] = now  # what the bucket's re-check time counts from
         try:
-            self.model.compiled.run_checked(dict(self._pending[0][1]))
+            self.model.compiled.run_checked(dict(feeds))
         except Exception as e:  # the thread must not die with a traceback: the model serves on regardless
             logger.warning("model %r version %s: tuning while idle stopped: %s", self.model.name, self.model.version,
                            e if isinstance(e, HybridError) else f"{type(e).__name__}: {e}")
             return self._finish("failed")
         self.calls += 1
         return 0.0
+
+    def _recheck_due(self, record: Any) -> float | None:
+        """When (on the tuner's clock) the planned re-check of an untimed candidate of a decided bucket is due."""
+        if record.recheck_at_s is None or record.key not in self._first_call:
+            return None
+        if not any(c.outcome == "open" for c in record.candidates):
+            return None
+        return self._first_call[record.key] + record.recheck_at_s
 
     def _finish(self, how: str) -> None:
         """Mark the tuner done (``how``: 'decided', 'stopped' or 'failed'); log a completion."""

@@ -497,12 +497,19 @@ class ServedModel:
         """
         from hybrid.serve import idle_tuning
 
-        samples = idle_tuning.idle_samples(self)
-        if not samples or self._closed:
+        try:
+            samples = idle_tuning.idle_samples(self)
+            if not samples or self._closed:
+                return False
+            tuner = idle_tuning.IdleTuner(self, samples, policy, idle_for=idle_for)
+        except HybridError as e:  # optional: the model serves, and decides on its first real calls
+            logger.warning("model %s:%s: not tuned while idle: %s", self.name, self.version, e)
             return False
-        tuner = idle_tuning.IdleTuner(self, samples, policy, idle_for=idle_for)
         tuner.start(f"hybrid-serve-{self.name}-idle")
         self._idle_tuner = tuner
+        sizes = ", ".join(str(next(iter(s.values())).shape[0]) for s in samples) if self.batch_symbol else "1"
+        logger.info("model %s:%s: deciding its buckets of batch size %s while the server is idle (--no-idle-tuning "
+                    "turns this off)", self.name, self.version, sizes)
         return True
 
     def drain(self, timeout: float | None = None) -> None:
