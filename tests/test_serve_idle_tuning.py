@@ -18,7 +18,7 @@ import hybrid
 from hybrid.errors import RunError
 from hybrid.runtime.auto.shapes import bucket_of
 from hybrid.serve import build_registry
-from hybrid.serve.idle_tuning import IdleTuner, IdleTuningPolicy, idle_samples
+from hybrid.serve.idle_tuning import IdleTuner, IdleTuningPolicy, idle_samples, start_idle_tuning
 from hybrid.serve.model import BatchSettings, ServedModel
 
 pytestmark = pytest.mark.timeout(300)
@@ -201,7 +201,7 @@ def test_a_served_model_is_idle_between_requests_and_never_once_closed(tmp_path:
         ended = time.monotonic()
         idle = model.idle_for(ended + 5.0)
         assert idle is not None and 5.0 <= idle < 5.0 + (time.monotonic() - ended) + 1.0
-        assert model.tune_when_idle() is False  # a fixed target decides nothing
+        assert start_idle_tuning(model) is None  # a fixed target decides nothing
     finally:
         registry.close()
     assert model.idle_for(time.monotonic() + 5.0) is None

@@ -40,7 +40,7 @@ from hybrid.runtime.auto.shapes import bucket_of
 if TYPE_CHECKING:
     from hybrid.serve.model import ServedModel
 
-__all__ = ["IdleTuner", "IdleTuningPolicy", "idle_samples"]
+__all__ = ["IdleTuner", "IdleTuningPolicy", "idle_samples", "start_idle_tuning"]
 
 logger = logging.getLogger("hybrid.serve")
 
@@ -210,9 +210,39 @@ class IdleTuner:
         self._thread = threading.Thread(target=self.run, name=name, daemon=True)
         self._thread.start()
 
-    def stop(self, timeout: float | None = 30.0) -> None:
+    def stop(self, timeout: float | None = 30.0) -> None:  # (hybrid.serve.model.Stoppable)
         """Stop, and wait for a call in progress to end (before the model is closed)."""
         self._stop.set()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
+
+
+def start_idle_tuning(model: ServedModel, idle_for: Callable[[float], float | None] | None = None,
+                      policy: IdleTuningPolicy | None = None) -> IdleTuner | None:
+    """Start the idle tuning of ``model``, tied to its life (:meth:`ServedModel.run_beside`).
+
+    Args:
+        model: A served model; nothing starts unless it tunes online and random inputs stand for its real ones
+            (:func:`idle_samples`; why not is logged).
+        idle_for: How long the server has been idle (:meth:`hybrid.serve.repository.ModelRegistry.idle_for`);
+            None: the model's own.
+        policy: When to call (None: the defaults).
+
+    Returns:
+        The running tuner, or None.
+    """
+    try:
+        samples = idle_samples(model)
+        if not samples or not model.ready:
+            return None
+        tuner = IdleTuner(model, samples, policy, idle_for=idle_for)
+    except HybridError as e:  # optional: the model serves, and decides on its first real calls
+        logger.warning("model %s:%s: not tuned while idle: %s", model.name, model.version, e)
+        return None
+    model.run_beside(tuner)
+    tuner.start(f"hybrid-serve-{model.name}-idle")
+    sizes = ", ".join(str(next(iter(s.values())).shape[0]) for s in samples) if model.batch_symbol else "1"
+    logger.info("model %s:%s: deciding its buckets of batch size %s while the server is idle (--no-idle-tuning "
+                "turns this off)", model.name, model.version, sizes)
+    return tuner

@@ -17,7 +17,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 from pydantic import Field
@@ -29,9 +29,8 @@ from hybrid.serve.batcher import LoopBatcher
 
 if TYPE_CHECKING:
     from hybrid.runtime.compiled import CompiledModel
-    from hybrid.serve.idle_tuning import IdleTuner, IdleTuningPolicy
 
-__all__ = ["BatchSettings", "CheckedRequest", "ServedModel"]
+__all__ = ["BatchSettings", "CheckedRequest", "ServedModel", "Stoppable"]
 
 logger = logging.getLogger("hybrid.serve")
 
@@ -139,6 +138,14 @@ def _batch_symbol(compiled: CompiledModel) -> str | None:
     return first if isinstance(first, str) else None
 
 
+class Stoppable(Protocol):
+    """A background task tied to a served model's life (:meth:`ServedModel.run_beside`)."""
+
+    def stop(self) -> None:
+        """Stop, and wait for what is in progress to end (the model is closed after)."""
+        ...
+
+
 class ServedModel:
     """One model version behind the HTTP API.
 
@@ -171,7 +178,7 @@ class ServedModel:
         self._in_flight = 0  # unbatched mode's queue
         self._active = 0  # requests in run() now
         self._last_active = time.monotonic()  # when the last request ended (idle_for)
-        self._idle_tuner: IdleTuner | None = None  # while it runs (tune_when_idle)
+        self._beside: list[Stoppable] = []  # background tasks stopped when it drains (run_beside)
         self._closed = False
         self._batcher: LoopBatcher[CheckedRequest] | None = None
         if settings.max_batch > 0:
@@ -481,42 +488,18 @@ class ServedModel:
         return ServingError("HYB-706", f"model {self.name!r} version {self.version} is shutting down",
                             "send the request to another replica")
 
-    def tune_when_idle(self, idle_for: Callable[[float], float | None] | None = None,
-                       policy: IdleTuningPolicy | None = None) -> bool:
-        """Decide the model's batch-size buckets on random inputs while it has no requests (online tuning only).
+    def run_beside(self, task: Stoppable) -> None:
+        """Tie a background task to the model's life: it is stopped first when the model drains or closes.
 
-        See :mod:`hybrid.serve.idle_tuning`.
-
-        Args:
-            idle_for: How long the server has been idle (:meth:`ModelRegistry.idle_for`: no request to any of its
-                models); None: this model's own :meth:`idle_for`.
-            policy: When to call (None: the defaults).
-
-        Returns:
-            Whether a tuner started (False: nothing to decide, or why not is logged).
+        (:func:`hybrid.serve.idle_tuning.start_idle_tuning` ties its tuner so.)
         """
-        from hybrid.serve import idle_tuning
-
-        try:
-            samples = idle_tuning.idle_samples(self)
-            if not samples or self._closed:
-                return False
-            tuner = idle_tuning.IdleTuner(self, samples, policy, idle_for=idle_for)
-        except HybridError as e:  # optional: the model serves, and decides on its first real calls
-            logger.warning("model %s:%s: not tuned while idle: %s", self.name, self.version, e)
-            return False
-        tuner.start(f"hybrid-serve-{self.name}-idle")
-        self._idle_tuner = tuner
-        sizes = ", ".join(str(next(iter(s.values())).shape[0]) for s in samples) if self.batch_symbol else "1"
-        logger.info("model %s:%s: deciding its buckets of batch size %s while the server is idle (--no-idle-tuning "
-                    "turns this off)", self.name, self.version, sizes)
-        return True
+        self._beside.append(task)
 
     def drain(self, timeout: float | None = None) -> None:
         """Refuse new requests; run every queued one now (without waiting for batches to fill), then stop."""
         self._closed = True
-        if self._idle_tuner is not None:
-            self._idle_tuner.stop()
+        for task in self._beside:
+            task.stop()
         if self._batcher is not None:
             self._batcher.close(timeout=timeout)
 

@@ -481,8 +481,10 @@ class ModelRegistry:
 
     def tune_when_idle(self, models: Sequence[ServedModel] | None = None) -> None:
         """Start the idle tuning of ``models`` (default: all) while the server is idle (:meth:`idle_for`)."""
+        from hybrid.serve.idle_tuning import start_idle_tuning
+
         for model in self if models is None else models:
-            model.tune_when_idle(self.idle_for)
+            start_idle_tuning(model, self.idle_for)
 
     @staticmethod
     def _retire(models: list[ServedModel]) -> None:
