@@ -105,7 +105,7 @@ def idle_samples(model: ServedModel, seed: int = 0) -> list[dict[str, np.ndarray
 
 
 class IdleTuner:
-    """Calls a served model on random inputs while it is idle, until each of their buckets is decided.
+    """Calls a served model on random inputs while the server is idle, until each of their buckets is decided.
 
     Args:
         model: The served model (its compiled model tunes online).
@@ -191,9 +191,8 @@ class IdleTuner:
         """Mark the tuner done (``how``: 'decided', 'stopped' or 'failed'); log a completion."""
         self.done = True
         if how == "decided":
-            logger.info("model %r version %s: every batch-size bucket decided while idle (%d calls, %.1f s)",
-                        self.model.name, self.model.version, self.calls, self._clock() - self._started)
-        return None
+            logger.info("model %r version %s: idle tuning done, every batch-size bucket decided (%d calls of its "
+                        "own, %.1f s)", self.model.name, self.model.version, self.calls, self._clock() - self._started)
 
     def run(self) -> None:
         """Step until done (the thread's body), in the models' scheduling (as the batch runners)."""
