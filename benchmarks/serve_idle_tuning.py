@@ -1,20 +1,22 @@
 """A default-target ``pyasc serve`` started with nothing given, idle for a while, then loaded: idle tuning on vs off.
 
 The user who passes nothing: no ``--warmup``, an empty decision cache, a server started some time before its
-traffic comes. Three ``pyasc serve`` processes start together on vs_triton.py's model (hybrid.zoo's
-``external_data`` classifier, ``--max-batch 8 --batch-timeout 0.002``), each with a decision cache of its own:
+traffic comes. Two variants of that server on vs_triton.py's model (hybrid.zoo's ``external_data`` classifier,
+``--max-batch 8 --batch-timeout 0.002``):
 
 - ``idle-on``: the default target as ``pyasc serve`` starts it (idle tuning on);
-- ``idle-off``: the same with ``--no-idle-tuning`` (its buckets are decided on the traffic's first calls);
-- ``ort``: ``--target onnxruntime``, which decides nothing (the yardstick).
+- ``idle-off``: the same with ``--no-idle-tuning`` (its buckets are decided on the traffic's first calls).
 
-Nothing is sent for ``--idle`` seconds. Then the rounds: every (round, clients) block runs each server for
-``--seconds`` with the same unmodified tritonclient.grpc closed loop, in an order that alternates between rounds.
-Per round it prints each default-target server's throughput over ``ort``'s in the same block and its p99, so the
-first rounds show what the traffic meets; the summary gives the median over the first ``--early`` rounds and
-over the rest, and what each server had decided when the traffic came and at the end.
+Each variant is measured in a phase of its own, beside a fresh ``--target onnxruntime`` server (``ort``, the
+yardstick, which decides nothing): both start, nothing is sent for ``--idle`` seconds, then ``--rounds`` rounds
+of 1 and 16 tritonclient.grpc closed-loop clients, each server ``--seconds`` per block, the order alternating.
+Phases of their own, because a server that tunes under the traffic runs its checks and compiles in the
+background, and that would slow whichever server is measured beside it; within a phase it slows the yardstick
+too, which is in the untuned variant's favour. The phases alternate over ``--reps`` repetitions. Per round it
+prints the variant's throughput over ``ort``'s in the same block and both p99s; the summary gives the medians
+over the first ``--early`` rounds (the traffic's start) and over the rest, per variant and client count.
 
-    flock /tmp/coord/bench.lock python benchmarks/serve_idle_tuning.py --idle 60 --rounds 8 --seconds 5
+    flock /tmp/coord/bench.lock python benchmarks/serve_idle_tuning.py --reps 3 --idle 60 --rounds 6 --seconds 5
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import vs_triton as vt
 
+VARIANTS = {"idle-on": True, "idle-off": False}
+
 
 def decided(http: str) -> str:
     """'3/4 buckets decided (openvino:cpu, ...)' from a server's model statistics."""
@@ -41,10 +45,40 @@ def decided(http: str) -> str:
     return f"{len(done)}/{len(tuning)} buckets decided ({', '.join(t['serving'] for t in done) or 'none'})"
 
 
+def phase(variant: str, model: Path, x: object, work: Path, args: argparse.Namespace,
+          counts: list[int]) -> dict[int, list[tuple[float, float, float]]]:
+    """One variant beside a fresh yardstick: per client count, per round (ratio to ort, its p99, ort's p99)."""
+    servers: dict[str, tuple[str, str]] = {}
+    stops = []
+    try:
+        for name, target, idle in (("ort", "onnxruntime", False), (variant, None, VARIANTS[variant])):
+            cache = tempfile.mkdtemp(prefix=f"cache-{name}-", dir=work)
+            proc, url, _, http = vt.start_pyasc(model, target, 0, env={"HYBRID_CACHE_DIR": cache}, idle_tuning=idle)
+            stops.append(lambda p=proc: (p.terminate(), p.wait(60)))
+            servers[name] = (url, http)
+        time.sleep(args.idle)
+        print(f"{variant} when the traffic comes: {decided(servers[variant][1])}", flush=True)
+        out: dict[int, list[tuple[float, float, float]]] = {}
+        for r in range(args.rounds):
+            for n in counts:
+                order = [variant, "ort"] if r % 2 == 0 else ["ort", variant]
+                got = {name: vt.load(servers[name][0], x, n, args.seconds) for name in order}
+                ratio = got[variant][0] / got["ort"][0]
+                out.setdefault(n, []).append((ratio, got[variant][1], got["ort"][1]))
+                print(f"  round {r} clients {n:2d}: {variant} x{ratio:.2f} p99 {got[variant][1]:5.1f} ms, "
+                      f"ort {got['ort'][0]:7.1f} inf/s p99 {got['ort'][1]:5.1f} ms", flush=True)
+        print(f"{variant} at the end: {decided(servers[variant][1])}", flush=True)
+        return out
+    finally:
+        for stop in stops:
+            stop()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--reps", type=int, default=3, help="repetitions of the two phases (their order alternates)")
     ap.add_argument("--idle", type=float, default=60.0, help="seconds with no traffic after the servers are ready")
-    ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--clients", default="1,16")
     ap.add_argument("--early", type=int, default=3, help="rounds counted as the traffic's start in the summary")
@@ -52,49 +86,27 @@ def main() -> None:
     counts = [int(c) for c in args.clients.split(",")]
     work = Path(tempfile.mkdtemp(prefix="idle-tuning-"))
     model, x = vt.build_model(work)
-    servers: dict[str, tuple[str, str]] = {}
-    stops = []
-    try:
-        # idle-on starts last: its tuning begins a second after its load, and must not race its first bucket
-        # while the other two are still importing and compiling
-        for name, target, idle in (("ort", "onnxruntime", False), ("idle-off", None, False), ("idle-on", None, True)):
-            cache = tempfile.mkdtemp(prefix=f"cache-{name}-", dir=work)
-            proc, url, _, http = vt.start_pyasc(model, target, 0, env={"HYBRID_CACHE_DIR": cache}, idle_tuning=idle)
-            stops.append(lambda p=proc: (p.terminate(), p.wait(60)))
-            servers[name] = (url, http)
-        print(f"servers ready; {args.idle:g} s with no traffic", flush=True)
-        time.sleep(args.idle)
-        for name in ("idle-on", "idle-off"):
-            print(f"{name} when the traffic comes: {decided(servers[name][1])}", flush=True)
-        results: dict[tuple[str, int], list[tuple[float, float]]] = {}
-        for r in range(args.rounds):
-            for n in counts:
-                order = list(servers) if r % 2 == 0 else list(reversed(servers))
-                for name in order:
-                    results.setdefault((name, n), []).append(vt.load(servers[name][0], x, n, args.seconds))
-                base = results[("ort", n)][-1]
-                line = "  ".join(f"{s} x{results[(s, n)][-1][0] / base[0]:.2f} p99 {results[(s, n)][-1][1]:5.1f} ms"
-                                 for s in ("idle-on", "idle-off"))
-                print(f"round {r} clients {n:2d}: ort {base[0]:7.1f} inf/s p99 {base[1]:5.1f} ms  {line}", flush=True)
-        for name in ("idle-on", "idle-off"):
-            print(f"{name} at the end: {decided(servers[name][1])}", flush=True)
-        print()
-        print("| clients | server | rounds | throughput / ort (median) | p99 ms (median) | ort p99 ms |")
-        print("|---|---|---|---|---|---|")
-        for n in counts:
-            base = results[("ort", n)]
-            for s in ("idle-on", "idle-off"):
-                mine = results[(s, n)]
-                for label, part in ((f"0-{args.early - 1}", slice(0, args.early)),
-                                    (f"{args.early}-{args.rounds - 1}", slice(args.early, None))):
-                    ratios = [a[0] / b[0] for a, b in zip(mine[part], base[part], strict=True)]
-                    if ratios:
-                        print(f"| {n} | {s} | {label} | {vt.paired(ratios)} | "
-                              f"{statistics.median(v[1] for v in mine[part]):.1f} | "
-                              f"{statistics.median(v[1] for v in base[part]):.1f} |")
-    finally:
-        for stop in stops:
-            stop()
+    results: dict[tuple[str, int], list[list[tuple[float, float, float]]]] = {}
+    for rep in range(args.reps):
+        for variant in (list(VARIANTS) if rep % 2 == 0 else list(reversed(VARIANTS))):
+            print(f"rep {rep}: {variant}", flush=True)
+            for n, rounds in phase(variant, model, x, work, args, counts).items():
+                results.setdefault((variant, n), []).append(rounds)
+    print()
+    print("| clients | server | rounds | throughput / ort, medians per rep (median of all) | p99 ms (median) "
+          "| ort p99 ms |")
+    print("|---|---|---|---|---|---|")
+    for n in counts:
+        for variant in VARIANTS:
+            reps = results[(variant, n)]
+            for label, part in ((f"0-{args.early - 1}", slice(0, args.early)),
+                                (f"{args.early}-{args.rounds - 1}", slice(args.early, None))):
+                blocks = [b for rounds in reps for b in rounds[part]]
+                if blocks:
+                    per_rep = ", ".join(f"{statistics.median(b[0] for b in rounds[part]):.2f}" for rounds in reps)
+                    mine, theirs = (statistics.median(b[i] for b in blocks) for i in (1, 2))
+                    print(f"| {n} | {variant} | {label} | {per_rep} (x{statistics.median(b[0] for b in blocks):.2f}) "
+                          f"| {mine:.1f} | {theirs:.1f} |")
 
 
 if __name__ == "__main__":
