@@ -50,11 +50,11 @@ class IdleTuningPolicy:
     """When the idle tuner calls the model.
 
     Attributes:
-        quiet_s: The model is idle once no request has run for this long; then one call at a time, each after
+        quiet_s: The server is idle once no request has run for this long; then one call at a time, each after
             looking again. A second is longer than the gap between the requests of any client that is still
             sending (a closed loop waits only for its answers), and short beside the minutes before a
             rollout's traffic.
-        poll_s: How often a busy model is looked at again.
+        poll_s: How often a busy server is looked at again.
         recheck_grace_s: A re-check planned for a candidate left untimed is waited for (the tuner stays on);
             one that has not begun this long after it was due is not waited for any more.
     """
