@@ -178,6 +178,27 @@ def test_a_candidate_left_untimed_is_raced_at_its_recheck_while_idle_and_a_tie_i
     assert late.step() is None
 
 
+def test_the_models_of_a_server_race_one_at_a_time(served: ServedModel, tmp_path: Path) -> None:
+    import threading
+
+    real = hybrid.compile(str(tiny_model(tmp_path / "other.onnx")), target="onnxruntime")
+    try:
+        other = ServedModel("other", "1", _Tuning(real.signature), BatchSettings(max_batch=2))  # type: ignore[arg-type]
+        turn = threading.Lock()
+        first = IdleTuner(_Model(served), idle_samples(served), clock=lambda: 1e6, turn=turn)  # type: ignore[arg-type]
+        second = IdleTuner(_Model(other), idle_samples(other), clock=lambda: 1e6, turn=turn)  # type: ignore[arg-type]
+        assert first.step() == 0.0  # it races: it holds the turn
+        assert second.step() == IdleTuningPolicy().poll_s and other.compiled.calls == []  # type: ignore[attr-defined]
+        while first.step() is not None:
+            pass
+        assert first.calls == 8 and not turn.locked()  # all its buckets decided: the turn is free
+        while second.step() is not None:
+            pass
+        assert second.calls == 4 and not turn.locked()  # buckets 1 and 2, two calls each
+    finally:
+        real.close()
+
+
 def test_buckets_decided_already_cost_no_call_and_a_closed_or_failing_model_ends_it(served: ServedModel) -> None:
     compiled = served.compiled
     compiled.calls = [k for k in _keys([1, 2, 4, 8]) for _ in range(2)]  # type: ignore[attr-defined]

@@ -115,15 +115,20 @@ class IdleTuner:
         idle_for: ``idle_for(now)``: seconds since the last request ended, None while one runs. The server's
             (:meth:`hybrid.serve.repository.ModelRegistry.idle_for`: a model's tuning must not slow the requests
             of another); default: the model's own.
+        turn: Shared by the tuners of one server: a tuner holds it while it races a bucket, so that the models
+            of a repository are tuned one after the other, each race timed without another beside it.
     """
 
     def __init__(self, model: ServedModel, samples: list[dict[str, np.ndarray]],
                  policy: IdleTuningPolicy | None = None, clock: Callable[[], float] = time.monotonic,
-                 idle_for: Callable[[float], float | None] | None = None) -> None:
+                 idle_for: Callable[[float], float | None] | None = None,
+                 turn: threading.Lock | None = None) -> None:
         self.model = model
         self.policy = policy or IdleTuningPolicy()
         self._clock = clock
         self._idle_for = idle_for or model.idle_for
+        self._turn = turn
+        self._holding = False
         self._pending = [(bucket_of(model.signature, s), model.check(s).feeds) for s in samples]
         self._first_call: dict[Any, float] = {}  # bucket -> when this tuner made its first call
         self.calls = 0
@@ -161,12 +166,17 @@ class IdleTuner:
             return self._finish("decided")
         tuning = [(key, feeds) for key, feeds in pending if key not in status or status[key].state != "decided"]
         if not tuning:  # a re-check is planned: the controller starts it on time, then its turns need calls
+            self._release()
             return max(min(waits), self.policy.poll_s / 10)
         idle = self._idle_for(now)
         if idle is None:
             return self.policy.poll_s
         if idle < self.policy.quiet_s:
             return max(self.policy.quiet_s - idle, 0.001)
+        if self._turn is not None and not self._holding:
+            if not self._turn.acquire(blocking=False):  # another model's race: after it
+                return self.policy.poll_s
+            self._holding = True
         key, feeds = tuning[0]
         if key not in status:
             self._first_call[key] = now  # what the bucket's re-check time counts from
@@ -190,19 +200,28 @@ class IdleTuner:
     def _finish(self, how: str) -> None:
         """Mark the tuner done (``how``: 'decided', 'stopped' or 'failed'); log a completion."""
         self.done = True
+        self._release()
         if how == "decided":
             logger.info("model %r version %s: idle tuning done, every batch-size bucket decided (%d calls of its "
                         "own, %.1f s)", self.model.name, self.model.version, self.calls, self._clock() - self._started)
+
+    def _release(self) -> None:
+        if self._holding and self._turn is not None:
+            self._holding = False
+            self._turn.release()
 
     def run(self) -> None:
         """Step until done (the thread's body), in the models' scheduling (as the batch runners)."""
         from hybrid.serve.batcher import enter_compute_policy
 
         enter_compute_policy()
-        while (wait := self.step()) is not None:
-            if wait > 0 and self._stop.wait(wait):
-                self.done = True
-                return
+        try:
+            while (wait := self.step()) is not None:
+                if wait > 0 and self._stop.wait(wait):
+                    self.done = True
+                    return
+        finally:
+            self._release()
 
     def start(self, name: str) -> None:
         """Run in a daemon thread named ``name`` (in Python; the OS shows the models' thread name)."""
@@ -218,7 +237,7 @@ class IdleTuner:
 
 
 def start_idle_tuning(model: ServedModel, idle_for: Callable[[float], float | None] | None = None,
-                      policy: IdleTuningPolicy | None = None) -> IdleTuner | None:
+                      policy: IdleTuningPolicy | None = None, turn: threading.Lock | None = None) -> IdleTuner | None:
     """Start the idle tuning of ``model``, tied to its life (:meth:`ServedModel.run_beside`).
 
     Args:
@@ -227,6 +246,7 @@ def start_idle_tuning(model: ServedModel, idle_for: Callable[[float], float | No
         idle_for: How long the server has been idle (:meth:`hybrid.serve.repository.ModelRegistry.idle_for`);
             None: the model's own.
         policy: When to call (None: the defaults).
+        turn: The server's tuners' shared lock (:class:`IdleTuner`).
 
     Returns:
         The running tuner, or None.
@@ -235,7 +255,7 @@ def start_idle_tuning(model: ServedModel, idle_for: Callable[[float], float | No
         samples = idle_samples(model)
         if not samples or not model.ready:
             return None
-        tuner = IdleTuner(model, samples, policy, idle_for=idle_for)
+        tuner = IdleTuner(model, samples, policy, idle_for=idle_for, turn=turn)
     except HybridError as e:  # optional: the model serves, and decides on its first real calls
         logger.warning("model %s:%s: not tuned while idle: %s", model.name, model.version, e)
         return None

@@ -374,6 +374,7 @@ class ModelRegistry:
         self._models = _ordered(models)
         self.paths = list(paths)
         self.load_args = dict(load_args or {})
+        self._idle_turn = threading.Lock()  # the models' idle tuners race one at a time (tune_when_idle)
         self.observer: BatchObserver | None = None  # given to the models load() adds
         self._control = threading.Lock()
 
@@ -480,11 +481,14 @@ class ModelRegistry:
         return idle
 
     def tune_when_idle(self, models: Sequence[ServedModel] | None = None) -> None:
-        """Start the idle tuning of ``models`` (default: all) while the server is idle (:meth:`idle_for`)."""
+        """Start the idle tuning of ``models`` (default: all) while the server is idle (:meth:`idle_for`).
+
+        Their races take turns: one model's bucket at a time.
+        """
         from hybrid.serve.idle_tuning import start_idle_tuning
 
         for model in self if models is None else models:
-            start_idle_tuning(model, self.idle_for)
+            start_idle_tuning(model, self.idle_for, turn=self._idle_turn)
 
     @staticmethod
     def _retire(models: list[ServedModel]) -> None:
