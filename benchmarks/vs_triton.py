@@ -1,4 +1,4 @@
-"""``pyasc serve`` against the real Triton server, same model, same unmodified tritonclient.grpc load.
+"""``pyasc serve`` against the real Triton server, same model, same unmodified tritonclient load (gRPC or HTTP).
 
 Triton: ``tritonserver`` 2.51 from the nvidia-pytriton wheel (tests/_triton_real.py), the model in a
 ``backend: "python"`` ``model.py`` that runs ONNX Runtime with 2 threads (the CPU-only Triton shop
@@ -9,8 +9,9 @@ with the default target (auto, after its warm-up: ``--warmup``). The model is hy
 ``external_data`` shape classifier (x [N, 3, 96, 96] -> probs [N, 5], dynamic batch), built here and
 re-saved as one file; nothing is downloaded.
 
-Load: 1, 4 and 16 closed-loop client threads, one tritonclient.grpc client each, one image per request.
-Every (round, clients) block runs each server for ``--seconds``, in an order that alternates between
+Load: 1, 4 and 16 closed-loop client threads, one tritonclient.grpc client each (``--protocol http``:
+tritonclient.http, with binary tensors both ways, Triton's perf_analyzer's default protocol), one image per
+request. Every (round, clients) block runs each server for ``--seconds``, in an order that alternates between
 rounds; the ratios pyasc / Triton are paired within a block and the table gives their median over the
 rounds, with the p99 latencies (median over rounds). Run it under ``flock /tmp/coord/bench.lock``.
 
@@ -20,6 +21,7 @@ model's compute (pyasc's threads named ``pyasc-compute``: batch runners and the 
 pyasc's event loop and gRPC threads, ``tritonserver``'s own), with the load generator's CPU beside it.
 
     flock /tmp/coord/bench.lock python benchmarks/vs_triton.py --rounds 3 --seconds 6
+    flock /tmp/coord/bench.lock python benchmarks/vs_triton.py --protocol http --servers triton,pyasc-ort
 """
 
 from __future__ import annotations
@@ -34,7 +36,9 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -97,32 +101,50 @@ def start_pyasc(model: Path, target: str | None, warmup: int, extra: tuple[str, 
     raise RuntimeError("pyasc serve was not ready")
 
 
-def load(url: str, x: np.ndarray, clients: int, seconds: float) -> tuple[float, float]:
+def load(url: str, x: np.ndarray, clients: int, seconds: float, protocol: str = "grpc") -> tuple[float, float]:
     """Closed-loop load: (inferences per second, p99 latency in ms)."""
-    every, elapsed = latencies(url, x, clients, seconds)
+    every, elapsed = latencies(url, x, clients, seconds, protocol)
     return len(every) / elapsed, 1e3 * float(np.percentile(every, 99))
 
 
-def latencies(url: str, x: np.ndarray, clients: int, seconds: float) -> tuple[list[float], float]:
-    """Closed-loop load: every request's latency in seconds, and the seconds the load ran."""
+def _client(url: str, x: np.ndarray, protocol: str) -> tuple[Any, Callable[[], Any]]:
+    """One tritonclient client of ``protocol`` ('grpc', or 'http' with binary tensors) and its call."""
+    if protocol == "http":
+        import tritonclient.http as httpclient
+
+        c = httpclient.InferenceServerClient(url.removeprefix("http://"))
+        inp = httpclient.InferInput("x", list(x.shape), "FP32")
+        inp.set_data_from_numpy(x, binary_data=True)
+        out = [httpclient.InferRequestedOutput("probs", binary_data=True)]
+        return c, lambda: c.infer(MODEL, [inp], outputs=out)
     import tritonclient.grpc as grpcclient
 
+    c = grpcclient.InferenceServerClient(url)
+    inp = grpcclient.InferInput("x", list(x.shape), "FP32")
+    inp.set_data_from_numpy(x)
+    return c, lambda: c.infer(MODEL, [inp])
+
+
+def latencies(url: str, x: np.ndarray, clients: int, seconds: float,
+              protocol: str = "grpc") -> tuple[list[float], float]:
+    """Closed-loop load: every request's latency in seconds, and the seconds the load ran.
+
+    ``protocol``: 'grpc' (``url`` host:port of the gRPC server) or 'http' (of the HTTP server; binary tensors).
+    """
     start = threading.Barrier(clients + 1)
     stop_at = [0.0]
     lat: list[list[float]] = [[] for _ in range(clients)]
 
     def client(i: int) -> None:
-        c = grpcclient.InferenceServerClient(url)
-        inp = grpcclient.InferInput("x", list(x.shape), "FP32")
-        inp.set_data_from_numpy(x)
-        c.infer(MODEL, [inp])  # connect
+        c, call = _client(url, x, protocol)
+        call()  # connect
         start.wait()
         mine = lat[i]
         while True:
             t0 = time.perf_counter()
             if t0 >= stop_at[0]:
                 break
-            c.infer(MODEL, [inp])
+            call()
             mine.append(time.perf_counter() - t0)
         c.close()
 
@@ -203,6 +225,8 @@ def main() -> None:
                     help="of triton, pyasc-ort, pyasc-auto, pyasc-precision (--precision auto --min-cosine 0.995)")
     ap.add_argument("--warmup", type=int, default=200, help="pyasc serve --warmup for the default target (0: it "
                                                               "tunes under the load, as a user who passes nothing)")
+    ap.add_argument("--protocol", choices=("grpc", "http"), default="grpc",
+                    help="the clients' protocol: tritonclient.grpc, or tritonclient.http with binary tensors")
     ap.add_argument("--threads", type=int, default=2, help="ONNX Runtime intra-op threads (both servers)")
     ap.add_argument("--baseline", type=Path, default=None,
                     help="the src folder of another checkout (e.g. `git archive <commit> src | tar -x -C /tmp/base`): "
@@ -225,7 +249,7 @@ def main() -> None:
         if "triton" in names:
             triton = tr.TritonServer(repo).start()
             stops.append(triton.stop)
-            servers["triton"] = triton.grpc_url
+            servers["triton"] = triton.http_url if args.protocol == "http" else triton.grpc_url
             pids["triton"] = triton.process.pid if triton.process is not None else 0
         chosen: dict[str, str] = {}
         if args.baseline is not None and "pyasc-ort-base" not in names:
@@ -238,13 +262,13 @@ def main() -> None:
                 source = args.baseline if name == "pyasc-ort-base" else None
                 proc, url, _, http = start_pyasc(model, target, warm, extra, source)
                 stops.append(lambda p=proc: (p.terminate(), p.wait(60)))
-                servers[name] = url
+                servers[name] = http if args.protocol == "http" else url
                 chosen[name] = http
                 pids[name] = proc.pid
         for name, http in chosen.items():  # what each pyasc server decided (its model statistics)
             print(f"{name}: {decision_of(http)}", flush=True)
         for url in servers.values():  # first calls: connections, sessions, allocators
-            load(url, x, 4, 2.0)
+            load(url, x, 4, 2.0, args.protocol)
         results: dict[tuple[str, int], list[tuple[float, float]]] = {}
         cpu: dict[tuple[str, int], list[tuple[float, float, float]]] = {}
         for r in range(args.rounds):
@@ -252,7 +276,7 @@ def main() -> None:
                 order = list(servers) if r % 2 == 0 else list(reversed(servers))
                 for name in order:
                     before, mine = cpu_by_role(pids.get(name)), os.times()
-                    rate, p99 = load(servers[name], x, n, args.seconds)
+                    rate, p99 = load(servers[name], x, n, args.seconds, args.protocol)
                     after, mine_after = cpu_by_role(pids.get(name)), os.times()
                     results.setdefault((name, n), []).append((rate, p99))
                     if before and after and rate > 0:  # microseconds of CPU per inference

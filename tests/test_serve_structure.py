@@ -29,7 +29,10 @@ def test_no_import_cycle_inside_hybrid_serve() -> None:
     # the transports share serve.state and never import each other
     for transport, other in [("hybrid.serve.grpc_server", "hybrid.serve.app"),
                              ("hybrid.serve.app", "hybrid.serve.grpc_server"),
-                             ("hybrid.serve.triton_http", "hybrid.serve.app")]:
+                             ("hybrid.serve.triton_http", "hybrid.serve.app"),
+                             ("hybrid.serve.http_infer", "hybrid.serve.app"),
+                             ("hybrid.serve.http_infer", "hybrid.serve.grpc_server"),
+                             ("hybrid.serve.grpc_server", "hybrid.serve.http_infer")]:
         assert not graph.chain_exists(importer=transport, imported=other), (transport, other)
 
 

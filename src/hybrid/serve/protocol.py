@@ -130,6 +130,8 @@ def check_json_depth(data: bytes, limit: int) -> None:
 
     Only quotes and brackets are looked at (vectorized), so a 64 MiB body of numbers costs a few passes.
     """
+    if data.count(b"[") + data.count(b"{") <= limit:  # no nesting can be deeper than all the brackets
+        return
     raw = np.frombuffer(data, dtype=np.uint8)
     interesting = np.flatnonzero((raw == _QUOTE) | (raw == _OPEN[0]) | (raw == _OPEN[1])
                                  | (raw == _CLOSE[0]) | (raw == _CLOSE[1]))
@@ -292,14 +294,18 @@ def placeholder(dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
 
 
 # ------------------------------------------------------------------------------------------------ parsing
-def _header(body: bytes, header_length: int | None, limits: Limits) -> tuple[dict[str, Any], memoryview]:
+def _header(body: bytes, header_length: int | None, limits: Limits,
+            parsed: dict[str, Any] | None = None) -> tuple[dict[str, Any], memoryview]:
     if header_length is None:
         header, binary = body, memoryview(b"")
     else:
         if not 0 < header_length <= len(body):
             raise _bad(f"Inference-Header-Content-Length is {header_length}, the body has {len(body)} bytes")
         view = memoryview(body)
-        header, binary = bytes(view[:header_length]), view[header_length:]
+        header, binary = view[:header_length], view[header_length:]
+        if parsed is not None:
+            return parsed, binary
+        header = bytes(header)
     check_json_depth(header, limits.max_json_depth)
     constants: list[str] = []
 
@@ -417,18 +423,22 @@ def _declared_inputs(inputs: Any, binary_size: int | None, limits: Limits) -> li
 Precheck = Callable[[Mapping[str, np.ndarray]], object]
 
 
-def check_head(header: bytes, binary_size: int | None, limits: Limits, precheck: Precheck | None = None) -> None:
+def check_head(header: bytes, binary_size: int | None, limits: Limits,
+               precheck: Precheck | None = None) -> dict[str, Any]:
     """Check a binary-extension request from its JSON header alone, before its binary data is read.
 
     The server calls it as soon as the first ``Inference-Header-Content-Length`` bytes of a body have
     arrived, so a request whose declared inputs cannot be served is refused without reading (or holding)
-    the rest. :func:`parse_request` checks everything again on the whole body.
+    the rest. :func:`parse_request` then checks the rest on the whole body, given the parsed header.
 
     Args:
         header: The JSON header.
         binary_size: Bytes of binary data that follow it, when the body's length is known; else None.
         limits: Size and nesting limits.
         precheck: As for :func:`parse_request`.
+
+    Returns:
+        The parsed header, for :func:`parse_request` (``header=``).
 
     Raises:
         ServingError: HYB-702 naming what is malformed; ``precheck``'s errors propagate.
@@ -437,10 +447,11 @@ def check_head(header: bytes, binary_size: int | None, limits: Limits, precheck:
     declared = _declared_inputs(doc.get("inputs"), binary_size, limits)
     if precheck is not None:
         precheck({d.name: placeholder(d.dtype, d.shape) for d in declared})
+    return doc
 
 
 def parse_request(body: bytes, header_length: int | None, limits: Limits,
-                  precheck: Precheck | None = None) -> InferRequest:
+                  precheck: Precheck | None = None, header: dict[str, Any] | None = None) -> InferRequest:
     """Decode and check an inference request body (already decompressed and within ``limits.max_body``).
 
     The work is proportional to what the request declares, and checked before it is done: every input's
@@ -453,11 +464,12 @@ def parse_request(body: bytes, header_length: int | None, limits: Limits,
         limits: Size and nesting limits.
         precheck: Checks the declared inputs against the model (e.g. ``InputValidator.feeds``), given
             :func:`placeholder` arrays; its errors propagate.
+        header: The JSON header of a binary-extension body as :func:`check_head` returned it: not parsed again.
 
     Raises:
         ServingError: HYB-702 naming what is malformed.
     """
-    doc, binary = _header(body, header_length, limits)
+    doc, binary = _header(body, header_length, limits, header)
     request_id = doc.get("id")
     if request_id is not None and not isinstance(request_id, str):
         raise _bad(f"'id' must be a string, got {type(request_id).__name__}")

@@ -45,7 +45,7 @@ from pydantic import Field
 
 from hybrid.config import ConfigSection
 from hybrid.runtime import collector
-from hybrid.serve.app import BODY_TIMEOUT_SCOPE_KEY
+from hybrid.serve.http_infer import BODY_TIMEOUT_SCOPE_KEY
 
 if TYPE_CHECKING:
     from fastapi import FastAPI

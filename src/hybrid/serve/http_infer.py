@@ -1,0 +1,296 @@
+"""The HTTP inference route, ``POST /v2/models/{m}[/versions/{v}]/infer``, answered below the web framework.
+
+Everything else the HTTP server answers goes through FastAPI (:mod:`hybrid.serve.app`); this one route is
+the server's hot path, and FastAPI's routing, parameter solving and exception plumbing cost more per request
+than the route's own work. :class:`InferRoute` is an ASGI middleware that recognizes the route from the
+request's path and answers it itself, with the same behaviour as any route of the app:
+
+- the body is read with its limits (:func:`read_body`: Content-Length, gzip/deflate, the decompressed size),
+  and a binary-extension request's JSON header is checked against the model as soon as it has arrived,
+  before the rest is read; the header is parsed once and handed on to :func:`parse_request`;
+- the request goes through the transports' one inference path (:func:`hybrid.serve.state.infer`);
+- errors answer the app's documented JSON error (:func:`error_response`), a client that hung up is counted
+  and logged as the app does (:func:`note_disconnect`), anything unexpected is HYB-708 with the traceback in
+  the server's log.
+
+Only the work proportional to a request's size leaves the event loop: a JSON part (or the elements of BYTES
+tensors) above 64 KiB is decoded in a worker thread; binary tensors become arrays without a copy and are
+decoded inline, however large.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import zlib
+from collections.abc import Callable
+from typing import Any
+
+from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import ClientDisconnect, Request
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from hybrid.errors import HybridError, ServingError
+from hybrid.serve.metrics import ServerMetrics
+from hybrid.serve.protocol import InferRequest, check_head, encode_response, parse_request
+from hybrid.serve.state import Decoded, ServerState, http_status, infer
+
+__all__ = ["BODY_TIMEOUT_SCOPE_KEY", "InferRoute", "answer_infer", "byte_count", "error_body", "error_response",
+           "infer_target", "note_disconnect", "read_body"]
+
+logger = logging.getLogger("hybrid.serve")
+
+# set in a request's ASGI scope by the server (hybrid.serve.server) when it closed the connection because the
+# body did not arrive in time: the disconnect is then reported with reason "body_timeout"
+BODY_TIMEOUT_SCOPE_KEY = "pyasc.body_timeout"
+PARSE_INLINE = 64 << 10  # a JSON part (or BYTES elements) above this is decoded in a worker thread
+_PREFIX, _SUFFIX = "/v2/models/", "/infer"
+
+
+def error_body(code: str, message: str, hint: str | None) -> dict[str, Any]:
+    """The documented error document: ``{"error": "[HYB-7xx] ...", "code": ..., "hint": ...}``."""
+    body: dict[str, Any] = {"error": f"[{code}] {message}", "code": code}
+    if hint:
+        body["hint"] = hint
+    return body
+
+
+def error_response(metrics: ServerMetrics, code: str, message: str, hint: str | None, status: int) -> JSONResponse:
+    """The error answer of every HTTP route, counted in the metrics (503 adds ``Retry-After``)."""
+    metrics.http_errors.labels(code).inc()
+    headers = {"Retry-After": "1"} if status == 503 else None
+    return JSONResponse(error_body(code, message, hint), status, headers=headers)
+
+
+def note_disconnect(metrics: ServerMetrics, request: Request) -> None:
+    """Count and log (one line, no traceback) a client that hung up before its answer."""
+    timeout = request.scope.get(BODY_TIMEOUT_SCOPE_KEY)
+    metrics.dropped.labels("body_timeout" if timeout else "client_disconnect").inc()
+    client = f"{request.client.host}:{request.client.port}" if request.client else "a client"
+    if timeout:
+        logger.info("closed the connection of %s: the body of %s %s did not arrive within %g s", client,
+                    request.method, request.url.path, timeout)
+    else:
+        logger.info("client %s disconnected before the answer to %s %s", client, request.method, request.url.path)
+
+
+def _too_large(limit: int) -> ServingError:
+    return ServingError("HYB-704", f"the request body exceeds {limit} bytes (after decompression)",
+                        "send a smaller batch, or start the server with a larger --max-body")
+
+
+def byte_count(header: str, value: str | None) -> int | None:
+    """A header's byte count: ASCII digits only (``str.isdigit`` also takes '²' and other Unicode digits).
+
+    Raises:
+        ServingError: HYB-702 naming the header and the value.
+    """
+    if value is None:
+        return None
+    text = value.strip()
+    if not (text.isascii() and text.isdigit()) or len(text) > 18:
+        raise ServingError("HYB-702", f"{header} must be a byte count of ASCII digits, got {value[:40]!r}",
+                           f"send {header} as a decimal number of bytes")
+    return int(text)
+
+
+async def read_body(request: Request, limit: int,
+                    head: tuple[int, Callable[[bytes], object]] | None = None) -> bytes:
+    """The request body, decompressed (gzip/deflate Content-Encoding), refused past ``limit`` bytes.
+
+    The limit applies to the bytes received and to the decompressed bytes as they are produced, so
+    neither a long upload nor a compression bomb is ever held in memory beyond it.
+
+    Args:
+        request: The request.
+        limit: Most bytes accepted.
+        head: ``(n, check)``: for an uncompressed body, ``check`` gets its first ``n`` bytes as soon as they
+            have arrived, and its errors stop the reading (a request refused from its header is not read).
+
+    Raises:
+        ServingError: HYB-704 past the limit, HYB-702 for a bad or unsupported encoding.
+        ClientDisconnect: The client went away before the whole body came.
+    """
+    declared = byte_count("Content-Length", request.headers.get("content-length"))
+    if declared is not None and declared > limit:
+        raise _too_large(limit)
+    encoding = request.headers.get("content-encoding", "identity").strip().lower()
+    if encoding in ("", "identity"):
+        decoder = None
+    elif encoding in ("gzip", "x-gzip"):
+        decoder = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    elif encoding == "deflate":
+        decoder = zlib.decompressobj(zlib.MAX_WBITS)
+    else:
+        raise ServingError("HYB-702", f"unsupported Content-Encoding {encoding!r}",
+                           "send the body uncompressed, gzip or deflate")
+    parts: list[bytes] = []
+    received = produced = 0
+    try:
+        async for chunk in request.stream():
+            received += len(chunk)
+            if received > limit:
+                raise _too_large(limit)
+            if decoder is None:
+                parts.append(chunk)
+                if head is not None and received >= head[0]:
+                    parts = [b"".join(parts)]
+                    head[1](parts[0][:head[0]])
+                    head = None
+                continue
+            data = chunk
+            while data:
+                out = decoder.decompress(data, limit - produced + 1)
+                produced += len(out)
+                if produced > limit:
+                    raise _too_large(limit)
+                parts.append(out)
+                data = decoder.unconsumed_tail
+        if decoder is not None:
+            tail = decoder.flush()
+            produced += len(tail)
+            if produced > limit:
+                raise _too_large(limit)
+            parts.append(tail)
+            if not decoder.eof or decoder.unused_data:
+                raise ServingError("HYB-702", f"the {encoding} body is truncated or has trailing bytes",
+                                   "compress the whole body once")
+    except zlib.error as e:
+        raise ServingError("HYB-702", f"the body is not valid {encoding} data: {e}") from e
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def infer_target(scope: Scope) -> tuple[str, str | None] | None:
+    """``(model, version or None)`` when ``scope`` is a ``POST`` to the inference route; else None.
+
+    The path's segments as the app's routes match them (each a non-empty run without '/'), below the
+    scope's ``root_path`` when mounted under one (a Ray Serve route prefix).
+    """
+    if scope["type"] != "http" or scope["method"] != "POST":
+        return None
+    path: str = scope["path"]
+    root = scope.get("root_path", "")
+    if root and path.startswith(root):
+        path = path[len(root):]
+    if not (path.startswith(_PREFIX) and path.endswith(_SUFFIX)):
+        return None
+    parts = path[len(_PREFIX):-len(_SUFFIX)].split("/")
+    if len(parts) == 1 and parts[0]:
+        return parts[0], None
+    if len(parts) == 3 and parts[0] and parts[1] == "versions" and parts[2]:
+        return parts[0], parts[2]
+    return None
+
+
+def _costly(body: bytes, header_length: int | None) -> bool:
+    """Whether decoding ``body`` costs work proportional to its size: a large JSON part, or BYTES elements."""
+    if header_length is None or not 0 < header_length <= len(body):
+        return len(body) > PARSE_INLINE
+    return header_length > PARSE_INLINE or (len(body) - header_length > PARSE_INLINE
+                                            and body.find(b'"BYTES"', 0, header_length) >= 0)
+
+
+async def answer_infer(state: ServerState, request: Request, model_name: str,
+                       model_version: str | None) -> tuple[bytes, int | None]:
+    """One HTTP inference request, decoded, run and encoded: the body and its JSON header's length (None: JSON).
+
+    Raises:
+        HybridError: The request's error, as every transport raises it.
+        ClientDisconnect: The client went away before its answer.
+    """
+    model = state.model(model_name, model_version)
+    limits = state.options.limits
+    parsed: list[InferRequest] = []
+
+    async def decode() -> Decoded:
+        header_length = byte_count("Inference-Header-Content-Length",
+                                   request.headers.get("inference-header-content-length"))
+        heads: list[dict[str, Any]] = []
+
+        def check_header(header: bytes) -> None:  # the pre-decode check, as the header arrives
+            heads.append(check_head(header, binary, limits, model.precheck))
+
+        head, binary = None, None
+        if header_length is not None and header_length <= PARSE_INLINE and request.headers.get(
+                "content-encoding", "identity").strip().lower() in ("", "identity"):
+            total = byte_count("Content-Length", request.headers.get("content-length"))
+            binary = total - header_length if total is not None and total >= header_length else None
+            head = (header_length, check_header)
+        body = await read_body(request, limits.max_body, head)
+        # the declared inputs are checked against the model before their data is decoded: here unless the
+        # header was checked (and parsed) on its own as it arrived
+        header = heads[0] if heads else None
+        precheck = None if heads else model.precheck
+        if _costly(body, header_length):
+            found = await run_in_threadpool(parse_request, body, header_length, limits, precheck, header)
+        else:
+            found = parse_request(body, header_length, limits, precheck, header)
+        parsed.append(found)
+        return Decoded(found.inputs, found.timeout_s)
+
+    content, json_length = await infer(
+        state, model, decode, lambda outputs: encode_response(model.name, model.version, parsed[0], outputs))
+    if await _disconnected(request.receive):  # gone while its request ran: nobody to answer
+        raise ClientDisconnect()
+    return content, json_length
+
+
+async def _disconnected(receive: Receive) -> bool:
+    """Whether the client has hung up, without waiting: ``receive`` is stepped once and left if it would wait.
+
+    (Starlette's ``Request.is_disconnected`` does the same inside a cancelled cancel scope, at several times
+    the cost.) With the body read, the server's next message is ``http.disconnect``, now or later.
+    """
+    step = receive()
+    if not inspect.iscoroutine(step):  # (every server's receive is a coroutine function; answer regardless)
+        return False
+    try:
+        step.send(None)
+    except StopIteration as done:
+        return bool(done.value and done.value.get("type") == "http.disconnect")
+    step.close()  # it waits: nothing came, the client is still there
+    return False
+
+
+class InferRoute:
+    """ASGI middleware: answers the inference route itself (:func:`infer_target`); other requests go to ``app``.
+
+    Args:
+        app: The application below (FastAPI's stack: routing, the other routes, their error handlers).
+        state: The server's state.
+    """
+
+    def __init__(self, app: ASGIApp, state: ServerState) -> None:
+        self.app = app
+        self.state = state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Answer the inference route; pass anything else on."""
+        target = infer_target(scope)
+        if target is None:
+            await self.app(scope, receive, send)
+            return
+        request = Request(scope, receive)
+        metrics = self.state.metrics
+        try:
+            content, json_length = await answer_infer(self.state, request, *target)
+        except ClientDisconnect:
+            note_disconnect(metrics, request)
+            return
+        except HybridError as e:
+            await error_response(metrics, e.code, e.message, e.hint, http_status(e.code))(scope, receive, send)
+            return
+        except Exception as e:  # the log has the traceback; the client the documented error and no internals
+            logger.exception("internal error while answering POST %s", scope["path"])
+            await error_response(metrics, "HYB-708", f"internal server error ({type(e).__name__}) while answering "
+                                 f"POST {scope['path']}", "retry; report it if it persists", 500)(scope, receive, send)
+            return
+        headers = [(b"content-length", str(len(content)).encode())]
+        if json_length is None:
+            headers.append((b"content-type", b"application/json"))
+        else:
+            headers += [(b"content-type", b"application/octet-stream"),
+                        (b"inference-header-content-length", str(json_length).encode())]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": content})
