@@ -109,13 +109,14 @@ def load(url: str, x: np.ndarray, clients: int, seconds: float, protocol: str = 
 
 def _client(url: str, x: np.ndarray, protocol: str) -> tuple[Any, Callable[[], Any]]:
     """One tritonclient client of ``protocol`` ('grpc', or 'http' with binary tensors) and its call."""
-    if protocol == "http":
+    if protocol in ("http", "http-json"):
         import tritonclient.http as httpclient
 
+        binary = protocol == "http"
         c = httpclient.InferenceServerClient(url.removeprefix("http://"))
         inp = httpclient.InferInput("x", list(x.shape), "FP32")
-        inp.set_data_from_numpy(x, binary_data=True)
-        out = [httpclient.InferRequestedOutput("probs", binary_data=True)]
+        inp.set_data_from_numpy(x, binary_data=binary)
+        out = [httpclient.InferRequestedOutput("probs", binary_data=binary)]
         return c, lambda: c.infer(MODEL, [inp], outputs=out)
     import tritonclient.grpc as grpcclient
 
@@ -184,25 +185,36 @@ def _processes(root: int) -> list[int]:
 
 
 def cpu_by_role(root: int | None) -> dict[str, float]:
-    """CPU seconds so far of a server process tree by role, 'compute' and 'front end' (empty without ``/proc``)."""
+    """CPU seconds so far of a server process tree by role, 'compute' and 'front end' (empty without ``/proc``).
+
+    A process's total counts its threads that have ended too (a worker thread that decoded a request); the
+    compute threads are long-lived and summed one by one, and the front end is the rest.
+    """
     out = {"front end": 0.0, "compute": 0.0}
     if root is None or not Path(f"/proc/{root}/task").is_dir():
         return {}
     tick = os.sysconf("SC_CLK_TCK")
+
+    def seconds(stat: str) -> float:
+        fields = stat.rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / tick
+
     for pid in _processes(root):
         try:
+            total = seconds(Path(f"/proc/{pid}/stat").read_text())
             tasks = list(Path(f"/proc/{pid}/task").iterdir())
         except OSError:
             continue
+        compute = 0.0
         for task in tasks:
             try:
                 stat = (task / "stat").read_text()
             except OSError:
                 continue  # ended meanwhile
-            name = stat[stat.index("(") + 1:stat.rindex(")")]
-            fields = stat.rsplit(")", 1)[1].split()
-            role = "compute" if name.startswith(("pyasc-compute", "triton_python")) else "front end"
-            out[role] += (int(fields[11]) + int(fields[12])) / tick
+            if stat[stat.index("(") + 1:stat.rindex(")")].startswith(("pyasc-compute", "triton_python")):
+                compute += seconds(stat)
+        out["compute"] += compute
+        out["front end"] += max(total - compute, 0.0)
     return out
 
 
@@ -225,8 +237,9 @@ def main() -> None:
                     help="of triton, pyasc-ort, pyasc-auto, pyasc-precision (--precision auto --min-cosine 0.995)")
     ap.add_argument("--warmup", type=int, default=200, help="pyasc serve --warmup for the default target (0: it "
                                                               "tunes under the load, as a user who passes nothing)")
-    ap.add_argument("--protocol", choices=("grpc", "http"), default="grpc",
-                    help="the clients' protocol: tritonclient.grpc, or tritonclient.http with binary tensors")
+    ap.add_argument("--protocol", choices=("grpc", "http", "http-json"), default="grpc",
+                    help="the clients' protocol: tritonclient.grpc, tritonclient.http with binary tensors, or "
+                         "tritonclient.http with the tensors as JSON")
     ap.add_argument("--threads", type=int, default=2, help="ONNX Runtime intra-op threads (both servers)")
     ap.add_argument("--baseline", type=Path, default=None,
                     help="the src folder of another checkout (e.g. `git archive <commit> src | tar -x -C /tmp/base`): "
@@ -249,7 +262,7 @@ def main() -> None:
         if "triton" in names:
             triton = tr.TritonServer(repo).start()
             stops.append(triton.stop)
-            servers["triton"] = triton.http_url if args.protocol == "http" else triton.grpc_url
+            servers["triton"] = triton.grpc_url if args.protocol == "grpc" else triton.http_url
             pids["triton"] = triton.process.pid if triton.process is not None else 0
         chosen: dict[str, str] = {}
         if args.baseline is not None and "pyasc-ort-base" not in names:
@@ -262,7 +275,7 @@ def main() -> None:
                 source = args.baseline if name == "pyasc-ort-base" else None
                 proc, url, _, http = start_pyasc(model, target, warm, extra, source)
                 stops.append(lambda p=proc: (p.terminate(), p.wait(60)))
-                servers[name] = http if args.protocol == "http" else url
+                servers[name] = url if args.protocol == "grpc" else http
                 chosen[name] = http
                 pids[name] = proc.pid
         for name, http in chosen.items():  # what each pyasc server decided (its model statistics)

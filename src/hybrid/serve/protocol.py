@@ -21,6 +21,7 @@ from typing import Any
 
 import ml_dtypes
 import numpy as np
+import orjson
 
 from hybrid.errors import ServingError
 
@@ -202,6 +203,13 @@ def _flatten(name: str, data: Any, shape: tuple[int, ...]) -> list[Any]:
 
 def _from_json(name: str, datatype: str, dtype: np.dtype, shape: tuple[int, ...], count: int,
                data: Any) -> np.ndarray:
+    if datatype != "BYTES" and isinstance(data, list) and data:  # numbers, flat or nested as the shape: in C
+        try:
+            found = np.array(data)
+        except (ValueError, OverflowError, TypeError):
+            found = None  # ragged, or too large: the checks below say what is wrong
+        if found is not None and found.size == count and found.shape in ((count,), shape):
+            return _typed(name, datatype, dtype, found).reshape(shape)
     flat = _flatten(name, data, shape)
     if len(flat) != count:
         raise _bad(f"input {name!r}: shape {list(shape)} needs {count} values, 'data' has {len(flat)}")
@@ -215,6 +223,11 @@ def _from_json(name: str, datatype: str, dtype: np.dtype, shape: tuple[int, ...]
         found = np.array(flat) if flat else np.zeros(0, dtype)
     except (ValueError, OverflowError) as e:
         raise _bad(f"input {name!r}: 'data' is not a list of numbers: {e}") from e
+    return _typed(name, datatype, dtype, found).reshape(shape)
+
+
+def _typed(name: str, datatype: str, dtype: np.dtype, found: np.ndarray) -> np.ndarray:
+    """JSON numbers as ``datatype``, refused unless they fit it (booleans for BOOL, in-range ints for ints)."""
     kind = found.dtype.kind
     if datatype == "BOOL":
         ok = kind == "b"
@@ -227,7 +240,7 @@ def _from_json(name: str, datatype: str, dtype: np.dtype, shape: tuple[int, ...]
         ok = kind in "iuf"
     if not ok:
         raise _bad(f"input {name!r}: 'data' holds {found.dtype} values that do not fit datatype {datatype}")
-    return found.astype(dtype, copy=False).reshape(shape)
+    return found.astype(dtype, copy=False)
 
 
 def _bytes_elements(name: str, raw: memoryview, count: int) -> np.ndarray:
@@ -315,9 +328,12 @@ def _header(body: bytes, header_length: int | None, limits: Limits,
         return float(literal)
 
     try:
-        doc = json.loads(header, parse_constant=constant)
-    except (ValueError, RecursionError) as e:
-        raise _bad(f"the request is not valid JSON: {e}") from e
+        doc = orjson.loads(header)
+    except orjson.JSONDecodeError:  # not strict JSON: the json module's message, or the literals NaN, Infinity
+        try:
+            doc = json.loads(header, parse_constant=constant)
+        except (ValueError, RecursionError) as e:
+            raise _bad(f"the request is not valid JSON: {e}") from e
     if not isinstance(doc, dict):
         raise _bad(f"the request must be a JSON object, got {type(doc).__name__}")
     if constants:
