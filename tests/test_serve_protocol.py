@@ -104,6 +104,30 @@ def test_requested_outputs_choose_names_order_and_encoding():
                         {"a": np.ones(1)})
 
 
+def test_json_outputs_carry_every_datatype_and_the_non_finite_literals():
+    outs = {"f": np.float32([[0.1, -2.5e-8], [3.4e38, -0.0]]), "h": np.float16([1.5]),
+            "b": ml_dtypes.bfloat16(1.25) * np.ones(2, ml_dtypes.bfloat16), "i": np.array([1, -(2 ** 31)], ">i4"),
+            "u": np.array([2 ** 64 - 1], np.uint64), "t": np.array([True, False]), "s": np.array([b"x", b"yz"], object)}
+    req = InferRequest(None, {}, tuple(RequestedOutput(k, False) for k in outs), False, None)
+    body, json_len = encode_response("m", "1", req, outs)
+    assert json_len is None
+    got = {o["name"]: o for o in json.loads(body)["outputs"]}
+    for name, arr in outs.items():
+        assert got[name]["shape"] == list(arr.shape) and got[name]["datatype"] == datatype_of(arr.dtype)
+    for name in ("f", "h", "b"):  # each float as the double of its value: the same value read back
+        np.testing.assert_array_equal(np.array(got[name]["data"]).astype(outs[name].dtype).reshape(outs[name].shape),
+                                      outs[name])
+    assert got["f"]["data"][0] == float(np.float32(0.1))  # the double Triton prints, not the shortest float32
+    assert got["i"]["data"] == [1, -(2 ** 31)] and got["u"]["data"] == [2 ** 64 - 1]
+    assert got["t"]["data"] == [True, False] and got["s"]["data"] == ["x", "yz"]
+    outs["f"][0, 1] = np.nan
+    outs["h"][0] = -np.inf
+    body, _ = encode_response("m", "1", req, outs)
+    assert b"NaN" in body and b"-Infinity" in body  # literals, as the request may send them (never null)
+    got = {o["name"]: o for o in json.loads(body)["outputs"]}
+    assert np.isnan(got["f"]["data"][1]) and got["h"]["data"] == [-np.inf] and got["s"]["data"] == ["x", "yz"]
+
+
 @pytest.mark.parametrize("shape,expected", [
     ([1 << 40, 1 << 40], "exceeds"),            # each dim beyond what the body can carry
     ([1 << 17, 1 << 17, 1 << 17], "more elements"),  # each dim fits, the product does not

@@ -525,10 +525,18 @@ def binary_of(arr: np.ndarray, datatype: str) -> bytes:
     return b"".join(parts)
 
 
-def _json_of(name: str, arr: np.ndarray, datatype: str) -> list[Any]:
+def _json_of(name: str, arr: np.ndarray, datatype: str) -> np.ndarray | list[Any]:
+    """An output's JSON ``data``: a flat array that orjson writes in C, or a list.
+
+    Floats go out as doubles (the values Triton prints); a list holds BYTES as strings, or floats that are not
+    all finite (only the json module writes the literals NaN and Infinity).
+    """
     if datatype != "BYTES":
         flat = arr.reshape(-1)
-        return (flat.astype(np.float32) if datatype == "BF16" else flat).tolist()
+        if flat.dtype.kind == "f" or datatype == "BF16":
+            flat = flat.astype(np.float64)
+            return flat if bool(np.isfinite(flat).all()) else flat.tolist()
+        return np.ascontiguousarray(flat, flat.dtype.newbyteorder("="))
     try:
         return [v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in arr.reshape(-1)]
     except UnicodeDecodeError as e:
@@ -569,7 +577,13 @@ def encode_response(model_name: str, model_version: str, request: InferRequest,
     doc: dict[str, Any] = {"model_name": model_name, "model_version": model_version, "outputs": entries}
     if request.id is not None:
         doc["id"] = request.id
-    header = json.dumps(doc, separators=(",", ":")).encode()
+    if all(not isinstance(e.get("data"), list) or e["datatype"] == "BYTES" for e in entries):
+        header = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
+    else:  # non-finite floats: NaN and Infinity literals (orjson would write null)
+        for e in entries:
+            if isinstance(e.get("data"), np.ndarray):
+                e["data"] = e["data"].tolist()
+        header = json.dumps(doc, separators=(",", ":")).encode()
     if not chunks:
         return header, None
     return b"".join([header, *chunks]), len(header)
