@@ -81,7 +81,24 @@ def test_dynamic_batching_and_instance_groups_become_serving_settings(tmp_path):
 
 def test_max_batch_size_without_dynamic_batching_runs_requests_as_they_come():
     config = mc.ModelConfig(max_batch_size=8)
-    assert settings_of(config, "here") == ({"max_batch": 0}, [])
+    assert settings_of(config, "here") == ({"max_batch": 0, "max_queue": None}, [])
+
+
+def test_a_queue_without_a_size_is_unbounded_as_in_triton(tmp_path):
+    config = mc.ModelConfig(max_batch_size=8)
+    config.dynamic_batching.max_queue_delay_microseconds = 100
+    assert settings_of(config, "here")[0]["max_queue"] is None
+    config.dynamic_batching.default_queue_policy.max_queue_size = 5
+    assert settings_of(config, "here")[0]["max_queue"] == 5
+    repo = repo_with(tmp_path, "max_batch_size: 8\ndynamic_batching { }\n" + TINY_IO)
+    for overrides, want in (({}, None), ({"max_queue": 64}, 64)):  # the command line still wins
+        registry = build_registry([repo], target="onnxruntime", overrides=overrides)
+        try:
+            model = registry.get("tiny")
+            assert model.settings.max_queue == want  # and the configuration the server reports says the same
+            assert model_config(model).dynamic_batching.default_queue_policy.max_queue_size == (want or 0)
+        finally:
+            registry.close()
 
 
 def test_command_line_settings_win_over_config_pbtxt(tmp_path):

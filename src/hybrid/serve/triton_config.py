@@ -11,7 +11,8 @@ the fields that have a meaning here become serving settings:
 ``dynamic_batching``                               ``max_batch`` = the largest ``preferred_batch_size``,
                                                    else ``max_batch_size``
 ``max_queue_delay_microseconds``                   ``batch_timeout``
-``default_queue_policy.max_queue_size``            ``max_queue``
+``default_queue_policy.max_queue_size``            ``max_queue``; 0 or unset (or no ``dynamic_batching``):
+                                                   no bound, as in Triton (the config endpoint says so too)
 ``instance_group[*].count``                        ``concurrency`` (their sum)
 ``input`` / ``output``: name, data_type, dims      checked against the model (HYB-707 naming the mismatch)
 ``model_warmup``                                   run before the model is ready (:mod:`hybrid.serve.warmup`)
@@ -139,8 +140,10 @@ def settings_of(config: mc.ModelConfig, where: str) -> tuple[dict[str, Any], lis
         if len(preferred) > 1:
             notes.append(f"dynamic_batching.preferred_batch_size (only the largest, {max(preferred)}, is used)")
         settings["batch_timeout"] = db.max_queue_delay_microseconds / 1e6
-        if db.default_queue_policy.max_queue_size > 0:
-            settings["max_queue"] = int(db.default_queue_policy.max_queue_size)
+    # Triton queues without a bound unless the queue policy sets one; pyasc's own default (256) is for models
+    # served without a configuration, and a configuration that says nothing means what it means to Triton
+    size = config.dynamic_batching.default_queue_policy.max_queue_size if config.HasField("dynamic_batching") else 0
+    settings["max_queue"] = int(size) if size > 0 else None
     if len(config.instance_group):
         settings["concurrency"] = sum(max(1, g.count) for g in config.instance_group)
     return settings, notes
@@ -210,13 +213,15 @@ def _tensor(message: Any, spec: TensorSpec, batched: bool) -> None:
 def model_config(model: ServedModel) -> mc.ModelConfig:
     """The Triton ``ModelConfig`` of a served model.
 
-    Its ``config.pbtxt`` completed from the model (name, platform, inputs and outputs when absent), or one made
-    from the model and its serving settings.
+    Its ``config.pbtxt`` completed from the model (name, platform, inputs and outputs when absent; the queue
+    bound in force, where the command line set one), or one made from the model and its serving settings.
     """
     given: mc.ModelConfig | None = getattr(model, "model_config", None)
     config = mc.ModelConfig()
     if given is not None:
         config.CopyFrom(given)
+        if config.HasField("dynamic_batching") and model.settings.max_queue is not None:  # e.g. --max-queue
+            config.dynamic_batching.default_queue_policy.max_queue_size = model.settings.max_queue
     else:
         batched = model.batch_symbol is not None and model.settings.max_batch > 0
         config.max_batch_size = model.settings.max_batch if batched else 0
