@@ -16,7 +16,14 @@ too, which is in the untuned variant's favour. The phases alternate over ``--rep
 prints the variant's throughput over ``ort``'s in the same block and both p99s; the summary gives the medians
 over the first ``--early`` rounds (the traffic's start) and over the rest, per variant and client count.
 
+With ``--dynamic-size`` the model's image height and width are symbolic, as an exporter leaves them for a
+model that takes any image size: random inputs would have to guess a size, so the server with idle tuning
+learns the shape from the traffic instead. ``--first-traffic`` seconds of one client (96x96 images, as all the
+load) then come right after the start, before the idle wait: the first requests show the shape, and the idle
+wait is the lull after them.
+
     flock /tmp/coord/bench.lock python benchmarks/serve_idle_tuning.py --reps 3 --idle 60 --rounds 6 --seconds 5
+    flock /tmp/coord/bench.lock python benchmarks/serve_idle_tuning.py --dynamic-size --first-traffic 5 --idle 45
 """
 
 from __future__ import annotations
@@ -56,6 +63,9 @@ def phase(variant: str, model: Path, x: object, work: Path, args: argparse.Names
             proc, url, _, http = vt.start_pyasc(model, target, 0, env={"HYBRID_CACHE_DIR": cache}, idle_tuning=idle)
             stops.append(lambda p=proc: (p.terminate(), p.wait(60)))
             servers[name] = (url, http)
+        if args.first_traffic > 0:
+            for name in servers:
+                vt.load(servers[name][0], x, 1, args.first_traffic)
         time.sleep(args.idle)
         print(f"{variant} when the traffic comes: {decided(servers[variant][1])}", flush=True)
         out: dict[int, list[tuple[float, float, float]]] = {}
@@ -82,10 +92,20 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--clients", default="1,16")
     ap.add_argument("--early", type=int, default=3, help="rounds counted as the traffic's start in the summary")
+    ap.add_argument("--dynamic-size", action="store_true", help="the model's image height and width symbolic")
+    ap.add_argument("--first-traffic", type=float, default=0.0,
+                    help="seconds of one client to each server right after the start, before the idle wait")
     args = ap.parse_args()
     counts = [int(c) for c in args.clients.split(",")]
     work = Path(tempfile.mkdtemp(prefix="idle-tuning-"))
     model, x = vt.build_model(work)
+    if args.dynamic_size:
+        import onnx
+
+        proto = onnx.load(str(model))
+        dims = proto.graph.input[0].type.tensor_type.shape.dim
+        dims[2].dim_param, dims[3].dim_param = "height", "width"
+        onnx.save(proto, str(model))
     results: dict[tuple[str, int], list[list[tuple[float, float, float]]]] = {}
     for rep in range(args.reps):
         for variant in (list(VARIANTS) if rep % 2 == 0 else list(reversed(VARIANTS))):

@@ -18,7 +18,13 @@ import hybrid
 from hybrid.errors import RunError
 from hybrid.runtime.auto.shapes import bucket_of
 from hybrid.serve import build_registry
-from hybrid.serve.idle_tuning import IdleTuner, IdleTuningPolicy, idle_samples, start_idle_tuning
+from hybrid.serve.idle_tuning import (
+    IdleTuner,
+    IdleTuningPolicy,
+    idle_samples,
+    learned_samples,
+    start_idle_tuning,
+)
 from hybrid.serve.model import BatchSettings, ServedModel
 
 pytestmark = pytest.mark.timeout(300)
@@ -64,6 +70,7 @@ class _Model:
         self.served = served
         self.name, self.version, self.signature = served.name, served.version, served.signature
         self.compiled = served.compiled
+        self.batch_symbol, self.max_batch_size = served.batch_symbol, served.max_batch_size
         self.busy = False
         self.last_end = 0.0
         self.ready = True
@@ -123,6 +130,77 @@ def test_a_dynamic_dim_besides_the_batch_is_not_guessed(tmp_path: Path) -> None:
         assert idle_samples(model) == []
     finally:
         real.close()
+
+
+@pytest.fixture
+def conv(tmp_path: Path):
+    """A stand-in tuning model with a dynamic image size besides the batch (x [N, 3, H, W])."""
+    from tests.test_auto_shapes import conv_net
+
+    real = hybrid.compile(conv_net(), target="onnxruntime")
+    yield ServedModel("conv", "1", _Tuning(real.signature), BatchSettings(max_batch=8))  # type: ignore[arg-type]
+    real.close()
+
+
+def _image(rows: int, h: int, w: int, seed: int = 0) -> dict[str, np.ndarray]:
+    return {"x": np.random.default_rng(seed).random((rows, 3, h, w), np.float32)}
+
+
+def test_where_random_inputs_are_unfit_it_learns_the_shapes_of_the_requests(conv: ServedModel) -> None:
+    now = [100.0]
+    model = _Model(conv)
+    tuner = IdleTuner(model, [], IdleTuningPolicy(quiet_s=1.0, max_learned_shapes=2),  # type: ignore[arg-type]
+                      clock=lambda: now[0], learn=True)
+    compiled: Any = conv.compiled
+    assert tuner.step() == 3600.0 and compiled.calls == []  # no request yet: nothing to guess, waits for one
+    first = _image(3, 20, 24)
+    tuner.saw(first)
+    first["x"][:] = -1.0  # the request's own arrays (views of its body) may go: the tuner kept a copy
+    tuner.saw(_image(1, 20, 24, seed=1))  # the same shape but the batch: nothing new
+    model.busy = True  # the request runs
+    assert tuner.step() == IdleTuningPolicy().poll_s and compiled.calls == []
+    model.busy, model.last_end = False, 100.0
+    now[0] = 101.0
+    while (wait := tuner.step()) == 0.0:
+        pass
+    assert wait == 3600.0 and not tuner.done  # every bucket of that shape decided; it stays on for new shapes
+    assert compiled.calls == [(("x", (r, 3, 32, 32)),) for r in (1, 2, 4, 8) for _ in range(2)]
+    tuner.saw(_image(1, 40, 40))
+    tuner.saw(_image(1, 60, 60))  # past max_learned_shapes: not kept
+    while tuner.step() == 0.0:
+        pass
+    assert compiled.calls[8:] == [(("x", (r, 3, 64, 64)),) for r in (1, 2, 4, 8) for _ in range(2)]
+    assert len(tuner.shapes) == 2
+    tuner.stop()
+    assert tuner.step() is None and tuner.done
+
+
+def test_a_learned_request_is_repeated_to_each_batch_size(conv: ServedModel) -> None:
+    request = _image(3, 20, 24)
+    samples = learned_samples(conv, request)
+    assert [s["x"].shape[0] for s in samples] == [1, 2, 4, 8]
+    for s in samples:  # its own rows, in order, cycled
+        np.testing.assert_array_equal(s["x"], request["x"][np.arange(len(s["x"])) % 3])
+    conv.settings = BatchSettings(max_batch=0)  # does not batch: the request itself
+    conv._max_rows = None
+    conv.batch_symbol = None
+    (alone,) = learned_samples(conv, request)
+    assert alone["x"] is request["x"]
+
+
+def test_a_reduced_precision_learns_from_the_requests_which_every_served_request_is_shown(
+        served: ServedModel) -> None:
+    served.compile_request = {"precision": "auto", "accuracy": {"min_cosine": 0.995}}
+    tuner = start_idle_tuning(served, idle_for=lambda now: None)  # never idle here: it only learns
+    try:
+        assert tuner is not None and tuner.learn and idle_samples(served) == []
+        x = np.ones((2, 4), np.float32)
+        asyncio.run(served.infer({"x": x, "scale": np.ones((2, 1), np.float32)}))
+        assert tuner.shapes == {(("x", (4,)), ("scale", (1,)))}
+    finally:
+        if tuner is not None:
+            tuner.stop()
+        served.close()
 
 
 def test_it_calls_only_while_the_model_is_idle_one_bucket_after_the_other(served: ServedModel) -> None:
@@ -274,6 +352,36 @@ def test_a_served_auto_model_is_decided_while_idle_and_then_answers(tmp_path: Pa
         while not (len(fresh.compiled.tuning) == 3 and all(t.state == "decided" for t in fresh.compiled.tuning)):
             assert time.monotonic() < deadline, fresh.compiled.tuning
             time.sleep(0.5)
+    finally:
+        registry.close()
+
+
+def test_a_served_auto_model_with_an_image_size_is_decided_at_its_first_request_s_shape(tmp_path: Path) -> None:
+    import onnx
+
+    from tests.test_auto_shapes import conv_net, reference_answer
+
+    hybrid.init({"autotune": {"decide_within_s": 6.0, "overhead_cap": 1.0}})
+    onnx.save(conv_net(), tmp_path / "conv.onnx")
+    registry = build_registry([tmp_path / "conv.onnx"], target="auto", overrides={"max_batch": 4}, idle_tuning=True)
+    (model,) = list(registry)
+    try:
+        time.sleep(1.5)
+        assert model.compiled.tuning == ()  # an image size would be a guess: nothing before a request
+        first = _image(1, 20, 24)
+        out = asyncio.run(model.infer(first))
+        np.testing.assert_allclose(out["logits"], reference_answer(conv_net(), first["x"]), rtol=1e-4,
+                                   atol=1e-5)
+        want = {(("x", (r, 3, 32, 32)),) for r in (1, 2, 4)}
+        deadline = time.monotonic() + 240
+        while not ({t.key for t in model.compiled.tuning} == want
+                   and all(t.state == "decided" for t in model.compiled.tuning)):
+            assert time.monotonic() < deadline, model.compiled.tuning
+            time.sleep(0.5)
+        batch = _image(3, 30, 17, seed=2)  # another image of the same bucket, three rows at once
+        out = asyncio.run(model.infer(batch))
+        np.testing.assert_allclose(out["logits"], reference_answer(conv_net(), batch["x"]), rtol=1e-4,
+                                   atol=1e-5)
     finally:
         registry.close()
 

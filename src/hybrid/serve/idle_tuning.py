@@ -12,12 +12,13 @@ to the decision cache as any other. A candidate the race left untimed races agai
 candidate released, before the traffic rather than on its first calls. A request that arrives meanwhile
 shares the cores with at most one such call, after which the tuner waits for the server to be idle again.
 
-It runs only where random inputs stand for the real ones:
-
-- every input has a declared dtype and shape, with no dynamic dimension but the batch (a sequence length or
-  an image size would be guessed: a shape nobody may send);
-- no reduced precision was asked for (``--precision``): its accuracy is judged on the bucket's first real
-  input, never on a random one.
+Random inputs stand for the real ones only where every input has a declared dtype and shape with no dynamic
+dimension but the batch, and no reduced precision was asked for. Elsewhere the tuner learns from the traffic
+instead: a sequence length or an image size would be a guess (a shape nobody may send), and the accuracy of a
+reduced precision (``--precision``) is judged on real inputs. So it keeps the first request of each shape it
+sees (its shape but the batch: :attr:`IdleTuningPolicy.max_learned_shapes` of them at most), and when the
+server is idle it decides the other batch sizes of that shape on that request's rows, repeated to each batch
+size: the buckets the batcher will form from requests like it.
 
 ``pyasc serve`` starts one per model (``--no-idle-tuning`` turns it off); a model with explicit warm-up samples
 is decided before it serves, and the tuner then finds nothing left to do.
@@ -28,7 +29,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -40,9 +42,11 @@ from hybrid.runtime.auto.shapes import bucket_of
 if TYPE_CHECKING:
     from hybrid.serve.model import ServedModel
 
-__all__ = ["IdleTuner", "IdleTuningPolicy", "idle_samples", "start_idle_tuning"]
+__all__ = ["IdleTuner", "IdleTuningPolicy", "idle_samples", "learned_samples", "random_inputs_unfit",
+           "start_idle_tuning"]
 
 logger = logging.getLogger("hybrid.serve")
+_UNTIL_NEWS = 3600.0  # learning, nothing pending: wait for a request of a new shape (saw wakes the thread)
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,11 +61,15 @@ class IdleTuningPolicy:
         poll_s: How often a busy server is looked at again.
         recheck_grace_s: A re-check planned for a candidate left untimed is waited for (the tuner stays on);
             one that has not begun this long after it was due is not waited for any more.
+        max_learned_shapes: Where the tuner learns from the traffic, the most shapes (but the batch) whose
+            first request it keeps and tunes: each costs the buckets of every batch size, and the memory of
+            one request.
     """
 
     quiet_s: float = 1.0
     poll_s: float = 0.25
     recheck_grace_s: float = 5.0
+    max_learned_shapes: int = 16
 
 
 def _reduced_precision(model: ServedModel) -> bool:
@@ -69,34 +77,46 @@ def _reduced_precision(model: ServedModel) -> bool:
     return precision not in (None, "fp32")
 
 
-def idle_samples(model: ServedModel, seed: int = 0) -> list[dict[str, np.ndarray]]:
-    """Random inputs for the idle tuner, one per batch-size bucket; none where it must not run (logged).
+def _batch_sizes(model: ServedModel) -> list[int]:
+    """The batch sizes tuned: the powers of two up to ``max_batch_size``, and the maximum itself.
 
-    The batch sizes are the powers of two up to ``max_batch_size`` and the maximum itself (the batches the
-    batcher forms round up to those buckets); a model that does not batch gets one sample.
+    The batches the batcher forms round up to those buckets; a model that does not batch has one, 1.
     """
-    from hybrid.serve.warmup import samples_of_rows
+    top = max(1, model.max_batch_size) if model.batch_symbol is not None else 1
+    return sorted({min(top, 1 << k) for k in range(top.bit_length() + 1)})
 
-    compiled = model.compiled
-    if not getattr(compiled, "tunes_online", False):
-        return []
-    where = f"model {model.name!r} version {model.version}"
+
+def random_inputs_unfit(model: ServedModel) -> str | None:
+    """Why random inputs cannot stand for ``model``'s real ones (then the tuner learns from the traffic); None."""
     if _reduced_precision(model):
-        logger.info("%s: not tuned while idle: the accuracy of a reduced precision is checked on real inputs", where)
-        return []
+        return "the accuracy of a reduced precision is checked on real inputs"
     for spec in model.signature.inputs:
         dims = list(spec.shape or ())
         if model.batch_symbol is not None and dims:
             dims = dims[1:]
         if spec.kind != "tensor" or spec.dtype is None or spec.shape is None or not all(isinstance(d, int)
                                                                                          for d in dims):
-            logger.info("%s: not tuned while idle: input %r has no fixed shape but for its batch (%s); its buckets "
-                        "are decided on the first real calls", where, spec.name, spec.shape)
-            return []
-    top = max(1, model.max_batch_size) if model.batch_symbol is not None else 1
-    rows = sorted({min(top, 1 << k) for k in range(top.bit_length() + 1)})
+            return f"input {spec.name!r} has no fixed shape but for its batch ({spec.shape})"
+    return None
+
+
+def idle_samples(model: ServedModel, seed: int = 0) -> list[dict[str, np.ndarray]]:
+    """Random inputs for the idle tuner, one per batch-size bucket; none where random inputs are unfit.
+
+    The batch sizes are the powers of two up to ``max_batch_size`` and the maximum itself; a model that does
+    not batch gets one sample.
+    """
+    from hybrid.serve.warmup import samples_of_rows
+
+    if not getattr(model.compiled, "tunes_online", False) or random_inputs_unfit(model) is not None:
+        return []
+    return _distinct(model, samples_of_rows(model, _batch_sizes(model), seed))
+
+
+def _distinct(model: ServedModel, samples: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
+    """``samples`` less those whose bucket an earlier one has."""
     seen, out = set(), []
-    for sample in samples_of_rows(model, rows, seed):
+    for sample in samples:
         key = bucket_of(model.signature, sample)
         if key not in seen:
             seen.add(key)
@@ -104,8 +124,21 @@ def idle_samples(model: ServedModel, seed: int = 0) -> list[dict[str, np.ndarray
     return out
 
 
+def learned_samples(model: ServedModel, request: Mapping[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
+    """A real request's rows, repeated to each batch size of :func:`idle_samples` (one per bucket)."""
+    if model.batch_symbol is None:
+        return [dict(request)]
+    out = []
+    for size in _batch_sizes(model):
+        out.append({name: np.take(value, np.arange(size) % len(value), axis=0) for name, value in request.items()})
+    return _distinct(model, out)
+
+
 class IdleTuner:
-    """Calls a served model on random inputs while the server is idle, until each of their buckets is decided.
+    """Calls a served model while the server is idle, until each bucket it follows is decided.
+
+    It follows the buckets of ``samples`` (random inputs), and with ``learn`` also those of the requests it is
+    shown (:meth:`saw`): for each new shape (but the batch), every batch size of it (:func:`learned_samples`).
 
     Args:
         model: The served model (its compiled model tunes online).
@@ -117,25 +150,59 @@ class IdleTuner:
             of another); default: the model's own.
         turn: Shared by the tuners of one server: a tuner holds it while it races a bucket, so that the models
             of a repository are tuned one after the other, each race timed without another beside it.
+        learn: Follow the shapes of the requests it is shown too, and stay on for new ones once every bucket
+            is decided.
     """
 
     def __init__(self, model: ServedModel, samples: list[dict[str, np.ndarray]],
                  policy: IdleTuningPolicy | None = None, clock: Callable[[], float] = time.monotonic,
                  idle_for: Callable[[float], float | None] | None = None,
-                 turn: threading.Lock | None = None) -> None:
+                 turn: threading.Lock | None = None, learn: bool = False) -> None:
         self.model = model
         self.policy = policy or IdleTuningPolicy()
         self._clock = clock
         self._idle_for = idle_for or model.idle_for
         self._turn = turn
         self._holding = False
-        self._pending = [(bucket_of(model.signature, s), model.check(s).feeds) for s in samples]
+        self._pending: list[tuple[Any, dict[str, np.ndarray]]] = []
+        self._followed: set[Any] = set()  # every bucket ever pending
+        for sample in samples:
+            self._follow(sample)
+        self.learn = learn
+        self.shapes: set[Any] = set()  # the shapes (but the batch) of the requests it learned from
+        self._news: deque[dict[str, np.ndarray]] = deque()  # their first requests, from the event loop
         self._first_call: dict[Any, float] = {}  # bucket -> when this tuner made its first call
         self.calls = 0
         self.done = False
+        self._quiet = False  # learning, every bucket seen so far decided (logged once each time)
         self._stop = threading.Event()
+        self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._started = clock()
+
+    def _follow(self, sample: dict[str, np.ndarray]) -> None:
+        key = bucket_of(self.model.signature, sample)
+        if key not in self._followed:
+            self._followed.add(key)
+            self._pending.append((key, self.model.check(sample).feeds))
+
+    def saw(self, feeds: Mapping[str, Any]) -> None:
+        """A checked request, shown on the event loop: a new shape's first one is kept (a copy) to learn from.
+
+        Cheap for a shape already seen, and nothing once :attr:`IdleTuningPolicy.max_learned_shapes` are kept.
+        """
+        if not self.learn or len(self.shapes) >= self.policy.max_learned_shapes:
+            return
+        batched = self.model.batch_symbol is not None
+        try:
+            shape = tuple((name, value.shape[1:] if batched else value.shape) for name, value in feeds.items())
+        except AttributeError:  # not arrays (a sequence input): nothing to repeat
+            return
+        if shape in self.shapes or (batched and any(v.ndim == 0 or len(v) == 0 for v in feeds.values())):
+            return
+        self.shapes.add(shape)
+        self._news.append({name: np.array(value, copy=True) for name, value in feeds.items()})
+        self._wake.set()
 
     def step(self) -> float | None:
         """Do what is due now: one call when the server is idle and a bucket is being tuned.
@@ -151,6 +218,14 @@ class IdleTuner:
             return None
         if self._stop.is_set() or not self.model.ready:  # closed (a tuner starts after the warm-up)
             return self._finish("stopped")
+        while self._news:  # requests of new shapes, learned from
+            request = self._news.popleft()
+            try:
+                for sample in learned_samples(self.model, request):
+                    self._follow(sample)
+            except HybridError as e:  # (checked as a request is; one that passed passes repeated)
+                logger.info("model %r version %s: not tuned while idle at a request's shape: %s", self.model.name,
+                            self.model.version, e)
         now = self._clock()
         status = {s.key: s for s in self.model.compiled.tuning}
         pending, waits = [], []
@@ -163,7 +238,16 @@ class IdleTuner:
                 waits.append(max(due - now, 0.0))
         self._pending = pending
         if not pending:
-            return self._finish("decided")
+            if not self.learn:
+                return self._finish("decided")
+            self._release()
+            if not self._quiet and self.shapes:
+                self._quiet = True
+                logger.info("model %r version %s: idle tuning: the buckets of the %d shape(s) seen so far are "
+                            "decided (%d calls of its own)", self.model.name, self.model.version, len(self.shapes),
+                            self.calls)
+            return _UNTIL_NEWS
+        self._quiet = False
         tuning = [(key, feeds) for key, feeds in pending if key not in status or status[key].state != "decided"]
         if not tuning:  # a re-check is planned: the controller starts it on time, then its turns need calls
             self._release()
@@ -217,7 +301,10 @@ class IdleTuner:
         enter_compute_policy()
         try:
             while (wait := self.step()) is not None:
-                if wait > 0 and self._stop.wait(wait):
+                if wait > 0:
+                    self._wake.wait(wait)  # a new shape (saw) or a stop wakes it early
+                    self._wake.clear()
+                if self._stop.is_set():
                     self.done = True
                     return
         finally:
@@ -231,6 +318,7 @@ class IdleTuner:
     def stop(self, timeout: float | None = 30.0) -> None:  # (hybrid.serve.model.Stoppable)
         """Stop, and wait for a call in progress to end (before the model is closed)."""
         self._stop.set()
+        self._wake.set()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
@@ -240,9 +328,12 @@ def start_idle_tuning(model: ServedModel, idle_for: Callable[[float], float | No
                       policy: IdleTuningPolicy | None = None, turn: threading.Lock | None = None) -> IdleTuner | None:
     """Start the idle tuning of ``model``, tied to its life (:meth:`ServedModel.run_beside`).
 
+    On random inputs where they stand for the real ones (:func:`idle_samples`); else on the requests' own
+    shapes and rows as they come (:meth:`IdleTuner.saw`, which the model calls for each request:
+    :meth:`ServedModel.watch_requests`; why is logged).
+
     Args:
-        model: A served model; nothing starts unless it tunes online and random inputs stand for its real ones
-            (:func:`idle_samples`; why not is logged).
+        model: A served model; nothing starts unless it tunes online.
         idle_for: How long the server has been idle (:meth:`hybrid.serve.repository.ModelRegistry.idle_for`);
             None: the model's own.
         policy: When to call (None: the defaults).
@@ -251,17 +342,25 @@ def start_idle_tuning(model: ServedModel, idle_for: Callable[[float], float | No
     Returns:
         The running tuner, or None.
     """
+    if not getattr(model.compiled, "tunes_online", False) or not model.ready:
+        return None
+    unfit = random_inputs_unfit(model)
     try:
-        samples = idle_samples(model)
-        if not samples or not model.ready:
-            return None
-        tuner = IdleTuner(model, samples, policy, idle_for=idle_for, turn=turn)
+        samples = idle_samples(model) if unfit is None else []
+        tuner = IdleTuner(model, samples, policy, idle_for=idle_for, turn=turn, learn=unfit is not None)
     except HybridError as e:  # optional: the model serves, and decides on its first real calls
         logger.warning("model %s:%s: not tuned while idle: %s", model.name, model.version, e)
         return None
     model.run_beside(tuner)
+    if tuner.learn:
+        model.watch_requests(tuner.saw)
     tuner.start(f"hybrid-serve-{model.name}-idle")
-    sizes = ", ".join(str(next(iter(s.values())).shape[0]) for s in samples) if model.batch_symbol else "1"
-    logger.info("model %s:%s: deciding its buckets of batch size %s while the server is idle (--no-idle-tuning "
-                "turns this off)", model.name, model.version, sizes)
+    sizes = ", ".join(str(s) for s in _batch_sizes(model))
+    if unfit is None:
+        logger.info("model %s:%s: deciding its buckets of batch size %s while the server is idle (--no-idle-tuning "
+                    "turns this off)", model.name, model.version, sizes)
+    else:
+        logger.info("model %s:%s: random inputs cannot stand for its requests (%s): while the server is idle, it "
+                    "decides the buckets of batch size %s at the shapes its requests bring, on their rows "
+                    "(--no-idle-tuning turns this off)", model.name, model.version, unfit, sizes)
     return tuner

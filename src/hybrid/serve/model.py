@@ -179,6 +179,7 @@ class ServedModel:
         self._active = 0  # requests in run() now
         self._last_active = time.monotonic()  # when the last request ended (idle_for)
         self._beside: list[Stoppable] = []  # background tasks stopped when it drains (run_beside)
+        self._watchers: tuple[Callable[[dict[str, np.ndarray]], None], ...] = ()  # (watch_requests)
         self._closed = False
         self._batcher: LoopBatcher[CheckedRequest] | None = None
         if settings.max_batch > 0:
@@ -337,6 +338,8 @@ class ServedModel:
         if self._closed:
             raise self._closing_error()
         request.enqueued = time.monotonic()
+        for watch in self._watchers:
+            watch(request.feeds)
         self._active += 1  # on the event loop's thread only; read by the idle tuner (idle_for)
         try:
             if self._batcher is None:
@@ -487,6 +490,13 @@ class ServedModel:
     def _closing_error(self) -> ServingError:
         return ServingError("HYB-706", f"model {self.name!r} version {self.version} is shutting down",
                             "send the request to another replica")
+
+    def watch_requests(self, watch: Callable[[dict[str, np.ndarray]], None]) -> None:
+        """Show ``watch`` every checked request's inputs as it starts to run (on the event loop; keep it cheap).
+
+        The idle tuner learns the shapes of the traffic this way (:meth:`hybrid.serve.idle_tuning.IdleTuner.saw`).
+        """
+        self._watchers = (*self._watchers, watch)
 
     def run_beside(self, task: Stoppable) -> None:
         """Tie a background task to the model's life: it is stopped first when the model drains or closes.
