@@ -358,7 +358,6 @@ def test_a_served_auto_model_is_decided_while_idle_and_then_answers(tmp_path: Pa
 
 def test_a_served_auto_model_with_an_image_size_is_decided_at_its_first_request_s_shape(tmp_path: Path) -> None:
     import onnx
-
     from tests.test_auto_shapes import conv_net, reference_answer
 
     hybrid.init({"autotune": {"decide_within_s": 6.0, "overhead_cap": 1.0}})
