@@ -14,8 +14,8 @@ request's path and answers it itself, with the same behaviour as any route of th
   the server's log.
 
 Only the work proportional to a request's size leaves the event loop: a JSON part (or the elements of BYTES
-tensors) above 64 KiB is decoded in a worker thread; binary tensors become arrays without a copy and are
-decoded inline, however large.
+tensors) above 64 KiB is decoded in a worker thread; binary tensors become arrays over the body (copied only
+to align one at an odd offset) and are decoded inline, however large.
 """
 
 from __future__ import annotations
