@@ -94,10 +94,10 @@ def serve(
                                              "ready (target auto: its shape buckets are decided first); a "
                                              "config.pbtxt's model_warmup takes precedence.")] = 0,
     idle_tuning: Annotated[bool, typer.Option(help="Target auto: once the server has had no request for a "
-                                                   "second, decide each model's batch-size buckets on random "
-                                                   "inputs at its declared shapes (models whose only dynamic "
-                                                   "dim is the batch, at fp32), so the traffic meets them "
-                                                   "decided.")]
+                                                   "second, decide each model's batch-size buckets, so the "
+                                                   "traffic meets them decided: on random inputs where the "
+                                                   "only dynamic dim is the batch and the precision fp32, "
+                                                   "else at the shapes of the requests seen, on their rows.")]
     = True,
     max_batch: so.MaxBatch = None,
     batch_timeout: so.BatchTimeout = None,

@@ -34,6 +34,7 @@ from hybrid.serve.http_infer import (
     error_body,
     error_response,
     note_disconnect,
+    route_path,
 )
 from hybrid.serve.metrics import CONTENT_TYPE, ServerMetrics
 from hybrid.serve.repository import ModelRegistry
@@ -56,10 +57,7 @@ class _AuthMiddleware:
         self.metrics = metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        path, root = scope.get("path", ""), scope.get("root_path", "")
-        if root and path.startswith(root):  # mounted under a prefix (a Ray Serve route_prefix)
-            path = path[len(root):]
-        if scope["type"] == "http" and path != LIVE_PATH:
+        if scope["type"] == "http" and route_path(scope) != LIVE_PATH:
             given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
             if not hmac.compare_digest(given, self.expected):
                 self.metrics.http_errors.labels("HYB-703").inc()

@@ -37,7 +37,7 @@ from hybrid.serve.protocol import InferRequest, check_head, encode_response, par
 from hybrid.serve.state import Decoded, ServerState, http_status, infer
 
 __all__ = ["BODY_TIMEOUT_SCOPE_KEY", "InferRoute", "answer_infer", "byte_count", "error_body", "error_response",
-           "infer_target", "note_disconnect", "read_body"]
+           "infer_target", "note_disconnect", "read_body", "route_path"]
 
 logger = logging.getLogger("hybrid.serve")
 
@@ -161,6 +161,13 @@ async def read_body(request: Request, limit: int,
     return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
+def route_path(scope: Scope) -> str:
+    """The request's path below the scope's ``root_path`` (a Ray Serve route prefix), as the routes see it."""
+    path: str = scope.get("path", "")
+    root = scope.get("root_path", "")
+    return path[len(root):] if root and path.startswith(root) else path
+
+
 def infer_target(scope: Scope) -> tuple[str, str | None] | None:
     """``(model, version or None)`` when ``scope`` is a ``POST`` to the inference route; else None.
 
@@ -169,10 +176,7 @@ def infer_target(scope: Scope) -> tuple[str, str | None] | None:
     """
     if scope["type"] != "http" or scope["method"] != "POST":
         return None
-    path: str = scope["path"]
-    root = scope.get("root_path", "")
-    if root and path.startswith(root):
-        path = path[len(root):]
+    path = route_path(scope)
     if not (path.startswith(_PREFIX) and path.endswith(_SUFFIX)):
         return None
     parts = path[len(_PREFIX):-len(_SUFFIX)].split("/")
