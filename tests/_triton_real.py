@@ -162,14 +162,17 @@ def free_port() -> int:
 
 @dataclass(frozen=True)
 class TritonSpec:
-    """One tensor of a Triton model config: name, Triton type ('TYPE_FP32'), dims without the batch dim."""
+    """One tensor of a Triton model config: name, Triton type ('TYPE_FP32'), dims without the batch dim, and
+    for an output the label file of the classification extension (in the model's folder), if any."""
 
     name: str
     data_type: str
     dims: Sequence[int]
+    label_filename: str | None = None
 
     def pbtxt(self) -> str:
-        return f'{{ name: "{self.name}" data_type: {self.data_type} dims: [{", ".join(map(str, self.dims))}] }}'
+        labels = f' label_filename: "{self.label_filename}"' if self.label_filename else ""
+        return f'{{ name: "{self.name}" data_type: {self.data_type} dims: [{", ".join(map(str, self.dims))}]{labels} }}'
 
 
 def write_model(repo: Path, name: str, onnx_path: Path, inputs: Sequence[TritonSpec], outputs: Sequence[TritonSpec],

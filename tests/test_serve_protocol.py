@@ -170,7 +170,9 @@ def test_binary_size_must_match_the_shape_and_the_body():
     ({"inputs": [{"name": "x", "shape": [1], "datatype": "FP32"}]}, "neither"),
     ({"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1]}] * 2}, "twice"),
     ({"inputs": {"x": 1}}, "'inputs' list"),
-    ({"inputs": [], "outputs": [{"name": "y", "parameters": {"classification": 3}}]}, "classification"),
+    ({"inputs": [], "outputs": [{"name": "y", "parameters": {"classification": -3}}]}, "non-negative integer"),
+    ({"inputs": [], "outputs": [{"name": "y", "parameters": {"classification": "3"}}]}, "non-negative integer"),
+    ({"inputs": [], "outputs": [{"name": "y", "parameters": {"classification": True}}]}, "non-negative integer"),
     ({"inputs": [], "parameters": {"timeout": -5}}, "timeout"),
     ({"inputs": [], "id": 7}, "'id'"),
 ])

@@ -4,7 +4,8 @@ Triton is ``tritonserver`` 2.51 from the nvidia-pytriton wheel (tests/_triton_re
 ONNX files through a Python-backend ``model.py`` that runs ONNX Runtime, ``max_batch_size: 8``. Over HTTP
 (raw requests) and gRPC (tritonclient.grpc) the status codes and the response structure must match:
 metadata, config, statistics, a good inference in JSON and binary, a wrong shape, a wrong dtype, an
-unknown input, an unknown model, a batch over the maximum and BYTES tensors. Values that differ by
+unknown input, an unknown model, a batch over the maximum, BYTES tensors and the classification
+extension (top classes with config.pbtxt's labels, JSON, binary and gRPC). Values that differ by
 nature (server name, platform, counters, timings) are not compared; where Triton's message names what
 it expected, pyasc's names it the same way. Skipped, with the reason, only where the wheel cannot run.
 """
@@ -52,7 +53,15 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tupl
                    [tr.TritonSpec("y", "TYPE_FP32", [3]), tr.TritonSpec("s", "TYPE_FP32", [1])], threads=1)
     tr.write_model(repo, "text", text, [tr.TritonSpec("t", "TYPE_STRING", [2])],
                    [tr.TritonSpec("u", "TYPE_STRING", [2])], threads=1)
-    registry = build_registry([f"tiny={tiny}", f"text={text}"], target="onnxruntime",
+    # the classification extension's labels come from config.pbtxt: pyasc serves a Triton folder of its own
+    labelled = root / "labelled"
+    for folder in (repo, labelled):
+        tr.write_model(folder, "tinyl", tiny, [tr.TritonSpec("x", "TYPE_FP32", [4]),
+                                               tr.TritonSpec("scale", "TYPE_FP32", [1])],
+                       [tr.TritonSpec("y", "TYPE_FP32", [3], "labels.txt"), tr.TritonSpec("s", "TYPE_FP32", [1])],
+                       threads=1)
+        (folder / "tinyl" / "labels.txt").write_text("cat\ndog\n")  # fewer labels than classes
+    registry = build_registry([f"tiny={tiny}", f"text={text}", labelled], target="onnxruntime",
                               overrides={"max_batch": 8, "batch_timeout": 0.002})
     with tr.TritonServer(repo) as triton, \
             BackgroundServer(create_app(registry, ServeOptions(grpc_address="127.0.0.1:0"))) as pyasc:
@@ -223,3 +232,49 @@ def _bytes_input() -> Any:
     inp = grpcclient.InferInput("t", [1, 2], "BYTES")
     inp.set_data_from_numpy(np.array([[b"a", "é".encode()]], dtype=object))
     return inp
+
+
+CLASSIFY = [[{"name": "y", "parameters": {"classification": 2}}],
+            [{"name": "y", "parameters": {"classification": 5}}],  # more than the 3 classes
+            [{"name": "y", "parameters": {"classification": 0}}],  # 0: the values
+            [{"name": "s", "parameters": {"classification": 1}}, {"name": "y"}]]
+
+
+@pytest.mark.parametrize("model", ["tiny", "tinyl"])
+@pytest.mark.parametrize("outputs", CLASSIFY)
+def test_classification_answers_as_triton_s_over_http(servers, model, outputs) -> None:
+    got = _both(servers, "POST", f"/v2/models/{model}/infer", {"inputs": GOOD, "outputs": outputs})
+    assert got["pyasc"][0] == got["triton"][0] == 200
+    mine, theirs = ({o["name"]: o for o in json.loads(got[k][1])["outputs"]} for k in ("pyasc", "triton"))
+    assert mine.keys() == theirs.keys()
+    for name, out in theirs.items():
+        if out["datatype"] == "BYTES":
+            assert mine[name] == out, (model, outputs)  # the strings themselves: "%f:index[:label]"
+        else:
+            assert (mine[name]["datatype"], mine[name]["shape"]) == (out["datatype"], out["shape"])
+            np.testing.assert_allclose(mine[name]["data"], out["data"], rtol=1e-6)
+
+    head = json.dumps({"inputs": GOOD, "outputs": [{**o, "parameters": {**o.get("parameters", {}), "binary_data": True}}
+                                                   for o in outputs]}).encode()
+    got = _both(servers, "POST", f"/v2/models/{model}/infer", head)
+    answers = {}
+    for name, (status, data, headers) in got.items():
+        assert status == 200
+        n = int(headers["inference-header-content-length"])
+        answers[name] = (json.loads(data[:n])["outputs"], data[n:])
+    if all(o["datatype"] == "BYTES" for o in answers["triton"][0]):
+        assert answers["pyasc"] == answers["triton"]
+
+
+def test_classification_answers_as_triton_s_over_grpc(servers) -> None:
+    for model in ("tiny", "tinyl"):
+        got = _grpc(servers, lambda c, m=model: c.infer(m, _grpc_inputs(X, SCALE), outputs=[
+            grpcclient.InferRequestedOutput("y", class_count=2), grpcclient.InferRequestedOutput("s")]))
+        assert got["pyasc"].as_numpy("y").tolist() == got["triton"].as_numpy("y").tolist(), model
+        assert [(o.name, o.datatype, list(o.shape)) for o in got["pyasc"].get_response().outputs] == \
+               [(o.name, o.datatype, list(o.shape)) for o in got["triton"].get_response().outputs]
+    negative = grpcclient.InferRequestedOutput("y")
+    negative._output.parameters["classification"].int64_param = -2
+    got = _grpc(servers, lambda c: c.infer("tiny", _grpc_inputs(X, SCALE), outputs=[negative]))
+    assert all(isinstance(e, InferenceServerException) for e in got.values()), got
+    assert got["pyasc"].status() == got["triton"].status() == "StatusCode.INVALID_ARGUMENT"

@@ -34,6 +34,7 @@ from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from hybrid._version import __version__
 from hybrid.errors import ConfigError, HybridError, ServingError
+from hybrid.serve.classification import CLASSIFICATION, class_count, top_classes
 from hybrid.serve.protocol import DATATYPES, Limits, binary_of, datatype_of
 from hybrid.serve.state import EXTENSIONS, Decoded, ServerState, http_status, infer, selected_models, statistics_of
 from hybrid.serve.triton_config import model_config
@@ -167,26 +168,37 @@ def decode_inputs(request: pb.ModelInferRequest, limits: Limits) -> dict[str, np
     return arrays
 
 
+def _class_count(requested: pb.ModelInferRequest.InferRequestedOutputTensor) -> int:
+    """The K of an output's ``classification`` parameter (an ``int64_param``, as Triton takes it); 0 without it."""
+    if CLASSIFICATION not in requested.parameters:
+        return 0
+    param = requested.parameters[CLASSIFICATION]
+    if param.WhichOneof("parameter_choice") != "int64_param":
+        raise _bad(f"output {requested.name!r}: the 'classification' parameter must be an int64_param, got "
+                   f"{param.WhichOneof('parameter_choice') or 'no value'}", "InferRequestedOutput(name, class_count=K)")
+    return class_count(requested.name, param.int64_param)
+
+
 def encode_outputs(model: ServedModel, request: pb.ModelInferRequest,
                    outputs: dict[str, np.ndarray]) -> pb.ModelInferResponse:
     """The ModelInferResponse with the outputs the request asked for, as raw contents.
 
-    All of the model's outputs when the request names none.
+    All of the model's outputs when the request names none; an output asked for with ``classification`` K as
+    its top K classes (:func:`hybrid.serve.classification.top_classes`).
 
     Raises:
-        ServingError: HYB-702 for an output the model does not have or the classification extension.
+        ServingError: HYB-702 for an output the model does not have, a ``classification`` that is not a
+            non-negative int64_param, or the top classes of an output that is not numeric.
     """
     response = pb.ModelInferResponse(model_name=model.name, model_version=model.version, id=request.id)
-    wanted = [o.name for o in request.outputs] or list(outputs)
-    for requested in request.outputs:
-        if "classification" in requested.parameters:
-            raise _bad(f"output {requested.name!r}: the classification extension is not supported",
-                       "request the raw output and take the top classes on the client")
-    for name in wanted:
+    wanted = [(o.name, _class_count(o)) for o in request.outputs] or [(name, 0) for name in outputs]
+    for name, classes in wanted:
         if name not in outputs:
             raise _bad(f"output {name!r} is not an output of {model.name!r}; it has: {', '.join(outputs)}",
                        "request one of the model's outputs, or none for all of them")
         arr = np.asarray(outputs[name])
+        if classes:
+            arr = top_classes(name, arr, classes, batched=model.max_batch_size > 0, labels=model.labels.get(name, ()))
         datatype = datatype_of(arr.dtype)
         response.outputs.add(name=name, datatype=datatype, shape=list(arr.shape))
         response.raw_output_contents.append(binary_of(arr, datatype))

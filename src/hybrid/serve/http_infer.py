@@ -234,7 +234,8 @@ async def answer_infer(state: ServerState, request: Request, model_name: str,
         return Decoded(found.inputs, found.timeout_s)
 
     content, json_length = await infer(
-        state, model, decode, lambda outputs: encode_response(model.name, model.version, parsed[0], outputs))
+        state, model, decode, lambda outputs: encode_response(model.name, model.version, parsed[0], outputs,
+                                                              batched=model.max_batch_size > 0, labels=model.labels))
     if await _disconnected(request.receive):  # gone while its request ran: nobody to answer
         raise ClientDisconnect()
     return content, json_length

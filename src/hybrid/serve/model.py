@@ -169,6 +169,8 @@ class ServedModel:
         self.batch_symbol = _batch_symbol(compiled)
         self.observer = observer
         self.model_config: Any = None  # Triton's ModelConfig from the folder's config.pbtxt (triton_config)
+        # class labels by output name (config.pbtxt's label_filename): the classification extension's answers
+        self.labels: dict[str, tuple[str, ...]] = {}
         self._validator = InputValidator(self.signature)
         self._specs = {spec.name: spec for spec in self.signature.inputs}
         # string inputs: the protocols carry BYTES elements, the runtimes take str elements (ONNX strings)

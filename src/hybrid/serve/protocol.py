@@ -24,6 +24,7 @@ import numpy as np
 import orjson
 
 from hybrid.errors import ServingError
+from hybrid.serve.classification import CLASSIFICATION, class_count, top_classes
 
 __all__ = [
     "ALLOW_NON_FINITE",
@@ -72,10 +73,17 @@ class Limits:
 
 @dataclass(frozen=True, slots=True)
 class RequestedOutput:
-    """One entry of a request's ``outputs``: the name, and whether it comes back as binary data."""
+    """One entry of a request's ``outputs``.
+
+    Attributes:
+        name: The output's name.
+        binary: Whether it comes back as binary data.
+        classes: How many top classes it is answered as (the classification extension); 0: its values.
+    """
 
     name: str
     binary: bool
+    classes: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -364,15 +372,13 @@ def _outputs(doc: dict[str, Any], binary_default: bool) -> tuple[RequestedOutput
         if not isinstance(out, dict) or not isinstance(out.get("name"), str):
             raise _bad("each entry of 'outputs' must be an object with a string 'name'")
         params = _parameters(f"output {out['name']!r}", out.get("parameters"))
-        if params.get("classification"):
-            raise _bad(f"output {out['name']!r}: the classification extension is not supported",
-                       "request the raw output and take the top classes on the client")
+        classes = class_count(out["name"], params[CLASSIFICATION]) if CLASSIFICATION in params else 0
         binary = params.get("binary_data", binary_default)
         if not isinstance(binary, bool):
             raise _bad(f"output {out['name']!r}: 'binary_data' must be true or false")
         if any(o.name == out["name"] for o in found):
             raise _bad(f"output {out['name']!r} is requested twice")
-        found.append(RequestedOutput(out["name"], binary))
+        found.append(RequestedOutput(out["name"], binary, classes))
     return tuple(found)
 
 
@@ -545,15 +551,26 @@ def _json_of(name: str, arr: np.ndarray, datatype: str) -> np.ndarray | list[Any
 
 
 def encode_response(model_name: str, model_version: str, request: InferRequest,
-                    outputs: Mapping[str, np.ndarray]) -> tuple[bytes, int | None]:
+                    outputs: Mapping[str, np.ndarray], *, batched: bool = False,
+                    labels: Mapping[str, Sequence[str]] | None = None) -> tuple[bytes, int | None]:
     """Encode the outputs a request asked for.
+
+    Args:
+        model_name: The model's name, echoed.
+        model_version: The model's version, echoed.
+        request: The decoded request (its ids and the outputs it asks for).
+        outputs: The model's outputs by name.
+        batched: Whether the model batches (``max_batch_size > 0``): the classification extension then
+            classifies row by row (:func:`hybrid.serve.classification.top_classes`).
+        labels: Class labels by output name (``label_filename`` in ``config.pbtxt``).
 
     Returns:
         The body and, when some outputs travel as binary data, the JSON header's length (the value of
         ``Inference-Header-Content-Length``); None for a plain JSON body.
 
     Raises:
-        ServingError: HYB-702 when the request names an output the model does not have.
+        ServingError: HYB-702 when the request names an output the model does not have, or asks for the top
+            classes of an output that is not numeric.
     """
     wanted = request.outputs
     if wanted is None:
@@ -565,6 +582,8 @@ def encode_response(model_name: str, model_version: str, request: InferRequest,
             raise _bad(f"output {out.name!r} is not an output of {model_name!r}; it has: {', '.join(outputs)}",
                        "request one of the model's outputs, or omit 'outputs' for all of them")
         arr = np.asarray(outputs[out.name])
+        if out.classes:
+            arr = top_classes(out.name, arr, out.classes, batched=batched, labels=(labels or {}).get(out.name, ()))
         datatype = datatype_of(arr.dtype)
         entry: dict[str, Any] = {"name": out.name, "datatype": datatype, "shape": list(arr.shape)}
         if out.binary:

@@ -83,6 +83,7 @@ class ModelSource:
         config: The folder's ``config.pbtxt`` (Triton's ModelConfig), if any.
         notes: The fields of ``config.pbtxt`` not applied (or applied differently from Triton).
         compile: What the folder's config.json asks of the compile: ``precision``, ``min_cosine``.
+        labels: The class labels of ``config.pbtxt``'s label files, by output name (the classification extension).
     """
 
     name: str
@@ -93,6 +94,7 @@ class ModelSource:
     config: Any = None
     notes: tuple[str, ...] = ()
     compile: dict[str, Any] = field(default_factory=dict)
+    labels: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 def _repo_error(message: str, hint: str | None = None) -> ServingError:
@@ -159,11 +161,36 @@ def _read_config(path: Path) -> tuple[dict[str, Any], str | None, dict[str, Any]
     return doc, target, wanted
 
 
-def _read_pbtxt(root: Path, model_path: Path, settings: dict[str, Any]) -> tuple[Any, tuple[str, ...]]:
-    """The folder's config.pbtxt, if any: its settings go under ``settings`` (config.json's keys win)."""
+_LABELS_MAX = 16 << 20
+
+
+def _read_labels(root: Path, model_path: Path, files: dict[str, str]) -> dict[str, tuple[str, ...]]:
+    """The labels of each output's label file (one per line, line i for class i), read from the model folder."""
+    labels: dict[str, tuple[str, ...]] = {}
+    for output, name in files.items():
+        path = _inside(root, model_path / name)
+        if not path.is_file():
+            raise _repo_error(f"{model_path / 'config.pbtxt'}: output {output!r} names the label file {name!r}, "
+                              f"which {model_path} does not hold", "put the file beside config.pbtxt, or remove "
+                              "label_filename")
+        if path.stat().st_size > _LABELS_MAX:
+            raise _repo_error(f"{path}: a label file of {path.stat().st_size} bytes; at most {_LABELS_MAX} are read")
+        try:
+            labels[output] = tuple(path.read_text(encoding="utf-8").splitlines())
+        except UnicodeDecodeError as e:
+            raise _repo_error(f"{path} is not UTF-8 text: {e}", "save the labels as UTF-8, one per line") from e
+    return labels
+
+
+def _read_pbtxt(root: Path, model_path: Path,
+                settings: dict[str, Any]) -> tuple[Any, tuple[str, ...], dict[str, tuple[str, ...]]]:
+    """The folder's config.pbtxt, if any, its notes and its labels; its settings go under ``settings``.
+
+    config.json's keys win over config.pbtxt's.
+    """
     path = model_path / "config.pbtxt"
     if not path.exists():
-        return None, ()
+        return None, (), {}
     from hybrid.serve import triton_config as tc
 
     config = tc.read_pbtxt(_inside(root, path))
@@ -174,7 +201,8 @@ def _read_pbtxt(root: Path, model_path: Path, settings: dict[str, Any]) -> tuple
     BatchSettings().merged(mapped, str(path))
     for key, value in mapped.items():
         settings.setdefault(key, value)
-    return config, (*notes, *tc.unmapped_fields(config))
+    labels = _read_labels(root, model_path, tc.label_files(config))
+    return config, (*notes, *tc.unmapped_fields(config)), labels
 
 
 def _single_file(arg: str) -> ModelSource:
@@ -204,7 +232,7 @@ def _repository(root_arg: Path) -> list[ModelSource]:
         model_path = _inside(root, model_dir)
         config = model_path / CONFIG_FILE
         settings, target, wanted = _read_config(_inside(root, config)) if config.exists() else ({}, None, {})
-        pbtxt, notes = _read_pbtxt(root, model_path, settings)
+        pbtxt, notes, labels = _read_pbtxt(root, model_path, settings)
         versions = [d for d in model_path.iterdir() if d.is_dir() and VERSION_RE.fullmatch(d.name)]
         if not versions:
             raise _repo_error(f"{model_dir} has no version folder (a positive integer such as 1/)")
@@ -217,7 +245,7 @@ def _repository(root_arg: Path) -> list[ModelSource]:
             if not path.is_file():
                 raise _repo_error(f"{files[0]} is not a file")
             found.append(ModelSource(model_dir.name, version_dir.name, str(path), settings, target, pbtxt, notes,
-                                     wanted))
+                                     wanted, labels))
     if not found:
         raise _repo_error(f"the repository {root} holds no model")
     return found
@@ -327,6 +355,7 @@ def load_model(source: ModelSource, target: str | None = None, overrides: Mappin
             logger.warning("%s: config.pbtxt fields not applied by pyasc: %s", where, "; ".join(source.notes))
     served = ServedModel(source.name, source.version, compiled, settings, platform, observer)
     served.model_config = source.config  # reported by the model-configuration endpoints
+    served.labels = dict(source.labels)
     served.compile_request = wanted
     try:
         from hybrid.serve.warmup import pbtxt_samples, random_samples

@@ -30,7 +30,7 @@ __all__ = ["EXTENSIONS", "Decoded", "ServeOptions", "ServerState", "http_status"
 
 logger = logging.getLogger("hybrid.serve")
 
-EXTENSIONS = ["binary_tensor_data", "model_configuration", "statistics", "model_repository"]
+EXTENSIONS = ["classification", "binary_tensor_data", "model_configuration", "statistics", "model_repository"]
 _STATUS = {"HYB-701": 404, "HYB-702": 400, "HYB-703": 401, "HYB-704": 413, "HYB-705": 503, "HYB-706": 503,
            "HYB-707": 400, "HYB-709": 403, "HYB-411": 504, "HYB-412": 503, "HYB-414": 503, "HYB-415": 503}
 _INPUT_CODES = {f"HYB-40{i}" for i in range(1, 8)}

@@ -16,6 +16,8 @@ the fields that have a meaning here become serving settings:
 ``instance_group[*].count``                        ``concurrency`` (their sum)
 ``input`` / ``output``: name, data_type, dims      checked against the model (HYB-707 naming the mismatch)
 ``model_warmup``                                   run before the model is ready (:mod:`hybrid.serve.warmup`)
+``output[*].label_filename``                       the labels of the classification extension
+                                                   (:mod:`hybrid.serve.classification`)
 =================================================  ===============================================
 
 Every other field that is set is listed in one warning at startup (see :func:`unmapped_fields`): nothing
@@ -41,7 +43,7 @@ if TYPE_CHECKING:
     from hybrid.ir.signature import Signature, TensorSpec
     from hybrid.serve.model import ServedModel
 
-__all__ = ["PBTXT", "check_signature", "config_json", "model_config", "read_pbtxt", "settings_of",
+__all__ = ["PBTXT", "check_signature", "config_json", "label_files", "model_config", "read_pbtxt", "settings_of",
            "unmapped_fields"]
 
 logger = logging.getLogger("hybrid.serve")
@@ -59,7 +61,7 @@ _NAME_OF = {v: k for k, v in _TYPE_OF.items()}
 _MAPPED = {
     "name", "platform", "backend", "max_batch_size",
     "input", "input.name", "input.data_type", "input.dims",
-    "output", "output.name", "output.data_type", "output.dims",
+    "output", "output.name", "output.data_type", "output.dims", "output.label_filename",
     "dynamic_batching", "dynamic_batching.preferred_batch_size", "dynamic_batching.max_queue_delay_microseconds",
     "dynamic_batching.default_queue_policy", "dynamic_batching.default_queue_policy.max_queue_size",
     "instance_group", "instance_group.count", "instance_group.name",
@@ -89,6 +91,11 @@ def read_pbtxt(path: str | Path) -> mc.ModelConfig:
         return text_format.Parse(path.read_text(encoding="utf-8"), mc.ModelConfig())
     except (text_format.ParseError, UnicodeDecodeError) as e:
         raise _error(f"{path} is not a valid Triton model configuration: {e}") from e
+
+
+def label_files(config: mc.ModelConfig) -> dict[str, str]:
+    """The label file each output names (``label_filename``, relative to the model's folder), by output name."""
+    return {out.name: out.label_filename for out in config.output if out.label_filename}
 
 
 def _walk(msg: Message, prefix: str = "") -> Iterator[str]:
