@@ -22,6 +22,7 @@ pyasc's event loop and gRPC threads, ``tritonserver``'s own), with the load gene
 
     flock /tmp/coord/bench.lock python benchmarks/vs_triton.py --rounds 3 --seconds 6
     flock /tmp/coord/bench.lock python benchmarks/vs_triton.py --protocol http --servers triton,pyasc-ort
+    flock /tmp/coord/bench.lock python benchmarks/vs_triton.py --shared-memory --servers triton,pyasc-ort
 """
 
 from __future__ import annotations
@@ -101,29 +102,64 @@ def start_pyasc(model: Path, target: str | None, warmup: int, extra: tuple[str, 
     raise RuntimeError("pyasc serve was not ready")
 
 
+SHARED_MEMORY = False  # --shared-memory: every client passes its image and gets its answer in system shared memory
+OUTPUT_BYTES = 4 * 5  # probs [1, 5] FP32
+
+
 def load(url: str, x: np.ndarray, clients: int, seconds: float, protocol: str = "grpc") -> tuple[float, float]:
     """Closed-loop load: (inferences per second, p99 latency in ms)."""
     every, elapsed = latencies(url, x, clients, seconds, protocol)
     return len(every) / elapsed, 1e3 * float(np.percentile(every, 99))
 
 
-def _client(url: str, x: np.ndarray, protocol: str) -> tuple[Any, Callable[[], Any]]:
-    """One tritonclient client of ``protocol`` ('grpc', or 'http' with binary tensors) and its call."""
+def _client(url: str, x: np.ndarray, protocol: str) -> tuple[Callable[[], Any], Callable[[], Any]]:
+    """One tritonclient client of ``protocol`` ('grpc', or 'http' with binary tensors): its close and its call.
+
+    With ``SHARED_MEMORY`` the client makes two system shared memory regions of its own (tritonclient's
+    utilities), registers them, and each call names them: the image is read from one, the answer written to
+    the other (perf_analyzer's ``--shared-memory system``).
+    """
     if protocol in ("http", "http-json"):
-        import tritonclient.http as httpclient
+        import tritonclient.http as module
 
         binary = protocol == "http"
-        c = httpclient.InferenceServerClient(url.removeprefix("http://"))
-        inp = httpclient.InferInput("x", list(x.shape), "FP32")
-        inp.set_data_from_numpy(x, binary_data=binary)
-        out = [httpclient.InferRequestedOutput("probs", binary_data=binary)]
-        return c, lambda: c.infer(MODEL, [inp], outputs=out)
-    import tritonclient.grpc as grpcclient
+        c = module.InferenceServerClient(url.removeprefix("http://"))
+        inp = module.InferInput("x", list(x.shape), "FP32")
+        out = module.InferRequestedOutput("probs", binary_data=binary)
+    else:
+        import tritonclient.grpc as module  # type: ignore[no-redef]
 
-    c = grpcclient.InferenceServerClient(url)
-    inp = grpcclient.InferInput("x", list(x.shape), "FP32")
-    inp.set_data_from_numpy(x)
-    return c, lambda: c.infer(MODEL, [inp])
+        binary = True
+        c = module.InferenceServerClient(url)
+        inp = module.InferInput("x", list(x.shape), "FP32")
+        out = module.InferRequestedOutput("probs")
+    if not SHARED_MEMORY:
+        if binary:
+            inp.set_data_from_numpy(x)
+        else:
+            inp.set_data_from_numpy(x, binary_data=False)
+        return c.close, lambda: c.infer(MODEL, [inp], outputs=[out])
+    import uuid
+
+    import tritonclient.utils.shared_memory as tshm
+
+    tag = uuid.uuid4().hex[:12]
+    names = {"in": (f"in{tag}", f"/vs_in_{tag}", x.nbytes), "out": (f"out{tag}", f"/vs_out_{tag}", OUTPUT_BYTES)}
+    handles = {k: tshm.create_shared_memory_region(*v) for k, v in names.items()}
+    tshm.set_shared_memory_region(handles["in"], [x])
+    for name, key, size in names.values():
+        c.register_system_shared_memory(name, key, size)
+    inp.set_shared_memory(names["in"][0], x.nbytes)
+    out.set_shared_memory(names["out"][0], OUTPUT_BYTES)
+
+    def close() -> None:
+        for name, _, _ in names.values():
+            c.unregister_system_shared_memory(name)
+        for handle in handles.values():
+            tshm.destroy_shared_memory_region(handle)
+        c.close()
+
+    return close, lambda: c.infer(MODEL, [inp], outputs=[out])
 
 
 def latencies(url: str, x: np.ndarray, clients: int, seconds: float,
@@ -137,7 +173,7 @@ def latencies(url: str, x: np.ndarray, clients: int, seconds: float,
     lat: list[list[float]] = [[] for _ in range(clients)]
 
     def client(i: int) -> None:
-        c, call = _client(url, x, protocol)
+        close, call = _client(url, x, protocol)
         call()  # connect
         start.wait()
         mine = lat[i]
@@ -147,7 +183,7 @@ def latencies(url: str, x: np.ndarray, clients: int, seconds: float,
                 break
             call()
             mine.append(time.perf_counter() - t0)
-        c.close()
+        close()
 
     threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
     for t in threads:
@@ -241,12 +277,15 @@ def main() -> None:
                     help="the clients' protocol: tritonclient.grpc, tritonclient.http with binary tensors, or "
                          "tritonclient.http with the tensors as JSON")
     ap.add_argument("--threads", type=int, default=2, help="ONNX Runtime intra-op threads (both servers)")
+    ap.add_argument("--shared-memory", action="store_true",
+                    help="the clients pass images and answers in system shared memory regions (perf_analyzer's "
+                         "--shared-memory system), over --protocol grpc or http")
     ap.add_argument("--baseline", type=Path, default=None,
                     help="the src folder of another checkout (e.g. `git archive <commit> src | tar -x -C /tmp/base`): "
                          "adds pyasc-ort-base, --target onnxruntime from that code, paired with the others")
     args = ap.parse_args()
-    global THREADS
-    THREADS = args.threads
+    global THREADS, SHARED_MEMORY
+    THREADS, SHARED_MEMORY = args.threads, args.shared_memory
     counts = [int(c) for c in args.clients.split(",")]
     names = args.servers.split(",")
     work = Path(tempfile.mkdtemp(prefix="vs-triton-"))

@@ -4,16 +4,20 @@ Triton is ``tritonserver`` 2.51 from the nvidia-pytriton wheel (tests/_triton_re
 ONNX files through a Python-backend ``model.py`` that runs ONNX Runtime, ``max_batch_size: 8``. Over HTTP
 (raw requests) and gRPC (tritonclient.grpc) the status codes and the response structure must match:
 metadata, config, statistics, a good inference in JSON and binary, a wrong shape, a wrong dtype, an
-unknown input, an unknown model, a batch over the maximum, BYTES tensors and the classification
-extension (top classes with config.pbtxt's labels, JSON, binary and gRPC). Values that differ by
-nature (server name, platform, counters, timings) are not compared; where Triton's message names what
-it expected, pyasc's names it the same way. Skipped, with the reason, only where the wheel cannot run.
+unknown input, an unknown model, a batch over the maximum, BYTES tensors, the classification
+extension (top classes with config.pbtxt's labels, JSON, binary and gRPC) and the system shared memory
+extension (register, status, unregister, tensors read from and written to regions, and their errors).
+Values that differ by nature (server name, platform, counters, timings) are not compared; where Triton's
+message names what it expected, pyasc's names it the same way. Skipped, with the reason, only where the
+wheel cannot run.
 """
 
 from __future__ import annotations
 
 import http.client
 import json
+import os
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +27,7 @@ import numpy as np
 import onnx
 import pytest
 import tritonclient.grpc as grpcclient
+import tritonclient.utils.shared_memory as tshm
 from _serve_support import tiny_expected, tiny_model
 from onnx import TensorProto, helper
 from tritonclient.utils import InferenceServerException
@@ -278,3 +283,127 @@ def test_classification_answers_as_triton_s_over_grpc(servers) -> None:
     got = _grpc(servers, lambda c: c.infer("tiny", _grpc_inputs(X, SCALE), outputs=[negative]))
     assert all(isinstance(e, InferenceServerException) for e in got.values()), got
     assert got["pyasc"].status() == got["triton"].status() == "StatusCode.INVALID_ARGUMENT"
+
+
+@pytest.fixture
+def regions(servers) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Shared memory objects a client made (tritonclient's utilities), nothing registered with either server."""
+    tag = f"{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    handles = {"x": tshm.create_shared_memory_region(f"x{tag}", f"/pyasc_vs_x_{tag}", 16 + X.nbytes),
+               "s": tshm.create_shared_memory_region(f"s{tag}", f"/pyasc_vs_s_{tag}", SCALE.nbytes),
+               "y": tshm.create_shared_memory_region(f"y{tag}", f"/pyasc_vs_y_{tag}", 64)}
+    tshm.set_shared_memory_region(handles["x"], [X], offset=16)
+    tshm.set_shared_memory_region(handles["s"], [SCALE])
+    try:
+        yield tag, handles
+    finally:
+        for name in servers:
+            _http(servers[name][0], "POST", "/v2/systemsharedmemory/unregister")
+        for handle in handles.values():
+            tshm.destroy_shared_memory_region(handle)
+
+
+def test_system_shared_memory_answers_as_triton_s_over_http(servers, regions) -> None:
+    tag, handles = regions
+    register = [("in_x", f"/pyasc_vs_x_{tag}", 16 + X.nbytes), ("in_s", f"/pyasc_vs_s_{tag}", SCALE.nbytes),
+                ("out_y", f"/pyasc_vs_y_{tag}", 64)]
+    for name, key, size in register:
+        got = _both(servers, "POST", f"/v2/systemsharedmemory/region/{name}/register",
+                    {"key": key, "offset": 0, "byte_size": size})
+        assert got["pyasc"][:2] == got["triton"][:2] == (200, b"")
+    for path, body, status in [
+            ("/v2/systemsharedmemory/region/in_x/register", {"key": f"/pyasc_vs_x_{tag}", "byte_size": 8}, 400),
+            ("/v2/systemsharedmemory/region/nokey/register", {"offset": 0, "byte_size": 8}, 400)]:
+        got = _both(servers, "POST", path, body)
+        assert got["pyasc"][0] == got["triton"][0] == status, (path, got)
+    got = _both(servers, "GET", "/v2/systemsharedmemory/status")
+    assert json.loads(got["pyasc"][1]) == json.loads(got["triton"][1]) == [
+        {"name": n, "key": k, "offset": 0, "byte_size": b} for n, k, b in sorted(register)]
+    got = _both(servers, "GET", "/v2/systemsharedmemory/region/in_x/status")
+    assert json.loads(got["pyasc"][1]) == json.loads(got["triton"][1])
+    assert _both(servers, "GET", "/v2/systemsharedmemory/region/zzz/status")["pyasc"][0] == 404
+
+    def request(change: Any = None) -> dict[str, Any]:
+        doc = {"inputs": [{"name": "x", "shape": [2, 4], "datatype": "FP32", "parameters": {
+                   "shared_memory_region": "in_x", "shared_memory_byte_size": X.nbytes, "shared_memory_offset": 16}},
+                          {"name": "scale", "shape": [2, 1], "datatype": "FP32", "parameters": {
+                   "shared_memory_region": "in_s", "shared_memory_byte_size": SCALE.nbytes}}],
+               "outputs": [{"name": "y", "parameters": {"shared_memory_region": "out_y", "shared_memory_byte_size": 40,
+                                                        "shared_memory_offset": 8}}, {"name": "s"}]}
+        if change:
+            change(doc)
+        return doc
+
+    written = {}
+    for name, (url, _) in servers.items():
+        tshm.set_shared_memory_region(handles["y"], [np.zeros(16, np.float32)])
+        status, data, _ = _http(url, "POST", "/v2/models/tiny/infer", json.dumps(request()).encode())
+        assert status == 200
+        written[name] = (json.loads(data)["outputs"], tshm.get_contents_as_numpy(handles["y"], np.float32, [2, 3], 8))
+    assert written["pyasc"][0] == written["triton"][0]  # no data for 'y', in its region
+    np.testing.assert_allclose(written["pyasc"][1], tiny_expected(X, SCALE)["y"], rtol=1e-5)
+    np.testing.assert_allclose(written["triton"][1], written["pyasc"][1], rtol=1e-6)
+
+    for case, change, status in [
+            ("byte size", lambda d: d["inputs"][0]["parameters"].update(shared_memory_byte_size=28), 400),
+            ("no byte size", lambda d: d["inputs"][0]["parameters"].pop("shared_memory_byte_size"), 400),
+            ("offset past the region", lambda d: d["inputs"][0]["parameters"].update(shared_memory_offset=40), 400),
+            ("unknown region", lambda d: d["inputs"][0]["parameters"].update(shared_memory_region="nope"), 404),
+            ("data and region", lambda d: d["inputs"][0].update(data=[0.0] * 8), 400),
+            ("region and classification", lambda d: d["outputs"][0]["parameters"].update(classification=2), 400),
+            ("region and binary", lambda d: d["outputs"][0]["parameters"].update(binary_data=True), 400)]:
+        got = _both(servers, "POST", "/v2/models/tiny/infer", request(change))
+        assert got["pyasc"][0] == got["triton"][0] == status, (case, got)
+
+    for path in ("/v2/systemsharedmemory/region/in_x/unregister", "/v2/systemsharedmemory/region/zzz/unregister",
+                 "/v2/systemsharedmemory/unregister"):
+        got = _both(servers, "POST", path)
+        assert got["pyasc"][:2] == got["triton"][:2] == (200, b""), path
+    got = _both(servers, "GET", "/v2/systemsharedmemory/status")
+    assert json.loads(got["pyasc"][1]) == json.loads(got["triton"][1]) == []
+
+
+def test_system_shared_memory_answers_as_triton_s_over_grpc(servers, regions) -> None:
+    tag, handles = regions
+
+    def flow(client: Any) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        client.register_system_shared_memory("in_x", f"/pyasc_vs_x_{tag}", 16 + X.nbytes)
+        client.register_system_shared_memory("in_s", f"/pyasc_vs_s_{tag}", SCALE.nbytes)
+        client.register_system_shared_memory("out_y", f"/pyasc_vs_y_{tag}", 64)
+        out["status"] = client.get_system_shared_memory_status(as_json=True)
+        for case, call in [("twice", lambda: client.register_system_shared_memory("in_x", f"/pyasc_vs_x_{tag}", 8)),
+                           ("unknown status", lambda: client.get_system_shared_memory_status("zzz"))]:
+            try:
+                call()
+                out[case] = "ok"
+            except InferenceServerException as e:
+                out[case] = e.status()
+        tshm.set_shared_memory_region(handles["y"], [np.zeros(16, np.float32)])
+        inputs = [grpcclient.InferInput("x", [2, 4], "FP32"), grpcclient.InferInput("scale", [2, 1], "FP32")]
+        inputs[0].set_shared_memory("in_x", X.nbytes, offset=16)
+        inputs[1].set_shared_memory("in_s", SCALE.nbytes)
+        y = grpcclient.InferRequestedOutput("y")
+        y.set_shared_memory("out_y", 24, offset=8)
+        result = client.infer("tiny", inputs, outputs=[y, grpcclient.InferRequestedOutput("s")])
+        response = result.get_response()
+        out["outputs"] = [(o.name, o.datatype, list(o.shape)) for o in response.outputs]
+        out["raw"] = [len(r) for r in response.raw_output_contents]
+        out["y"] = tshm.get_contents_as_numpy(handles["y"], np.float32, [2, 3], 8).tolist()
+        mixed = [grpcclient.InferInput("x", [2, 4], "FP32"), grpcclient.InferInput("scale", [2, 1], "FP32")]
+        mixed[0].set_data_from_numpy(X)
+        mixed[1].set_shared_memory("in_s", SCALE.nbytes)
+        out["mixed"] = client.infer("tiny", mixed).as_numpy("y").tolist()
+        client.unregister_system_shared_memory("zzz")
+        client.unregister_system_shared_memory()
+        out["after"] = client.get_system_shared_memory_status(as_json=True)
+        return out
+
+    got = _grpc(servers, flow)
+    assert not isinstance(got["pyasc"], Exception) and not isinstance(got["triton"], Exception), got
+    mine, theirs = got["pyasc"], got["triton"]
+    for key in ("status", "twice", "unknown status", "outputs", "raw", "after"):
+        assert mine[key] == theirs[key], key
+    assert theirs["twice"] == "StatusCode.ALREADY_EXISTS" and theirs["unknown status"] == "StatusCode.NOT_FOUND"
+    for key in ("y", "mixed"):
+        np.testing.assert_allclose(mine[key], theirs[key], rtol=1e-6)

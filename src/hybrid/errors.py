@@ -215,6 +215,17 @@ CATALOG: dict[str, ErrorInfo] = {
     "HYB-710": ErrorInfo("port in use",
                          "pyasc serve could not bind its HTTP or gRPC port (another process listens there, or the "
                          "address is not this machine's); it checks both before loading any model."),
+    "HYB-711": ErrorInfo("shared memory region error",
+                         "A system shared memory request the server cannot honour: a register request without a "
+                         "key or with a bad offset or byte size, an object that cannot be opened or is smaller "
+                         "than the region, a tensor that runs past the end of its region, or an output region "
+                         "too small for the output (HTTP 400, gRPC INVALID_ARGUMENT)."),
+    "HYB-712": ErrorInfo("shared memory region not registered",
+                         "A request names a system shared memory region that is not registered with the server "
+                         "(HTTP 404, gRPC NOT_FOUND)."),
+    "HYB-713": ErrorInfo("shared memory region already registered",
+                         "A system shared memory region of that name is registered already (HTTP 400, gRPC "
+                         "ALREADY_EXISTS, as Triton answers)."),
 }
 
 
@@ -303,6 +314,10 @@ FIXES: dict[str, str] = {
     "HYB-708": "Look in the server's log for the traceback and report it; retry the request.",
     "HYB-709": "Restart the server with --model-control to load and unload models at run time.",
     "HYB-710": "Stop what listens on the port (`ss -ltnp | grep PORT`), or choose another --port / --grpc-port.",
+    "HYB-711": ("Create the shared memory object first, register a region that lies inside it, and give each tensor "
+              "an offset and byte size inside its region (tritonclient.utils.shared_memory does both)."),
+    "HYB-712": "Register the region first (register_system_shared_memory), or name one the status lists.",
+    "HYB-713": "Unregister the region first, or register the new one under another name.",
 }
 
 

@@ -38,7 +38,7 @@ from hybrid.serve.http_infer import (
 )
 from hybrid.serve.metrics import CONTENT_TYPE, ServerMetrics
 from hybrid.serve.repository import ModelRegistry
-from hybrid.serve.state import EXTENSIONS, ServeOptions, ServerState, http_status
+from hybrid.serve.state import ServeOptions, ServerState, http_status
 from hybrid.serve.triton_http import add_triton_routes
 
 __all__ = ["ServeOptions", "ServerState", "create_app", "http_status"]
@@ -74,7 +74,7 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.get("/v2")
     async def server_metadata() -> dict[str, Any]:
-        return {"name": "pyasc", "version": __version__, "extensions": EXTENSIONS}
+        return {"name": "pyasc", "version": __version__, "extensions": state.extensions}
 
     @app.get(LIVE_PATH)
     async def live() -> dict[str, Any]:

@@ -14,8 +14,9 @@ Methods: ServerLive, ServerReady, ModelReady, ServerMetadata, ModelMetadata, Mod
 ``raw_input_contents`` or typed ``contents``; outputs always as ``raw_output_contents``, as Triton does),
 ModelStreamInfer (requests of one stream run concurrently, so they batch; answers carry the request id),
 ModelConfig, ModelStatistics, RepositoryIndex, RepositoryModelLoad / RepositoryModelUnload (refused with
-HYB-709 unless the server runs with model control). The shared-memory, trace and log methods answer
-UNIMPLEMENTED.
+HYB-709 unless the server runs with model control), SystemSharedMemoryStatus / Register / Unregister
+(:mod:`hybrid.serve.shared_memory`; inputs and outputs may then name a region). The CUDA shared-memory, trace
+and log methods answer UNIMPLEMENTED.
 """
 
 from __future__ import annotations
@@ -36,13 +37,14 @@ from hybrid._version import __version__
 from hybrid.errors import ConfigError, HybridError, ServingError
 from hybrid.serve.classification import CLASSIFICATION, class_count, top_classes
 from hybrid.serve.protocol import DATATYPES, Limits, binary_of, datatype_of
-from hybrid.serve.state import EXTENSIONS, Decoded, ServerState, http_status, infer, selected_models, statistics_of
+from hybrid.serve.shared_memory import BYTE_SIZE, OFFSET, REGION, SharedMemoryRegions, Span, span_of
+from hybrid.serve.state import Decoded, ServerState, http_status, infer, selected_models, statistics_of
 from hybrid.serve.triton_config import model_config
 
 if TYPE_CHECKING:
     from hybrid.serve.model import ServedModel
 
-__all__ = ["GrpcService", "decode_inputs", "encode_outputs", "grpc_status", "start_grpc"]
+__all__ = ["GrpcService", "check_outputs", "decode_inputs", "encode_outputs", "grpc_status", "start_grpc"]
 
 logger = logging.getLogger("hybrid.serve")
 
@@ -61,8 +63,10 @@ def grpc_status(code: str) -> grpc.StatusCode:
     """The gRPC status of a HybridError code: the counterpart of its HTTP status.
 
     400 -> INVALID_ARGUMENT, 404 -> NOT_FOUND, 503 -> UNAVAILABLE, 504 -> DEADLINE_EXCEEDED, ...; anything
-    else INTERNAL.
+    else INTERNAL. A shared memory region registered twice (HYB-713) is ALREADY_EXISTS, as in Triton.
     """
+    if code == "HYB-713":
+        return grpc.StatusCode.ALREADY_EXISTS
     return _BY_HTTP.get(http_status(code), grpc.StatusCode.INTERNAL)
 
 
@@ -84,7 +88,7 @@ def _shape(name: str, dims: Any, itemsize: int, limits: Limits) -> tuple[tuple[i
     return tuple(dims), count
 
 
-def _bytes_elements(name: str, raw: bytes, count: int) -> np.ndarray:
+def _bytes_elements(name: str, raw: bytes | memoryview, count: int) -> np.ndarray:
     if 4 * count > len(raw):
         raise _bad(f"input {name!r}: {count} BYTES elements need at least {4 * count} bytes, the tensor has "
                    f"{len(raw)}")
@@ -105,16 +109,20 @@ def _bytes_elements(name: str, raw: bytes, count: int) -> np.ndarray:
     return out
 
 
-def _from_raw(name: str, datatype: str, shape: tuple[int, ...], count: int, raw: bytes) -> np.ndarray:
+def _from_raw(name: str, datatype: str, shape: tuple[int, ...], count: int, raw: bytes | memoryview,
+              field: str = "raw_input_contents") -> np.ndarray:
     if datatype == "BYTES":
         return _bytes_elements(name, raw, count).reshape(shape)
     dtype = DATATYPES[datatype]
     if len(raw) != count * dtype.itemsize:
-        raise _bad(f"input {name!r}: raw_input_contents has {len(raw)} bytes, but {datatype} shape {list(shape)} "
+        raise _bad(f"input {name!r}: {field} has {len(raw)} bytes, but {datatype} shape {list(shape)} "
                    f"needs {count * dtype.itemsize}")
     if datatype == "BOOL" and count and np.frombuffer(raw, np.uint8).max() > 1:
         raise _bad(f"input {name!r}: BOOL data must be bytes 0 or 1")
-    return np.frombuffer(raw, dtype=dtype, count=count).reshape(shape)  # bytes objects are aligned
+    arr = np.frombuffer(raw, dtype=dtype, count=count)
+    if arr.ctypes.data % dtype.alignment:  # bytes objects are aligned; a region at an odd offset is copied
+        arr = arr.copy()
+    return arr.reshape(shape)
 
 
 def _from_typed(name: str, datatype: str, shape: tuple[int, ...], count: int, contents: Any) -> np.ndarray:
@@ -140,18 +148,47 @@ def _from_typed(name: str, datatype: str, shape: tuple[int, ...], count: int, co
     return found.astype(dtype, copy=False).reshape(shape)
 
 
-def decode_inputs(request: pb.ModelInferRequest, limits: Limits) -> dict[str, np.ndarray]:
+def _value(param: pb.InferParameter) -> Any:
+    """The value an InferParameter holds (None for none)."""
+    which = param.WhichOneof("parameter_choice")
+    return None if which is None else getattr(param, which)
+
+
+def _span(tensor: str, parameters: Any) -> Span | None:
+    """Where a tensor's parameters put it in shared memory; None where they name no region."""
+    if REGION not in parameters:
+        return None
+    return span_of(tensor, _value(parameters[REGION]),
+                   *(_value(parameters[k]) if k in parameters else None for k in (BYTE_SIZE, OFFSET)))
+
+
+def _regions(shared_memory: SharedMemoryRegions | None, tensor: str) -> SharedMemoryRegions:
+    if shared_memory is None:
+        raise _bad(f"{tensor} names a shared memory region, but this server takes no shared memory tensors",
+                   "send the tensor in the request")
+    return shared_memory
+
+
+def decode_inputs(request: pb.ModelInferRequest, limits: Limits,
+                  shared_memory: SharedMemoryRegions | None = None) -> dict[str, np.ndarray]:
     """The input arrays of a ModelInferRequest, every size checked before anything is allocated.
 
+    An input whose parameters name a shared memory region is a view of that region (``shared_memory``);
+    ``raw_input_contents`` then hold the other inputs, in order, as tritonclient sends them.
+
     Raises:
-        ServingError: HYB-702 naming the tensor and what is wrong with it.
+        ServingError: HYB-702 naming the tensor and what is wrong with it; HYB-711 / HYB-712 for a shared
+            memory span that is not inside a registered region.
     """
     raw = list(request.raw_input_contents)  # protobuf makes a bytes object per access: take each once
-    if len(raw) and len(raw) != len(request.inputs):
-        raise _bad(f"the request has {len(request.inputs)} inputs but {len(raw)} raw_input_contents; send "
-                   "every input raw or none")
+    spans = [_span(f"input {t.name!r}", t.parameters) if len(t.parameters) else None for t in request.inputs]
+    carried = len(spans) - sum(s is not None for s in spans)
+    if len(raw) and len(raw) != carried:
+        raise _bad(f"the request has {carried} inputs outside shared memory but {len(raw)} raw_input_contents; "
+                   "send every one of them raw or none")
     arrays: dict[str, np.ndarray] = {}
-    for i, tensor in enumerate(request.inputs):
+    next_raw = iter(raw)
+    for tensor, span in zip(request.inputs, spans, strict=True):
         name, datatype = tensor.name, tensor.datatype
         if name in arrays:
             raise _bad(f"input {name!r} appears twice")
@@ -159,10 +196,16 @@ def decode_inputs(request: pb.ModelInferRequest, limits: Limits) -> dict[str, np
             raise _bad(f"input {name!r}: unknown datatype {datatype!r}; expected one of {', '.join(DATATYPES)}")
         itemsize = 4 if datatype == "BYTES" else DATATYPES[datatype].itemsize
         shape, count = _shape(name, tensor.shape, itemsize, limits)
-        if len(raw):
+        if span is not None:
+            if tensor.HasField("contents"):
+                raise _bad(f"input {name!r} has both contents and a shared memory region")
+            where = f"input {name!r}"
+            data = _regions(shared_memory, where).read(span.region, span.offset, span.byte_size, where)
+            arrays[name] = _from_raw(name, datatype, shape, count, data, BYTE_SIZE)
+        elif len(raw):
             if tensor.HasField("contents"):
                 raise _bad(f"input {name!r} has both contents and raw_input_contents")
-            arrays[name] = _from_raw(name, datatype, shape, count, raw[i])
+            arrays[name] = _from_raw(name, datatype, shape, count, next(next_raw))
         else:
             arrays[name] = _from_typed(name, datatype, shape, count, tensor.contents)
     return arrays
@@ -179,8 +222,8 @@ def _class_count(requested: pb.ModelInferRequest.InferRequestedOutputTensor) -> 
     return class_count(requested.name, param.int64_param)
 
 
-def encode_outputs(model: ServedModel, request: pb.ModelInferRequest,
-                   outputs: dict[str, np.ndarray]) -> pb.ModelInferResponse:
+def encode_outputs(model: ServedModel, request: pb.ModelInferRequest, outputs: dict[str, np.ndarray],
+                   shared_memory: SharedMemoryRegions | None = None) -> pb.ModelInferResponse:
     """The ModelInferResponse with the outputs the request asked for, as raw contents.
 
     All of the model's outputs when the request names none; an output asked for with ``classification`` K as
@@ -191,8 +234,8 @@ def encode_outputs(model: ServedModel, request: pb.ModelInferRequest,
             non-negative int64_param, or the top classes of an output that is not numeric.
     """
     response = pb.ModelInferResponse(model_name=model.name, model_version=model.version, id=request.id)
-    wanted = [(o.name, _class_count(o)) for o in request.outputs] or [(name, 0) for name in outputs]
-    for name, classes in wanted:
+    wanted = [_wanted(o) for o in request.outputs] or [(name, 0, None) for name in outputs]
+    for name, classes, span in wanted:
         if name not in outputs:
             raise _bad(f"output {name!r} is not an output of {model.name!r}; it has: {', '.join(outputs)}",
                        "request one of the model's outputs, or none for all of them")
@@ -201,8 +244,43 @@ def encode_outputs(model: ServedModel, request: pb.ModelInferRequest,
             arr = top_classes(name, arr, classes, batched=model.max_batch_size > 0, labels=model.labels.get(name, ()))
         datatype = datatype_of(arr.dtype)
         response.outputs.add(name=name, datatype=datatype, shape=list(arr.shape))
-        response.raw_output_contents.append(binary_of(arr, datatype))
+        if span is None:
+            response.raw_output_contents.append(binary_of(arr, datatype))
+        else:  # written to its region; an empty entry keeps raw_output_contents aligned with outputs, as Triton's
+            where = f"output {name!r}"
+            _regions(shared_memory, where).write(span.region, span.offset, span.byte_size, binary_of(arr, datatype),
+                                                 where)
+            response.raw_output_contents.append(b"")
     return response
+
+
+def check_outputs(request: pb.ModelInferRequest, shared_memory: SharedMemoryRegions | None) -> None:
+    """Check the outputs a request names before the model runs.
+
+    Their parameters are well formed, and each shared memory span lies inside a registered region.
+
+    Raises:
+        ServingError: HYB-702 for a malformed parameter; HYB-711 / HYB-712 for a span outside the regions.
+    """
+    for requested in request.outputs:
+        if len(requested.parameters):
+            _, _, span = _wanted(requested)
+            if span is not None:
+                where = f"output {requested.name!r}"
+                _regions(shared_memory, where).check(span, where)
+
+
+def _wanted(requested: pb.ModelInferRequest.InferRequestedOutputTensor) -> tuple[str, int, Span | None]:
+    """An output the request names: its name, its class count (0: its values) and its shared memory span."""
+    if not len(requested.parameters):
+        return requested.name, 0, None
+    classes = _class_count(requested)
+    span = _span(f"output {requested.name!r}", requested.parameters)
+    binary = "binary_data" in requested.parameters and _value(requested.parameters["binary_data"]) is True
+    if span is not None and (classes or binary):
+        raise _bad(f"output {requested.name!r} sets both '{REGION}' and "
+                   f"'{CLASSIFICATION if classes else 'binary_data'}'")
+    return requested.name, classes, span
 
 
 def _request_timeout(request: pb.ModelInferRequest, context: grpc.aio.ServicerContext) -> float | None:
@@ -316,7 +394,7 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
     @_rpc()
     async def ServerMetadata(self, request: pb.ServerMetadataRequest, context: Any) -> pb.ServerMetadataResponse:
         """Answer ``ServerMetadata``: name ``pyasc``, the package version and the supported extensions."""
-        return pb.ServerMetadataResponse(name="pyasc", version=__version__, extensions=EXTENSIONS)
+        return pb.ServerMetadataResponse(name="pyasc", version=__version__, extensions=self.state.extensions)
 
     @_rpc()
     async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: Any) -> pb.ModelMetadataResponse:
@@ -393,22 +471,53 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
         await asyncio.get_running_loop().run_in_executor(None, self.state.registry.unload, request.model_name)
         return pb.RepositoryModelUnloadResponse()
 
+    # ------------------------------------------------------------------ system shared memory
+    @_rpc()
+    async def SystemSharedMemoryStatus(self, request: pb.SystemSharedMemoryStatusRequest,
+                                       context: Any) -> pb.SystemSharedMemoryStatusResponse:
+        """Answer ``SystemSharedMemoryStatus``: the region named, or every one; an unknown one is NOT_FOUND."""
+        regions = self.state.regions().status(request.name or None)
+        status = pb.SystemSharedMemoryStatusResponse.RegionStatus
+        return pb.SystemSharedMemoryStatusResponse(regions={
+            r.name: status(name=r.name, key=r.key, offset=r.offset, byte_size=r.byte_size) for r in regions})
+
+    @_rpc()
+    async def SystemSharedMemoryRegister(self, request: pb.SystemSharedMemoryRegisterRequest,
+                                         context: Any) -> pb.SystemSharedMemoryRegisterResponse:
+        """Answer ``SystemSharedMemoryRegister``: map the region (:class:`.shared_memory.SharedMemoryRegions`).
+
+        A name registered already is ALREADY_EXISTS (HYB-713); an object that cannot be mapped
+        INVALID_ARGUMENT (HYB-711).
+        """
+        self.state.regions().register(request.name, request.key, request.offset, request.byte_size)
+        return pb.SystemSharedMemoryRegisterResponse()
+
+    @_rpc()
+    async def SystemSharedMemoryUnregister(self, request: pb.SystemSharedMemoryUnregisterRequest,
+                                           context: Any) -> pb.SystemSharedMemoryUnregisterResponse:
+        """Answer ``SystemSharedMemoryUnregister``: drop the region named (nothing if unknown), or every one."""
+        self.state.regions().unregister(request.name or None)
+        return pb.SystemSharedMemoryUnregisterResponse()
+
     # ------------------------------------------------------------------ inference
     async def _infer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
         model = self.state.model(request.model_name, request.model_version or None)
-        limits = self.state.options.limits
+        limits, shared_memory = self.state.options.limits, self.state.shared_memory
 
         def decode() -> Decoded | asyncio.Future[Decoded]:
             timeout = _request_timeout(request, context)
+            check_outputs(request, shared_memory)
             # raw contents become arrays without a copy (numpy views of the message's bytes): only typed
             # contents and BYTES elements cost work proportional to their size, and only those leave the loop
             costly = not request.raw_input_contents or any(t.datatype == "BYTES" for t in request.inputs)
             if costly and request.ByteSize() > _OFFLOAD:  # ByteSize walks the message: only when it may matter
                 loop = asyncio.get_running_loop()
-                return loop.run_in_executor(None, lambda: Decoded(decode_inputs(request, limits), timeout))
-            return Decoded(decode_inputs(request, limits), timeout)
+                return loop.run_in_executor(
+                    None, lambda: Decoded(decode_inputs(request, limits, shared_memory), timeout))
+            return Decoded(decode_inputs(request, limits, shared_memory), timeout)
 
-        return await infer(self.state, model, decode, lambda outputs: encode_outputs(model, request, outputs))
+        return await infer(self.state, model, decode,
+                           lambda outputs: encode_outputs(model, request, outputs, shared_memory))
 
     @_rpc()
     async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:

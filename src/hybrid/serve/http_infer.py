@@ -227,15 +227,17 @@ async def answer_infer(state: ServerState, request: Request, model_name: str,
         header = heads[0] if heads else None
         precheck = None if heads else model.precheck
         if _costly(body, header_length):
-            found = await run_in_threadpool(parse_request, body, header_length, limits, precheck, header)
+            found = await run_in_threadpool(parse_request, body, header_length, limits, precheck, header,
+                                            state.shared_memory)
         else:
-            found = parse_request(body, header_length, limits, precheck, header)
+            found = parse_request(body, header_length, limits, precheck, header, state.shared_memory)
         parsed.append(found)
         return Decoded(found.inputs, found.timeout_s)
 
     content, json_length = await infer(
-        state, model, decode, lambda outputs: encode_response(model.name, model.version, parsed[0], outputs,
-                                                              batched=model.max_batch_size > 0, labels=model.labels))
+        state, model, decode, lambda outputs: encode_response(
+            model.name, model.version, parsed[0], outputs, batched=model.max_batch_size > 0, labels=model.labels,
+            shared_memory=state.shared_memory))
     if await _disconnected(request.receive):  # gone while its request ran: nobody to answer
         raise ClientDisconnect()
     return content, json_length

@@ -25,6 +25,7 @@ import orjson
 
 from hybrid.errors import ServingError
 from hybrid.serve.classification import CLASSIFICATION, class_count, top_classes
+from hybrid.serve.shared_memory import BYTE_SIZE, OFFSET, REGION, SharedMemoryRegions, Span, span_of
 
 __all__ = [
     "ALLOW_NON_FINITE",
@@ -79,11 +80,13 @@ class RequestedOutput:
         name: The output's name.
         binary: Whether it comes back as binary data.
         classes: How many top classes it is answered as (the classification extension); 0: its values.
+        span: Where it is written instead (the system shared memory extension), if anywhere.
     """
 
     name: str
     binary: bool
     classes: int = 0
+    span: Span | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,20 +284,20 @@ def _bytes_elements(name: str, raw: memoryview, count: int) -> np.ndarray:
 
 
 def _check_binary_size(name: str, datatype: str, dtype: np.dtype, shape: tuple[int, ...], count: int,
-                       size: int) -> None:
+                       size: int, field: str = "binary_data_size") -> None:
     """Refuse a binary size that cannot be the shape's data (before anything is decoded or allocated)."""
     if datatype == "BYTES":
         if count * 4 > size:
-            raise _bad(f"input {name!r}: binary_data_size {size} cannot hold the {count} BYTES elements of shape "
+            raise _bad(f"input {name!r}: {field} {size} cannot hold the {count} BYTES elements of shape "
                        f"{list(shape)} (each takes at least its 4-byte length)", "check the shape")
     elif size != count * dtype.itemsize:
-        raise _bad(f"input {name!r}: binary_data_size is {size} bytes, but {datatype} shape "
+        raise _bad(f"input {name!r}: {field} is {size} bytes, but {datatype} shape "
                    f"{list(shape)} needs {count * dtype.itemsize}")
 
 
 def _from_binary(name: str, datatype: str, dtype: np.dtype, shape: tuple[int, ...], count: int,
-                 raw: memoryview) -> np.ndarray:
-    _check_binary_size(name, datatype, dtype, shape, count, len(raw))
+                 raw: memoryview, field: str = "binary_data_size") -> np.ndarray:
+    _check_binary_size(name, datatype, dtype, shape, count, len(raw), field)
     if datatype == "BYTES":
         return _bytes_elements(name, raw, count).reshape(shape)
     if datatype == "BOOL" and count and np.frombuffer(raw, np.uint8).max() > 1:
@@ -373,12 +376,19 @@ def _outputs(doc: dict[str, Any], binary_default: bool) -> tuple[RequestedOutput
             raise _bad("each entry of 'outputs' must be an object with a string 'name'")
         params = _parameters(f"output {out['name']!r}", out.get("parameters"))
         classes = class_count(out["name"], params[CLASSIFICATION]) if CLASSIFICATION in params else 0
+        span = None
+        if REGION in params:
+            other = CLASSIFICATION if classes else "binary_data" if params.get("binary_data") is True else None
+            if other:  # tritonclient sends binary_data false with a region
+                raise _bad(f"output {out['name']!r} sets both '{REGION}' and '{other}'",
+                           f"an output written to shared memory takes neither {CLASSIFICATION} nor binary_data")
+            span = span_of(f"output {out['name']!r}", params[REGION], params.get(BYTE_SIZE), params.get(OFFSET))
         binary = params.get("binary_data", binary_default)
         if not isinstance(binary, bool):
             raise _bad(f"output {out['name']!r}: 'binary_data' must be true or false")
         if any(o.name == out["name"] for o in found):
             raise _bad(f"output {out['name']!r} is requested twice")
-        found.append(RequestedOutput(out["name"], binary, classes))
+        found.append(RequestedOutput(out["name"], binary, classes, span))
     return tuple(found)
 
 
@@ -394,6 +404,7 @@ class _Declared:
     data: Any  # the JSON 'data' list, or None for binary data
     offset: int  # binary: where its bytes start in the binary part
     size: int  # binary: its binary_data_size
+    span: Span | None = None  # in a shared memory region instead
 
 
 def _declared_inputs(inputs: Any, binary_size: int | None, limits: Limits) -> list[_Declared]:
@@ -419,7 +430,16 @@ def _declared_inputs(inputs: Any, binary_size: int | None, limits: Limits) -> li
         dtype = DATATYPES[datatype]
         itemsize = 4 if datatype == "BYTES" else dtype.itemsize  # a BYTES element is at least its length
         shape, count = _element_count(name, spec.get("shape"), itemsize, limits)
-        size = _parameters(f"input {name!r}", spec.get("parameters")).get("binary_data_size")
+        params = _parameters(f"input {name!r}", spec.get("parameters"))
+        if REGION in params:
+            if "data" in spec or "binary_data_size" in params:
+                raise _bad(f"input {name!r} sets more than one of 'data', 'parameters.binary_data_size' and "
+                           f"'parameters.{REGION}'")
+            span = span_of(f"input {name!r}", params[REGION], params.get(BYTE_SIZE), params.get(OFFSET))
+            _check_binary_size(name, datatype, dtype, shape, count, span.byte_size, BYTE_SIZE)
+            found.append(_Declared(name, datatype, dtype, shape, count, None, 0, span.byte_size, span))
+            continue
+        size = params.get("binary_data_size")
         if size is None:
             if "data" not in spec:
                 raise _bad(f"input {name!r} has neither 'data' nor 'parameters.binary_data_size'")
@@ -472,8 +492,16 @@ def check_head(header: bytes, binary_size: int | None, limits: Limits,
     return doc
 
 
+def _regions(shared_memory: SharedMemoryRegions | None, tensor: str) -> SharedMemoryRegions:
+    if shared_memory is None:
+        raise _bad(f"{tensor} names a shared memory region, but this server takes no shared memory tensors",
+                   "send the tensor in the request")
+    return shared_memory
+
+
 def parse_request(body: bytes, header_length: int | None, limits: Limits,
-                  precheck: Precheck | None = None, header: dict[str, Any] | None = None) -> InferRequest:
+                  precheck: Precheck | None = None, header: dict[str, Any] | None = None,
+                  shared_memory: SharedMemoryRegions | None = None) -> InferRequest:
     """Decode and check an inference request body (already decompressed and within ``limits.max_body``).
 
     The work is proportional to what the request declares, and checked before it is done: every input's
@@ -487,9 +515,12 @@ def parse_request(body: bytes, header_length: int | None, limits: Limits,
         precheck: Checks the declared inputs against the model (e.g. ``InputValidator.feeds``), given
             :func:`placeholder` arrays; its errors propagate.
         header: The JSON header of a binary-extension body as :func:`check_head` returned it: not parsed again.
+        shared_memory: The server's registered regions, for inputs and outputs that name one (the system
+            shared memory extension; an input is then a view of its region).
 
     Raises:
-        ServingError: HYB-702 naming what is malformed.
+        ServingError: HYB-702 naming what is malformed; HYB-711 / HYB-712 for a shared memory span that is
+            not inside a registered region.
     """
     doc, binary = _header(body, header_length, limits, header)
     request_id = doc.get("id")
@@ -510,9 +541,16 @@ def parse_request(body: bytes, header_length: int | None, limits: Limits,
     for d in declared:
         if d.data is not None:
             arrays[d.name] = _from_json(d.name, d.datatype, d.dtype, d.shape, d.count, d.data)
+        elif d.span is not None:
+            tensor = f"input {d.name!r}"
+            view = _regions(shared_memory, tensor).read(d.span.region, d.span.offset, d.span.byte_size, tensor)
+            arrays[d.name] = _from_binary(d.name, d.datatype, d.dtype, d.shape, d.count, view, BYTE_SIZE)
         else:
             arrays[d.name] = _from_binary(d.name, d.datatype, d.dtype, d.shape, d.count,
                                           binary[d.offset:d.offset + d.size])
+    for out in outputs or ():  # an output's region is checked before the model runs
+        if out.span is not None:
+            _regions(shared_memory, f"output {out.name!r}").check(out.span, f"output {out.name!r}")
     return InferRequest(request_id, arrays, outputs, binary_output, None if timeout is None else timeout / 1e6)
 
 
@@ -552,7 +590,8 @@ def _json_of(name: str, arr: np.ndarray, datatype: str) -> np.ndarray | list[Any
 
 def encode_response(model_name: str, model_version: str, request: InferRequest,
                     outputs: Mapping[str, np.ndarray], *, batched: bool = False,
-                    labels: Mapping[str, Sequence[str]] | None = None) -> tuple[bytes, int | None]:
+                    labels: Mapping[str, Sequence[str]] | None = None,
+                    shared_memory: SharedMemoryRegions | None = None) -> tuple[bytes, int | None]:
     """Encode the outputs a request asked for.
 
     Args:
@@ -563,6 +602,8 @@ def encode_response(model_name: str, model_version: str, request: InferRequest,
         batched: Whether the model batches (``max_batch_size > 0``): the classification extension then
             classifies row by row (:func:`hybrid.serve.classification.top_classes`).
         labels: Class labels by output name (``label_filename`` in ``config.pbtxt``).
+        shared_memory: The server's registered regions: an output the request puts in one is written there,
+            and its entry carries no data (as Triton answers).
 
     Returns:
         The body and, when some outputs travel as binary data, the JSON header's length (the value of
@@ -570,7 +611,8 @@ def encode_response(model_name: str, model_version: str, request: InferRequest,
 
     Raises:
         ServingError: HYB-702 when the request names an output the model does not have, or asks for the top
-            classes of an output that is not numeric.
+            classes of an output that is not numeric; HYB-711 / HYB-712 for an output whose shared memory
+            region cannot hold it.
     """
     wanted = request.outputs
     if wanted is None:
@@ -586,7 +628,11 @@ def encode_response(model_name: str, model_version: str, request: InferRequest,
             arr = top_classes(out.name, arr, out.classes, batched=batched, labels=(labels or {}).get(out.name, ()))
         datatype = datatype_of(arr.dtype)
         entry: dict[str, Any] = {"name": out.name, "datatype": datatype, "shape": list(arr.shape)}
-        if out.binary:
+        if out.span is not None:
+            tensor = f"output {out.name!r}"
+            _regions(shared_memory, tensor).write(out.span.region, out.span.offset, out.span.byte_size,
+                                                  binary_of(arr, datatype), tensor)
+        elif out.binary:
             raw = binary_of(arr, datatype)
             entry["parameters"] = {"binary_data_size": len(raw)}
             chunks.append(raw)

@@ -176,7 +176,9 @@ def build_application(models: Sequence[str | Path], *, target: str | None = None
     backends = {name: dict(opts) for name, opts in (backend_config or {}).items()}
     logger.info("packed %d model version(s), %d bytes, for the deployment", len(packages),
                 sum(p.size for p in packages))
-    return deployment.bind(packages, target, settings, options or ServeOptions(), backends, warmup, app_name)
+    # replicas share no memory with a client (they may run on any node): no system shared memory
+    options = dataclasses.replace(options or ServeOptions(), shared_memory=False)
+    return deployment.bind(packages, target, settings, options, backends, warmup, app_name)
 
 
 def app_builder(args: Mapping[str, Any]) -> Any:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from hybrid.errors import HybridError, ServingError
 from hybrid.serve.metrics import ServerMetrics
 from hybrid.serve.protocol import Limits
+from hybrid.serve.shared_memory import SharedMemoryRegions
 
 if TYPE_CHECKING:
     import numpy as np
@@ -30,9 +31,12 @@ __all__ = ["EXTENSIONS", "Decoded", "ServeOptions", "ServerState", "http_status"
 
 logger = logging.getLogger("hybrid.serve")
 
-EXTENSIONS = ["classification", "binary_tensor_data", "model_configuration", "statistics", "model_repository"]
+EXTENSIONS = ["classification", "binary_tensor_data", "model_configuration", "statistics", "model_repository",
+              "system_shared_memory"]
+"""The Triton protocol extensions the server supports (``system_shared_memory`` where it takes them)."""
 _STATUS = {"HYB-701": 404, "HYB-702": 400, "HYB-703": 401, "HYB-704": 413, "HYB-705": 503, "HYB-706": 503,
-           "HYB-707": 400, "HYB-709": 403, "HYB-411": 504, "HYB-412": 503, "HYB-414": 503, "HYB-415": 503}
+           "HYB-707": 400, "HYB-709": 403, "HYB-711": 400, "HYB-712": 404, "HYB-713": 400, "HYB-411": 504,
+           "HYB-412": 503, "HYB-414": 503, "HYB-415": 503}
 _INPUT_CODES = {f"HYB-40{i}" for i in range(1, 8)}
 T = TypeVar("T")
 
@@ -47,6 +51,8 @@ class ServeOptions:
         drain_timeout: Longest time in seconds the models take to run their queues at shutdown.
         grpc_address: 'host:port' of the gRPC service (port 0: a free one); None: no gRPC.
         model_control: Allow the repository load and unload endpoints (off: HYB-709).
+        shared_memory: Take tensors in system shared memory regions of this machine (Triton's extension); off
+            where requests may reach another machine's process (replicas on Ray).
     """
 
     auth_token: str | None = None
@@ -54,6 +60,7 @@ class ServeOptions:
     drain_timeout: float = 30.0
     grpc_address: str | None = None
     model_control: bool = False
+    shared_memory: bool = True
 
 
 def http_status(code: str) -> int:
@@ -70,6 +77,8 @@ class ServerState:
         managed: Set by the composition root (:class:`hybrid.serve.server.HybridServer`) when it starts
             and stops the transports and closes the models itself; otherwise the HTTP app's lifespan does.
         grpc_port: The bound gRPC port once the gRPC service has started.
+        shared_memory: The registered system shared memory regions (None where ``options`` turns them off).
+        extensions: The Triton extensions this server answers (the server metadata's list).
     """
 
     def __init__(self, registry: ModelRegistry, options: ServeOptions) -> None:
@@ -78,6 +87,9 @@ class ServerState:
         self.metrics = ServerMetrics(registry)
         for model in registry:
             model.observer = self.metrics.observe_batch
+        # the system shared memory extension's regions; None where the server takes none
+        self.shared_memory = SharedMemoryRegions() if options.shared_memory else None
+        self.extensions = [e for e in EXTENSIONS if e != "system_shared_memory" or options.shared_memory]
         self.draining = False
         self.managed = False
         self.grpc_port: int | None = None
@@ -106,6 +118,19 @@ class ServerState:
         if not self._closed:
             self._closed = True
             self.registry.close()
+            if self.shared_memory is not None:
+                self.shared_memory.close()
+
+    def regions(self) -> SharedMemoryRegions:
+        """The registered shared memory regions.
+
+        Raises:
+            ServingError: HYB-711 where the server takes no shared memory (``ServeOptions.shared_memory``).
+        """
+        if self.shared_memory is None:
+            raise ServingError("HYB-711", "this server takes no system shared memory: its requests may reach "
+                                          "replicas on other machines", "send the tensors in the requests")
+        return self.shared_memory
 
     def model(self, name: str, version: str | None) -> ServedModel:
         """The served model, refusing new requests while draining (HYB-706) or for an unknown model (HYB-701)."""

@@ -1,12 +1,15 @@
 """The HTTP extensions Triton's clients call, beside the core v2 routes of :mod:`hybrid.serve.app`.
 
-=====================================================  =========================================================
-``GET /v2/models/{m}[/versions/{v}]/config``           model configuration: Triton's ``ModelConfig`` as JSON
-``GET /v2/models[/{m}[/versions/{v}]]/stats``          statistics: ``{"model_stats": [ModelStatistics...]}``,
-                                                       each with pyasc's ``"pyasc"`` report beside Triton's fields
-``POST /v2/repository/index``                          ``[{"name", "version", "state", "reason"}...]``
-``POST /v2/repository/models/{m}/load`` / ``unload``   model control (HYB-709 unless the server allows it)
-=====================================================  =========================================================
+=======================================================  ===========================================================
+``GET /v2/models/{m}[/versions/{v}]/config``             model configuration: Triton's ``ModelConfig`` as JSON
+``GET /v2/models[/{m}[/versions/{v}]]/stats``            statistics: ``{"model_stats": [ModelStatistics...]}``,
+                                                         each with pyasc's ``"pyasc"`` report beside Triton's fields
+``POST /v2/repository/index``                            ``[{"name", "version", "state", "reason"}...]``
+``POST /v2/repository/models/{m}/load`` / ``unload``     model control (HYB-709 unless the server allows it)
+``GET /v2/systemsharedmemory[/region/{r}]/status``       ``[{"name", "key", "offset", "byte_size"}...]``
+``POST /v2/systemsharedmemory/region/{r}/register``      ``{"key", "offset", "byte_size"}``: map a region
+``POST /v2/systemsharedmemory[/region/{r}]/unregister``  drop one region, or all (an unknown one: nothing)
+=======================================================  ===========================================================
 
 The JSON documents are the protobuf messages of Triton's own definitions (from tritonclient) printed with
 their field names and 64-bit integers as numbers, the shapes Triton's HTTP server returns.
@@ -17,7 +20,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from hybrid.errors import ServingError
@@ -81,6 +84,25 @@ def add_triton_routes(app: FastAPI, state: ServerState) -> None:
     @app.get("/v2/models/{model_name}/versions/{model_version}/config")
     async def configuration(model_name: str, model_version: str | None = None) -> dict[str, Any]:
         return config_json(model_config(registry.get(model_name, model_version)))
+
+    # the system shared memory extension (hybrid.serve.shared_memory): answers as Triton's, an empty 200
+    @app.get("/v2/systemsharedmemory/status")
+    @app.get("/v2/systemsharedmemory/region/{region_name}/status")
+    async def shared_memory_status(region_name: str | None = None) -> list[dict[str, Any]]:
+        return [r.as_dict() for r in state.regions().status(region_name)]
+
+    @app.post("/v2/systemsharedmemory/region/{region_name}/register")
+    async def shared_memory_register(request: Request, region_name: str) -> Response:
+        doc = await _control_body(request)
+        state.regions().register(region_name, doc.get("key"), doc.get("offset", 0), doc.get("byte_size"))
+        return Response()
+
+    @app.post("/v2/systemsharedmemory/unregister")
+    @app.post("/v2/systemsharedmemory/region/{region_name}/unregister")
+    async def shared_memory_unregister(request: Request, region_name: str | None = None) -> Response:
+        await _control_body(request)
+        state.regions().unregister(region_name)
+        return Response()
 
     @app.post("/v2/repository/index")
     async def repository_index(request: Request) -> list[dict[str, Any]]:

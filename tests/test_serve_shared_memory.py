@@ -1,0 +1,250 @@
+"""Triton's system shared memory extension: regions registered, listed and dropped; inputs read from them and
+outputs written into them, over HTTP and gRPC, through unmodified tritonclient and its shared memory
+utilities. The differential test against the real Triton is in test_serve_vs_triton.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+
+import numpy as np
+import pytest
+from tests._serve_support import tiny_expected, tiny_model
+
+from hybrid.errors import ServingError
+from hybrid.serve import BackgroundServer, ServeOptions, build_registry, create_app
+from hybrid.serve.protocol import Limits, encode_response, parse_request
+from hybrid.serve.shared_memory import SHM_ROOT, SharedMemoryRegions, Span
+
+tg = pytest.importorskip("tritonclient.grpc")
+import tritonclient.http as th  # noqa: E402
+import tritonclient.utils.shared_memory as tshm  # noqa: E402
+from tritonclient.utils import InferenceServerException  # noqa: E402
+
+pytestmark = pytest.mark.timeout(180)
+
+X = np.array([[1, 2, 3, 4], [-1, 0.5, 2, -3]], np.float32)
+SCALE = np.full((2, 1), 0.5, np.float32)
+
+
+def expect(code: str) -> pytest.RaisesContext:
+    return pytest.raises(ServingError, match=code)
+
+
+@pytest.fixture
+def regions(tmp_path):
+    """Regions over a folder of plain files: the same calls as on /dev/shm, on any machine."""
+    out = SharedMemoryRegions(root=tmp_path)
+    try:
+        yield out
+    finally:
+        out.close()
+
+
+def test_a_region_maps_its_span_of_the_object_and_writes_reach_the_object(regions, tmp_path):
+    (tmp_path / "obj").write_bytes(bytes(range(64)))
+    region = regions.register("r", "/obj", 16, 32)
+    assert region.as_dict() == {"name": "r", "key": "/obj", "offset": 16, "byte_size": 32}
+    assert bytes(regions.read("r", 4, 8)) == bytes(range(20, 28))
+    regions.write("r", 0, 4, b"\xff\xff")
+    assert (tmp_path / "obj").read_bytes()[16:19] == b"\xff\xff\x12"
+    assert [r.name for r in regions.status()] == ["r"] and regions.status("r") == [region]
+
+
+def test_register_refuses_names_twice_keys_that_are_not_objects_and_spans_past_the_object(regions, tmp_path):
+    (tmp_path / "obj").write_bytes(bytes(8))
+    regions.register("r", "obj", 0, 8)  # glibc's shm_open takes a key with or without its '/'
+    with expect("HYB-713"):
+        regions.register("r", "/obj", 0, 8)
+    for key in ("/missing", "/a/b", "/..", "/", 7):
+        with expect("HYB-711"):
+            regions.register("k", key, 0, 8)
+    (tmp_path / "dir").mkdir()
+    with expect("HYB-711"):
+        regions.register("k", "/dir", 0, 8)
+    with expect("HYB-711"):
+        regions.register("k", "/obj", 4, 8)  # 12 bytes of an 8-byte object
+    for offset, size in ((-1, 4), (0, 0), (0, "8"), (True, 4)):
+        with expect("HYB-711"):
+            regions.register("k", "/obj", offset, size)
+    assert [r.name for r in regions.status()] == ["r"]
+
+
+def test_spans_outside_a_region_and_unknown_regions_are_refused(regions, tmp_path):
+    (tmp_path / "obj").write_bytes(bytes(32))
+    regions.register("r", "/obj", 8, 16)
+    with expect("HYB-711"):
+        regions.read("r", 12, 8)
+    with expect("HYB-711"):
+        regions.write("r", 0, 4, b"12345")  # more than the output's byte size
+    with expect("HYB-711"):
+        regions.check(Span("r", 16, 1))
+    for call in (lambda: regions.read("nope", 0, 1), lambda: regions.status("nope"),
+                 lambda: regions.check(Span("nope", 0, 1))):
+        with expect("HYB-712"):
+            call()
+
+
+def test_unregister_drops_one_or_all_and_a_view_in_use_keeps_its_pages(regions, tmp_path):
+    (tmp_path / "obj").write_bytes(bytes(range(16)))
+    regions.register("a", "/obj", 0, 16)
+    regions.register("b", "/obj", 0, 8)
+    view = np.frombuffer(regions.read("a", 0, 16), np.uint8)  # an inference still reading it
+    regions.unregister("a")
+    regions.unregister("zzz")  # unknown: nothing, as in Triton
+    assert [r.name for r in regions.status()] == ["b"]
+    assert view.tolist() == list(range(16))
+    regions.unregister()
+    assert regions.status() == []
+
+
+def test_the_codec_reads_inputs_from_regions_and_writes_outputs_into_them(regions, tmp_path):
+    (tmp_path / "obj").write_bytes(bytes(3) + X.tobytes() + bytes(64))
+    regions.register("in", "/obj", 0, 3 + X.nbytes)
+    regions.register("out", "/obj", 3 + X.nbytes, 64)
+    doc = {"inputs": [{"name": "x", "shape": [2, 4], "datatype": "FP32",
+                       "parameters": {"shared_memory_region": "in", "shared_memory_offset": 3,
+                                      "shared_memory_byte_size": X.nbytes}}],
+           "outputs": [{"name": "y", "parameters": {"shared_memory_region": "out", "shared_memory_byte_size": 64}}]}
+    request = parse_request(json.dumps(doc).encode(), None, Limits(), shared_memory=regions)
+    np.testing.assert_array_equal(request.inputs["x"], X)
+    assert request.inputs["x"].ctypes.data % 4 == 0  # copied only because offset 3 is not aligned for FP32
+    body, _ = encode_response("m", "1", request, {"y": X * 2}, shared_memory=regions)
+    assert json.loads(body)["outputs"] == [{"name": "y", "datatype": "FP32", "shape": [2, 4]}]  # no data
+    np.testing.assert_array_equal(np.frombuffer(regions.read("out", 0, X.nbytes), np.float32).reshape(2, 4), X * 2)
+
+
+@pytest.mark.parametrize(("change", "says"), [
+    (lambda d: d["inputs"][0].update(data=[0] * 8), "more than one of"),
+    (lambda d: d["inputs"][0]["parameters"].update(binary_data_size=32), "more than one of"),
+    (lambda d: d["inputs"][0]["parameters"].update(shared_memory_byte_size=28), "needs 32"),
+    (lambda d: d["inputs"][0]["parameters"].update(shared_memory_offset=-1), "non-negative integer"),
+    (lambda d: d["inputs"][0]["parameters"].update(shared_memory_region=5), "name of a registered region"),
+    (lambda d: d["outputs"][0]["parameters"].update(classification=2), "sets both"),
+    (lambda d: d["outputs"][0]["parameters"].update(binary_data=True), "sets both"),
+])
+def test_malformed_shared_memory_parameters_are_hyb_702(regions, tmp_path, change, says):
+    (tmp_path / "obj").write_bytes(bytes(64))
+    regions.register("r", "/obj", 0, 64)
+    doc = {"inputs": [{"name": "x", "shape": [2, 4], "datatype": "FP32",
+                       "parameters": {"shared_memory_region": "r", "shared_memory_byte_size": 32}}],
+           "outputs": [{"name": "y", "parameters": {"shared_memory_region": "r", "shared_memory_byte_size": 8}}]}
+    change(doc)
+    with pytest.raises(ServingError) as info:
+        parse_request(json.dumps(doc).encode(), None, Limits(), shared_memory=regions)
+    assert info.value.code == "HYB-702" and says in info.value.message
+
+
+def test_an_output_region_is_checked_before_the_model_runs(regions, tmp_path):
+    (tmp_path / "obj").write_bytes(bytes(64))
+    regions.register("r", "/obj", 0, 64)
+    doc = {"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1.0]}],
+           "outputs": [{"name": "y", "parameters": {"shared_memory_region": "nope", "shared_memory_byte_size": 8}}]}
+    with expect("HYB-712"):
+        parse_request(json.dumps(doc).encode(), None, Limits(), shared_memory=regions)
+
+
+# ------------------------------------------------------------------------------------------------ the server
+needs_shm = pytest.mark.skipif(not SHM_ROOT.is_dir(), reason="no POSIX shared memory file system (/dev/shm)")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("shm")
+    (root / "repo" / "tiny" / "1").mkdir(parents=True)
+    tiny_model(root / "repo" / "tiny" / "1" / "model.onnx")
+    app = create_app(build_registry([root / "repo"], target="onnxruntime"), ServeOptions(grpc_address="127.0.0.1:0"))
+    srv = BackgroundServer(app).start()
+    srv.grpc_url = f"127.0.0.1:{app.state.hybrid.grpc_port}"
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+@pytest.fixture
+def objects():
+    """Three shared memory objects made with tritonclient's utilities, as a client makes them."""
+    tag = f"{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    handles = {"x": tshm.create_shared_memory_region(f"x_{tag}", f"/pyasc_x_{tag}", 16 + X.nbytes),
+               "s": tshm.create_shared_memory_region(f"s_{tag}", f"/pyasc_s_{tag}", SCALE.nbytes),
+               "y": tshm.create_shared_memory_region(f"y_{tag}", f"/pyasc_y_{tag}", 64)}
+    tshm.set_shared_memory_region(handles["x"], [X], offset=16)
+    tshm.set_shared_memory_region(handles["s"], [SCALE])
+    try:
+        yield tag, handles
+    finally:
+        for handle in handles.values():
+            tshm.destroy_shared_memory_region(handle)
+
+
+@needs_shm
+@pytest.mark.parametrize("module", [th, tg], ids=["http", "grpc"])
+def test_inputs_and_outputs_travel_through_shared_memory(server, objects, module):
+    tag, handles = objects
+    url = server.url.removeprefix("http://") if module is th else server.grpc_url
+    client = module.InferenceServerClient(url)
+    try:
+        assert "system_shared_memory" in (client.get_server_metadata() if module is th else
+                                          client.get_server_metadata(as_json=True))["extensions"]
+        client.register_system_shared_memory("in_x", f"/pyasc_x_{tag}", 16 + X.nbytes)
+        client.register_system_shared_memory("in_s", f"/pyasc_s_{tag}", SCALE.nbytes)
+        client.register_system_shared_memory("out_y", f"/pyasc_y_{tag}", 64)
+        with pytest.raises(InferenceServerException) as info:
+            client.register_system_shared_memory("in_x", f"/pyasc_x_{tag}", 8)
+        assert "HYB-713" in info.value.message()
+        status = client.get_system_shared_memory_status() if module is th else \
+            list(client.get_system_shared_memory_status(as_json=True)["regions"].values())
+        assert sorted(r["name"] for r in status) == ["in_s", "in_x", "out_y"]
+
+        inputs = [module.InferInput("x", [2, 4], "FP32"), module.InferInput("scale", [2, 1], "FP32")]
+        inputs[0].set_shared_memory("in_x", X.nbytes, offset=16)
+        inputs[1].set_shared_memory("in_s", SCALE.nbytes)
+        y = module.InferRequestedOutput("y")
+        y.set_shared_memory("out_y", 24, offset=8)
+        result = client.infer("tiny", inputs, outputs=[y, module.InferRequestedOutput("s")])
+        want = tiny_expected(X, SCALE)
+        if module is th:  # in its region, not in the answer (tritonclient's as_numpy has nothing to read)
+            assert result.get_output("y") == {"name": "y", "datatype": "FP32", "shape": [2, 3]}
+        else:
+            assert result.get_response().raw_output_contents[0] == b""
+        np.testing.assert_allclose(tshm.get_contents_as_numpy(handles["y"], np.float32, [2, 3], offset=8), want["y"],
+                                   rtol=1e-6)
+        np.testing.assert_allclose(result.as_numpy("s"), want["s"], rtol=1e-6)
+
+        mixed = [module.InferInput("x", [2, 4], "FP32"), module.InferInput("scale", [2, 1], "FP32")]
+        mixed[0].set_data_from_numpy(X)
+        mixed[1].set_shared_memory("in_s", SCALE.nbytes)  # one input in the request, one in a region
+        np.testing.assert_allclose(client.infer("tiny", mixed).as_numpy("y"), want["y"], rtol=1e-6)
+
+        client.unregister_system_shared_memory("in_x")
+        with pytest.raises(InferenceServerException) as info:
+            client.infer("tiny", inputs)
+        assert "HYB-712" in info.value.message()
+        client.unregister_system_shared_memory()
+        status = client.get_system_shared_memory_status() if module is th else \
+            client.get_system_shared_memory_status(as_json=True).get("regions", {})
+        assert not status
+    finally:
+        client.unregister_system_shared_memory()
+        client.close()
+
+
+def test_a_server_without_shared_memory_says_so_and_refuses_regions(tmp_path):
+    """Replicas on Ray share no memory with their clients: ServeOptions(shared_memory=False)."""
+    (tmp_path / "repo" / "tiny" / "1").mkdir(parents=True)
+    tiny_model(tmp_path / "repo" / "tiny" / "1" / "model.onnx")
+    app = create_app(build_registry([tmp_path / "repo"], target="onnxruntime"), ServeOptions(shared_memory=False))
+    with BackgroundServer(app) as srv:
+        client = th.InferenceServerClient(srv.url.removeprefix("http://"))
+        assert "system_shared_memory" not in client.get_server_metadata()["extensions"]
+        with pytest.raises(InferenceServerException) as info:
+            client.register_system_shared_memory("r", "/anything", 8)
+        assert info.value.status() == "400" and "HYB-711" in info.value.message()
+        inputs = [th.InferInput("x", [2, 4], "FP32"), th.InferInput("scale", [2, 1], "FP32")]
+        inputs[0].set_shared_memory("r", X.nbytes)
+        inputs[1].set_data_from_numpy(SCALE)
+        with pytest.raises(InferenceServerException) as info:
+            client.infer("tiny", inputs)
+        assert info.value.status() == "400" and "takes no shared memory" in info.value.message()
