@@ -86,6 +86,16 @@ def test_spans_outside_a_region_and_unknown_regions_are_refused(regions, tmp_pat
             call()
 
 
+def test_an_object_that_shrank_after_register_is_refused_rather_than_read(regions, tmp_path):
+    (tmp_path / "obj").write_bytes(bytes(64))
+    regions.register("r", "/obj", 32, 32)
+    os.truncate(tmp_path / "obj", 40)  # the client shrank it: its pages past 40 bytes are gone
+    with pytest.raises(ServingError, match="shrank to 40 bytes"):
+        regions.read("r", 0, 4)
+    with pytest.raises(ServingError, match="shrank"):
+        regions.write("r", 0, 4, b"1234")
+
+
 def test_unregister_drops_one_or_all_and_a_view_in_use_keeps_its_pages(regions, tmp_path):
     (tmp_path / "obj").write_bytes(bytes(range(16)))
     regions.register("a", "/obj", 0, 16)

@@ -12,7 +12,8 @@ under a name (its key, an offset into it and a byte size), then names that regio
 :class:`SharedMemoryRegions` holds the regions of one server (HTTP and gRPC register into the same one).
 Each region maps the object's first ``offset + byte_size`` bytes, shared and writable, once, at register.
 Unregistering drops the mapping; an inference still reading a view of it keeps its pages until that view
-is gone, so nothing a request holds is unmapped beneath it.
+is gone, so nothing a request holds is unmapped beneath it. Every read and write first checks that the object
+still holds the region (a client may truncate it; touching pages past its end would kill the server).
 
 The keys are shared memory object names (``/name``, as ``shm_open`` takes them): on Linux the files of
 ``/dev/shm``. Errors:
@@ -210,6 +211,11 @@ class SharedMemoryRegions:
             raise _error(f"{tensor}: {byte_size} bytes at offset {offset} run past the end of shared memory "
                          f"region {name!r} ({region.byte_size} bytes)", "check shared_memory_offset and "
                          "shared_memory_byte_size against the region")
+        # pages past the end of an object that shrank since it was registered would kill the process (SIGBUS)
+        size = mapped.map.size()  # the object's size now (fstat)
+        if size < region.offset + region.byte_size:
+            raise _error(f"{tensor}: the object {region.key!r} of region {name!r} shrank to {size} bytes since it "
+                         f"was registered with {region.offset + region.byte_size}", "register the region again")
         return mapped, region.offset + offset
 
     def check(self, span: Span, tensor: str = "a tensor") -> None:
