@@ -37,14 +37,14 @@ from hybrid._version import __version__
 from hybrid.errors import ConfigError, HybridError, ServingError
 from hybrid.serve.classification import CLASSIFICATION, class_count, top_classes
 from hybrid.serve.protocol import DATATYPES, Limits, binary_of, datatype_of
-from hybrid.serve.shared_memory import BYTE_SIZE, OFFSET, REGION, SharedMemoryRegions, Span, span_of
+from hybrid.serve.shared_memory import BYTE_SIZE, OFFSET, REGION, SharedMemoryRegions, Span, regions_for, span_of
 from hybrid.serve.state import Decoded, ServerState, http_status, infer, selected_models, statistics_of
 from hybrid.serve.triton_config import model_config
 
 if TYPE_CHECKING:
     from hybrid.serve.model import ServedModel
 
-__all__ = ["GrpcService", "check_outputs", "decode_inputs", "encode_outputs", "grpc_status", "start_grpc"]
+__all__ = ["GrpcService", "decode_inputs", "encode_outputs", "grpc_status", "requested_outputs", "start_grpc"]
 
 logger = logging.getLogger("hybrid.serve")
 
@@ -120,7 +120,7 @@ def _from_raw(name: str, datatype: str, shape: tuple[int, ...], count: int, raw:
     if datatype == "BOOL" and count and np.frombuffer(raw, np.uint8).max() > 1:
         raise _bad(f"input {name!r}: BOOL data must be bytes 0 or 1")
     arr = np.frombuffer(raw, dtype=dtype, count=count)
-    if arr.ctypes.data % dtype.alignment:  # bytes objects are aligned; a region at an odd offset is copied
+    if not arr.flags.aligned:  # bytes objects are aligned; a region at an odd offset is copied
         arr = arr.copy()
     return arr.reshape(shape)
 
@@ -162,13 +162,6 @@ def _span(tensor: str, parameters: Any) -> Span | None:
                    *(_value(parameters[k]) if k in parameters else None for k in (BYTE_SIZE, OFFSET)))
 
 
-def _regions(shared_memory: SharedMemoryRegions | None, tensor: str) -> SharedMemoryRegions:
-    if shared_memory is None:
-        raise _bad(f"{tensor} names a shared memory region, but this server takes no shared memory tensors",
-                   "send the tensor in the request")
-    return shared_memory
-
-
 def decode_inputs(request: pb.ModelInferRequest, limits: Limits,
                   shared_memory: SharedMemoryRegions | None = None) -> dict[str, np.ndarray]:
     """The input arrays of a ModelInferRequest, every size checked before anything is allocated.
@@ -200,7 +193,7 @@ def decode_inputs(request: pb.ModelInferRequest, limits: Limits,
             if tensor.HasField("contents"):
                 raise _bad(f"input {name!r} has both contents and a shared memory region")
             where = f"input {name!r}"
-            data = _regions(shared_memory, where).read(span.region, span.offset, span.byte_size, where)
+            data = regions_for(shared_memory, where).read(span.region, span.offset, span.byte_size, where)
             arrays[name] = _from_raw(name, datatype, shape, count, data, BYTE_SIZE)
         elif len(raw):
             if tensor.HasField("contents"):
@@ -222,20 +215,27 @@ def _class_count(requested: pb.ModelInferRequest.InferRequestedOutputTensor) -> 
     return class_count(requested.name, param.int64_param)
 
 
+Wanted = tuple[str, int, Span | None]  # an output a request names: name, class count (0: values), region span
+
+
 def encode_outputs(model: ServedModel, request: pb.ModelInferRequest, outputs: dict[str, np.ndarray],
-                   shared_memory: SharedMemoryRegions | None = None) -> pb.ModelInferResponse:
+                   shared_memory: SharedMemoryRegions | None = None,
+                   wanted: list[Wanted] | None = None) -> pb.ModelInferResponse:
     """The ModelInferResponse with the outputs the request asked for, as raw contents.
 
     All of the model's outputs when the request names none; an output asked for with ``classification`` K as
     its top K classes (:func:`hybrid.serve.classification.top_classes`).
+
+    ``wanted``: the request's outputs as :func:`requested_outputs` read them (read again where not given).
 
     Raises:
         ServingError: HYB-702 for an output the model does not have, a ``classification`` that is not a
             non-negative int64_param, or the top classes of an output that is not numeric.
     """
     response = pb.ModelInferResponse(model_name=model.name, model_version=model.version, id=request.id)
-    wanted = [_wanted(o) for o in request.outputs] or [(name, 0, None) for name in outputs]
-    for name, classes, span in wanted:
+    if wanted is None:
+        wanted = [_wanted(o) for o in request.outputs]
+    for name, classes, span in wanted or [(name, 0, None) for name in outputs]:
         if name not in outputs:
             raise _bad(f"output {name!r} is not an output of {model.name!r}; it has: {', '.join(outputs)}",
                        "request one of the model's outputs, or none for all of them")
@@ -248,29 +248,29 @@ def encode_outputs(model: ServedModel, request: pb.ModelInferRequest, outputs: d
             response.raw_output_contents.append(binary_of(arr, datatype))
         else:  # written to its region; an empty entry keeps raw_output_contents aligned with outputs, as Triton's
             where = f"output {name!r}"
-            _regions(shared_memory, where).write(span.region, span.offset, span.byte_size, binary_of(arr, datatype),
+            regions_for(shared_memory, where).write(span.region, span.offset, span.byte_size, binary_of(arr, datatype),
                                                  where)
             response.raw_output_contents.append(b"")
     return response
 
 
-def check_outputs(request: pb.ModelInferRequest, shared_memory: SharedMemoryRegions | None) -> None:
-    """Check the outputs a request names before the model runs.
+def requested_outputs(request: pb.ModelInferRequest, shared_memory: SharedMemoryRegions | None) -> list[Wanted]:
+    """The outputs a request names, read and checked before the model runs (for :func:`encode_outputs`).
 
     Their parameters are well formed, and each shared memory span lies inside a registered region.
 
     Raises:
         ServingError: HYB-702 for a malformed parameter; HYB-711 / HYB-712 for a span outside the regions.
     """
-    for requested in request.outputs:
-        if len(requested.parameters):
-            _, _, span = _wanted(requested)
-            if span is not None:
-                where = f"output {requested.name!r}"
-                _regions(shared_memory, where).check(span, where)
+    wanted = [_wanted(o) for o in request.outputs]
+    for name, _, span in wanted:
+        if span is not None:
+            where = f"output {name!r}"
+            regions_for(shared_memory, where).check(span, where)
+    return wanted
 
 
-def _wanted(requested: pb.ModelInferRequest.InferRequestedOutputTensor) -> tuple[str, int, Span | None]:
+def _wanted(requested: pb.ModelInferRequest.InferRequestedOutputTensor) -> Wanted:
     """An output the request names: its name, its class count (0: its values) and its shared memory span."""
     if not len(requested.parameters):
         return requested.name, 0, None
@@ -504,9 +504,11 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
         model = self.state.model(request.model_name, request.model_version or None)
         limits, shared_memory = self.state.options.limits, self.state.shared_memory
 
+        wanted: list[Wanted] = []
+
         def decode() -> Decoded | asyncio.Future[Decoded]:
             timeout = _request_timeout(request, context)
-            check_outputs(request, shared_memory)
+            wanted.extend(requested_outputs(request, shared_memory))
             # raw contents become arrays without a copy (numpy views of the message's bytes): only typed
             # contents and BYTES elements cost work proportional to their size, and only those leave the loop
             costly = not request.raw_input_contents or any(t.datatype == "BYTES" for t in request.inputs)
@@ -517,7 +519,7 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
             return Decoded(decode_inputs(request, limits, shared_memory), timeout)
 
         return await infer(self.state, model, decode,
-                           lambda outputs: encode_outputs(model, request, outputs, shared_memory))
+                           lambda outputs: encode_outputs(model, request, outputs, shared_memory, wanted))
 
     @_rpc()
     async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:

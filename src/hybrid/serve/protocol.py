@@ -25,7 +25,7 @@ import orjson
 
 from hybrid.errors import ServingError
 from hybrid.serve.classification import CLASSIFICATION, class_count, top_classes
-from hybrid.serve.shared_memory import BYTE_SIZE, OFFSET, REGION, SharedMemoryRegions, Span, span_of
+from hybrid.serve.shared_memory import BYTE_SIZE, OFFSET, REGION, SharedMemoryRegions, Span, regions_for, span_of
 
 __all__ = [
     "ALLOW_NON_FINITE",
@@ -303,7 +303,7 @@ def _from_binary(name: str, datatype: str, dtype: np.dtype, shape: tuple[int, ..
     if datatype == "BOOL" and count and np.frombuffer(raw, np.uint8).max() > 1:
         raise _bad(f"input {name!r}: BOOL data must be bytes 0 or 1")
     arr = np.frombuffer(raw, dtype=dtype, count=count)
-    if arr.ctypes.data % dtype.alignment:  # a view at an odd offset in the body: give kernels aligned memory
+    if not arr.flags.aligned:  # a view at an odd offset in the body or a region: give kernels aligned memory
         arr = arr.copy()
     return arr.reshape(shape)
 
@@ -492,13 +492,6 @@ def check_head(header: bytes, binary_size: int | None, limits: Limits,
     return doc
 
 
-def _regions(shared_memory: SharedMemoryRegions | None, tensor: str) -> SharedMemoryRegions:
-    if shared_memory is None:
-        raise _bad(f"{tensor} names a shared memory region, but this server takes no shared memory tensors",
-                   "send the tensor in the request")
-    return shared_memory
-
-
 def parse_request(body: bytes, header_length: int | None, limits: Limits,
                   precheck: Precheck | None = None, header: dict[str, Any] | None = None,
                   shared_memory: SharedMemoryRegions | None = None) -> InferRequest:
@@ -543,14 +536,14 @@ def parse_request(body: bytes, header_length: int | None, limits: Limits,
             arrays[d.name] = _from_json(d.name, d.datatype, d.dtype, d.shape, d.count, d.data)
         elif d.span is not None:
             tensor = f"input {d.name!r}"
-            view = _regions(shared_memory, tensor).read(d.span.region, d.span.offset, d.span.byte_size, tensor)
+            view = regions_for(shared_memory, tensor).read(d.span.region, d.span.offset, d.span.byte_size, tensor)
             arrays[d.name] = _from_binary(d.name, d.datatype, d.dtype, d.shape, d.count, view, BYTE_SIZE)
         else:
             arrays[d.name] = _from_binary(d.name, d.datatype, d.dtype, d.shape, d.count,
                                           binary[d.offset:d.offset + d.size])
     for out in outputs or ():  # an output's region is checked before the model runs
         if out.span is not None:
-            _regions(shared_memory, f"output {out.name!r}").check(out.span, f"output {out.name!r}")
+            regions_for(shared_memory, f"output {out.name!r}").check(out.span, f"output {out.name!r}")
     return InferRequest(request_id, arrays, outputs, binary_output, None if timeout is None else timeout / 1e6)
 
 
@@ -630,7 +623,7 @@ def encode_response(model_name: str, model_version: str, request: InferRequest,
         entry: dict[str, Any] = {"name": out.name, "datatype": datatype, "shape": list(arr.shape)}
         if out.span is not None:
             tensor = f"output {out.name!r}"
-            _regions(shared_memory, tensor).write(out.span.region, out.span.offset, out.span.byte_size,
+            regions_for(shared_memory, tensor).write(out.span.region, out.span.offset, out.span.byte_size,
                                                   binary_of(arr, datatype), tensor)
         elif out.binary:
             raw = binary_of(arr, datatype)

@@ -40,7 +40,8 @@ from typing import Any
 
 from hybrid.errors import ServingError
 
-__all__ = ["BYTE_SIZE", "OFFSET", "REGION", "SHM_ROOT", "Region", "SharedMemoryRegions", "Span", "span_of"]
+__all__ = ["BYTE_SIZE", "OFFSET", "REGION", "SHM_ROOT", "Region", "SharedMemoryRegions", "Span", "regions_for",
+           "span_of"]
 
 SHM_ROOT = Path("/dev/shm")
 """Where ``shm_open`` keeps its objects (Linux, glibc and musl)."""
@@ -254,3 +255,15 @@ class SharedMemoryRegions:
     def close(self) -> None:
         """Drop every region (the server stops)."""
         self.unregister(None)
+
+
+def regions_for(regions: SharedMemoryRegions | None, tensor: str) -> SharedMemoryRegions:
+    """The server's regions, for a tensor of a request that names one.
+
+    Raises:
+        ServingError: HYB-702 where the server takes no shared memory (``regions`` is None).
+    """
+    if regions is None:
+        raise ServingError("HYB-702", f"{tensor} names a shared memory region, but this server takes no shared "
+                                      "memory tensors", "send the tensor in the request")
+    return regions
