@@ -10,8 +10,9 @@ with the default target (auto, after its warm-up: ``--warmup``). The model is hy
 re-saved as one file; nothing is downloaded.
 
 Load: 1, 4 and 16 closed-loop client threads, one tritonclient.grpc client each (``--protocol http``:
-tritonclient.http, with binary tensors both ways, Triton's perf_analyzer's default protocol), one image per
-request. Every (round, clients) block runs each server for ``--seconds``, in an order that alternates between
+tritonclient.http, with binary tensors both ways, Triton's perf_analyzer's default protocol; ``grpc-stream``: one
+ModelStreamInfer stream per client; ``--shared-memory``: images and answers in system shared memory regions), one
+image per request. Every (round, clients) block runs each server for ``--seconds``, in an order that alternates between
 rounds; the ratios pyasc / Triton are paired within a block and the table gives their median over the
 rounds, with the p99 latencies (median over rounds). Run it under ``flock /tmp/coord/bench.lock``.
 
@@ -133,6 +134,25 @@ def _client(url: str, x: np.ndarray, protocol: str) -> tuple[Callable[[], Any], 
         c = module.InferenceServerClient(url)
         inp = module.InferInput("x", list(x.shape), "FP32")
         out = module.InferRequestedOutput("probs")
+    if protocol == "grpc-stream":  # one bidirectional stream per client, one request in flight on it
+        import queue
+
+        answers: queue.Queue[Any] = queue.Queue()
+        c.start_stream(callback=lambda result, error: answers.put(error or result))
+        inp.set_data_from_numpy(x)
+
+        def call() -> Any:
+            c.async_stream_infer(MODEL, [inp], outputs=[out])
+            answer = answers.get()
+            if isinstance(answer, Exception):
+                raise answer
+            return answer
+
+        def close() -> None:
+            c.stop_stream()
+            c.close()
+
+        return close, call
     if not SHARED_MEMORY:
         if binary:
             inp.set_data_from_numpy(x)
@@ -273,9 +293,10 @@ def main() -> None:
                     help="of triton, pyasc-ort, pyasc-auto, pyasc-precision (--precision auto --min-cosine 0.995)")
     ap.add_argument("--warmup", type=int, default=200, help="pyasc serve --warmup for the default target (0: it "
                                                               "tunes under the load, as a user who passes nothing)")
-    ap.add_argument("--protocol", choices=("grpc", "http", "http-json"), default="grpc",
-                    help="the clients' protocol: tritonclient.grpc, tritonclient.http with binary tensors, or "
-                         "tritonclient.http with the tensors as JSON")
+    ap.add_argument("--protocol", choices=("grpc", "grpc-stream", "http", "http-json"), default="grpc",
+                    help="the clients' protocol: tritonclient.grpc, tritonclient.grpc over one ModelStreamInfer "
+                         "stream per client (perf_analyzer's --streaming), tritonclient.http with binary tensors, "
+                         "or tritonclient.http with the tensors as JSON")
     ap.add_argument("--threads", type=int, default=2, help="ONNX Runtime intra-op threads (both servers)")
     ap.add_argument("--shared-memory", action="store_true",
                     help="the clients pass images and answers in system shared memory regions (perf_analyzer's "
@@ -301,7 +322,7 @@ def main() -> None:
         if "triton" in names:
             triton = tr.TritonServer(repo).start()
             stops.append(triton.stop)
-            servers["triton"] = triton.grpc_url if args.protocol == "grpc" else triton.http_url
+            servers["triton"] = triton.grpc_url if args.protocol.startswith("grpc") else triton.http_url
             pids["triton"] = triton.process.pid if triton.process is not None else 0
         chosen: dict[str, str] = {}
         if args.baseline is not None and "pyasc-ort-base" not in names:
@@ -314,7 +335,7 @@ def main() -> None:
                 source = args.baseline if name == "pyasc-ort-base" else None
                 proc, url, _, http = start_pyasc(model, target, warm, extra, source)
                 stops.append(lambda p=proc: (p.terminate(), p.wait(60)))
-                servers[name] = url if args.protocol == "grpc" else http
+                servers[name] = url if args.protocol.startswith("grpc") else http
                 chosen[name] = http
                 pids[name] = proc.pid
         for name, http in chosen.items():  # what each pyasc server decided (its model statistics)
