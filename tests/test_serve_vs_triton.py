@@ -1,21 +1,21 @@
 """The differential protocol test: the same requests to the real Triton server and to ``pyasc serve``.
 
-Triton is ``tritonserver`` 2.51 from the nvidia-pytriton wheel (tests/_triton_real.py), serving the same
-ONNX files through a Python-backend ``model.py`` that runs ONNX Runtime, ``max_batch_size: 8``. Over HTTP
-(raw requests) and gRPC (tritonclient.grpc) the status codes and the response structure must match:
-metadata, config, statistics, a good inference in JSON and binary, a wrong shape, a wrong dtype, an
-unknown input, an unknown model, a batch over the maximum, BYTES tensors, the classification
-extension (top classes with config.pbtxt's labels, JSON, binary and gRPC) and the system shared memory
-extension (register, status, unregister, tensors read from and written to regions, and their errors).
-Values that differ by nature (server name, platform, counters, timings) are not compared; where Triton's
-message names what it expected, pyasc's names it the same way. Skipped, with the reason, only where the
-wheel cannot run.
+Triton is ``tritonserver`` 2.51 from the nvidia-pytriton wheel (tests/_triton_real.py), serving the same ONNX files
+through a Python-backend ``model.py`` that runs ONNX Runtime, ``max_batch_size: 8``. Over HTTP (raw requests) and
+gRPC (tritonclient.grpc) the status codes and the response structure must match: metadata, config, statistics, a
+good inference in JSON and binary, a wrong shape, a wrong dtype, an unknown input, an unknown model, a batch over
+the maximum, BYTES tensors, the classification extension (top classes with config.pbtxt's labels, JSON, binary and
+gRPC), the system shared memory extension (register, status, unregister, tensors read from and written to regions,
+and their errors) and the logging extension (the settings read and changed, over HTTP and gRPC). Values that differ
+by nature (server name, platform, counters, timings) are not compared; where Triton's message names what it
+expected, pyasc's names it the same way. Skipped, with the reason, only where the wheel cannot run.
 """
 
 from __future__ import annotations
 
 import http.client
 import json
+import logging
 import os
 import uuid
 from collections.abc import Iterator
@@ -407,3 +407,32 @@ def test_system_shared_memory_answers_as_triton_s_over_grpc(servers, regions) ->
     assert theirs["twice"] == "StatusCode.ALREADY_EXISTS" and theirs["unknown status"] == "StatusCode.NOT_FOUND"
     for key in ("y", "mixed"):
         np.testing.assert_allclose(mine[key], theirs[key], rtol=1e-6)
+
+
+@pytest.fixture
+def hybrid_log_level() -> Iterator[None]:
+    """The in-process pyasc server's log settings are this process's ``hybrid`` logger: put its level back."""
+    level = logging.getLogger("hybrid").level
+    try:
+        yield
+    finally:
+        logging.getLogger("hybrid").setLevel(level)
+
+
+def test_log_settings_answer_as_triton_s(servers, hybrid_log_level) -> None:
+    everything = {"log_info": True, "log_warning": True, "log_error": True, "log_verbose_level": 0}
+    for change in (everything, {"log_info": False}, {"log_info": True, "log_verbose_level": 1}, everything):
+        got = _both(servers, "POST", "/v2/logging", change)
+        assert got["pyasc"][0] == got["triton"][0] == 200, change
+        assert json.loads(got["pyasc"][1]) == json.loads(got["triton"][1]), change
+    got = _both(servers, "GET", "/v2/logging")
+    assert json.loads(got["pyasc"][1]) == json.loads(got["triton"][1])
+    got = _both(servers, "POST", "/v2/logging", {"log_file": "/tmp/pyasc-vs-triton.log"})
+    assert got["pyasc"][0] >= 400 and got["triton"][0] >= 400  # neither moves its log file over the network
+
+    def flow(client: Any) -> list[Any]:
+        return [client.update_log_settings({"log_info": False}, as_json=True),
+                client.update_log_settings({"log_info": True}, as_json=True), client.get_log_settings(as_json=True)]
+
+    got = _grpc(servers, flow)
+    assert got["pyasc"] == got["triton"]

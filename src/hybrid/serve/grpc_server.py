@@ -15,8 +15,8 @@ Methods: ServerLive, ServerReady, ModelReady, ServerMetadata, ModelMetadata, Mod
 ModelStreamInfer (requests of one stream run concurrently, so they batch; answers carry the request id),
 ModelConfig, ModelStatistics, RepositoryIndex, RepositoryModelLoad / RepositoryModelUnload (refused with
 HYB-709 unless the server runs with model control), SystemSharedMemoryStatus / Register / Unregister
-(:mod:`hybrid.serve.shared_memory`; inputs and outputs may then name a region). The CUDA shared-memory, trace
-and log methods answer UNIMPLEMENTED.
+(:mod:`hybrid.serve.shared_memory`; inputs and outputs may then name a region), LogSettings
+(:mod:`hybrid.serve.log_settings`). The CUDA shared-memory and trace methods answer UNIMPLEMENTED.
 """
 
 from __future__ import annotations
@@ -498,6 +498,25 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
         """Answer ``SystemSharedMemoryUnregister``: drop the region named (nothing if unknown), or every one."""
         self.state.regions().unregister(request.name or None)
         return pb.SystemSharedMemoryUnregisterResponse()
+
+    # ------------------------------------------------------------------ logging
+    @_rpc()
+    async def LogSettings(self, request: pb.LogSettingsRequest, context: Any) -> pb.LogSettingsResponse:
+        """Answer ``LogSettings``: apply the settings the request carries (none: read them); all of them back.
+
+        The values are :class:`.log_settings.LogSettings`'s: a bad one is INVALID_ARGUMENT (HYB-702).
+        """
+        changes = {key: getattr(value, value.WhichOneof("parameter_choice") or "string_param")
+                   for key, value in request.settings.items()}
+        settings = self.state.log_control().update(changes) if changes else self.state.log_control().current()
+        value = pb.LogSettingsResponse.SettingValue
+
+        def setting(v: Any) -> Any:
+            if isinstance(v, bool):
+                return value(bool_param=v)
+            return value(uint32_param=v) if isinstance(v, int) else value(string_param=v)
+
+        return pb.LogSettingsResponse(settings={k: setting(v) for k, v in settings.items()})
 
     # ------------------------------------------------------------------ inference
     async def _infer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:

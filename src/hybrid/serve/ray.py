@@ -176,8 +176,9 @@ def build_application(models: Sequence[str | Path], *, target: str | None = None
     backends = {name: dict(opts) for name, opts in (backend_config or {}).items()}
     logger.info("packed %d model version(s), %d bytes, for the deployment", len(packages),
                 sum(p.size for p in packages))
-    # replicas share no memory with a client (they may run on any node): no system shared memory
-    options = dataclasses.replace(options or ServeOptions(), shared_memory=False)
+    # replicas share no memory with a client (they may run on any node), and a call reaches one of them: no
+    # system shared memory, no log settings over the network
+    options = dataclasses.replace(options or ServeOptions(), shared_memory=False, log_settings=False)
     return deployment.bind(packages, target, settings, options, backends, warmup, app_name)
 
 

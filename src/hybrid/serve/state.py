@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from hybrid.errors import HybridError, ServingError
+from hybrid.serve.log_settings import LogSettings
 from hybrid.serve.metrics import ServerMetrics
 from hybrid.serve.protocol import Limits
 from hybrid.serve.shared_memory import SharedMemoryRegions
@@ -32,7 +33,7 @@ __all__ = ["EXTENSIONS", "Decoded", "ServeOptions", "ServerState", "http_status"
 logger = logging.getLogger("hybrid.serve")
 
 EXTENSIONS = ["classification", "binary_tensor_data", "model_configuration", "statistics", "model_repository",
-              "system_shared_memory"]
+              "system_shared_memory", "logging"]
 """The Triton protocol extensions the server supports (``system_shared_memory`` where it takes them)."""
 _STATUS = {"HYB-701": 404, "HYB-702": 400, "HYB-703": 401, "HYB-704": 413, "HYB-705": 503, "HYB-706": 503,
            "HYB-707": 400, "HYB-709": 403, "HYB-711": 400, "HYB-712": 404, "HYB-713": 400, "HYB-411": 504,
@@ -53,6 +54,8 @@ class ServeOptions:
         model_control: Allow the repository load and unload endpoints (off: HYB-709).
         shared_memory: Take tensors in system shared memory regions of this machine (Triton's extension); off
             where requests may reach another machine's process (replicas on Ray).
+        log_settings: Let clients read and change the server's log settings (Triton's logging extension); off
+            where a call reaches one replica of several (Ray).
     """
 
     auth_token: str | None = None
@@ -61,6 +64,7 @@ class ServeOptions:
     grpc_address: str | None = None
     model_control: bool = False
     shared_memory: bool = True
+    log_settings: bool = True
 
 
 def http_status(code: str) -> int:
@@ -79,6 +83,8 @@ class ServerState:
         grpc_port: The bound gRPC port once the gRPC service has started.
         shared_memory: The registered system shared memory regions (None where ``options`` turns them off).
         extensions: The Triton extensions this server answers (the server metadata's list).
+        log_settings: The log settings clients read and change (Triton's logging extension); None where
+            ``options`` turns them off.
     """
 
     def __init__(self, registry: ModelRegistry, options: ServeOptions) -> None:
@@ -89,7 +95,10 @@ class ServerState:
             model.observer = self.metrics.observe_batch
         # the system shared memory extension's regions; None where the server takes none
         self.shared_memory = SharedMemoryRegions() if options.shared_memory else None
-        self.extensions = [e for e in EXTENSIONS if e != "system_shared_memory" or options.shared_memory]
+        off = {"system_shared_memory": not options.shared_memory, "logging": not options.log_settings}
+        self.extensions = [e for e in EXTENSIONS if not off.get(e)]
+        # the logging extension's view of the ``hybrid`` logger; None where clients may not use it
+        self.log_settings = LogSettings() if options.log_settings else None
         self.draining = False
         self.managed = False
         self.grpc_port: int | None = None
@@ -131,6 +140,17 @@ class ServerState:
             raise ServingError("HYB-711", "this server takes no system shared memory: its requests may reach "
                                           "replicas on other machines", "send the tensors in the requests")
         return self.shared_memory
+
+    def log_control(self) -> LogSettings:
+        """The log settings clients read and change.
+
+        Raises:
+            ServingError: HYB-702 where the server does not serve them (``ServeOptions.log_settings``).
+        """
+        if self.log_settings is None:
+            raise ServingError("HYB-702", "this server does not serve its log settings: a call reaches one of "
+                                          "several replicas", "set the log level where the replicas start")
+        return self.log_settings
 
     def model(self, name: str, version: str | None) -> ServedModel:
         """The served model, refusing new requests while draining (HYB-706) or for an unknown model (HYB-701)."""

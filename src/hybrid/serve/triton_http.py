@@ -9,6 +9,7 @@
 ``GET /v2/systemsharedmemory[/region/{r}]/status``       ``[{"name", "key", "offset", "byte_size"}...]``
 ``POST /v2/systemsharedmemory/region/{r}/register``      ``{"key", "offset", "byte_size"}``: map a region
 ``POST /v2/systemsharedmemory[/region/{r}]/unregister``  drop one region, or all (an unknown one: nothing)
+``GET /v2/logging`` / ``POST /v2/logging``               the log settings (``hybrid.serve.log_settings``)
 =======================================================  ===========================================================
 
 The JSON documents are the protobuf messages of Triton's own definitions (from tritonclient) printed with
@@ -103,6 +104,15 @@ def add_triton_routes(app: FastAPI, state: ServerState) -> None:
         await _control_body(request)
         state.regions().unregister(region_name)
         return Response()
+
+    # the logging extension (hybrid.serve.log_settings): every setting, after any change
+    @app.get("/v2/logging")
+    async def log_settings() -> dict[str, Any]:
+        return state.log_control().current()
+
+    @app.post("/v2/logging")
+    async def update_log_settings(request: Request) -> dict[str, Any]:
+        return state.log_control().update(await _control_body(request))
 
     @app.post("/v2/repository/index")
     async def repository_index(request: Request) -> list[dict[str, Any]]:
