@@ -79,6 +79,15 @@ def test_dynamic_batching_and_instance_groups_become_serving_settings(tmp_path):
         registry.close()
 
 
+@pytest.mark.parametrize(("kind", "warned"), [("KIND_CPU", False), ("KIND_AUTO", False), ("KIND_GPU", True)])
+def test_the_instance_kind_is_reported_only_where_the_model_runs_elsewhere(tmp_path, caplog, kind, warned):
+    repo = repo_with(tmp_path, f"max_batch_size: 8\ninstance_group [ {{ count: 1 kind: {kind} }} ]\n" + TINY_IO)
+    with caplog.at_level(logging.WARNING, logger="hybrid.serve"):
+        build_registry([repo], target="onnxruntime:cpu").close()
+    notes = [r.getMessage() for r in caplog.records if "config.pbtxt fields not applied" in r.getMessage()]
+    assert bool(notes) is warned and all("instance_group.kind" in n for n in notes)
+
+
 def test_max_batch_size_without_dynamic_batching_runs_requests_as_they_come():
     config = mc.ModelConfig(max_batch_size=8)
     assert settings_of(config, "here") == ({"max_batch": 0, "max_queue": None}, [])

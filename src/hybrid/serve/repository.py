@@ -307,6 +307,23 @@ def _manifest_serving(manifest: Manifest) -> dict[str, Any]:
     return {} if manifest.serving is None else manifest.serving.model_dump(exclude_none=True)
 
 
+def _unhonoured(notes: tuple[str, ...], config: Any, device: str) -> tuple[str, ...]:
+    """The notes of a configuration without ``instance_group.kind`` where the model runs where it asks.
+
+    pyasc does not place a model by the kind, but ``KIND_CPU`` (or ``KIND_GPU``) is honoured when the model was
+    compiled for such a device; ``KIND_AUTO`` always is. Otherwise the kind stays among the fields not applied.
+    """
+    if "instance_group.kind" not in notes:
+        return notes
+    from tritonclient.grpc import model_config_pb2 as mc
+
+    groups = mc.ModelInstanceGroup
+    on_cpu = device.startswith("cpu")
+    honoured = all(g.kind == groups.KIND_AUTO or (g.kind == groups.KIND_CPU and on_cpu)
+                   or (g.kind == groups.KIND_GPU and bool(device) and not on_cpu) for g in config.instance_group)
+    return tuple(n for n in notes if n != "instance_group.kind") if honoured else notes
+
+
 def load_model(source: ModelSource, target: str | None = None, overrides: Mapping[str, Any] | None = None,
                defaults: BatchSettings | None = None, observer: BatchObserver | None = None,
                compile_options: Mapping[str, Any] | None = None, warmup: int = 0) -> ServedModel:
@@ -351,8 +368,9 @@ def load_model(source: ModelSource, target: str | None = None, overrides: Mappin
         except BaseException:
             compiled.close()
             raise
-        if source.notes:
-            logger.warning("%s: config.pbtxt fields not applied by pyasc: %s", where, "; ".join(source.notes))
+        notes = _unhonoured(source.notes, source.config, str(getattr(compiled, "device", "")))
+        if notes:
+            logger.warning("%s: config.pbtxt fields not applied by pyasc: %s", where, "; ".join(notes))
     served = ServedModel(source.name, source.version, compiled, settings, platform, observer)
     served.model_config = source.config  # reported by the model-configuration endpoints
     served.labels = dict(source.labels)
