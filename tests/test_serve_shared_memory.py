@@ -71,6 +71,21 @@ def test_register_refuses_names_twice_keys_that_are_not_objects_and_spans_past_t
     assert [r.name for r in regions.status()] == ["r"]
 
 
+def test_the_number_of_regions_is_bounded(tmp_path):
+    (tmp_path / "obj").write_bytes(bytes(8))
+    regions = SharedMemoryRegions(root=tmp_path, max_regions=2)
+    try:
+        regions.register("a", "/obj", 0, 8)
+        regions.register("b", "/obj", 0, 8)
+        with pytest.raises(ServingError, match="the most this server holds"):
+            regions.register("c", "/obj", 0, 8)
+        regions.unregister("a")
+        regions.register("c", "/obj", 0, 8)
+    finally:
+        regions.close()
+    assert SharedMemoryRegions().max_regions >= 16
+
+
 def test_spans_outside_a_region_and_unknown_regions_are_refused(regions, tmp_path):
     (tmp_path / "obj").write_bytes(bytes(32))
     regions.register("r", "/obj", 8, 16)

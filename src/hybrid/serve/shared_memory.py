@@ -117,17 +117,31 @@ def _count(what: str, value: Any) -> int:
     return value
 
 
+def _default_limit() -> int:
+    """A quarter of the process's file descriptor limit (each mapping holds one), at least 16; 1024 without one."""
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (ImportError, OSError, ValueError):
+        return 1024
+    return 1024 if soft == resource.RLIM_INFINITY else max(16, soft // 4)
+
+
 class SharedMemoryRegions:
     """The system shared memory regions of one server; thread-safe.
 
     Args:
         root: The folder of the shared memory objects (``/dev/shm``; another one in tests).
+        max_regions: Most regions registered at once. Each mapping holds a file descriptor, so the default is
+            a quarter of the process's descriptor limit: the rest stays for connections and models.
     """
 
-    def __init__(self, root: Path = SHM_ROOT) -> None:
+    def __init__(self, root: Path = SHM_ROOT, max_regions: int | None = None) -> None:
         self._root = root
         self._regions: dict[str, _Mapped] = {}
         self._lock = threading.Lock()
+        self.max_regions = _default_limit() if max_regions is None else max_regions
 
     def _path(self, key: str) -> Path:
         name = key.lstrip("/")
@@ -158,6 +172,10 @@ class SharedMemoryRegions:
             if name in self._regions:
                 raise ServingError("HYB-713", f"shared memory region {name!r} is already registered",
                                    "unregister it first, or register under another name")
+            if len(self._regions) >= self.max_regions:
+                raise _error(f"{len(self._regions)} shared memory regions are registered, the most this server "
+                             f"holds at once (a quarter of its file descriptor limit)",
+                             "unregister the regions no longer used, or raise the server's `ulimit -n`")
             try:
                 fd = os.open(path, os.O_RDWR | getattr(os, "O_NOFOLLOW", 0))
             except OSError as e:
