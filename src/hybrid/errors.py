@@ -218,8 +218,9 @@ CATALOG: dict[str, ErrorInfo] = {
     "HYB-711": ErrorInfo("shared memory region error",
                          "A system shared memory request the server cannot honour: a register request without a "
                          "key or with a bad offset or byte size, an object that cannot be opened or is smaller "
-                         "than the region, a tensor that runs past the end of its region, or an output region "
-                         "too small for the output (HTTP 400, gRPC INVALID_ARGUMENT)."),
+                         "than the region, more regions than the server holds at once, a tensor that runs past "
+                         "the end of its region, or an output region too small for the output (HTTP 400, gRPC "
+                         "INVALID_ARGUMENT)."),
     "HYB-712": ErrorInfo("shared memory region not registered",
                          "A request names a system shared memory region that is not registered with the server "
                          "(HTTP 404, gRPC NOT_FOUND)."),
