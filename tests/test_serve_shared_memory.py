@@ -134,7 +134,9 @@ def test_the_codec_reads_inputs_from_regions_and_writes_outputs_into_them(region
            "outputs": [{"name": "y", "parameters": {"shared_memory_region": "out", "shared_memory_byte_size": 64}}]}
     request = parse_request(json.dumps(doc).encode(), None, Limits(), shared_memory=regions)
     np.testing.assert_array_equal(request.inputs["x"], X)
-    assert request.inputs["x"].ctypes.data % 4 == 0  # copied only because offset 3 is not aligned for FP32
+    assert request.inputs["x"].flags.aligned
+    regions.write("in", 3, X.nbytes, bytes(X.nbytes))  # the client reuses its region: the request keeps its copy
+    np.testing.assert_array_equal(request.inputs["x"], X)
     body, _ = encode_response("m", "1", request, {"y": X * 2}, shared_memory=regions)
     assert json.loads(body)["outputs"] == [{"name": "y", "datatype": "FP32", "shape": [2, 4]}]  # no data
     np.testing.assert_array_equal(np.frombuffer(regions.read("out", 0, X.nbytes), np.float32).reshape(2, 4), X * 2)
@@ -273,3 +275,25 @@ def test_a_server_without_shared_memory_says_so_and_refuses_regions(tmp_path):
         with pytest.raises(InferenceServerException) as info:
             client.infer("tiny", inputs)
         assert info.value.status() == "400" and "takes no shared memory" in info.value.message()
+
+
+def test_grpc_inputs_are_copied_out_of_their_region_and_raw_contents_hold_the_others(regions, tmp_path):
+    from tritonclient.grpc import service_pb2 as pb
+
+    from hybrid.serve.grpc_server import decode_inputs
+
+    (tmp_path / "obj").write_bytes(X.tobytes())
+    regions.register("in", "/obj", 0, X.nbytes)
+    request = pb.ModelInferRequest(model_name="tiny")
+    x = request.inputs.add(name="x", datatype="FP32", shape=[2, 4])
+    x.parameters["shared_memory_region"].string_param = "in"
+    x.parameters["shared_memory_byte_size"].int64_param = X.nbytes
+    request.inputs.add(name="scale", datatype="FP32", shape=[2, 1])
+    request.raw_input_contents.append(SCALE.tobytes())  # the one input outside shared memory
+    arrays = decode_inputs(request, Limits(), regions)
+    regions.write("in", 0, X.nbytes, bytes(X.nbytes))
+    np.testing.assert_array_equal(arrays["x"], X)
+    np.testing.assert_array_equal(arrays["scale"], SCALE)
+    request.raw_input_contents.append(SCALE.tobytes())  # one raw entry too many
+    with pytest.raises(ServingError, match="1 inputs outside shared memory but 2 raw_input_contents"):
+        decode_inputs(request, Limits(), regions)

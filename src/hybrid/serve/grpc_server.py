@@ -166,7 +166,7 @@ def decode_inputs(request: pb.ModelInferRequest, limits: Limits,
                   shared_memory: SharedMemoryRegions | None = None) -> dict[str, np.ndarray]:
     """The input arrays of a ModelInferRequest, every size checked before anything is allocated.
 
-    An input whose parameters name a shared memory region is a view of that region (``shared_memory``);
+    An input whose parameters name a shared memory region is copied out of that region (``shared_memory``);
     ``raw_input_contents`` then hold the other inputs, in order, as tritonclient sends them.
 
     Raises:
@@ -194,7 +194,8 @@ def decode_inputs(request: pb.ModelInferRequest, limits: Limits,
                 raise _bad(f"input {name!r} has both contents and a shared memory region")
             where = f"input {name!r}"
             data = regions_for(shared_memory, where).read(span.region, span.offset, span.byte_size, where)
-            arrays[name] = _from_raw(name, datatype, shape, count, data, BYTE_SIZE)
+            arr = _from_raw(name, datatype, shape, count, data, BYTE_SIZE)
+            arrays[name] = arr if arr.flags.owndata else arr.copy()  # out of the client's object (see shared_memory)
         elif len(raw):
             if tensor.HasField("contents"):
                 raise _bad(f"input {name!r} has both contents and raw_input_contents")

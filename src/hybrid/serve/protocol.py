@@ -509,7 +509,7 @@ def parse_request(body: bytes, header_length: int | None, limits: Limits,
             :func:`placeholder` arrays; its errors propagate.
         header: The JSON header of a binary-extension body as :func:`check_head` returned it: not parsed again.
         shared_memory: The server's registered regions, for inputs and outputs that name one (the system
-            shared memory extension; an input is then a view of its region).
+            shared memory extension; an input is then copied out of its region).
 
     Raises:
         ServingError: HYB-702 naming what is malformed; HYB-711 / HYB-712 for a shared memory span that is
@@ -537,7 +537,8 @@ def parse_request(body: bytes, header_length: int | None, limits: Limits,
         elif d.span is not None:
             tensor = f"input {d.name!r}"
             view = regions_for(shared_memory, tensor).read(d.span.region, d.span.offset, d.span.byte_size, tensor)
-            arrays[d.name] = _from_binary(d.name, d.datatype, d.dtype, d.shape, d.count, view, BYTE_SIZE)
+            arr = _from_binary(d.name, d.datatype, d.dtype, d.shape, d.count, view, BYTE_SIZE)
+            arrays[d.name] = arr if arr.flags.owndata else arr.copy()  # out of the client's object (see shared_memory)
         else:
             arrays[d.name] = _from_binary(d.name, d.datatype, d.dtype, d.shape, d.count,
                                           binary[d.offset:d.offset + d.size])

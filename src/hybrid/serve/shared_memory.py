@@ -5,15 +5,17 @@ A client on the same machine creates a shared memory object (``shm_open``; trito
 under a name (its key, an offset into it and a byte size), then names that region in an inference request:
 
 - an input with ``parameters`` ``shared_memory_region``, ``shared_memory_byte_size`` and optionally
-  ``shared_memory_offset`` (into the region) carries no data: the server reads it from the region, without a
-  copy where the data is aligned for its type;
+  ``shared_memory_offset`` (into the region) carries no data: the server copies it out of the region as the
+  request is decoded (one memory copy; nothing later reads the client's object);
 - an output with the same parameters is written into the region, and its entry in the answer has no data.
 
 :class:`SharedMemoryRegions` holds the regions of one server (HTTP and gRPC register into the same one).
 Each region maps the object's first ``offset + byte_size`` bytes, shared and writable, once, at register.
-Unregistering drops the mapping; an inference still reading a view of it keeps its pages until that view
-is gone, so nothing a request holds is unmapped beneath it. Every read and write first checks that the object
-still holds the region (a client may truncate it; touching pages past its end would kill the server).
+Unregistering drops the mapping (a view still in use keeps its pages until it is gone). Every read and write
+first checks that the object still holds the region: a client may truncate its object, and touching pages past
+its end would kill the server (SIGBUS). That is why inputs are copied out at once rather than read by the
+model's run: only the copy and the output's write, microseconds each, touch the client's pages, each right
+after that check.
 
 The keys are shared memory object names (``/name``, as ``shm_open`` takes them): on Linux the files of
 ``/dev/shm``. Errors:
