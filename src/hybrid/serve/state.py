@@ -34,7 +34,8 @@ logger = logging.getLogger("hybrid.serve")
 
 EXTENSIONS = ["classification", "binary_tensor_data", "model_configuration", "statistics", "model_repository",
               "system_shared_memory", "logging"]
-"""The Triton protocol extensions the server supports (``system_shared_memory`` where it takes them)."""
+"""The Triton protocol extensions pyasc serves; a server lists ``system_shared_memory`` and ``logging`` only where
+its :class:`ServeOptions` allow them (:attr:`ServerState.extensions`)."""
 _STATUS = {"HYB-701": 404, "HYB-702": 400, "HYB-703": 401, "HYB-704": 413, "HYB-705": 503, "HYB-706": 503,
            "HYB-707": 400, "HYB-709": 403, "HYB-711": 400, "HYB-712": 404, "HYB-713": 400, "HYB-411": 504,
            "HYB-412": 503, "HYB-414": 503, "HYB-415": 503}
