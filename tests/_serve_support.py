@@ -37,6 +37,54 @@ def tiny_model(path: Path, factor: float = 1.0) -> Path:
     return path
 
 
+def tiny_repo(root: Path) -> Path:
+    """``root/repo``: a repository holding :func:`tiny_model` as model ``tiny``, version 1."""
+    (root / "repo" / "tiny" / "1").mkdir(parents=True)
+    tiny_model(root / "repo" / "tiny" / "1" / "model.onnx")
+    return root / "repo"
+
+
+@contextlib.contextmanager
+def serving(paths: Sequence[Any], **options: Any) -> Iterator[Any]:
+    """An in-process server over ``paths`` (ONNX Runtime), gRPC on a free port as ``.grpc_url``; stopped after.
+
+    ``options`` are :class:`hybrid.serve.ServeOptions` fields.
+    """
+    from hybrid.serve import BackgroundServer, ServeOptions, build_registry, create_app
+
+    app = create_app(build_registry(list(paths), target="onnxruntime"),
+                     ServeOptions(**{"grpc_address": "127.0.0.1:0", **options}))
+    srv = BackgroundServer(app).start()
+    srv.grpc_url = f"127.0.0.1:{app.state.hybrid.grpc_port}"
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+@contextlib.contextmanager
+def shared_memory_objects(sizes: Mapping[str, int]) -> Iterator[dict[str, tuple[str, Any]]]:
+    """Shared memory objects made as a client makes them (tritonclient's utilities), destroyed after.
+
+    Yields, per name of ``sizes``, the object's key (unique to this call) and its tritonclient handle.
+    """
+    import os
+    import uuid
+
+    import tritonclient.utils.shared_memory as tshm
+
+    tag = f"{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    made: dict[str, tuple[str, Any]] = {}
+    try:
+        for name, size in sizes.items():
+            key = f"/pyasc_test_{name}_{tag}"
+            made[name] = (key, tshm.create_shared_memory_region(f"{name}{tag}", key, size))
+        yield made
+    finally:
+        for _, handle in made.values():
+            tshm.destroy_shared_memory_region(handle)
+
+
 def tiny_expected(x: np.ndarray, scale: np.ndarray, factor: float = 1.0) -> dict[str, np.ndarray]:
     return {"y": (x @ (W * np.float32(factor))) * scale, "s": x.sum(axis=1, keepdims=True)}
 

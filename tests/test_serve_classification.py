@@ -7,10 +7,10 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
-from tests._serve_support import tiny_expected, tiny_model
+from tests._serve_support import serving, tiny_expected, tiny_model
 
 from hybrid.errors import ServingError
-from hybrid.serve import BackgroundServer, ServeOptions, build_registry, create_app
+from hybrid.serve import build_registry
 from hybrid.serve.classification import class_count, top_classes
 
 tg = pytest.importorskip("tritonclient.grpc")
@@ -94,14 +94,8 @@ def labelled_repo(root, labels: bytes | None = b"cat\ndog\n", pbtxt: str = TINY_
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    repo = labelled_repo(tmp_path_factory.mktemp("classification"))
-    app = create_app(build_registry([repo], target="onnxruntime"), ServeOptions(grpc_address="127.0.0.1:0"))
-    srv = BackgroundServer(app).start()
-    srv.grpc_url = f"127.0.0.1:{app.state.hybrid.grpc_port}"
-    try:
+    with serving([labelled_repo(tmp_path_factory.mktemp("classification"))]) as srv:
         yield srv
-    finally:
-        srv.stop()
 
 
 X = np.array([[1, 2, 3, 4], [-1, 0.5, 2, -3]], np.float32)

@@ -7,10 +7,9 @@ from __future__ import annotations
 import logging
 
 import pytest
-from tests._serve_support import tiny_model
+from tests._serve_support import serving, tiny_repo
 
 from hybrid.errors import ServingError
-from hybrid.serve import BackgroundServer, ServeOptions, build_registry, create_app
 from hybrid.serve.log_settings import LogSettings
 
 tg = pytest.importorskip("tritonclient.grpc")
@@ -87,19 +86,12 @@ def test_iso8601_puts_the_utc_time_before_each_line_and_default_takes_it_away(lo
 
 @pytest.fixture
 def server(tmp_path):
-    (tmp_path / "repo" / "tiny" / "1").mkdir(parents=True)
-    tiny_model(tmp_path / "repo" / "tiny" / "1" / "model.onnx")
-    hybrid_logger = logging.getLogger("hybrid")
-    level = hybrid_logger.level
-    registry = build_registry([tmp_path / "repo"], target="onnxruntime")
-    app = create_app(registry, ServeOptions(grpc_address="127.0.0.1:0"))
-    srv = BackgroundServer(app).start()
-    srv.grpc_url = f"127.0.0.1:{app.state.hybrid.grpc_port}"
+    level = logging.getLogger("hybrid").level  # the in-process server's settings are this process's logger
     try:
-        yield srv
+        with serving([tiny_repo(tmp_path)]) as srv:
+            yield srv
     finally:
-        srv.stop()
-        hybrid_logger.setLevel(level)
+        logging.getLogger("hybrid").setLevel(level)
 
 
 def test_clients_read_and_change_the_settings_over_http_and_grpc(server):
@@ -128,10 +120,7 @@ def test_clients_read_and_change_the_settings_over_http_and_grpc(server):
 
 def test_a_server_without_log_settings_says_so_and_refuses_them(tmp_path):
     """A call to a deployment on Ray reaches one replica of several: ServeOptions(log_settings=False)."""
-    (tmp_path / "repo" / "tiny" / "1").mkdir(parents=True)
-    tiny_model(tmp_path / "repo" / "tiny" / "1" / "model.onnx")
-    app = create_app(build_registry([tmp_path / "repo"], target="onnxruntime"), ServeOptions(log_settings=False))
-    with BackgroundServer(app) as srv:
+    with serving([tiny_repo(tmp_path)], log_settings=False) as srv:
         client = th.InferenceServerClient(srv.url.removeprefix("http://"))
         assert "logging" not in client.get_server_metadata()["extensions"]
         with pytest.raises(InferenceServerException) as info:

@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import json
 import os
-import uuid
 
 import numpy as np
 import pytest
-from tests._serve_support import tiny_expected, tiny_model
+from tests._serve_support import serving, shared_memory_objects, tiny_expected, tiny_repo
 
 from hybrid.errors import ServingError
-from hybrid.serve import BackgroundServer, ServeOptions, build_registry, create_app
 from hybrid.serve.protocol import Limits, encode_response, parse_request
 from hybrid.serve.shared_memory import SHM_ROOT, SharedMemoryRegions, Span
 
@@ -178,48 +176,33 @@ needs_shm = pytest.mark.skipif(not SHM_ROOT.is_dir(), reason="no POSIX shared me
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    root = tmp_path_factory.mktemp("shm")
-    (root / "repo" / "tiny" / "1").mkdir(parents=True)
-    tiny_model(root / "repo" / "tiny" / "1" / "model.onnx")
-    app = create_app(build_registry([root / "repo"], target="onnxruntime"), ServeOptions(grpc_address="127.0.0.1:0"))
-    srv = BackgroundServer(app).start()
-    srv.grpc_url = f"127.0.0.1:{app.state.hybrid.grpc_port}"
-    try:
+    with serving([tiny_repo(tmp_path_factory.mktemp("shm"))]) as srv:
         yield srv
-    finally:
-        srv.stop()
 
 
 @pytest.fixture
 def objects():
-    """Three shared memory objects made with tritonclient's utilities, as a client makes them."""
-    tag = f"{os.getpid()}_{uuid.uuid4().hex[:8]}"
-    handles = {"x": tshm.create_shared_memory_region(f"x_{tag}", f"/pyasc_x_{tag}", 16 + X.nbytes),
-               "s": tshm.create_shared_memory_region(f"s_{tag}", f"/pyasc_s_{tag}", SCALE.nbytes),
-               "y": tshm.create_shared_memory_region(f"y_{tag}", f"/pyasc_y_{tag}", 64)}
-    tshm.set_shared_memory_region(handles["x"], [X], offset=16)
-    tshm.set_shared_memory_region(handles["s"], [SCALE])
-    try:
-        yield tag, handles
-    finally:
-        for handle in handles.values():
-            tshm.destroy_shared_memory_region(handle)
+    """The image (at offset 16), the scale and room for the answer, in objects a client made."""
+    with shared_memory_objects({"x": 16 + X.nbytes, "s": SCALE.nbytes, "y": 64}) as made:
+        tshm.set_shared_memory_region(made["x"][1], [X], offset=16)
+        tshm.set_shared_memory_region(made["s"][1], [SCALE])
+        yield made
 
 
 @needs_shm
 @pytest.mark.parametrize("module", [th, tg], ids=["http", "grpc"])
 def test_inputs_and_outputs_travel_through_shared_memory(server, objects, module):
-    tag, handles = objects
+    handles = {name: handle for name, (_, handle) in objects.items()}
     url = server.url.removeprefix("http://") if module is th else server.grpc_url
     client = module.InferenceServerClient(url)
     try:
         assert "system_shared_memory" in (client.get_server_metadata() if module is th else
                                           client.get_server_metadata(as_json=True))["extensions"]
-        client.register_system_shared_memory("in_x", f"/pyasc_x_{tag}", 16 + X.nbytes)
-        client.register_system_shared_memory("in_s", f"/pyasc_s_{tag}", SCALE.nbytes)
-        client.register_system_shared_memory("out_y", f"/pyasc_y_{tag}", 64)
+        client.register_system_shared_memory("in_x", objects["x"][0], 16 + X.nbytes)
+        client.register_system_shared_memory("in_s", objects["s"][0], SCALE.nbytes)
+        client.register_system_shared_memory("out_y", objects["y"][0], 64)
         with pytest.raises(InferenceServerException) as info:
-            client.register_system_shared_memory("in_x", f"/pyasc_x_{tag}", 8)
+            client.register_system_shared_memory("in_x", objects["x"][0], 8)
         assert "HYB-713" in info.value.message()
         status = client.get_system_shared_memory_status() if module is th else \
             list(client.get_system_shared_memory_status(as_json=True)["regions"].values())
@@ -260,10 +243,7 @@ def test_inputs_and_outputs_travel_through_shared_memory(server, objects, module
 
 def test_a_server_without_shared_memory_says_so_and_refuses_regions(tmp_path):
     """Replicas on Ray share no memory with their clients: ServeOptions(shared_memory=False)."""
-    (tmp_path / "repo" / "tiny" / "1").mkdir(parents=True)
-    tiny_model(tmp_path / "repo" / "tiny" / "1" / "model.onnx")
-    app = create_app(build_registry([tmp_path / "repo"], target="onnxruntime"), ServeOptions(shared_memory=False))
-    with BackgroundServer(app) as srv:
+    with serving([tiny_repo(tmp_path)], shared_memory=False) as srv:
         client = th.InferenceServerClient(srv.url.removeprefix("http://"))
         assert "system_shared_memory" not in client.get_server_metadata()["extensions"]
         with pytest.raises(InferenceServerException) as info:

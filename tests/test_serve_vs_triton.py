@@ -16,8 +16,6 @@ from __future__ import annotations
 import http.client
 import json
 import logging
-import os
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,7 +26,7 @@ import onnx
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.utils.shared_memory as tshm
-from _serve_support import tiny_expected, tiny_model
+from _serve_support import shared_memory_objects, tiny_expected, tiny_model
 from onnx import TensorProto, helper
 from tritonclient.utils import InferenceServerException
 
@@ -288,31 +286,26 @@ def test_classification_answers_as_triton_s_over_grpc(servers) -> None:
 @pytest.fixture
 def regions(servers) -> Iterator[tuple[str, dict[str, Any]]]:
     """Shared memory objects a client made (tritonclient's utilities), nothing registered with either server."""
-    tag = f"{os.getpid()}_{uuid.uuid4().hex[:8]}"
-    handles = {"x": tshm.create_shared_memory_region(f"x{tag}", f"/pyasc_vs_x_{tag}", 16 + X.nbytes),
-               "s": tshm.create_shared_memory_region(f"s{tag}", f"/pyasc_vs_s_{tag}", SCALE.nbytes),
-               "y": tshm.create_shared_memory_region(f"y{tag}", f"/pyasc_vs_y_{tag}", 64)}
-    tshm.set_shared_memory_region(handles["x"], [X], offset=16)
-    tshm.set_shared_memory_region(handles["s"], [SCALE])
-    try:
-        yield tag, handles
-    finally:
-        for name in servers:
-            _http(servers[name][0], "POST", "/v2/systemsharedmemory/unregister")
-        for handle in handles.values():
-            tshm.destroy_shared_memory_region(handle)
+    with shared_memory_objects({"x": 16 + X.nbytes, "s": SCALE.nbytes, "y": 64}) as made:
+        handles = {name: handle for name, (_, handle) in made.items()}
+        tshm.set_shared_memory_region(handles["x"], [X], offset=16)
+        tshm.set_shared_memory_region(handles["s"], [SCALE])
+        try:
+            yield {name: key for name, (key, _) in made.items()}, handles
+        finally:
+            for name in servers:
+                _http(servers[name][0], "POST", "/v2/systemsharedmemory/unregister")
 
 
 def test_system_shared_memory_answers_as_triton_s_over_http(servers, regions) -> None:
-    tag, handles = regions
-    register = [("in_x", f"/pyasc_vs_x_{tag}", 16 + X.nbytes), ("in_s", f"/pyasc_vs_s_{tag}", SCALE.nbytes),
-                ("out_y", f"/pyasc_vs_y_{tag}", 64)]
+    keys, handles = regions
+    register = [("in_x", keys["x"], 16 + X.nbytes), ("in_s", keys["s"], SCALE.nbytes), ("out_y", keys["y"], 64)]
     for name, key, size in register:
         got = _both(servers, "POST", f"/v2/systemsharedmemory/region/{name}/register",
                     {"key": key, "offset": 0, "byte_size": size})
         assert got["pyasc"][:2] == got["triton"][:2] == (200, b"")
     for path, body, status in [
-            ("/v2/systemsharedmemory/region/in_x/register", {"key": f"/pyasc_vs_x_{tag}", "byte_size": 8}, 400),
+            ("/v2/systemsharedmemory/region/in_x/register", {"key": keys["x"], "byte_size": 8}, 400),
             ("/v2/systemsharedmemory/region/nokey/register", {"offset": 0, "byte_size": 8}, 400)]:
         got = _both(servers, "POST", path, body)
         assert got["pyasc"][0] == got["triton"][0] == status, (path, got)
@@ -364,15 +357,15 @@ def test_system_shared_memory_answers_as_triton_s_over_http(servers, regions) ->
 
 
 def test_system_shared_memory_answers_as_triton_s_over_grpc(servers, regions) -> None:
-    tag, handles = regions
+    keys, handles = regions
 
     def flow(client: Any) -> dict[str, Any]:
         out: dict[str, Any] = {}
-        client.register_system_shared_memory("in_x", f"/pyasc_vs_x_{tag}", 16 + X.nbytes)
-        client.register_system_shared_memory("in_s", f"/pyasc_vs_s_{tag}", SCALE.nbytes)
-        client.register_system_shared_memory("out_y", f"/pyasc_vs_y_{tag}", 64)
+        client.register_system_shared_memory("in_x", keys["x"], 16 + X.nbytes)
+        client.register_system_shared_memory("in_s", keys["s"], SCALE.nbytes)
+        client.register_system_shared_memory("out_y", keys["y"], 64)
         out["status"] = client.get_system_shared_memory_status(as_json=True)
-        for case, call in [("twice", lambda: client.register_system_shared_memory("in_x", f"/pyasc_vs_x_{tag}", 8)),
+        for case, call in [("twice", lambda: client.register_system_shared_memory("in_x", keys["x"], 8)),
                            ("unknown status", lambda: client.get_system_shared_memory_status("zzz"))]:
             try:
                 call()
