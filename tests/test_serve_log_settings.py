@@ -7,6 +7,8 @@ from __future__ import annotations
 import logging
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tests._serve_support import serving, tiny_repo
 
 from hybrid.errors import ServingError
@@ -126,3 +128,18 @@ def test_a_server_without_log_settings_says_so_and_refuses_them(tmp_path):
         with pytest.raises(InferenceServerException) as info:
             client.update_log_settings({"log_info": True})
         assert info.value.status() == "400" and "replicas" in info.value.message()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.sampled_from(["log_file", "log_info", "log_warning", "log_error", "log_verbose_level",
+                                        "log_format", "other"]),
+                       st.none() | st.booleans() | st.integers(-3, 3) | st.floats() | st.text(max_size=8),
+                       max_size=6))
+def test_arbitrary_updates_only_ever_raise_hyb_702(changes):
+    log = logging.getLogger("hybrid.test_log_settings.arbitrary")
+    try:
+        LogSettings(log).update(changes)
+    except ServingError as e:
+        assert e.code == "HYB-702"
+    finally:
+        log.setLevel(logging.NOTSET)

@@ -9,6 +9,8 @@ import os
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from tests._serve_support import serving, shared_memory_objects, tiny_expected, tiny_repo
 
 from hybrid.errors import ServingError
@@ -277,3 +279,39 @@ def test_grpc_inputs_are_copied_out_of_their_region_and_raw_contents_hold_the_ot
     request.raw_input_contents.append(SCALE.tobytes())  # one raw entry too many
     with pytest.raises(ServingError, match="1 inputs outside shared memory but 2 raw_input_contents"):
         decode_inputs(request, Limits(), regions)
+
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=6),
+                    lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=6), c, max_size=3),
+                    max_leaves=10)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(name=JSON, key=JSON, offset=JSON, byte_size=JSON)
+def test_arbitrary_register_requests_only_ever_raise_shared_memory_errors(tmp_path, name, key, offset, byte_size):
+    (tmp_path / "obj").write_bytes(bytes(16))
+    regions = SharedMemoryRegions(root=tmp_path, max_regions=4)
+    try:
+        regions.register(name, key, offset, byte_size)
+    except ServingError as e:
+        assert e.code in ("HYB-711", "HYB-713")
+    finally:
+        regions.close()
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(params=st.dictionaries(st.sampled_from(["shared_memory_region", "shared_memory_byte_size",
+                                               "shared_memory_offset", "binary_data", "classification"]),
+                              JSON, max_size=5))
+def test_arbitrary_shared_memory_parameters_only_ever_raise_hyb_70x(tmp_path, params):
+    (tmp_path / "obj").write_bytes(bytes(64))
+    regions = SharedMemoryRegions(root=tmp_path)
+    regions.register("r", "/obj", 0, 64)
+    doc = {"inputs": [{"name": "x", "shape": [2, 4], "datatype": "FP32", "parameters": params}],
+           "outputs": [{"name": "y", "parameters": params}]}
+    try:
+        parse_request(json.dumps(doc).encode(), None, Limits(), shared_memory=regions)
+    except ServingError as e:
+        assert e.code in ("HYB-702", "HYB-711", "HYB-712")
+    finally:
+        regions.close()
