@@ -61,8 +61,9 @@ def test_an_update_sets_the_threshold_the_switches_describe(logger, changes, lev
     ({"log_warning": False}, "severity"),  # info on, warnings off: no threshold
     ({"log_info": False, "log_verbose_level": 1}, "severity"),
     ({"log_info": "yes"}, "true or false"),
-    ({"log_verbose_level": -1}, "non-negative integer"),
-    ({"log_verbose_level": True}, "non-negative integer"),
+    ({"log_verbose_level": -1}, "an integer in 0.."),
+    ({"log_verbose_level": True}, "an integer in 0.."),
+    ({"log_verbose_level": 1 << 32}, "uint32"),
     ({"log_format": "xml"}, "ISO8601"),
     ({"log_file": "/tmp/x.log"}, "cannot be changed over the network"),
     ({"nope": 1}, "unknown log setting"),

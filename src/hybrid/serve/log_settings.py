@@ -93,8 +93,9 @@ class LogSettings:
                 if not isinstance(wanted[key], bool):
                     raise _bad(f"log setting {key!r} must be true or false, got {wanted[key]!r}")
             verbose = wanted["log_verbose_level"]
-            if isinstance(verbose, bool) or not isinstance(verbose, int) or verbose < 0:
-                raise _bad(f"log setting 'log_verbose_level' must be a non-negative integer, got {verbose!r}")
+            if isinstance(verbose, bool) or not isinstance(verbose, int) or not 0 <= verbose < 1 << 32:
+                raise _bad(f"log setting 'log_verbose_level' must be an integer in 0..{(1 << 32) - 1} (gRPC's "
+                           f"uint32), got {verbose!r}")
             if wanted["log_format"] not in FORMATS:
                 raise _bad(f"log setting 'log_format' must be one of {', '.join(FORMATS)}, got "
                            f"{wanted['log_format']!r}")
