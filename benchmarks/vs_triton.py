@@ -305,6 +305,8 @@ def main() -> None:
                     help="the src folder of another checkout (e.g. `git archive <commit> src | tar -x -C /tmp/base`): "
                          "adds pyasc-ort-base, --target onnxruntime from that code, paired with the others")
     args = ap.parse_args()
+    if args.shared_memory and args.protocol not in ("grpc", "http"):
+        ap.error("--shared-memory goes with --protocol grpc or http")
     global THREADS, SHARED_MEMORY
     THREADS, SHARED_MEMORY = args.threads, args.shared_memory
     counts = [int(c) for c in args.clients.split(",")]
