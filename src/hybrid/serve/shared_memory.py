@@ -190,8 +190,11 @@ class SharedMemoryRegions:
                 if offset + byte_size > info.st_size:
                     raise _error(f"region {name!r} ({byte_size} bytes at offset {offset}) runs past the end of "
                                  f"{key!r}, which has {info.st_size} bytes")
-                mapped = mmap.mmap(fd, offset + byte_size, flags=mmap.MAP_SHARED,
-                                   prot=mmap.PROT_READ | mmap.PROT_WRITE)
+                try:
+                    mapped = mmap.mmap(fd, offset + byte_size, flags=mmap.MAP_SHARED,
+                                       prot=mmap.PROT_READ | mmap.PROT_WRITE)
+                except (OSError, ValueError, OverflowError) as e:  # no address space or memory for the map
+                    raise _error(f"cannot map region {name!r} ({offset + byte_size} bytes of {key!r}): {e}") from e
             finally:
                 os.close(fd)
             region = Region(name, key, offset, byte_size)
