@@ -315,3 +315,61 @@ def test_arbitrary_shared_memory_parameters_only_ever_raise_hyb_70x(tmp_path, pa
         assert e.code in ("HYB-702", "HYB-711", "HYB-712")
     finally:
         regions.close()
+
+
+@needs_shm
+def test_regions_dropped_under_load_cost_only_hyb_712_never_a_wrong_answer(server):
+    """Clients register, infer and unregister while another drops every region now and then."""
+    import threading
+
+    want = tiny_expected(X, SCALE)["y"]
+    errors: list[str] = []
+    wrong: list[np.ndarray] = []
+    done = threading.Event()
+
+    def client(i: int) -> None:
+        module = tg if i % 2 else th
+        c = module.InferenceServerClient(server.grpc_url if module is tg else server.url.removeprefix("http://"))
+        sizes = {"x": X.nbytes, "s": SCALE.nbytes, "y": 24}
+        with shared_memory_objects(sizes) as made:
+            tshm.set_shared_memory_region(made["x"][1], [X])
+            tshm.set_shared_memory_region(made["s"][1], [SCALE])
+            names = {k: f"churn{k}{i}" for k in made}
+            for _ in range(15):
+                try:
+                    for k, (key, _) in made.items():
+                        c.register_system_shared_memory(names[k], key, sizes[k])
+                    for _ in range(3):
+                        inputs = [module.InferInput("x", [2, 4], "FP32"), module.InferInput("scale", [2, 1], "FP32")]
+                        inputs[0].set_shared_memory(names["x"], X.nbytes)
+                        inputs[1].set_shared_memory(names["s"], SCALE.nbytes)
+                        y = module.InferRequestedOutput("y")
+                        y.set_shared_memory(names["y"], 24)
+                        tshm.set_shared_memory_region(made["y"][1], [np.zeros((2, 3), np.float32)])
+                        c.infer("tiny", inputs, outputs=[y])
+                        got = tshm.get_contents_as_numpy(made["y"][1], np.float32, [2, 3])
+                        if not np.allclose(got, want, rtol=1e-5):
+                            wrong.append(got)
+                except InferenceServerException as e:
+                    errors.append(e.message())
+                finally:
+                    for name in names.values():
+                        c.unregister_system_shared_memory(name)
+        c.close()
+
+    def chaos() -> None:
+        c = th.InferenceServerClient(server.url.removeprefix("http://"))
+        while not done.wait(0.01):
+            c.unregister_system_shared_memory()
+
+    workers = [threading.Thread(target=client, args=(i,)) for i in range(4)]
+    dropper = threading.Thread(target=chaos)
+    for t in (*workers, dropper):
+        t.start()
+    for t in workers:
+        t.join()
+    done.set()
+    dropper.join()
+    assert not wrong
+    assert all("HYB-712" in e for e in errors), {e[:80] for e in errors}
+    assert th.InferenceServerClient(server.url.removeprefix("http://")).is_server_live()
