@@ -50,7 +50,8 @@ def request_rows(model: ServedModel, inputs: dict[str, np.ndarray]) -> int:
 async def _control_body(request: Request) -> dict[str, Any]:
     body = await request.body()
     if len(body) > _CONTROL_BODY_MAX:
-        raise ServingError("HYB-704", f"a repository request body is limited to {_CONTROL_BODY_MAX} bytes")
+        raise ServingError("HYB-704", f"a repository, shared memory or logging request body is limited to "
+                                      f"{_CONTROL_BODY_MAX} bytes")
     if not body.strip():
         return {}
     try:
