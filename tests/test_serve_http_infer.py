@@ -173,3 +173,55 @@ def test_a_version_in_the_path_and_an_id_are_answered(server) -> None:
             assert resp.status == 200 and doc["id"] == "r-7" and doc["model_version"] == "1"
             out = {o["name"]: np.array(o["data"], np.float32).reshape(o["shape"]) for o in doc["outputs"]}
             np.testing.assert_allclose(out["y"], tiny_expected(x, scale)["y"], rtol=1e-5)
+
+
+@pytest.mark.parametrize(("accept", "coding"), [
+    (None, None), ("", None), ("gzip", "gzip"), ("deflate", "deflate"), ("gzip, deflate", "gzip"),
+    ("deflate;q=0.5, gzip", "deflate"), ("gzip;q=0, deflate", "deflate"), ("GZIP;Q=0.1", "gzip"),
+    ("gzip;q=0", None), ("br", None), ("identity", None), ("*", None), ("gzip;q=x", None),
+])
+def test_the_answer_s_coding_follows_accept_encoding_as_triton_s(accept: str | None, coding: str | None) -> None:
+    assert http_infer.response_coding(accept) == coding
+
+
+@pytest.mark.parametrize("coding", ["gzip", "deflate"])
+def test_a_compressed_answer_keeps_the_uncompressed_json_length_and_tritonclient_reads_it(server, coding) -> None:
+    import zlib
+
+    import tritonclient.http as th
+
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    scale = np.full((2, 1), 2, np.float32)
+    body, headers = _binary_request(x, scale)
+    status, got, data = request(server.url, "POST", "/v2/models/tiny/infer", body,
+                                {**headers, "Accept-Encoding": coding})
+    assert status == 200 and got["content-encoding"] == coding and int(got["content-length"]) == len(data)
+    plain = zlib.decompress(data, 16 + zlib.MAX_WBITS if coding == "gzip" else zlib.MAX_WBITS)
+    n = int(got["inference-header-content-length"])
+    assert json.loads(plain[:n])["outputs"][0]["parameters"]["binary_data_size"] == len(plain) - n
+    np.testing.assert_allclose(np.frombuffer(plain[n:], np.float32).reshape(2, 3), tiny_expected(x, scale)["y"],
+                               rtol=1e-5)
+
+    client = th.InferenceServerClient(server.url.removeprefix("http://"))
+    inputs = [th.InferInput("x", [2, 4], "FP32"), th.InferInput("scale", [2, 1], "FP32")]
+    inputs[0].set_data_from_numpy(x)
+    inputs[1].set_data_from_numpy(scale)
+    result = client.infer("tiny", inputs, response_compression_algorithm=coding)
+    np.testing.assert_allclose(result.as_numpy("y"), tiny_expected(x, scale)["y"], rtol=1e-5)
+
+
+def test_a_large_answer_is_compressed_off_the_loop(server, monkeypatch: pytest.MonkeyPatch) -> None:
+    offloaded: list[Any] = []
+    real = http_infer.run_in_threadpool
+
+    async def spy(fn: Any, *args: Any) -> Any:
+        offloaded.append(fn)
+        return await real(fn, *args)
+
+    monkeypatch.setattr(http_infer, "run_in_threadpool", spy)
+    rows = PARSE_INLINE // 12 + 1  # y is rows x 3 FP32: more than PARSE_INLINE bytes of answer
+    x, scale = np.ones((rows, 4), np.float32), np.ones((rows, 1), np.float32)
+    body, headers = _binary_request(x, scale)
+    status, got, _ = request(server.url, "POST", "/v2/models/tiny/infer", body, {**headers, "Accept-Encoding": "gzip"})
+    assert status == 200 and got["content-encoding"] == "gzip"
+    assert offloaded == [http_infer.compress]

@@ -6,9 +6,10 @@ gRPC (tritonclient.grpc) the status codes and the response structure must match:
 good inference in JSON and binary, a wrong shape, a wrong dtype, an unknown input, an unknown model, a batch over
 the maximum, BYTES tensors, the classification extension (top classes with config.pbtxt's labels, JSON, binary and
 gRPC), the system shared memory extension (register, status, unregister, tensors read from and written to regions,
-and their errors) and the logging extension (the settings read and changed, over HTTP and gRPC). Values that differ
-by nature (server name, platform, counters, timings) are not compared; where Triton's message names what it
-expected, pyasc's names it the same way. Skipped, with the reason, only where the wheel cannot run.
+and their errors) the logging extension (the settings read and changed, over HTTP and gRPC) and compressed answers
+(Accept-Encoding). Values that differ by nature (server name, platform, counters, timings) are not compared; where
+Triton's message names what it expected, pyasc's names it the same way. Skipped, with the reason, only where the
+wheel cannot run.
 """
 
 from __future__ import annotations
@@ -429,3 +430,23 @@ def test_log_settings_answer_as_triton_s(servers, hybrid_log_level) -> None:
 
     got = _grpc(servers, flow)
     assert got["pyasc"] == got["triton"]
+
+
+@pytest.mark.parametrize("accept", ["gzip", "deflate", "gzip;q=0, deflate", "br", "*"])
+def test_answers_are_compressed_as_triton_s(servers, accept) -> None:
+    import zlib
+
+    body = json.dumps({"inputs": GOOD, "outputs": [{"name": "y", "parameters": {"binary_data": True}},
+                                                   {"name": "s"}]}).encode()
+    got = _both(servers, "POST", "/v2/models/tiny/infer", body, {"Accept-Encoding": accept})
+    codings = {name: headers.get("content-encoding") for name, (_, _, headers) in got.items()}
+    assert codings["pyasc"] == codings["triton"], codings
+    for name, (status, data, headers) in got.items():
+        assert status == 200
+        if codings[name]:
+            data = zlib.decompress(data, 16 + zlib.MAX_WBITS if codings[name] == "gzip" else zlib.MAX_WBITS)
+        n = int(headers["inference-header-content-length"])  # the JSON part before compression, in both
+        doc = json.loads(data[:n])
+        assert sorted(o["name"] for o in doc["outputs"]) == ["s", "y"]
+        np.testing.assert_allclose(np.frombuffer(data[n:], np.float32).reshape(2, 3), tiny_expected(X, SCALE)["y"],
+                                   rtol=1e-5)

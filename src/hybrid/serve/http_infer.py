@@ -11,7 +11,10 @@ request's path and answers it itself, with the same behaviour as any route of th
 - the request goes through the transports' one inference path (:func:`hybrid.serve.state.infer`);
 - errors answer the app's documented JSON error (:func:`error_response`), a client that hung up is counted
   and logged as the app does (:func:`note_disconnect`), anything unexpected is HYB-708 with the traceback in
-  the server's log.
+  the server's log;
+- the answer is compressed where the request's Accept-Encoding takes gzip or deflate (:func:`response_coding`;
+  tritonclient's ``response_compression_algorithm``), as Triton's is; ``Inference-Header-Content-Length``
+  stays the JSON part's length before compression.
 
 Only the work proportional to a request's size leaves the event loop: a JSON part (or the elements of BYTES
 tensors) above 64 KiB is decoded in a worker thread; binary tensors become arrays over the body (copied only
@@ -36,8 +39,8 @@ from hybrid.serve.metrics import ServerMetrics
 from hybrid.serve.protocol import InferRequest, check_head, encode_response, parse_request
 from hybrid.serve.state import Decoded, ServerState, http_status, infer
 
-__all__ = ["BODY_TIMEOUT_SCOPE_KEY", "InferRoute", "answer_infer", "byte_count", "error_body", "error_response",
-           "infer_target", "note_disconnect", "read_body", "route_path"]
+__all__ = ["BODY_TIMEOUT_SCOPE_KEY", "InferRoute", "answer_infer", "byte_count", "compress", "error_body",
+           "error_response", "infer_target", "note_disconnect", "read_body", "response_coding", "route_path"]
 
 logger = logging.getLogger("hybrid.serve")
 
@@ -261,6 +264,40 @@ async def _disconnected(receive: Receive) -> bool:
     return False
 
 
+def response_coding(accept: str | None) -> str | None:
+    """The Content-Encoding of an answer to a request with this Accept-Encoding: 'gzip', 'deflate' or None.
+
+    The first of gzip and deflate the client lists with a weight above 0 (``q=0`` refuses it), as Triton
+    answers; anything else (``identity``, ``*``, ``br``, no header) gets the answer uncompressed.
+    """
+    if not accept:
+        return None
+    for item in accept.split(","):
+        coding, _, params = item.strip().partition(";")
+        coding = coding.strip().lower()
+        if coding not in ("gzip", "deflate"):
+            continue
+        weight = params.strip().lower()
+        if weight.startswith("q="):
+            try:
+                if float(weight[2:]) <= 0:
+                    continue
+            except ValueError:
+                continue
+        return coding
+    return None
+
+
+def compress(content: bytes, coding: str) -> bytes:
+    """``content`` compressed as ``coding`` ('gzip', or 'deflate': zlib's format, as HTTP means it).
+
+    zlib's fastest level: an answer is compressed once, on the server's time, for every request that asks.
+    """
+    wbits = 16 + zlib.MAX_WBITS if coding == "gzip" else zlib.MAX_WBITS
+    packer = zlib.compressobj(1, zlib.DEFLATED, wbits)
+    return packer.compress(content) + packer.flush()
+
+
 class InferRoute:
     """ASGI middleware: answers the inference route itself (:func:`infer_target`); other requests go to ``app``.
 
@@ -294,11 +331,17 @@ class InferRoute:
             await error_response(metrics, "HYB-708", f"internal server error ({type(e).__name__}) while answering "
                                  f"POST {scope['path']}", "retry; report it if it persists", 500)(scope, receive, send)
             return
-        headers = [(b"content-length", str(len(content)).encode())]
+        headers = []
         if json_length is None:
             headers.append((b"content-type", b"application/json"))
-        else:
+        else:  # the JSON part's length in the answer as encoded, before any compression (as Triton's)
             headers += [(b"content-type", b"application/octet-stream"),
                         (b"inference-header-content-length", str(json_length).encode())]
+        coding = response_coding(request.headers.get("accept-encoding"))
+        if coding is not None:
+            content = (await run_in_threadpool(compress, content, coding) if len(content) > PARSE_INLINE
+                       else compress(content, coding))  # proportional to the answer: a large one leaves the loop
+            headers.append((b"content-encoding", coding.encode()))
+        headers.append((b"content-length", str(len(content)).encode()))
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": content})
