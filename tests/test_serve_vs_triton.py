@@ -6,7 +6,7 @@ gRPC (tritonclient.grpc) the status codes and the response structure must match:
 good inference in JSON and binary, a wrong shape, a wrong dtype, an unknown input, an unknown model, a batch over
 the maximum, BYTES tensors, the classification extension (top classes with config.pbtxt's labels, JSON, binary and
 gRPC), the system shared memory extension (register, status, unregister, tensors read from and written to regions,
-and their errors) the logging extension (the settings read and changed, over HTTP and gRPC) and compressed answers
+and their errors), the logging extension (the settings read and changed, over HTTP and gRPC) and compressed answers
 (Accept-Encoding). Values that differ by nature (server name, platform, counters, timings) are not compared; where
 Triton's message names what it expected, pyasc's names it the same way. Skipped, with the reason, only where the
 wheel cannot run.
