@@ -231,7 +231,8 @@ def encode_outputs(model: ServedModel, request: pb.ModelInferRequest, outputs: d
 
     Raises:
         ServingError: HYB-702 for an output the model does not have, a ``classification`` that is not a
-            non-negative int64_param, or the top classes of an output that is not numeric.
+            non-negative int64_param, or the top classes of an output that is not numeric; HYB-711 / HYB-712
+            for an output whose shared memory region cannot hold it.
     """
     response = pb.ModelInferResponse(model_name=model.name, model_version=model.version, id=request.id)
     if wanted is None:
