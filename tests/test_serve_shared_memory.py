@@ -111,11 +111,11 @@ def test_an_object_that_shrank_after_register_is_refused_rather_than_read(region
         regions.write("r", 0, 4, b"1234")
 
 
-def test_unregister_drops_one_or_all_and_a_view_in_use_keeps_its_pages(regions, tmp_path):
+def test_unregister_drops_one_or_all_and_what_was_read_stays(regions, tmp_path):
     (tmp_path / "obj").write_bytes(bytes(range(16)))
     regions.register("a", "/obj", 0, 16)
     regions.register("b", "/obj", 0, 8)
-    view = np.frombuffer(regions.read("a", 0, 16), np.uint8)  # an inference still reading it
+    view = np.frombuffer(regions.read("a", 0, 16), np.uint8)  # what a request read before the region went
     regions.unregister("a")
     regions.unregister("zzz")  # unknown: nothing, as in Triton
     assert [r.name for r in regions.status()] == ["b"]

@@ -88,7 +88,7 @@ def _shape(name: str, dims: Any, itemsize: int, limits: Limits) -> tuple[tuple[i
     return tuple(dims), count
 
 
-def _bytes_elements(name: str, raw: bytes | memoryview, count: int) -> np.ndarray:
+def _bytes_elements(name: str, raw: bytes, count: int) -> np.ndarray:
     if 4 * count > len(raw):
         raise _bad(f"input {name!r}: {count} BYTES elements need at least {4 * count} bytes, the tensor has "
                    f"{len(raw)}")
@@ -109,7 +109,7 @@ def _bytes_elements(name: str, raw: bytes | memoryview, count: int) -> np.ndarra
     return out
 
 
-def _from_raw(name: str, datatype: str, shape: tuple[int, ...], count: int, raw: bytes | memoryview,
+def _from_raw(name: str, datatype: str, shape: tuple[int, ...], count: int, raw: bytes,
               field: str = "raw_input_contents") -> np.ndarray:
     if datatype == "BYTES":
         return _bytes_elements(name, raw, count).reshape(shape)
@@ -119,10 +119,7 @@ def _from_raw(name: str, datatype: str, shape: tuple[int, ...], count: int, raw:
                    f"needs {count * dtype.itemsize}")
     if datatype == "BOOL" and count and np.frombuffer(raw, np.uint8).max() > 1:
         raise _bad(f"input {name!r}: BOOL data must be bytes 0 or 1")
-    arr = np.frombuffer(raw, dtype=dtype, count=count)
-    if not arr.flags.aligned:  # bytes objects are aligned; a region at an odd offset is copied
-        arr = arr.copy()
-    return arr.reshape(shape)
+    return np.frombuffer(raw, dtype=dtype, count=count).reshape(shape)  # bytes objects are aligned
 
 
 def _from_typed(name: str, datatype: str, shape: tuple[int, ...], count: int, contents: Any) -> np.ndarray:
@@ -194,8 +191,7 @@ def decode_inputs(request: pb.ModelInferRequest, limits: Limits,
                 raise _bad(f"input {name!r} has both contents and a shared memory region")
             where = f"input {name!r}"
             data = regions_for(shared_memory, where).read(span.region, span.offset, span.byte_size, where)
-            arr = _from_raw(name, datatype, shape, count, data, BYTE_SIZE)
-            arrays[name] = arr if arr.flags.owndata else arr.copy()  # out of the client's object (see shared_memory)
+            arrays[name] = _from_raw(name, datatype, shape, count, data, BYTE_SIZE)
         elif len(raw):
             if tensor.HasField("contents"):
                 raise _bad(f"input {name!r} has both contents and raw_input_contents")

@@ -536,9 +536,8 @@ def parse_request(body: bytes, header_length: int | None, limits: Limits,
             arrays[d.name] = _from_json(d.name, d.datatype, d.dtype, d.shape, d.count, d.data)
         elif d.span is not None:
             tensor = f"input {d.name!r}"
-            view = regions_for(shared_memory, tensor).read(d.span.region, d.span.offset, d.span.byte_size, tensor)
-            arr = _from_binary(d.name, d.datatype, d.dtype, d.shape, d.count, view, BYTE_SIZE)
-            arrays[d.name] = arr if arr.flags.owndata else arr.copy()  # out of the client's object (see shared_memory)
+            data = regions_for(shared_memory, tensor).read(d.span.region, d.span.offset, d.span.byte_size, tensor)
+            arrays[d.name] = _from_binary(d.name, d.datatype, d.dtype, d.shape, d.count, memoryview(data), BYTE_SIZE)
         else:
             arrays[d.name] = _from_binary(d.name, d.datatype, d.dtype, d.shape, d.count,
                                           binary[d.offset:d.offset + d.size])

@@ -11,11 +11,10 @@ under a name (its key, an offset into it and a byte size), then names that regio
 
 :class:`SharedMemoryRegions` holds the regions of one server (HTTP and gRPC register into the same one).
 Each region maps the object's first ``offset + byte_size`` bytes, shared and writable, once, at register.
-Unregistering drops the mapping (a view still in use keeps its pages until it is gone). Every read and write
-first checks that the object still holds the region: a client may truncate its object, and touching pages past
-its end would kill the server (SIGBUS). That is why inputs are copied out at once rather than read by the
-model's run: only the copy and the output's write, microseconds each, touch the client's pages, each right
-after that check.
+Unregistering drops the mapping. Every read and write first checks that the object still holds the region: a
+client may truncate its object, and touching pages past its end would kill the server (SIGBUS). That is why a
+read returns a copy rather than a view for the model's run: only that copy and the output's write, microseconds
+each, touch the client's pages, each right after that check, and no view of a mapping outlives the call.
 
 The keys are shared memory object names (``/name``, as ``shm_open`` takes them): on Linux the files of
 ``/dev/shm``. Errors:
@@ -31,7 +30,6 @@ serve with ``--auth-token`` where the port is reachable by others.
 
 from __future__ import annotations
 
-import contextlib
 import mmap
 import os
 import stat
@@ -109,8 +107,7 @@ class _Mapped:
         self.map = mapped
 
     def close(self) -> None:
-        with contextlib.suppress(BufferError):  # a request still reads a view: the pages go with the last view
-            self.map.close()
+        self.map.close()  # nothing holds a view of it: reads copy (SharedMemoryRegions.read)
 
 
 def _count(what: str, value: Any) -> int:
@@ -251,15 +248,15 @@ class SharedMemoryRegions:
         with self._lock:
             self._span(span.region, span.offset, span.byte_size, tensor)
 
-    def read(self, name: str, offset: int, byte_size: int, tensor: str = "a tensor") -> memoryview:
-        """A view of ``byte_size`` bytes at ``offset`` into region ``name`` (no copy).
+    def read(self, name: str, offset: int, byte_size: int, tensor: str = "a tensor") -> bytes:
+        """A copy of the ``byte_size`` bytes at ``offset`` into region ``name`` (see the module: no views).
 
         Raises:
             ServingError: HYB-712 for an unknown region; HYB-711 for a span past its end.
         """
         with self._lock:
             mapped, start = self._span(name, offset, byte_size, tensor)
-            return memoryview(mapped.map)[start:start + byte_size]
+            return mapped.map[start:start + byte_size]
 
     def write(self, name: str, offset: int, byte_size: int, data: bytes, tensor: str = "an output") -> None:
         """Write ``data`` at ``offset`` into region ``name``, where the request gave it ``byte_size`` bytes.
