@@ -49,6 +49,14 @@ logger = logging.getLogger("hybrid.serve")
 BODY_TIMEOUT_SCOPE_KEY = "pyasc.body_timeout"
 PARSE_INLINE = 64 << 10  # a JSON part (or BYTES elements) above this is decoded in a worker thread
 _PREFIX, _SUFFIX = "/v2/models/", "/infer"
+# zlib's window bits of each HTTP content coding, both ways: request bodies and answers
+_WBITS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+
+
+def _content_encoding(request: Request) -> str | None:
+    """The request body's coding, lower case; None for an uncompressed body."""
+    encoding = request.headers.get("content-encoding", "identity").strip().lower()
+    return None if encoding in ("", "identity") else encoding
 
 
 def error_body(code: str, message: str, hint: str | None) -> dict[str, Any]:
@@ -118,16 +126,11 @@ async def read_body(request: Request, limit: int,
     declared = byte_count("Content-Length", request.headers.get("content-length"))
     if declared is not None and declared > limit:
         raise _too_large(limit)
-    encoding = request.headers.get("content-encoding", "identity").strip().lower()
-    if encoding in ("", "identity"):
-        decoder = None
-    elif encoding in ("gzip", "x-gzip"):
-        decoder = zlib.decompressobj(16 + zlib.MAX_WBITS)
-    elif encoding == "deflate":
-        decoder = zlib.decompressobj(zlib.MAX_WBITS)
-    else:
+    encoding = _content_encoding(request)
+    if encoding is not None and encoding not in _WBITS:
         raise ServingError("HYB-702", f"unsupported Content-Encoding {encoding!r}",
                            "send the body uncompressed, gzip or deflate")
+    decoder = None if encoding is None else zlib.decompressobj(_WBITS[encoding])
     parts: list[bytes] = []
     received = produced = 0
     try:
@@ -219,8 +222,7 @@ async def answer_infer(state: ServerState, request: Request, model_name: str,
             heads.append(check_head(header, binary, limits, model.precheck))
 
         head, binary = None, None
-        if header_length is not None and header_length <= PARSE_INLINE and request.headers.get(
-                "content-encoding", "identity").strip().lower() in ("", "identity"):
+        if header_length is not None and header_length <= PARSE_INLINE and _content_encoding(request) is None:
             total = byte_count("Content-Length", request.headers.get("content-length"))
             binary = total - header_length if total is not None and total >= header_length else None
             head = (header_length, check_header)
@@ -293,8 +295,7 @@ def compress(content: bytes, coding: str) -> bytes:
 
     zlib's fastest level: an answer is compressed once, on the server's time, for every request that asks.
     """
-    wbits = 16 + zlib.MAX_WBITS if coding == "gzip" else zlib.MAX_WBITS
-    packer = zlib.compressobj(1, zlib.DEFLATED, wbits)
+    packer = zlib.compressobj(1, zlib.DEFLATED, _WBITS[coding])
     return packer.compress(content) + packer.flush()
 
 
