@@ -12,9 +12,10 @@ re-saved as one file; nothing is downloaded.
 Load: 1, 4 and 16 closed-loop client threads, one tritonclient.grpc client each (``--protocol http``:
 tritonclient.http, with binary tensors both ways, Triton's perf_analyzer's default protocol; ``grpc-stream``: one
 ModelStreamInfer stream per client; ``--shared-memory``: images and answers in system shared memory regions), one
-image per request. Every (round, clients) block runs each server for ``--seconds``, in an order that alternates between
-rounds; the ratios pyasc / Triton are paired within a block and the table gives their median over the
-rounds, with the p99 latencies (median over rounds). Run it under ``flock /tmp/coord/bench.lock``.
+image per request; ``--trace-rate N``: every server traces one request of every N (Triton's trace extension).
+Every (round, clients) block runs each server for ``--seconds``, in an order that alternates between rounds; the
+ratios pyasc / Triton are paired within a block and the table gives their median over the rounds, with the p99
+latencies (median over rounds). Run it under ``flock /tmp/coord/bench.lock``.
 
 Where the CPU goes (Linux): per block, each server's CPU time per inference from ``/proc``, split by role: the
 model's compute (pyasc's threads named ``pyasc-compute``: batch runners and the runtime's pools; Triton's
@@ -24,6 +25,7 @@ pyasc's event loop and gRPC threads, ``tritonserver``'s own), with the load gene
     flock /tmp/coord/bench.lock python benchmarks/vs_triton.py --rounds 3 --seconds 6
     flock /tmp/coord/bench.lock python benchmarks/vs_triton.py --protocol http --servers triton,pyasc-ort
     flock /tmp/coord/bench.lock python benchmarks/vs_triton.py --shared-memory --servers triton,pyasc-ort
+    flock /tmp/coord/bench.lock python benchmarks/vs_triton.py --trace-rate 1 --servers triton,pyasc-ort
 """
 
 from __future__ import annotations
@@ -304,7 +306,13 @@ def main() -> None:
     ap.add_argument("--baseline", type=Path, default=None,
                     help="the src folder of another checkout (e.g. `git archive <commit> src | tar -x -C /tmp/base`): "
                          "adds pyasc-ort-base, --target onnxruntime from that code, paired with the others")
+    ap.add_argument("--trace-rate", type=int, default=0,
+                    help="every server but pyasc-ort-base traces one request of every N (Triton's --trace-config "
+                         "level=TIMESTAMPS rate=N, to a file in the work folder; pyasc serve takes the same flags); "
+                         "0: no tracing. With --baseline, pyasc-ort / pyasc-ort-base is then the cost of tracing")
     args = ap.parse_args()
+    if args.trace_rate < 0:
+        ap.error("--trace-rate must be >= 0")
     if args.shared_memory and args.protocol not in ("grpc", "http"):
         ap.error("--shared-memory goes with --protocol grpc or http")
     global THREADS, SHARED_MEMORY
@@ -321,8 +329,14 @@ def main() -> None:
     pids: dict[str, int] = {}
     stops = []
     try:
+        def tracing(name: str) -> list[str]:
+            if not args.trace_rate or name == "pyasc-ort-base":  # the baseline's code may not know the flags
+                return []
+            options = [f"triton,file={work / name}-trace.json", "level=TIMESTAMPS", f"rate={args.trace_rate}"]
+            return [a for option in options for a in ("--trace-config", option)]
+
         if "triton" in names:
-            triton = tr.TritonServer(repo).start()
+            triton = tr.TritonServer(repo, extra_args=tracing("triton")).start()
             stops.append(triton.stop)
             servers["triton"] = triton.grpc_url if args.protocol.startswith("grpc") else triton.http_url
             pids["triton"] = triton.process.pid if triton.process is not None else 0
@@ -335,7 +349,7 @@ def main() -> None:
                                            ("--precision", "auto", "--min-cosine", "0.995"))):
             if name in names:
                 source = args.baseline if name == "pyasc-ort-base" else None
-                proc, url, _, http = start_pyasc(model, target, warm, extra, source)
+                proc, url, _, http = start_pyasc(model, target, warm, (*extra, *tracing(name)), source)
                 stops.append(lambda p=proc: (p.terminate(), p.wait(60)))
                 servers[name] = url if args.protocol.startswith("grpc") else http
                 chosen[name] = http

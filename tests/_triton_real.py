@@ -199,10 +199,12 @@ class TritonServer:
     Args:
         repository: The model repository.
         startup_timeout: Longest wait in seconds for ``/v2/health/ready``.
+        extra_args: More command-line options (e.g. ``--trace-config``).
     """
 
-    def __init__(self, repository: Path, startup_timeout: float = 120.0) -> None:
+    def __init__(self, repository: Path, startup_timeout: float = 120.0, extra_args: Sequence[str] = ()) -> None:
         self.repository = Path(repository)
+        self.extra_args = list(extra_args)
         self.http_port, self.grpc_port, self.metrics_port = free_port(), free_port(), free_port()
         self.startup_timeout = startup_timeout
         self.process: subprocess.Popen[bytes] | None = None
@@ -227,7 +229,7 @@ class TritonServer:
                "--backend-directory", str(home / "backends"), "--http-port", str(self.http_port),
                "--grpc-port", str(self.grpc_port), "--metrics-port", str(self.metrics_port),
                "--allow-metrics", "false", "--log-verbose", "0", "--exit-on-error", "true",
-               "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1"]
+               "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1", *self.extra_args]
         self.process = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:

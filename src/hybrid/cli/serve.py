@@ -121,6 +121,11 @@ def serve(
     body_timeout: Annotated[float, typer.Option(help="Seconds a request has to send its whole body once its "
                                                      "head is complete; 0 turns the limit off.")] = 60.0,
     log_level: Annotated[str, typer.Option(help="Server log level.")] = "info",
+    trace_config: Annotated[list[str] | None, typer.Option(
+        "--trace-config", help="Triton's trace settings, in its spelling (repeatable): triton,file=PATH, "
+                               "triton,log-frequency=N, level=TIMESTAMPS|TENSORS|OFF, rate=N (one request of every "
+                               "N), count=N (-1: no limit). Clients read and change them at /v2/trace/setting.")]
+    = None,
     use_ray: Annotated[bool, typer.Option("--ray", help="Deploy on Ray Serve instead of this process.")] = False,
     replicas: Annotated[int, typer.Option(help="--ray: number of replicas.")] = 1,
     autoscaling: Annotated[str | None, typer.Option(help="--ray: Serve autoscaling_config as JSON "
@@ -151,6 +156,7 @@ def serve(
             from hybrid.serve.protocol import Limits
             from hybrid.serve.repository import build_registry, compile_request, configure_backends
             from hybrid.serve.server import ConnectionLimits, run
+            from hybrid.serve.trace import TraceConfig
         except ImportError as e:
             raise ModelError("HYB-207", f"pyasc serve needs {e.name or e}, which is not installed",
                              _EXTRA_HINT) from e
@@ -162,9 +168,12 @@ def serve(
         if not 0 <= grpc_port <= 65535:
             raise ConfigError("HYB-102", f"--grpc-port must be a port number (0 turns gRPC off), got {grpc_port}")
         grpc_address = f"[{host}]:{grpc_port}" if ":" in host else f"{host}:{grpc_port}"
+        if trace_config and use_ray:
+            raise ConfigError("HYB-102", "--trace-config cannot be used with --ray: a request reaches one replica "
+                              "of several, each with its own trace file", "trace a server started without --ray")
         options = ServeOptions(auth_token=auth_token or None, limits=limits, drain_timeout=drain_timeout,
                                grpc_address=grpc_address if grpc_port and not use_ray else None,
-                               model_control=model_control)
+                               model_control=model_control, trace=TraceConfig.from_options(trace_config or []))
         overrides = so.serving_settings(max_batch, batch_timeout, max_queue, request_timeout, concurrency,
                                         zero_means_off=True)
         backends = _json_object("--backend-config", backend_config, '{"onnxruntime": {"intra_op_num_threads": 2}}')

@@ -16,7 +16,9 @@ ModelStreamInfer (requests of one stream run concurrently, so they batch; answer
 ModelConfig, ModelStatistics, RepositoryIndex, RepositoryModelLoad / RepositoryModelUnload (refused with
 HYB-709 unless the server runs with model control), SystemSharedMemoryStatus / Register / Unregister
 (:mod:`hybrid.serve.shared_memory`; inputs and outputs may then name a region), LogSettings
-(:mod:`hybrid.serve.log_settings`). The CUDA shared-memory and trace methods answer UNIMPLEMENTED.
+(:mod:`hybrid.serve.log_settings`), TraceSetting (:mod:`hybrid.serve.trace`; a sampled ModelInfer is traced from
+``GRPC_WAITREAD_END``, grpcio having read it, to ``GRPC_SEND_END``, its call ended). The CUDA shared-memory methods
+answer UNIMPLEMENTED.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from hybrid.serve.triton_config import model_config
 
 if TYPE_CHECKING:
     from hybrid.serve.model import ServedModel
+    from hybrid.serve.trace import Trace
 
 __all__ = ["GrpcService", "decode_inputs", "encode_outputs", "grpc_status", "requested_outputs", "start_grpc"]
 
@@ -516,8 +519,35 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
 
         return pb.LogSettingsResponse(settings={k: setting(v) for k, v in settings.items()})
 
+    @_rpc()
+    async def TraceSetting(self, request: pb.TraceSettingRequest, context: Any) -> pb.TraceSettingResponse:
+        """Answer ``TraceSetting``: the settings of the server, or of ``model_name``, after the request's changes.
+
+        A setting with no value clears it (a model's override; a server setting: back to its start-up value);
+        the values are :class:`.trace.Tracer`'s: a bad one is INVALID_ARGUMENT (HYB-702); an unknown model
+        NOT_FOUND (HYB-701).
+        """
+        tracer = self.state.trace_control()
+        model = request.model_name or None
+        if model is not None:
+            self.state.registry.get(model)
+        changes: dict[str, Any] = {}
+        for key, setting in request.settings.items():
+            values = list(setting.value)
+            if key == "trace_level" or not values:
+                changes[key] = values or None
+            elif len(values) == 1:
+                changes[key] = values[0]
+            else:
+                raise ServingError("HYB-702", f"trace setting {key!r} takes one value, got {values!r}")
+        settings = tracer.update(model, changes) if changes else tracer.settings(model)
+        value = pb.TraceSettingResponse.SettingValue
+        return pb.TraceSettingResponse(settings={k: value(value=v if isinstance(v, list) else [v])
+                                                 for k, v in settings.items()})
+
     # ------------------------------------------------------------------ inference
-    async def _infer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
+    async def _infer(self, request: pb.ModelInferRequest, context: Any,
+                     trace: Trace | None) -> pb.ModelInferResponse:
         model = self.state.model(request.model_name, request.model_version or None)
         limits, shared_memory = self.state.options.limits, self.state.shared_memory
 
@@ -536,7 +566,15 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
             return Decoded(decode_inputs(request, limits, shared_memory), timeout)
 
         return await infer(self.state, model, decode,
-                           lambda outputs: encode_outputs(model, request, outputs, shared_memory, wanted))
+                           lambda outputs: encode_outputs(model, request, outputs, shared_memory, wanted), trace)
+
+    def _sample(self, request: pb.ModelInferRequest) -> Trace | None:
+        """The request's trace when it is sampled, stamped ``GRPC_WAITREAD_END`` (grpcio has read it)."""
+        trace = self.state.sample(request.model_name)
+        if trace is not None:
+            trace.stamp("GRPC_WAITREAD_END")
+            trace.request_id = request.id
+        return trace
 
     @_rpc()
     async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
@@ -546,7 +584,13 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
         an unknown model NOT_FOUND (HYB-701), a full queue or a draining server UNAVAILABLE (HYB-705,
         HYB-706), no result within the timeout DEADLINE_EXCEEDED (HYB-411).
         """
-        return await self._infer(request, context)
+        trace = self._sample(request)
+        if trace is None:
+            return await self._infer(request, context, None)
+        context.add_done_callback(lambda _: _sent(trace))  # the call has ended: its answer (or status) is sent
+        answer = await self._infer(request, context, trace)
+        trace.stamp("GRPC_SEND_START")
+        return answer
 
     async def ModelStreamInfer(self, request_iterator: AsyncIterator[pb.ModelInferRequest],
                                context: Any) -> AsyncIterator[pb.ModelStreamInferResponse]:
@@ -560,18 +604,24 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
             self.authorize(context)
         except HybridError as e:
             await self.abort(context, e)
-        answers: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
+        answers: asyncio.Queue[tuple[pb.ModelStreamInferResponse, Trace | None] | None] = asyncio.Queue()
         tasks: set[asyncio.Task[None]] = set()
 
         async def one(request: pb.ModelInferRequest) -> None:
+            trace = self._sample(request)
             try:
-                answer = pb.ModelStreamInferResponse(infer_response=await self._infer(request, context))
+                answer = pb.ModelStreamInferResponse(infer_response=await self._infer(request, context, trace))
             except HybridError as e:
                 self.state.metrics.grpc_errors.labels(e.code).inc()
                 text = f"[{e.code}] {e.message}" + (f" (hint: {e.hint})" if e.hint else "")
                 answer = pb.ModelStreamInferResponse(error_message=text, infer_response=pb.ModelInferResponse(
                     model_name=request.model_name, model_version=request.model_version, id=request.id))
-            await answers.put(answer)
+            except BaseException:
+                _sent(trace)
+                raise
+            if trace is not None:
+                trace.stamp("GRPC_SEND_START")
+            await answers.put((answer, trace))
 
         async def read() -> None:
             try:
@@ -586,12 +636,21 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
 
         reader = asyncio.create_task(read())
         try:
-            while (answer := await answers.get()) is not None:
+            while (item := await answers.get()) is not None:
+                answer, trace = item
                 yield answer
+                _sent(trace)  # the stream has taken the answer
         finally:
             reader.cancel()
             for task in list(tasks):
                 task.cancel()
+
+
+def _sent(trace: Trace | None) -> None:
+    """A traced answer has been sent (or its call has ended): stamp ``GRPC_SEND_END``, hand the trace on."""
+    if trace is not None:
+        trace.stamp("GRPC_SEND_END")
+        trace.finish()
 
 
 async def start_grpc(state: ServerState, address: str) -> tuple[grpc.aio.Server, int]:

@@ -27,7 +27,7 @@ import inspect
 import logging
 import zlib
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
@@ -38,6 +38,9 @@ from hybrid.errors import HybridError, ServingError
 from hybrid.serve.metrics import ServerMetrics
 from hybrid.serve.protocol import InferRequest, check_head, encode_response, parse_request
 from hybrid.serve.state import Decoded, ServerState, http_status, infer
+
+if TYPE_CHECKING:
+    from hybrid.serve.trace import Trace
 
 __all__ = ["BODY_TIMEOUT_SCOPE_KEY", "InferRoute", "answer_infer", "byte_count", "compress", "error_body",
            "error_response", "infer_target", "note_disconnect", "read_body", "response_coding", "route_path"]
@@ -201,9 +204,12 @@ def _costly(body: bytes, header_length: int | None) -> bool:
                                             and body.find(b'"BYTES"', 0, header_length) >= 0)
 
 
-async def answer_infer(state: ServerState, request: Request, model_name: str,
-                       model_version: str | None) -> tuple[bytes, int | None]:
+async def answer_infer(state: ServerState, request: Request, model_name: str, model_version: str | None,
+                       trace: Trace | None = None) -> tuple[bytes, int | None]:
     """One HTTP inference request, decoded, run and encoded: the body and its JSON header's length (None: JSON).
+
+    ``trace`` (the request's, when sampled) is stamped ``HTTP_RECV_END`` once the body is read, and by
+    :func:`~hybrid.serve.state.infer`.
 
     Raises:
         HybridError: The request's error, as every transport raises it.
@@ -227,6 +233,8 @@ async def answer_infer(state: ServerState, request: Request, model_name: str,
             binary = total - header_length if total is not None and total >= header_length else None
             head = (header_length, check_header)
         body = await read_body(request, limits.max_body, head)
+        if trace is not None:
+            trace.stamp("HTTP_RECV_END")
         # the declared inputs are checked against the model before their data is decoded: here unless the
         # header was checked (and parsed) on its own as it arrived
         header = heads[0] if heads else None
@@ -237,12 +245,14 @@ async def answer_infer(state: ServerState, request: Request, model_name: str,
         else:
             found = parse_request(body, header_length, limits, precheck, header, state.shared_memory)
         parsed.append(found)
+        if trace is not None:
+            trace.request_id = found.id or ""
         return Decoded(found.inputs, found.timeout_s)
 
     content, json_length = await infer(
         state, model, decode, lambda outputs: encode_response(
             model.name, model.version, parsed[0], outputs, batched=model.max_batch_size > 0, labels=model.labels,
-            shared_memory=state.shared_memory))
+            shared_memory=state.shared_memory), trace)
     if await _disconnected(request.receive):  # gone while its request ran: nobody to answer
         raise ClientDisconnect()
     return content, json_length
@@ -318,9 +328,22 @@ class InferRoute:
             await self.app(scope, receive, send)
             return
         request = Request(scope, receive)
+        trace = self.state.sample(target[0])
+        if trace is None:
+            await self._answer(request, target, None, send)
+            return
+        trace.stamp("HTTP_RECV_START")
+        try:
+            await self._answer(request, target, trace, send)
+        finally:
+            trace.finish()
+
+    async def _answer(self, request: Request, target: tuple[str, str | None], trace: Trace | None,
+                      send: Send) -> None:
+        scope, receive = request.scope, request.receive
         metrics = self.state.metrics
         try:
-            content, json_length = await answer_infer(self.state, request, *target)
+            content, json_length = await answer_infer(self.state, request, *target, trace)
         except ClientDisconnect:
             note_disconnect(metrics, request)
             return
@@ -344,5 +367,9 @@ class InferRoute:
                        else compress(content, coding))  # proportional to the answer: a large one leaves the loop
             headers.append((b"content-encoding", coding.encode()))
         headers.append((b"content-length", str(len(content)).encode()))
+        if trace is not None:
+            trace.stamp("HTTP_SEND_START")
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": content})
+        if trace is not None:
+            trace.stamp("HTTP_SEND_END")

@@ -29,6 +29,7 @@ from hybrid.serve.batcher import LoopBatcher
 
 if TYPE_CHECKING:
     from hybrid.runtime.compiled import CompiledModel
+    from hybrid.serve.trace import Trace
 
 __all__ = ["BatchSettings", "CheckedRequest", "ServedModel", "Stoppable"]
 
@@ -79,14 +80,16 @@ class CheckedRequest:
         feeds: Input name -> array, as the model's signature wants them.
         rows: Inferences it holds as Triton counts them (its batch rows when the model batches, else 1).
         enqueued: When it joined its model's queue (``time.monotonic``).
+        trace: Its trace when it is traced (:mod:`hybrid.serve.trace`): the queue and the run stamp it.
     """
 
-    __slots__ = ("enqueued", "feeds", "rows")
+    __slots__ = ("enqueued", "feeds", "rows", "trace")
 
     def __init__(self, feeds: dict[str, np.ndarray], rows: int) -> None:
         self.feeds = feeds
         self.rows = rows
         self.enqueued = 0.0
+        self.trace: Trace | None = None
 
 
 _Item = CheckedRequest  # what the batcher queues
@@ -105,6 +108,21 @@ class _Group:
 
 class _Each(list):  # type: ignore[type-arg]
     """One result per request of a group (its joined run failed, or broke the rows apart)."""
+
+
+def _stamp_run(trace: Trace, started: float, finished: float, outputs: Any) -> None:
+    """Stamp a traced request's run: its batch began at ``started`` and ended at ``finished`` (``time.monotonic``).
+
+    The batch's inputs were joined before it began, on the loop (queue time in the trace); its outputs are the
+    request's own rows, split out now.
+    """
+    trace.stamp_at("COMPUTE_START", started)
+    trace.stamp_at("COMPUTE_INPUT_END", started)
+    trace.stamp_at("COMPUTE_OUTPUT_START", finished)
+    if isinstance(outputs, dict):
+        trace.record_tensors("TENSOR_BACKEND_OUTPUT", outputs)
+    trace.stamp("INFER_RESPONSE_COMPLETE")
+    trace.stamp("COMPUTE_END")
 
 
 def _as_text(name: str, arr: np.ndarray) -> np.ndarray:
@@ -340,12 +358,15 @@ class ServedModel:
         if self._closed:
             raise self._closing_error()
         request.enqueued = time.monotonic()
+        if request.trace is not None:
+            request.trace.stamp_at("QUEUE_START", request.enqueued)
+            request.trace.record_tensors("TENSOR_QUEUE_INPUT", request.feeds)
         for watch in self._watchers:
             watch(request.feeds)
         self._active += 1  # on the event loop's thread only; read by the idle tuner (idle_for)
         try:
             if self._batcher is None:
-                return await self._infer_alone(request.feeds, limit)
+                return await self._infer_alone(request.feeds, limit, request.trace)
             return await self._batcher.acall(request, timeout=limit)
         except RunError as e:
             if e.code == "HYB-412":
@@ -368,7 +389,8 @@ class ServedModel:
             return None
         return max(0.0, now - self._last_active)
 
-    async def _infer_alone(self, feeds: dict[str, np.ndarray], limit: float | None) -> dict[str, np.ndarray]:
+    async def _infer_alone(self, feeds: dict[str, np.ndarray], limit: float | None,
+                           trace: Trace | None) -> dict[str, np.ndarray]:
         cap = self.settings.max_queue
         if cap is not None and self._in_flight >= cap:
             raise ServingError("HYB-705", f"model {self.name!r} version {self.version}: {cap} requests already "
@@ -376,7 +398,7 @@ class ServedModel:
         self._in_flight += 1  # only the event loop thread touches the counter
         enqueued = time.monotonic()
         try:
-            task = asyncio.get_running_loop().run_in_executor(None, self._run_alone, feeds, enqueued)
+            task = asyncio.get_running_loop().run_in_executor(None, self._run_alone, feeds, enqueued, trace)
             try:
                 return await asyncio.wait_for(task, limit)
             except TimeoutError:
@@ -385,11 +407,14 @@ class ServedModel:
         finally:
             self._in_flight -= 1
 
-    def _run_alone(self, feeds: dict[str, np.ndarray], enqueued: float) -> dict[str, np.ndarray]:
+    def _run_alone(self, feeds: dict[str, np.ndarray], enqueued: float, trace: Trace | None) -> dict[str, np.ndarray]:
         t0 = time.monotonic()
         out = self.compiled.run_checked(feeds)
+        t1 = time.monotonic()
         if self.observer is not None:
-            self.observer(self, 1, [t0 - enqueued], time.monotonic() - t0)
+            self.observer(self, 1, [t0 - enqueued], t1 - t0)
+        if trace is not None:
+            _stamp_run(trace, t0, t1, out)
         return out
 
     # ---------------------------------------------------------------------------------------- batching
@@ -446,6 +471,10 @@ class ServedModel:
                     start = stop
             for i, part in zip(group.idx, parts, strict=True):
                 results[i] = part
+                trace = items[i].trace
+                if trace is not None:
+                    started = items[i].enqueued + waits[i]
+                    _stamp_run(trace, started, started + run_s, part)
         if self.observer is not None:
             self.observer(self, len(items), waits, run_s)
         return results

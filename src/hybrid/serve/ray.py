@@ -178,7 +178,8 @@ def build_application(models: Sequence[str | Path], *, target: str | None = None
                 sum(p.size for p in packages))
     # replicas share no memory with a client (they may run on any node), and a call reaches one of them: no
     # system shared memory, no log settings over the network
-    options = dataclasses.replace(options or ServeOptions(), shared_memory=False, log_settings=False)
+    options = dataclasses.replace(options or ServeOptions(), shared_memory=False, log_settings=False,
+                                  trace=None)
     return deployment.bind(packages, target, settings, options, backends, warmup, app_name)
 
 

@@ -21,6 +21,7 @@ from hybrid.serve.log_settings import LogSettings
 from hybrid.serve.metrics import ServerMetrics
 from hybrid.serve.protocol import Limits
 from hybrid.serve.shared_memory import SharedMemoryRegions
+from hybrid.serve.trace import Trace, TraceConfig, Tracer
 
 if TYPE_CHECKING:
     import numpy as np
@@ -33,9 +34,9 @@ __all__ = ["EXTENSIONS", "Decoded", "ServeOptions", "ServerState", "http_status"
 logger = logging.getLogger("hybrid.serve")
 
 EXTENSIONS = ["classification", "binary_tensor_data", "model_configuration", "statistics", "model_repository",
-              "system_shared_memory", "logging"]
-"""The Triton protocol extensions pyasc serves; a server lists ``system_shared_memory`` and ``logging`` only where
-its :class:`ServeOptions` allow them (:attr:`ServerState.extensions`)."""
+              "system_shared_memory", "logging", "trace"]
+"""The Triton protocol extensions pyasc serves; a server lists ``system_shared_memory``, ``logging`` and ``trace``
+only where its :class:`ServeOptions` allow them (:attr:`ServerState.extensions`)."""
 _STATUS = {"HYB-701": 404, "HYB-702": 400, "HYB-703": 401, "HYB-704": 413, "HYB-705": 503, "HYB-706": 503,
            "HYB-707": 400, "HYB-709": 403, "HYB-711": 400, "HYB-712": 404, "HYB-713": 400, "HYB-411": 504,
            "HYB-412": 503, "HYB-414": 503, "HYB-415": 503}
@@ -57,6 +58,8 @@ class ServeOptions:
             where requests may reach another machine's process (replicas on Ray).
         log_settings: Let clients read and change the server's log settings (Triton's logging extension); off
             where a call reaches one replica of several (Ray).
+        trace: The trace settings at start-up (Triton's trace extension: ``--trace-config``); None: no trace
+            extension (Ray, where a call reaches one replica of several).
     """
 
     auth_token: str | None = None
@@ -66,6 +69,7 @@ class ServeOptions:
     model_control: bool = False
     shared_memory: bool = True
     log_settings: bool = True
+    trace: TraceConfig | None = field(default_factory=TraceConfig)
 
 
 def http_status(code: str) -> int:
@@ -86,6 +90,8 @@ class ServerState:
         extensions: The Triton extensions this server answers (the server metadata's list).
         log_settings: The log settings clients read and change (Triton's logging extension); None where
             ``options`` turns them off.
+        tracer: The trace settings, the sampling of requests and the trace file (Triton's trace extension);
+            None where ``options`` turns it off.
     """
 
     def __init__(self, registry: ModelRegistry, options: ServeOptions) -> None:
@@ -96,10 +102,12 @@ class ServerState:
             model.observer = self.metrics.observe_batch
         # the system shared memory extension's regions; None where the server takes none
         self.shared_memory = SharedMemoryRegions() if options.shared_memory else None
-        off = {"system_shared_memory": not options.shared_memory, "logging": not options.log_settings}
+        off = {"system_shared_memory": not options.shared_memory, "logging": not options.log_settings,
+               "trace": options.trace is None}
         self.extensions = [e for e in EXTENSIONS if not off.get(e)]
         # the logging extension's view of the ``hybrid`` logger; None where clients may not use it
         self.log_settings = LogSettings() if options.log_settings else None
+        self.tracer = Tracer(options.trace) if options.trace is not None else None
         self.draining = False
         self.managed = False
         self.grpc_port: int | None = None
@@ -130,6 +138,8 @@ class ServerState:
             self.registry.close()
             if self.shared_memory is not None:
                 self.shared_memory.close()
+            if self.tracer is not None:
+                self.tracer.close()  # after the queued requests ran: their traces are in the file
 
     def regions(self) -> SharedMemoryRegions:
         """The registered shared memory regions.
@@ -153,6 +163,21 @@ class ServerState:
                                           "several replicas", "set the log level where the replicas start")
         return self.log_settings
 
+    def trace_control(self) -> Tracer:
+        """The trace settings clients read and change.
+
+        Raises:
+            ServingError: HYB-702 where the server does not trace (``ServeOptions.trace``).
+        """
+        if self.tracer is None:
+            raise ServingError("HYB-702", "this server does not trace requests: a call reaches one of several "
+                                          "replicas", "trace a server started without --ray")
+        return self.tracer
+
+    def sample(self, model_name: str) -> Trace | None:
+        """A trace for a request to ``model_name`` when the trace settings sample it; else None."""
+        return None if self.tracer is None else self.tracer.sample(model_name)
+
     def model(self, name: str, version: str | None) -> ServedModel:
         """The served model, refusing new requests while draining (HYB-706) or for an unknown model (HYB-701)."""
         if self.draining:
@@ -169,7 +194,7 @@ class Decoded:
 
 
 async def infer(state: ServerState, model: ServedModel, decode: Callable[[], Awaitable[Decoded] | Decoded],
-                encode: Callable[[Mapping[str, np.ndarray]], T]) -> T:
+                encode: Callable[[Mapping[str, np.ndarray]], T], trace: Trace | None = None) -> T:
     """The one inference path of both transports.
 
     Args:
@@ -178,6 +203,8 @@ async def infer(state: ServerState, model: ServedModel, decode: Callable[[], Awa
         decode: The transport's decoding of the request (its own checks before decoding any data); a
             coroutine function or a plain one.
         encode: The transport's encoding of the outputs into its answer.
+        trace: The request's trace (:meth:`ServerState.sample`): stamped here from ``REQUEST_START`` to
+            ``REQUEST_END``; the transport stamps its receiving and sending and finishes it.
 
     Returns:
         What ``encode`` returned.
@@ -196,13 +223,19 @@ async def infer(state: ServerState, model: ServedModel, decode: Callable[[], Awa
         decoded = decode()
         if not isinstance(decoded, Decoded):
             decoded = await decoded
+        if trace is not None:
+            trace.model_version = model.version
+            trace.stamp("REQUEST_START")
         request = model.check(decoded.inputs)
+        request.trace = trace
         decoded.inputs = {}  # the request holds the arrays now (views of the body): nothing else keeps them
         rows = request.rows
         t1 = time.perf_counter()
         input_s = t1 - t0
         outputs = await model.run(request, decoded.timeout_s)
         del request
+        if trace is not None:
+            trace.stamp("REQUEST_END")
         t2 = time.perf_counter()
         answer = encode(outputs)
         output_s = time.perf_counter() - t2

@@ -10,6 +10,8 @@
 ``POST /v2/systemsharedmemory/region/{r}/register``      ``{"key", "offset", "byte_size"}``: map a region
 ``POST /v2/systemsharedmemory[/region/{r}]/unregister``  drop one region, or all (an unknown one: nothing)
 ``GET /v2/logging`` / ``POST /v2/logging``               the log settings (``hybrid.serve.log_settings``)
+``GET`` / ``POST /v2[/models/{m}]/trace/setting``         the trace settings of the server or a model
+                                                         (``hybrid.serve.trace``)
 =======================================================  ===========================================================
 
 The JSON documents are the protobuf messages of Triton's own definitions (from tritonclient) printed with
@@ -50,7 +52,7 @@ def request_rows(model: ServedModel, inputs: dict[str, np.ndarray]) -> int:
 async def _control_body(request: Request) -> dict[str, Any]:
     body = await request.body()
     if len(body) > _CONTROL_BODY_MAX:
-        raise ServingError("HYB-704", f"a repository, shared memory or logging request body is limited to "
+        raise ServingError("HYB-704", f"a repository, shared memory, logging or trace request body is limited to "
                                       f"{_CONTROL_BODY_MAX} bytes")
     if not body.strip():
         return {}
@@ -114,6 +116,23 @@ def add_triton_routes(app: FastAPI, state: ServerState) -> None:
     @app.post("/v2/logging")
     async def update_log_settings(request: Request) -> dict[str, Any]:
         return state.log_control().update(await _control_body(request))
+
+    # the trace extension (hybrid.serve.trace): every setting, after any change
+    @app.get("/v2/trace/setting")
+    @app.get("/v2/models/{model_name}/trace/setting")
+    async def trace_settings(model_name: str | None = None) -> dict[str, Any]:
+        tracer = state.trace_control()
+        if model_name is not None:
+            registry.get(model_name)
+        return tracer.settings(model_name)
+
+    @app.post("/v2/trace/setting")
+    @app.post("/v2/models/{model_name}/trace/setting")
+    async def update_trace_settings(request: Request, model_name: str | None = None) -> dict[str, Any]:
+        tracer = state.trace_control()
+        if model_name is not None:
+            registry.get(model_name)
+        return tracer.update(model_name, await _control_body(request))
 
     @app.post("/v2/repository/index")
     async def repository_index(request: Request) -> list[dict[str, Any]]:
