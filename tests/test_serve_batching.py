@@ -237,7 +237,7 @@ def loop_batcher(execute, **kw):
 
     seen = []
 
-    def split(items, job, raw, waits, run_s):
+    def split(items, job, raw, started, run_s):
         seen.append(list(items))
         return [raw] * len(items) if isinstance(raw, Exception) else list(raw)
 

@@ -60,6 +60,12 @@ def _read(path: Path) -> list[dict[str, Any]]:
 
 
 # ---------------------------------------------------------------------------------------------------- settings
+def test_a_trace_file_may_hold_a_comma(tmp_path):
+    config = TraceConfig.from_options([f"triton,file={tmp_path}/a,b.json", "level=TIMESTAMPS"])
+    assert config.file == f"{tmp_path}/a,b.json"
+    assert TraceConfig.from_options([f"file={tmp_path}/c.json"]).file == f"{tmp_path}/c.json"
+
+
 def test_trace_config_reads_triton_s_spelling(tmp_path):
     config = TraceConfig.from_options([f"triton,file={tmp_path}/t.json", "triton,log-frequency=50", "rate=100",
                                        "level=TIMESTAMPS", "level=tensors", "count=7", "mode=triton"])

@@ -177,8 +177,9 @@ class LoopBatcher(Generic[Item]):
         join: ``join(items) -> job``, on the loop: the batch made ready to run (inputs concatenated).
         execute: ``execute(job) -> raw``, in a runner thread: the run itself (exceptions are passed to
             ``split``).
-        split: ``split(items, job, raw_or_exception, waits_s, run_s) -> results``, on the loop: one result
-            per item, in order; an element that is an exception fails only its own caller.
+        split: ``split(items, job, raw_or_exception, started, run_s) -> results``, on the loop: one result
+            per item, in order (an element that is an exception fails only its own caller); the batch began to
+            run at ``started`` (``time.monotonic``) and ran for ``run_s`` seconds.
         max_batch: Most requests in one batch.
         max_delay: Under load (the last batch was full), longest time in seconds a request waits for its
             batch to fill when a runner is idle; otherwise an idle runner takes what is queued at once.
@@ -188,7 +189,7 @@ class LoopBatcher(Generic[Item]):
     """
 
     def __init__(self, join: Callable[[list[Item]], Job], execute: Callable[[Job], Any],
-                 split: Callable[[list[Item], Job, Any, list[float], float], list[Any]], *, max_batch: int,
+                 split: Callable[[list[Item], Job, Any, float, float], list[Any]], *, max_batch: int,
                  max_delay: float = 0.0, max_queue: int | None = None, runners: int = 1,
                  name: str = "model") -> None:
         self._join, self._execute, self._split = join, execute, split
@@ -324,9 +325,8 @@ class LoopBatcher(Generic[Item]):
         self._last_run = run_s
         self._batches += 1
         self._dispatch()  # the next batch first: the runner must not wait for the answers of this one
-        waits = [started - w.enqueued for w in batch]
         try:
-            results = self._split([w.item for w in batch], job, raw, waits, run_s)
+            results = self._split([w.item for w in batch], job, raw, started, run_s)
             if len(results) != len(batch):
                 raise RunError("HYB-413", f"batcher {self.name!r}: {len(results)} results for {len(batch)} requests")
         except Exception as e:

@@ -451,9 +451,9 @@ class ServedModel:
                 return self._isolate(group.members, None)
         return outs
 
-    def _split(self, items: list[_Item], job: list[_Group], raw: list[Any] | Exception, waits: list[float],
+    def _split(self, items: list[_Item], job: list[_Group], raw: list[Any] | Exception, started: float,
                run_s: float) -> list[dict[str, np.ndarray] | Exception]:
-        """Each request's outputs: its rows of its group's outputs (views)."""
+        """Each request's outputs: its rows of its group's outputs (views); the batch ran from ``started``."""
         results: list[dict[str, np.ndarray] | Exception] = [None] * len(items)  # type: ignore[list-item]
         if isinstance(raw, Exception):
             raw = [_Each([self._error_for_one(raw, len(g.members)) for _ in g.members]) for g in job]
@@ -473,10 +473,9 @@ class ServedModel:
                 results[i] = part
                 trace = items[i].trace
                 if trace is not None:
-                    started = items[i].enqueued + waits[i]
                     _stamp_run(trace, started, started + run_s, part)
         if self.observer is not None:
-            self.observer(self, len(items), waits, run_s)
+            self.observer(self, len(items), [started - item.enqueued for item in items], run_s)
         return results
 
     def _isolate(self, group: list[_Item], error: Exception | None) -> _Each:

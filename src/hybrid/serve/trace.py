@@ -28,15 +28,15 @@ The timestamps, in the order a request meets them (Triton's names):
 =============================  ===============================================================================
 
 Settings (``GET`` / ``POST /v2/trace/setting`` and ``/v2/models/{m}/trace/setting``, gRPC ``TraceSetting``):
-``trace_level`` (a list: ``["OFF"]``, or some of ``TIMESTAMPS``, ``TENSORS``), ``trace_rate``, ``trace_count``
-(the traces left to take), ``log_frequency``, ``trace_file`` and ``trace_mode`` (``triton``), all reported as
-strings. A model's update overrides the server's settings for that model (its own rate counter; its own count
-when it sets one, otherwise it draws from the server's); a ``null`` value clears a model's override, or resets a
-server setting to its start-up value. Refused with HYB-702, where Triton 2.51 ignores them or answers 500: an
-unknown key or level, a level that is not a list, ``OFF`` beside another level, a rate below 1, a count below
--1, a negative log frequency, a model's own ``log_frequency`` (the file is the server's), any ``trace_mode`` but
-``triton``, a new ``trace_file`` (as in Triton: not over the network), and a level other than ``OFF`` on a server
-started without a trace file.
+``trace_level`` (a list: ``["OFF"]``, or some of ``TIMESTAMPS``, ``TENSORS``), ``trace_rate``, ``trace_count`` (the
+traces left to take), ``log_frequency``, ``trace_file`` and ``trace_mode`` (``triton``), all reported as strings. A
+model's update overrides the server's settings for that model (its own rate counter; its own count when it sets one,
+otherwise it draws from the server's); a ``null`` value clears a model's override, or resets a server setting to its
+start-up value. Refused with HYB-702, where Triton 2.51 ignores them or answers 500: an unknown key or level, a
+level that is not a non-empty list, ``OFF`` beside another level, a rate below 1, a count below -1, a negative log
+frequency, a model's own ``log_frequency`` (the file is the server's), any ``trace_mode`` but ``triton``, a new
+``trace_file`` (as in Triton: not over the network), and a level other than ``OFF`` on a server started without a
+trace file.
 """
 
 from __future__ import annotations
@@ -109,7 +109,8 @@ class TraceConfig:
         found: dict[str, Any] = {}
         levels: list[str] = []
         for option in options:
-            mode, _, setting = option.rpartition(",")
+            head, comma, rest = option.partition(",")
+            mode, setting = (head.strip(), rest) if comma and "=" not in head else ("", option)  # a path may hold ","
             key, sep, value = setting.partition("=")
             if mode not in ("", "triton") or not sep or key.strip() not in _OPTION_KEYS:
                 raise ConfigError("HYB-102", f"--trace-config {option!r}: expected [triton,]KEY=VALUE with KEY one of "
@@ -211,7 +212,7 @@ def _checked(base: TraceConfig, changes: Mapping[str, Any], reset: TraceConfig |
 def _tensor_text(array: np.ndarray) -> str:
     """A tensor's values as Triton's trace writes them: comma-separated, floats with 6 significant digits."""
     flat = np.asarray(array).reshape(-1)
-    if flat.dtype.kind == "f" or flat.dtype == np.dtype("V2"):
+    if flat.dtype.kind == "f" or flat.dtype.name == "bfloat16":
         return ",".join(format(float(v), "g") for v in flat.astype(np.float64))
     if flat.dtype.kind in "iub":
         return ",".join(str(int(v)) for v in flat)
@@ -255,16 +256,15 @@ class Trace:
         self.request_id = ""
         self.tensors = tensors
         self._clock = clock
-        self._entries: list[dict[str, Any]] = []
+        self._entries: list[tuple[str, int] | dict[str, Any]] = []  # timestamps (name, ns) and tensor entries
 
     def stamp(self, name: str, ns: int | None = None) -> None:
         """Record timestamp ``name`` now (or at ``ns``, nanoseconds of the monotonic clock)."""
-        self._entries.append({"id": self.id, "timestamps": [{"name": name, "ns": self._clock() if ns is None
-                                                            else ns}]})
+        self._entries.append((name, self._clock() if ns is None else ns))
 
     def stamp_at(self, name: str, seconds: float) -> None:
         """Record timestamp ``name`` at ``seconds`` of ``time.monotonic()`` (the batcher's clock)."""
-        self.stamp(name, int(seconds * 1e9))
+        self._entries.append((name, int(seconds * 1e9)))
 
     def record_tensors(self, activity: str, arrays: Mapping[str, np.ndarray]) -> None:
         """At level ``TENSORS``: record ``arrays`` as ``activity`` (``TENSOR_QUEUE_INPUT`` or ``_BACKEND_OUTPUT``)."""
@@ -283,15 +283,26 @@ class Trace:
         """
         self._tracer.finish(self)
 
-    def entries(self) -> list[dict[str, Any]]:
-        """The trace's entries as Triton writes them: the request first, then what was recorded, in order."""
+    def text(self) -> str:
+        """The trace's entries as Triton writes them, joined by commas: the request first, then what was recorded.
+
+        A timestamp is an entry of its own (``{"id", "timestamps": [{"name", "ns"}]}``), as in Triton's files.
+        """
         version: Any = self.model_version
         if version is not None and version.isdigit():
             version = int(version)
         head: dict[str, Any] = {"id": self.id, "model_name": self.model_name, "model_version": version}
         if self.request_id:
             head["request_id"] = self.request_id
-        return [head, *self._entries]
+        parts = [json.dumps(head, separators=(",", ":"))]
+        for entry in self._entries:  # the names are this module's constants: nothing to escape
+            parts.append(f'{{"id":{self.id},"timestamps":[{{"name":"{entry[0]}","ns":{entry[1]}}}]}}'
+                         if type(entry) is tuple else json.dumps(entry, separators=(",", ":")))
+        return ",".join(parts)
+
+    def entries(self) -> list[dict[str, Any]]:
+        """The trace's entries (:meth:`text`) as JSON objects."""
+        return json.loads(f"[{self.text()}]")
 
 
 class _Scope:
@@ -416,7 +427,7 @@ class Tracer:
         """Keep a finished trace for the file (one that never reached its model is dropped)."""
         if trace is None or trace.model_version is None:
             return
-        text = ",".join(json.dumps(e, separators=(",", ":")) for e in trace.entries())
+        text = trace.text()
         with self._lock:
             if self._closed:
                 return
