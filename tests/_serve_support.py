@@ -44,6 +44,57 @@ def tiny_repo(root: Path) -> Path:
     return root / "repo"
 
 
+STATEFUL_PBTXT = """name: "{name}"
+max_batch_size: 8
+input [ {{ name: "x" data_type: TYPE_FP32 dims: [2] }} ]
+output [ {{ name: "y" data_type: TYPE_FP32 dims: [2] }}, {{ name: "ctl" data_type: TYPE_FP32 dims: [4] }} ]
+sequence_batching {{
+  max_sequence_idle_microseconds: {idle_us}
+  oldest {{ max_queue_delay_microseconds: 1000 }}
+  control_input [
+    {{ name: "START" control [ {{ kind: CONTROL_SEQUENCE_START fp32_false_true: [0, 1] }} ] }},
+    {{ name: "READY" control [ {{ kind: CONTROL_SEQUENCE_READY fp32_false_true: [0, 1] }} ] }},
+    {{ name: "END" control [ {{ kind: CONTROL_SEQUENCE_END int32_false_true: [0, 1] }} ] }},
+    {{ name: "CORRID" control [ {{ kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_UINT64 }} ] }}
+  ]
+  state [ {{ input_name: "state_in" output_name: "state_out" data_type: TYPE_FP32 dims: [2]
+            initial_state: {{ data_type: TYPE_FP32 dims: [2] zero_data: true name: "zero" }} }} ]
+}}
+"""
+
+
+def stateful_model(path: Path) -> Path:
+    """A stateful model for sequence batching: y = x + state_in, state_out = y, ctl = [START, READY, END, CORRID].
+
+    Inputs x [N, 2] and the server's: START, READY [N, 1] (FP32), END [N, 1] (INT32), CORRID [N, 1] (UINT64),
+    state_in [N, 2]; outputs y, state_out [N, 2] and ctl [N, 4] (the controls as FP32).
+    """
+    spec = helper.make_tensor_value_info
+    inputs = [spec("x", TensorProto.FLOAT, ["N", 2]), spec("START", TensorProto.FLOAT, ["N", 1]),
+              spec("READY", TensorProto.FLOAT, ["N", 1]), spec("END", TensorProto.INT32, ["N", 1]),
+              spec("CORRID", TensorProto.UINT64, ["N", 1]), spec("state_in", TensorProto.FLOAT, ["N", 2])]
+    outputs = [spec("y", TensorProto.FLOAT, ["N", 2]), spec("state_out", TensorProto.FLOAT, ["N", 2]),
+               spec("ctl", TensorProto.FLOAT, ["N", 4])]
+    nodes = [helper.make_node("Add", ["x", "state_in"], ["y"]), helper.make_node("Identity", ["y"], ["state_out"]),
+             helper.make_node("Cast", ["END"], ["end_f"], to=TensorProto.FLOAT),
+             helper.make_node("Cast", ["CORRID"], ["corrid_f"], to=TensorProto.FLOAT),
+             helper.make_node("Concat", ["START", "READY", "end_f", "corrid_f"], ["ctl"], axis=1)]
+    model = helper.make_model(helper.make_graph(nodes, "stateful", inputs, outputs),
+                              opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.checker.check_model(model)
+    onnx.save(model, path)
+    return path
+
+
+def stateful_repo(root: Path, name: str = "seq", idle_us: int = 5_000_000) -> Path:
+    """``root/repo``: :func:`stateful_model` as model ``name`` with its ``sequence_batching`` configuration."""
+    folder = root / "repo" / name
+    (folder / "1").mkdir(parents=True)
+    stateful_model(folder / "1" / "model.onnx")
+    (folder / "config.pbtxt").write_text(STATEFUL_PBTXT.format(name=name, idle_us=idle_us))
+    return root / "repo"
+
+
 @contextlib.contextmanager
 def serving(paths: Sequence[Any], **options: Any) -> Iterator[Any]:
     """An in-process server over ``paths`` (ONNX Runtime), gRPC on a free port as ``.grpc_url``; stopped after.

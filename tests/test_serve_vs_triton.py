@@ -28,7 +28,7 @@ import onnx
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.utils.shared_memory as tshm
-from _serve_support import shared_memory_objects, tiny_expected, tiny_model
+from _serve_support import STATEFUL_PBTXT, shared_memory_objects, stateful_repo, tiny_expected, tiny_model
 from onnx import TensorProto, helper
 from tritonclient.utils import InferenceServerException
 
@@ -46,6 +46,30 @@ def _text_model(path: Path) -> Path:
     graph = helper.make_graph([helper.make_node("Identity", ["t"], ["u"])], "text", [t], [u])
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
     return path
+
+
+_STATEFUL_PY = """\
+import os
+import sys
+
+sys.path[:0] = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            get = lambda name: pb_utils.get_input_tensor_by_name(request, name).as_numpy()
+            y = (get("x") + get("state_in")).astype(np.float32)
+            ctl = np.concatenate([get("START"), get("READY"), get("END").astype(np.float32),
+                                  get("CORRID").astype(np.float32)], axis=1).astype(np.float32)
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("y", y), pb_utils.Tensor("ctl", ctl),
+                                                         pb_utils.Tensor("state_out", y)]))
+        return responses
+"""
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +91,14 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tupl
                        [tr.TritonSpec("y", "TYPE_FP32", [3], "labels.txt"), tr.TritonSpec("s", "TYPE_FP32", [1])],
                        threads=1)
         (folder / "tinyl" / "labels.txt").write_text("cat\ndog\n")  # fewer labels than classes
-    registry = build_registry([f"tiny={tiny}", f"text={text}", labelled], target="onnxruntime",
+    # a stateful model: pyasc serves the ONNX model with its sequence_batching, Triton a model.py that computes the
+    # same from the controls and state its sequence batcher feeds
+    stateful = stateful_repo(root / "stateful")
+    (repo / "seq" / "1").mkdir(parents=True)
+    (repo / "seq" / "config.pbtxt").write_text(STATEFUL_PBTXT.format(name="seq", idle_us=5_000_000)
+                                               + 'backend: "python"\n')
+    (repo / "seq" / "1" / "model.py").write_text(_STATEFUL_PY)
+    registry = build_registry([f"tiny={tiny}", f"text={text}", labelled, stateful], target="onnxruntime",
                               overrides={"max_batch": 8, "batch_timeout": 0.002})
     with tr.TritonServer(repo) as triton, \
             BackgroundServer(create_app(registry, ServeOptions(grpc_address="127.0.0.1:0"))) as pyasc:
@@ -545,3 +576,54 @@ def test_trace_settings_and_files_as_triton_s(tmp_path) -> None:
             assert (tensor["shape"], tensor["dtype"]) == (other["shape"], other["dtype"]), key
             np.testing.assert_allclose(np.array(tensor["data"].split(","), float),
                                        np.array(other["data"].split(","), float), rtol=1e-5, err_msg=str(key))
+
+
+def _sequence_body(sequence: dict[str, Any], rows: int = 1) -> dict[str, Any]:
+    return {"inputs": [{"name": "x", "shape": [rows, 2], "datatype": "FP32", "data": [1.5] * 2 * rows}],
+            "parameters": sequence}
+
+
+def test_sequences_answer_as_triton_s(servers) -> None:
+    got = _both(servers, "GET", "/v2/models/seq")
+    mine, theirs = (json.loads(got[k][1]) for k in ("pyasc", "triton"))
+    assert (mine["inputs"], mine["outputs"]) == (theirs["inputs"], theirs["outputs"])  # no control, no state
+    # Triton's Python backend does not carry implicit state from one request to the next (its state input stays
+    # the initial one), so the answers compared are the controls the sequence batcher fed and the errors
+    steps = [("no sequence id", {}, 1), ("not started", {"sequence_id": 41}, 1),
+             ("start", {"sequence_id": 41, "sequence_start": True}, 1), ("next", {"sequence_id": 41}, 1),
+             ("two rows", {"sequence_id": 41}, 2), ("end", {"sequence_id": 41, "sequence_end": True}, 1),
+             ("after its end", {"sequence_id": 41}, 1),
+             ("start and end at once", {"sequence_id": 42, "sequence_start": True, "sequence_end": True}, 1)]
+    for case, sequence, rows in steps:
+        got = _both(servers, "POST", "/v2/models/seq/infer", _sequence_body(sequence, rows))
+        assert got["pyasc"][0] == got["triton"][0], (case, got)
+        mine, theirs = (json.loads(got[k][1]) for k in ("pyasc", "triton"))
+        if got["triton"][0] == 200:
+            ctl = {name: next(o["data"] for o in doc["outputs"] if o["name"] == "ctl")
+                   for name, doc in (("pyasc", mine), ("triton", theirs))}
+            assert ctl["pyasc"] == ctl["triton"], (case, ctl)
+        else:
+            assert theirs["error"] in mine["error"], (case, mine, theirs)
+
+    def flow(client: Any) -> list[Any]:
+        def call(**sequence: Any) -> Any:
+            try:
+                return client.infer("seq", _x_input(), **sequence).as_numpy("ctl").tolist()
+            except InferenceServerException as e:
+                return e.status(), e.message().rpartition("] ")[2].split(" (hint")[0]
+
+        return [call(), call(sequence_id=51), call(sequence_id=51, sequence_start=True), call(sequence_id=51),
+                call(sequence_id=51, sequence_end=True), call(sequence_id=51)]
+
+    got = _grpc(servers, flow)
+    assert got["pyasc"] == got["triton"]
+    assert got["pyasc"][2:5] == [[[1.0, 1.0, 0.0, 51.0]], [[0.0, 1.0, 0.0, 51.0]], [[0.0, 1.0, 1.0, 51.0]]]
+    # a model without sequence batching takes the parameters and ignores them, as Triton's
+    got = _both(servers, "POST", "/v2/models/tiny/infer", {"inputs": GOOD, "parameters": {"sequence_id": 5}})
+    assert got["pyasc"][0] == got["triton"][0] == 200
+
+
+def _x_input() -> list[Any]:
+    inp = grpcclient.InferInput("x", [1, 2], "FP32")
+    inp.set_data_from_numpy(np.full((1, 2), 1.5, np.float32))
+    return [inp]

@@ -39,6 +39,7 @@ from hybrid._version import __version__
 from hybrid.errors import ConfigError, HybridError, ServingError
 from hybrid.serve.classification import CLASSIFICATION, class_count, top_classes
 from hybrid.serve.protocol import DATATYPES, Limits, binary_of, datatype_of
+from hybrid.serve.sequences import SequenceFlags, sequence_flags
 from hybrid.serve.shared_memory import BYTE_SIZE, OFFSET, REGION, SharedMemoryRegions, Span, regions_for, span_of
 from hybrid.serve.state import Decoded, ServerState, http_status, infer, selected_models, statistics_of
 from hybrid.serve.triton_config import model_config
@@ -295,6 +296,19 @@ def _request_timeout(request: pb.ModelInferRequest, context: grpc.aio.ServicerCo
     if remaining is not None:
         limits.append(max(remaining, 1e-3))
     return min(limits) if limits else None
+
+
+def _sequence(request: pb.ModelInferRequest) -> SequenceFlags | None:
+    """The request's sequence parameters (tritonclient's ``sequence_id``, ``sequence_start``, ``sequence_end``)."""
+    params = request.parameters
+
+    def value(name: str) -> Any:
+        if name not in params:
+            return None
+        choice = params[name].WhichOneof("parameter_choice")
+        return None if choice is None else getattr(params[name], choice)
+
+    return sequence_flags(value("sequence_id"), value("sequence_start"), value("sequence_end"))
 
 
 # ------------------------------------------------------------------------------------------------ service
@@ -555,6 +569,7 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
 
         def decode() -> Decoded | asyncio.Future[Decoded]:
             timeout = _request_timeout(request, context)
+            sequence = _sequence(request) if request.parameters else None
             wanted.extend(requested_outputs(request, shared_memory))
             # raw contents become arrays without a copy (numpy views of the message's bytes): only typed
             # contents and BYTES elements cost work proportional to their size, and only those leave the loop
@@ -562,8 +577,8 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
             if costly and request.ByteSize() > _OFFLOAD:  # ByteSize walks the message: only when it may matter
                 loop = asyncio.get_running_loop()
                 return loop.run_in_executor(
-                    None, lambda: Decoded(decode_inputs(request, limits, shared_memory), timeout))
-            return Decoded(decode_inputs(request, limits, shared_memory), timeout)
+                    None, lambda: Decoded(decode_inputs(request, limits, shared_memory), timeout, sequence))
+            return Decoded(decode_inputs(request, limits, shared_memory), timeout, sequence)
 
         return await infer(self.state, model, decode,
                            lambda outputs: encode_outputs(model, request, outputs, shared_memory, wanted), trace)

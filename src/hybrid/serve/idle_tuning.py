@@ -344,6 +344,10 @@ def start_idle_tuning(model: ServedModel, idle_for: Callable[[float], float | No
     """
     if not getattr(model.compiled, "tunes_online", False) or not model.ready:
         return None
+    if model.sequences is not None:  # its requests need their sequence's controls and state: tuned on the traffic
+        logger.info("model %s:%s: not tuned while idle (sequence batching: it decides on its requests)",
+                    model.name, model.version)
+        return None
     unfit = random_inputs_unfit(model)
     try:
         samples = idle_samples(model) if unfit is None else []

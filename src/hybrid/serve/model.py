@@ -26,9 +26,11 @@ from hybrid.config import ConfigSection
 from hybrid.errors import ConfigError, HybridError, RunError, ServingError
 from hybrid.runtime.validate import InputValidator
 from hybrid.serve.batcher import LoopBatcher
+from hybrid.serve.sequences import Sequences, visible_signature
 
 if TYPE_CHECKING:
     from hybrid.runtime.compiled import CompiledModel
+    from hybrid.serve.sequences import SequenceFlags, SequenceSettings
     from hybrid.serve.trace import Trace
 
 __all__ = ["BatchSettings", "CheckedRequest", "ServedModel", "Stoppable"]
@@ -81,15 +83,18 @@ class CheckedRequest:
         rows: Inferences it holds as Triton counts them (its batch rows when the model batches, else 1).
         enqueued: When it joined its model's queue (``time.monotonic``).
         trace: Its trace when it is traced (:mod:`hybrid.serve.trace`): the queue and the run stamp it.
+        sequence: Its sequence parameters (``sequence_id``, ``sequence_start``, ``sequence_end``), if any: a
+            model with sequence batching needs them (:mod:`hybrid.serve.sequences`), others ignore them.
     """
 
-    __slots__ = ("enqueued", "feeds", "rows", "trace")
+    __slots__ = ("enqueued", "feeds", "rows", "sequence", "trace")
 
     def __init__(self, feeds: dict[str, np.ndarray], rows: int) -> None:
         self.feeds = feeds
         self.rows = rows
         self.enqueued = 0.0
         self.trace: Trace | None = None
+        self.sequence: SequenceFlags | None = None
 
 
 _Item = CheckedRequest  # what the batcher queues
@@ -174,19 +179,25 @@ class ServedModel:
         settings: Batching and queue settings.
         platform: What the model was loaded from ('onnx' or 'hybrid'), reported in metadata.
         observer: Called after each batch (the server's metrics).
+        model_config: Triton's ``ModelConfig`` from the folder's ``config.pbtxt`` (:mod:`.triton_config`), if any.
+        sequences: Its sequence batching (``config.pbtxt``'s ``sequence_batching``): the requests of a sequence
+            run in order with its controls and state (:mod:`hybrid.serve.sequences`); clients see the model
+            without the inputs the server feeds.
     """
 
     def __init__(self, name: str, version: str, compiled: CompiledModel, settings: BatchSettings,
-                 platform: str = "onnx", observer: BatchObserver | None = None) -> None:
+                 platform: str = "onnx", observer: BatchObserver | None = None, *, model_config: Any = None,
+                 sequences: SequenceSettings | None = None) -> None:
         self.name = name
         self.version = version
         self.compiled = compiled
         self.settings = settings
         self.platform = platform
-        self.signature = compiled.signature
+        self.sequences = sequences
+        self.signature = visible_signature(compiled.signature, sequences)  # what clients send and get
         self.batch_symbol = _batch_symbol(compiled)
         self.observer = observer
-        self.model_config: Any = None  # Triton's ModelConfig from the folder's config.pbtxt (triton_config)
+        self.model_config = model_config
         # class labels by output name (config.pbtxt's label_filename): the classification extension's answers
         self.labels: dict[str, tuple[str, ...]] = {}
         self._validator = InputValidator(self.signature)
@@ -194,7 +205,7 @@ class ServedModel:
         # string inputs: the protocols carry BYTES elements, the runtimes take str elements (ONNX strings)
         self._text = [s.name for s in self.signature.inputs if s.kind == "tensor" and s.dtype == np.dtype(object)]
         self._max_rows: int | None = None  # Triton's max_batch_size once known (0: no limit); see max_batch_size
-        self._output_names = self.signature.output_names
+        self._output_names = compiled.signature.output_names  # a batch's outputs, states included
         self._in_flight = 0  # unbatched mode's queue
         self._active = 0  # requests in run() now
         self._last_active = time.monotonic()  # when the last request ended (idle_for)
@@ -207,6 +218,7 @@ class ServedModel:
                                         max_delay=settings.batch_timeout, max_queue=settings.max_queue,
                                         runners=settings.concurrency,
                                         name=f"{name}:{version}")
+        self._sequences = Sequences(sequences, name, self.max_batch_size > 0) if sequences is not None else None
         if settings.max_batch > 1 and self.batch_symbol is None:
             logger.warning("model %s:%s has no symbolic batch dimension shared by its inputs and outputs; its "
                            "batches run request by request", name, version)
@@ -237,7 +249,10 @@ class ServedModel:
             return
         self._warm = False
         try:
-            checked = [self.check(sample).feeds for sample in samples]
+            requests = [self.check(sample) for sample in samples]
+            checked = [r.feeds for r in requests]
+            if self._sequences is not None:  # each row a whole sequence: started, ended, from its first state
+                checked = [{**r.feeds, **self._sequences.lone_feeds(r.rows)} for r in requests]
             tune = getattr(self.compiled, "tune", None)
             if tune is not None:
                 tune(checked, timeout_s=timeout_s)
@@ -365,9 +380,10 @@ class ServedModel:
             watch(request.feeds)
         self._active += 1  # on the event loop's thread only; read by the idle tuner (idle_for)
         try:
-            if self._batcher is None:
-                return await self._infer_alone(request.feeds, limit, request.trace)
-            return await self._batcher.acall(request, timeout=limit)
+            if self._sequences is not None:
+                return await self._sequences.run(request.sequence, request.rows, request.feeds,
+                                                 lambda: self._queue(request, limit))
+            return await self._queue(request, limit)
         except RunError as e:
             if e.code == "HYB-412":
                 raise ServingError("HYB-705", f"model {self.name!r} version {self.version}: "
@@ -378,6 +394,11 @@ class ServedModel:
         finally:
             self._active -= 1
             self._last_active = time.monotonic()
+
+    async def _queue(self, request: CheckedRequest, limit: float | None) -> dict[str, np.ndarray]:
+        if self._batcher is None:
+            return await self._infer_alone(request.feeds, limit, request.trace)
+        return await self._batcher.acall(request, timeout=limit)
 
     def idle_for(self, now: float) -> float | None:
         """Seconds at ``now`` (``time.monotonic()``) since this model's last request ended; None while one runs.

@@ -25,6 +25,7 @@ import orjson
 
 from hybrid.errors import ServingError
 from hybrid.serve.classification import CLASSIFICATION, class_count, top_classes
+from hybrid.serve.sequences import SequenceFlags, sequence_flags
 from hybrid.serve.shared_memory import BYTE_SIZE, OFFSET, REGION, SharedMemoryRegions, Span, regions_for, span_of
 
 __all__ = [
@@ -99,6 +100,7 @@ class InferRequest:
         outputs: The outputs asked for, or None for all of them.
         binary_output: Default for outputs not listed: binary when the client set ``binary_data_output``.
         timeout_s: The client's own timeout (``parameters.timeout``, microseconds on the wire), if any.
+        sequence: Its sequence (``parameters.sequence_id``, ``sequence_start``, ``sequence_end``), if any.
     """
 
     id: str | None
@@ -106,6 +108,7 @@ class InferRequest:
     outputs: tuple[RequestedOutput, ...] | None
     binary_output: bool
     timeout_s: float | None
+    sequence: SequenceFlags | None = None
 
 
 def _bad(message: str, hint: str | None = _HINT) -> ServingError:
@@ -526,6 +529,7 @@ def parse_request(body: bytes, header_length: int | None, limits: Limits,
     timeout = params.get("timeout")
     if timeout is not None and (type(timeout) is not int or timeout <= 0):
         raise _bad(f"'parameters.timeout' must be a positive integer of microseconds, got {timeout!r}")
+    sequence = sequence_flags(params.get("sequence_id"), params.get("sequence_start"), params.get("sequence_end"))
     declared = _declared_inputs(doc.get("inputs"), len(binary), limits)
     outputs = _outputs(doc, binary_output)
     if precheck is not None:
@@ -544,7 +548,8 @@ def parse_request(body: bytes, header_length: int | None, limits: Limits,
     for out in outputs or ():  # an output's region is checked before the model runs
         if out.span is not None:
             regions_for(shared_memory, f"output {out.name!r}").check(out.span, f"output {out.name!r}")
-    return InferRequest(request_id, arrays, outputs, binary_output, None if timeout is None else timeout / 1e6)
+    return InferRequest(request_id, arrays, outputs, binary_output, None if timeout is None else timeout / 1e6,
+                        sequence)
 
 
 # ------------------------------------------------------------------------------------------------ encoding

@@ -79,11 +79,16 @@ def pack(sources: Sequence[ModelSource], max_inline: int = MAX_INLINE) -> list[M
     """Read every source's file and digest it.
 
     Raises:
-        ServingError: HYB-707 when a file cannot be read or the models together exceed ``max_inline``.
+        ServingError: HYB-707 when a file cannot be read, the models together exceed ``max_inline``, or a model
+            has sequence batching (its state would not follow its sequence from replica to replica).
     """
     packages: list[ModelPackage] = []
     total = 0
     for source in sources:
+        if source.config is not None and source.config.HasField("sequence_batching"):
+            raise ServingError("HYB-707", f"model {source.name!r} version {source.version} has sequence batching: "
+                               "a sequence's state lives in the process that served its last request, and Ray "
+                               "routes each call to any replica", "serve stateful models without --ray")
         path = Path(source.path)
         try:
             data = path.read_bytes()

@@ -371,8 +371,19 @@ def load_model(source: ModelSource, target: str | None = None, overrides: Mappin
         notes = _unhonoured(source.notes, source.config, str(getattr(compiled, "device", "")))
         if notes:
             logger.warning("%s: config.pbtxt fields not applied by pyasc: %s", where, "; ".join(notes))
-    served = ServedModel(source.name, source.version, compiled, settings, platform, observer)
-    served.model_config = source.config  # reported by the model-configuration endpoints
+    sequences = None
+    if source.config is not None:
+        from hybrid.serve.sequences import SequenceSettings
+
+        try:
+            sequences = SequenceSettings.from_config(source.config, compiled.signature, f"{where} (config.pbtxt)",
+                                                     Path(source.path).parent.parent)
+        except BaseException:
+            compiled.close()
+            raise
+    # the configuration is reported by the model-configuration endpoints
+    served = ServedModel(source.name, source.version, compiled, settings, platform, observer,
+                         model_config=source.config, sequences=sequences)
     served.labels = dict(source.labels)
     served.compile_request = wanted
     try:

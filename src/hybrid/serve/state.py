@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
     from hybrid.serve.model import ServedModel
     from hybrid.serve.repository import ModelRegistry
+    from hybrid.serve.sequences import SequenceFlags
 
 __all__ = ["EXTENSIONS", "Decoded", "ServeOptions", "ServerState", "http_status", "infer", "selected_models"]
 
@@ -187,10 +188,17 @@ class ServerState:
 
 @dataclass(slots=True)
 class Decoded:
-    """A request as its transport decoded it: the input arrays and the client's own timeout (seconds)."""
+    """A request as its transport decoded it.
+
+    Attributes:
+        inputs: The input arrays.
+        timeout_s: The client's own timeout in seconds, if any.
+        sequence: Its sequence parameters, if any (a model with sequence batching needs them).
+    """
 
     inputs: dict[str, np.ndarray]
     timeout_s: float | None
+    sequence: SequenceFlags | None = None
 
 
 async def infer(state: ServerState, model: ServedModel, decode: Callable[[], Awaitable[Decoded] | Decoded],
@@ -228,6 +236,7 @@ async def infer(state: ServerState, model: ServedModel, decode: Callable[[], Awa
             trace.stamp("REQUEST_START")
         request = model.check(decoded.inputs)
         request.trace = trace
+        request.sequence = decoded.sequence
         decoded.inputs = {}  # the request holds the arrays now (views of the body): nothing else keeps them
         rows = request.rows
         t1 = time.perf_counter()

@@ -18,6 +18,10 @@ the fields that have a meaning here become serving settings:
 ``model_warmup``                                   run before the model is ready (:mod:`hybrid.serve.warmup`)
 ``output[*].label_filename``                       the labels of the classification extension
                                                    (:mod:`hybrid.serve.classification`)
+``sequence_batching``                              stateful models: controls, implicit state, a
+                                                   sequence's requests in order (:mod:`hybrid.serve.sequences`);
+                                                   ``max_batch`` = ``max_batch_size``, ``batch_timeout`` = the
+                                                   strategy's ``max_queue_delay_microseconds``
 =================================================  ===============================================
 
 Every other field that is set is listed in one warning at startup (see :func:`unmapped_fields`): nothing
@@ -70,6 +74,19 @@ _MAPPED = {
     "model_warmup.inputs.key", "model_warmup.inputs.value", "model_warmup.inputs.value.data_type",
     "model_warmup.inputs.value.dims", "model_warmup.inputs.value.zero_data", "model_warmup.inputs.value.random_data",
     "model_warmup.inputs.value.input_data_file",
+    # stateful models (hybrid.serve.sequences); a strategy's other fields are reported as not applied
+    "sequence_batching", "sequence_batching.max_sequence_idle_microseconds", "sequence_batching.direct",
+    "sequence_batching.direct.max_queue_delay_microseconds", "sequence_batching.oldest",
+    "sequence_batching.oldest.max_queue_delay_microseconds", "sequence_batching.control_input",
+    "sequence_batching.control_input.name", "sequence_batching.control_input.control",
+    "sequence_batching.control_input.control.kind", "sequence_batching.control_input.control.int32_false_true",
+    "sequence_batching.control_input.control.fp32_false_true",
+    "sequence_batching.control_input.control.bool_false_true", "sequence_batching.control_input.control.data_type",
+    "sequence_batching.state", "sequence_batching.state.input_name", "sequence_batching.state.output_name",
+    "sequence_batching.state.data_type", "sequence_batching.state.dims", "sequence_batching.state.initial_state",
+    "sequence_batching.state.initial_state.data_type", "sequence_batching.state.initial_state.dims",
+    "sequence_batching.state.initial_state.zero_data", "sequence_batching.state.initial_state.data_file",
+    "sequence_batching.state.initial_state.name",
 }
 
 
@@ -135,6 +152,11 @@ def settings_of(config: mc.ModelConfig, where: str) -> tuple[dict[str, Any], lis
         settings["max_batch"] = 0
         if config.HasField("dynamic_batching"):
             notes.append("dynamic_batching (max_batch_size is 0: no batching)")
+    elif config.HasField("sequence_batching"):  # requests of different sequences batch together
+        sb = config.sequence_batching
+        strategy = sb.oldest if sb.HasField("oldest") else sb.direct
+        settings["max_batch"] = config.max_batch_size
+        settings["batch_timeout"] = strategy.max_queue_delay_microseconds / 1e6
     elif not config.HasField("dynamic_batching"):
         settings["max_batch"] = 0  # Triton: without dynamic_batching every request runs as it came
     else:
@@ -205,7 +227,9 @@ def check_signature(config: mc.ModelConfig, signature: Signature, where: str) ->
     _check_tensors("input", config.input, signature.inputs, batched, where)
     _check_tensors("output", config.output, signature.outputs, batched, where)
     if len(config.input):
-        missing = [n for n in signature.input_names if n not in {t.name for t in config.input}]
+        sb = config.sequence_batching  # the inputs the server feeds a stateful model are not listed
+        fed = {c.name for c in sb.control_input} | {st.input_name for st in sb.state}
+        missing = [n for n in signature.input_names if n not in {t.name for t in config.input} | fed]
         if missing:
             raise _error(f"{where}: config.pbtxt lists no input {', '.join(map(repr, missing))} of the model")
 
