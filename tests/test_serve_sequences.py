@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -320,3 +321,54 @@ def test_a_ray_deployment_refuses_a_stateful_model(tmp_path):
     with pytest.raises(ServingError, match="sequence batching") as info:
         pack(discover([stateful_repo(tmp_path)]))
     assert info.value.code == "HYB-707"
+
+
+_VAD_PBTXT = """name: "vad"
+max_batch_size: 0
+input [ { name: "audio" data_type: TYPE_FP32 dims: [1, -1] } ]
+output [ { name: "prob" data_type: TYPE_FP32 dims: [-1, 1] } ]
+sequence_batching {
+  state [ { input_name: "h" output_name: "hn" data_type: TYPE_FP32 dims: [2, 1, 64] },
+          { input_name: "c" output_name: "cn" data_type: TYPE_FP32 dims: [2, 1, 64] } ]
+}
+"""
+
+
+def test_a_stateful_voice_activity_model_streams_as_its_explicit_state_chain(tmp_path):
+    """hybrid.zoo's LSTM VAD, its h/c state kept by the server: each chunk's answer is what the chain of calls
+    that pass h/c by hand gives, for two streams interleaved."""
+    from hybrid import zoo
+
+    built = zoo.build("vad_lstm", folder=tmp_path / "zoo")
+    folder = tmp_path / "repo" / "vad"
+    (folder / "1").mkdir(parents=True)
+    (folder / "1" / "model.onnx").write_bytes(Path(built.path).read_bytes())
+    (folder / "config.pbtxt").write_text(_VAD_PBTXT)
+    rng = np.random.default_rng(0)
+    chunks = {stream: [rng.normal(0, 0.3, (1, 512)).astype(np.float32) for _ in range(4)] for stream in (1, 2)}
+    compiled = compile_model(built.path, target="onnxruntime")
+    expected = {}
+    try:
+        for stream, audio in chunks.items():
+            h = c = np.zeros((2, 1, 64), np.float32)
+            expected[stream] = []
+            for chunk in audio:
+                out = compiled.run({"audio": chunk, "h": h, "c": c})
+                h, c = out["hn"], out["cn"]
+                expected[stream].append(out["prob"])
+        zeros = np.zeros((2, 1, 64), np.float32)
+        lone = compiled.run({"audio": chunks[1][3], "h": zeros, "c": zeros})["prob"]
+    finally:
+        compiled.close()
+    with serving([tmp_path / "repo"]) as server:
+        gc = grpcclient.InferenceServerClient(server.grpc_url)
+        meta = gc.get_model_metadata("vad", as_json=True)
+        assert [i["name"] for i in meta["inputs"]] == ["audio"] and [o["name"] for o in meta["outputs"]] == ["prob"]
+        for k in range(4):
+            for stream in (1, 2):
+                audio = grpcclient.InferInput("audio", [1, 512], "FP32")
+                audio.set_data_from_numpy(chunks[stream][k])
+                prob = gc.infer("vad", [audio], sequence_id=stream, sequence_start=k == 0,
+                                sequence_end=k == 3).as_numpy("prob")
+                np.testing.assert_allclose(prob, expected[stream][k], rtol=1e-5, atol=1e-6)
+    assert not np.allclose(expected[1][3], lone, rtol=1e-5, atol=1e-6)  # the state matters: not a lone call
