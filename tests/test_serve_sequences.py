@@ -148,6 +148,8 @@ def test_a_sequence_keeps_its_state_and_controls_until_it_ends(signature):
     assert _step(seqs, SequenceFlags(7, start=True), 1.0)["y"].tolist() == [[1.0, 1.0]]  # a new one, from zero
     assert _step(seqs, SequenceFlags(7, start=True), 5.0)["y"].tolist() == [[5.0, 5.0]]  # START again: reset
     assert len(seqs) == 2
+    _refused(seqs, SequenceFlags("abc", start=True), "is a string, but model 'seq' takes its correlation id as uint64")
+    assert len(seqs) == 2  # refused before it started
 
 
 def test_a_failed_request_leaves_the_state_and_an_end_releases_it(signature):
@@ -216,6 +218,7 @@ def test_sequences_over_http_grpc_and_a_stream(tmp_path):
     with serving([stateful_repo(tmp_path)]) as server:
         hc = httpclient.InferenceServerClient(server.url.removeprefix("http://"))
         gc = grpcclient.InferenceServerClient(server.grpc_url)
+        assert "sequence" in hc.get_server_metadata()["extensions"]
         meta = hc.get_model_metadata("seq")
         assert [i["name"] for i in meta["inputs"]] == ["x"] and [o["name"] for o in meta["outputs"]] == ["y", "ctl"]
         assert hc.get_model_config("seq")["sequence_batching"]["state"][0]["input_name"] == "state_in"
@@ -224,7 +227,7 @@ def test_sequences_over_http_grpc_and_a_stream(tmp_path):
         result = gc.infer("seq", _x(grpcclient, 2), sequence_id=5)  # one sequence over both protocols
         assert result.as_numpy("y").tolist() == [[3.0, 3.0]] and result.as_numpy("ctl").tolist() == [[0, 1, 0, 5]]
         with pytest.raises(Exception, match="START flag"):
-            gc.infer("seq", _x(grpcclient, 1), sequence_id="never-started")
+            gc.infer("seq", _x(grpcclient, 1), sequence_id=12345)
         with pytest.raises(Exception, match="batch-size 1"):
             hc.infer("seq", _x(httpclient, 1, rows=2), sequence_id=5)
         with pytest.raises(Exception, match="non-zero or non-empty correlation ID"):
@@ -321,6 +324,9 @@ def test_a_ray_deployment_refuses_a_stateful_model(tmp_path):
     with pytest.raises(ServingError, match="sequence batching") as info:
         pack(discover([stateful_repo(tmp_path)]))
     assert info.value.code == "HYB-707"
+    with serving([tiny_model(tmp_path / "tiny.onnx")], sequences=False) as server:
+        assert "sequence" not in httpclient.InferenceServerClient(server.url.removeprefix("http://")) \
+            .get_server_metadata()["extensions"]  # what a Ray deployment's options say
 
 
 _VAD_PBTXT = """name: "vad"

@@ -177,9 +177,9 @@ def build_application(models: Sequence[str | Path], *, target: str | None = None
     logger.info("packed %d model version(s), %d bytes, for the deployment", len(packages),
                 sum(p.size for p in packages))
     # replicas share no memory with a client (they may run on any node), and a call reaches one of them: no
-    # system shared memory, no log settings over the network
+    # system shared memory, no log or trace settings over the network, no stateful models
     options = dataclasses.replace(options or ServeOptions(), shared_memory=False, log_settings=False,
-                                  trace=None)
+                                  trace=None, sequences=False)
     return deployment.bind(packages, target, settings, options, backends, warmup, app_name)
 
 

@@ -294,6 +294,7 @@ class Sequences:
         if self.batched and rows != 1:
             raise ServingError("HYB-702", f"inference request to model {self.model!r} must specify batch-size 1 due "
                                "to requirements of sequence batcher", "send one row per request of a sequence")
+        controls = self._control_feeds(flags)  # a string id to a numeric CORRID fails before the sequence starts
         now = self._clock()
         self._sweep(now)
         seq = self._live.get(flags.id)
@@ -312,7 +313,7 @@ class Sequences:
                     self._live[flags.id] = seq
                 elif seq.ended:  # an earlier request of it carried END
                     raise self._not_started(flags)
-                feeds.update(self._control_feeds(flags))
+                feeds.update(controls)
                 feeds.update(seq.states)
                 outputs = await queue()
                 seq.states = {inp: np.array(outputs[out]) for inp, out in self._pairs}  # not a view of the batch

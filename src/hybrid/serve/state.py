@@ -34,10 +34,10 @@ __all__ = ["EXTENSIONS", "Decoded", "ServeOptions", "ServerState", "http_status"
 
 logger = logging.getLogger("hybrid.serve")
 
-EXTENSIONS = ["classification", "binary_tensor_data", "model_configuration", "statistics", "model_repository",
-              "system_shared_memory", "logging", "trace"]
-"""The Triton protocol extensions pyasc serves; a server lists ``system_shared_memory``, ``logging`` and ``trace``
-only where its :class:`ServeOptions` allow them (:attr:`ServerState.extensions`)."""
+EXTENSIONS = ["classification", "sequence", "binary_tensor_data", "model_configuration", "statistics",
+              "model_repository", "system_shared_memory", "logging", "trace"]
+"""The Triton protocol extensions pyasc serves; a server lists ``sequence``, ``system_shared_memory``, ``logging``
+and ``trace`` only where its :class:`ServeOptions` allow them (:attr:`ServerState.extensions`)."""
 _STATUS = {"HYB-701": 404, "HYB-702": 400, "HYB-703": 401, "HYB-704": 413, "HYB-705": 503, "HYB-706": 503,
            "HYB-707": 400, "HYB-709": 403, "HYB-711": 400, "HYB-712": 404, "HYB-713": 400, "HYB-411": 504,
            "HYB-412": 503, "HYB-414": 503, "HYB-415": 503}
@@ -61,6 +61,9 @@ class ServeOptions:
             where a call reaches one replica of several (Ray).
         trace: The trace settings at start-up (Triton's trace extension: ``--trace-config``); None: no trace
             extension (Ray, where a call reaches one replica of several).
+        sequences: List Triton's sequence extension (models with sequence batching are served,
+            :mod:`hybrid.serve.sequences`); off on Ray, which refuses such models (a sequence's requests could
+            reach different replicas).
     """
 
     auth_token: str | None = None
@@ -71,6 +74,7 @@ class ServeOptions:
     shared_memory: bool = True
     log_settings: bool = True
     trace: TraceConfig | None = field(default_factory=TraceConfig)
+    sequences: bool = True
 
 
 def http_status(code: str) -> int:
@@ -104,7 +108,7 @@ class ServerState:
         # the system shared memory extension's regions; None where the server takes none
         self.shared_memory = SharedMemoryRegions() if options.shared_memory else None
         off = {"system_shared_memory": not options.shared_memory, "logging": not options.log_settings,
-               "trace": options.trace is None}
+               "trace": options.trace is None, "sequence": not options.sequences}
         self.extensions = [e for e in EXTENSIONS if not off.get(e)]
         # the logging extension's view of the ``hybrid`` logger; None where clients may not use it
         self.log_settings = LogSettings() if options.log_settings else None
