@@ -179,6 +179,9 @@ def test_traces_go_to_one_file_when_the_server_stops(tmp_path):
     assert [e for e in entries if "model_name" in e] == [
         {"id": i, "model_name": "m", "model_version": 1} for i in (1, 2, 3)]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["trace.json"]  # no temporary file left behind
+    (tmp_path / "plain").write_text("")  # the trace file gets the mode any file the process makes gets
+    assert (tmp_path / "trace.json").stat().st_mode & 0o777 == (tmp_path / "plain").stat().st_mode & 0o777
+    (tmp_path / "plain").unlink()
     _traced(tracer, n=1)  # after close: dropped, nothing rewritten
     assert _read(tmp_path / "trace.json") == entries
 

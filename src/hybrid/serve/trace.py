@@ -42,11 +42,9 @@ trace file.
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import json
 import logging
 import os
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -57,6 +55,7 @@ from typing import Any
 import numpy as np
 
 from hybrid.errors import ConfigError, ServingError
+from hybrid.ir import atomic_file
 
 __all__ = ["LEVELS", "SETTINGS", "Trace", "TraceConfig", "Tracer"]
 
@@ -462,19 +461,9 @@ class Tracer:
 
 
 def _write(path: str, traces: Iterable[str]) -> None:
-    """Write ``traces`` as one JSON array to ``path``: to a temporary file beside it, then renamed."""
-    target = Path(path)
+    """Write ``traces`` as one JSON array to ``path``, atomically (:func:`hybrid.ir.atomic_file`)."""
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write("[")
-                f.write(",".join(traces))
-                f.write("]")
-            os.replace(tmp, target)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        with atomic_file(path) as f:
+            f.write(b"[" + ",".join(traces).encode("utf-8") + b"]")
     except OSError as e:
         logger.error("the trace file %s could not be written: %s", path, e)
