@@ -24,7 +24,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from hybrid.errors import ServingError
 from hybrid.runtime.compiler import compile_model
 from hybrid.serve import build_registry
-from hybrid.serve.sequences import SequenceFlags, Sequences, SequenceSettings, sequence_flags
+from hybrid.serve.sequences import Control, SequenceFlags, Sequences, SequenceSettings, sequence_flags
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -150,6 +150,21 @@ def test_a_sequence_keeps_its_state_and_controls_until_it_ends(signature):
     assert len(seqs) == 2
     _refused(seqs, SequenceFlags("abc", start=True), "is a string, but model 'seq' takes its correlation id as uint64")
     assert len(seqs) == 2  # refused before it started
+    assert _step(seqs, SequenceFlags((1 << 64) - 1, start=True), 1.0)["ctl"][0, 3] == float((1 << 64) - 1)
+
+
+def test_a_sequence_id_must_fit_the_correlation_id():
+    narrow = Sequences(SequenceSettings(controls=(Control("CORRID", "CORRID", np.dtype(np.int32)),)), "m", True)
+
+    async def queue() -> dict[str, np.ndarray]:
+        return {}
+
+    with pytest.raises(ServingError, match=r"does not fit model 'm'.s correlation id, int32") as info:
+        asyncio.run(narrow.run(SequenceFlags(1 << 40, start=True), 1, {}, queue))
+    assert info.value.code == "HYB-702" and len(narrow) == 0
+    feeds: dict[str, np.ndarray] = {}
+    asyncio.run(narrow.run(SequenceFlags(5, start=True), 1, feeds, queue))
+    assert feeds["CORRID"].tolist() == [[5]] and feeds["CORRID"].dtype == np.int32
 
 
 def test_a_failed_request_leaves_the_state_and_an_end_releases_it(signature):

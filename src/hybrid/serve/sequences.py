@@ -7,7 +7,9 @@ last): tritonclient's ``infer(..., sequence_id=, sequence_start=, sequence_end=)
 
 - checks, as Triton does: a request without a sequence id, a first request without ``sequence_start``, one
   after the sequence ended or was idle longer than ``max_sequence_idle_microseconds`` (default 1 s), and, when
-  the model batches, a request of more than one row are refused (HYB-702, 400, Triton's wording);
+  the model batches, a request of more than one row are refused (HYB-702, 400, Triton's wording); so is, unlike
+  Triton (which feeds an unrelated number), an id the CORRID control cannot hold (a string or an integer out of
+  its type's range);
 - runs a sequence's requests one after the other, in the order they came; requests of different sequences
   batch together (with ``max_batch_size > 0``: up to it, waiting at most the strategy's
   ``max_queue_delay_microseconds``, 0 by default);
@@ -342,8 +344,15 @@ class Sequences:
                     raise ServingError("HYB-702", f"sequence id {flags.id!r} is a string, but model {self.model!r} "
                                        f"takes its correlation id as {control.dtype} (control input "
                                        f"{control.name!r})", "send an integer sequence_id")
-                value = flags.id if control.dtype != np.dtype(object) else str(flags.id)
-                feeds[control.name] = np.full(self._shape, value, control.dtype)
+                if control.dtype == np.dtype(object):
+                    feeds[control.name] = np.full(self._shape, str(flags.id), control.dtype)
+                    continue
+                bounds = np.iinfo(control.dtype)
+                if not bounds.min <= flags.id <= bounds.max:  # type: ignore[operator]  # an int here
+                    raise ServingError("HYB-702", f"sequence id {flags.id} does not fit model {self.model!r}'s "
+                                       f"correlation id, {control.dtype} (control input {control.name!r})",
+                                       f"send a sequence_id in {bounds.min}..{bounds.max}")
+                feeds[control.name] = np.full(self._shape, flags.id, control.dtype)
             else:
                 on = {"START": flags.start, "END": flags.end, "READY": True}[control.kind]
                 feeds[control.name] = true if on else false
