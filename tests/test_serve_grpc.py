@@ -262,6 +262,40 @@ def test_model_control_unloads_and_loads_from_the_repository(models):
         srv.stop()
 
 
+def test_a_load_may_carry_the_configuration_that_stands_for_config_pbtxt(models, tmp_path):
+    import json
+
+    srv = start([models["repo"], models["squeezenet"]], model_control=True)
+    try:
+        g, h = tg.InferenceServerClient(srv.grpc_url), th.InferenceServerClient(srv.url)
+        x, scale = feeds(5, rows=5)
+        h.load_model("tiny", config=json.dumps({"max_batch_size": 4, "dynamic_batching": {}}))
+        assert h.get_model_config("tiny")["max_batch_size"] == 4
+        with pytest.raises(InferenceServerException, match="batch-size must be <= 4"):
+            g.infer("tiny", tiny_inputs(tg, x, scale))
+        g.load_model("tiny", config=json.dumps({"name": "tiny", "max_batch_size": 2, "dynamic_batching": {}}))
+        assert g.get_model_config("tiny", as_json=True)["config"]["max_batch_size"] == 2
+        h.load_model("tiny")  # without one: the repository's own again (no config.pbtxt there)
+        assert h.get_model_config("tiny")["max_batch_size"] == 8
+        np.testing.assert_allclose(g.infer("tiny", tiny_inputs(tg, x, scale)).as_numpy("y"),
+                                   tiny_expected(x, scale)["y"], rtol=1e-6)
+        for config, says in [("{not json", "not a Triton model configuration"),
+                             (json.dumps({"max_batch_size": 4, "flavour": 1}), "not a Triton model configuration"),
+                             (json.dumps({"name": "ints"}), "names model 'ints', not 'tiny'"),
+                             (json.dumps({"input": [{"name": "nope", "data_type": "TYPE_FP32", "dims": [4]}]}),
+                              "'nope' is not an input of the model")]:
+            for client in (g, h):
+                with pytest.raises(InferenceServerException, match=re.escape(says)):
+                    client.load_model("tiny", config=config)
+        with pytest.raises(InferenceServerException, match="not supported"):
+            h.load_model("tiny", config=json.dumps({}), files={"file:1/model.onnx": b"onnx"})
+        with pytest.raises(InferenceServerException, match="served from a file"):
+            g.load_model("squeezenet", config=json.dumps({"max_batch_size": 4}))
+        assert h.get_model_config("tiny")["max_batch_size"] == 8  # a refused load changes nothing
+    finally:
+        srv.stop()
+
+
 def test_bearer_token_guards_grpc_but_liveness(models):
     srv = start([models["repo"]], auth_token="s3cret")
     try:

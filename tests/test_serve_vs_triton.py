@@ -627,3 +627,49 @@ def _x_input() -> list[Any]:
     inp = grpcclient.InferInput("x", [1, 2], "FP32")
     inp.set_data_from_numpy(np.full((1, 2), 1.5, np.float32))
     return [inp]
+
+
+def test_a_load_with_a_config_as_triton_s(tmp_path) -> None:
+    if _REASON:
+        pytest.skip(_REASON)
+    tiny = tiny_model(tmp_path / "tiny.onnx")
+    folders = {name: tmp_path / name for name in ("triton", "pyasc")}
+    for folder in folders.values():  # the same Triton repository, one copy each
+        tr.write_model(folder, "tiny", tiny, [tr.TritonSpec("x", "TYPE_FP32", [4]),
+                                              tr.TritonSpec("scale", "TYPE_FP32", [1])],
+                       [tr.TritonSpec("y", "TYPE_FP32", [3]), tr.TritonSpec("s", "TYPE_FP32", [1])], threads=1)
+    registry = build_registry([folders["pyasc"]], target="onnxruntime")
+    app = create_app(registry, ServeOptions(grpc_address="127.0.0.1:0", model_control=True))
+    with tr.TritonServer(folders["triton"], extra_args=["--model-control-mode", "explicit", "--load-model",
+                                                        "tiny"]) as triton, BackgroundServer(app) as pyasc:
+        servers = {"triton": (triton.http_url, triton.grpc_url),
+                   "pyasc": (pyasc.url, f"127.0.0.1:{pyasc.server.state.grpc_port}")}
+        given = json.loads(_both(servers, "GET", "/v2/models/tiny/config")["triton"][1])
+        small = {"name": "tiny", "backend": "python", "max_batch_size": 4, "input": given["input"],
+                 "output": given["output"], "dynamic_batching": {}}
+
+        def max_batch_sizes() -> dict[str, int]:
+            got = _both(servers, "GET", "/v2/models/tiny/config")
+            return {name: json.loads(body)["max_batch_size"] for name, (_, body, _) in got.items()}
+
+        got = _both(servers, "POST", "/v2/repository/models/tiny/load", {"parameters": {"config": json.dumps(small)}})
+        assert got["pyasc"][0] == got["triton"][0] == 200, got
+        assert max_batch_sizes() == {"pyasc": 4, "triton": 4}
+        five = [{"name": "x", "shape": [5, 4], "datatype": "FP32", "data": [0.0] * 20},
+                {"name": "scale", "shape": [5, 1], "datatype": "FP32", "data": [1.0] * 5}]
+        got = _both(servers, "POST", "/v2/models/tiny/infer", {"inputs": five})
+        assert got["pyasc"][0] == got["triton"][0] == 400
+        assert "inference request batch-size must be <= 4" in json.loads(got["pyasc"][1])["error"]
+        # a load without a config: pyasc reloads from the repository (its config.pbtxt again); Triton 2.51 reloads
+        # only a model whose files changed, and keeps serving the last load's config (a deliberate difference)
+        got = _both(servers, "POST", "/v2/repository/models/tiny/load", {})
+        assert got["pyasc"][0] == got["triton"][0] == 200 and max_batch_sizes() == {"pyasc": 8, "triton": 4}
+        got = _both(servers, "POST", "/v2/repository/models/tiny/load", {"parameters": {"config": "{not json"}})
+        assert got["pyasc"][0] == 400 and got["triton"][0] == 500  # a client's mistake: 400 in pyasc
+        assert max_batch_sizes() == {"pyasc": 8, "triton": 4}  # a refused load changes nothing
+
+        def flow(client: Any) -> int:
+            client.load_model("tiny", config=json.dumps({**small, "max_batch_size": 2}))
+            return client.get_model_config("tiny", as_json=True)["config"]["max_batch_size"]
+
+        assert _grpc(servers, flow) == {"pyasc": 2, "triton": 2}

@@ -42,7 +42,7 @@ from hybrid.serve.protocol import DATATYPES, Limits, binary_of, datatype_of
 from hybrid.serve.sequences import SequenceFlags, sequence_flags
 from hybrid.serve.shared_memory import BYTE_SIZE, OFFSET, REGION, SharedMemoryRegions, Span, regions_for, span_of
 from hybrid.serve.state import Decoded, ServerState, http_status, infer, selected_models, statistics_of
-from hybrid.serve.triton_config import model_config
+from hybrid.serve.triton_config import load_config, model_config
 
 if TYPE_CHECKING:
     from hybrid.serve.model import ServedModel
@@ -464,14 +464,16 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
         """Answer ``RepositoryModelLoad``: load (or reload) every version of the model from the repositories.
 
         The load runs in a worker thread. Refused with FAILED_PRECONDITION (HYB-709) unless the server runs
-        with model control; load parameters are INVALID_ARGUMENT (HYB-702); a model no repository holds is
+        with model control; the ``config`` parameter (a ``ModelConfig`` as JSON, tritonclient's
+        ``load_model(name, config=...)``) stands for the model's ``config.pbtxt`` for this load; a bad one, or
+        any other parameter (model files), is INVALID_ARGUMENT (HYB-702); a model no repository holds is
         NOT_FOUND (HYB-701).
         """
         self._control()
-        if len(request.parameters):
-            raise _bad(f"load parameters ({', '.join(request.parameters)}) are not supported",
-                       "change the files in the repository, then load the model")
-        await asyncio.get_running_loop().run_in_executor(None, self.state.registry.load, request.model_name)
+        params = {key: getattr(value, value.WhichOneof("parameter_choice") or "string_param")
+                  for key, value in request.parameters.items()}
+        config = load_config(params)
+        await asyncio.get_running_loop().run_in_executor(None, self.state.registry.load, request.model_name, config)
         return pb.RepositoryModelLoadResponse()
 
     @_rpc()

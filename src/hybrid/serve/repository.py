@@ -182,18 +182,21 @@ def _read_labels(root: Path, model_path: Path, files: dict[str, str]) -> dict[st
     return labels
 
 
-def _read_pbtxt(root: Path, model_path: Path,
-                settings: dict[str, Any]) -> tuple[Any, tuple[str, ...], dict[str, tuple[str, ...]]]:
+def _read_pbtxt(root: Path, model_path: Path, settings: dict[str, Any],
+                override: Any = None) -> tuple[Any, tuple[str, ...], dict[str, tuple[str, ...]]]:
     """The folder's config.pbtxt, if any, its notes and its labels; its settings go under ``settings``.
 
-    config.json's keys win over config.pbtxt's.
+    config.json's keys win over config.pbtxt's. ``override`` (a ``ModelConfig`` a load request carries) stands for
+    the file.
     """
     path = model_path / "config.pbtxt"
-    if not path.exists():
+    if override is None and not path.exists():
         return None, (), {}
     from hybrid.serve import triton_config as tc
 
-    config = tc.read_pbtxt(_inside(root, path))
+    config = override if override is not None else tc.read_pbtxt(_inside(root, path))
+    if override is not None:
+        path = model_path / "config.pbtxt (the load request's config)"
     if config.name and config.name != model_path.name:
         raise _repo_error(f"{path}: name {config.name!r} differs from the model folder {model_path.name!r}",
                           "Triton requires the two to match: fix the name or remove it")
@@ -221,7 +224,7 @@ def _single_file(arg: str) -> ModelSource:
     return ModelSource(name, "1", str(path.resolve()))
 
 
-def _repository(root_arg: Path) -> list[ModelSource]:
+def _repository(root_arg: Path, overrides: Mapping[str, Any]) -> list[ModelSource]:
     root = root_arg.resolve()
     found: list[ModelSource] = []
     for model_dir in sorted(root.iterdir()):
@@ -232,7 +235,7 @@ def _repository(root_arg: Path) -> list[ModelSource]:
         model_path = _inside(root, model_dir)
         config = model_path / CONFIG_FILE
         settings, target, wanted = _read_config(_inside(root, config)) if config.exists() else ({}, None, {})
-        pbtxt, notes, labels = _read_pbtxt(root, model_path, settings)
+        pbtxt, notes, labels = _read_pbtxt(root, model_path, settings, overrides.get(model_dir.name))
         versions = [d for d in model_path.iterdir() if d.is_dir() and VERSION_RE.fullmatch(d.name)]
         if not versions:
             raise _repo_error(f"{model_dir} has no version folder (a positive integer such as 1/)")
@@ -251,13 +254,20 @@ def _repository(root_arg: Path) -> list[ModelSource]:
     return found
 
 
-def discover(paths: Sequence[str | Path]) -> list[ModelSource]:
+def discover(paths: Sequence[str | Path], configs: Mapping[str, Any] | None = None) -> list[ModelSource]:
     """Find every model version under the given files and repository folders.
+
+    Args:
+        paths: Model files and repository folders.
+        configs: Model name -> the ``ModelConfig`` that stands for its folder's ``config.pbtxt`` (a load request's
+            ``config`` parameter).
 
     Raises:
         ModelError: HYB-201 for a path that does not exist.
-        ServingError: HYB-707 for a layout error or a model name served twice.
+        ServingError: HYB-707 for a layout error or a model name served twice; HYB-702 for a configuration
+            given for a model that is not in a repository folder.
     """
+    configs = dict(configs or {})
     sources: list[ModelSource] = []
     for arg in paths:
         path = Path(arg)
@@ -267,7 +277,12 @@ def discover(paths: Sequence[str | Path]) -> list[ModelSource]:
         from hybrid.serve.model_dir import folder_layout  # a repository, loose model files or an unpacked bundle
 
         kind, files = folder_layout(path)
-        sources += _repository(path) if kind == "repository" else [_single_file(f) for f in files]
+        sources += _repository(path, configs) if kind == "repository" else [_single_file(f) for f in files]
+    for s in sources:
+        if s.name in configs and s.config is not configs[s.name]:
+            raise ServingError("HYB-702", f"model {s.name!r} is served from a file ({s.path}), not a repository "
+                               "folder: a load request's config has no config.pbtxt to stand for",
+                               "serve it from a repository (repo/<model>/<version>/model.onnx)")
     seen: set[tuple[str, str]] = set()
     for s in sources:
         if (s.name, s.version) in seen:
@@ -482,18 +497,28 @@ class ModelRegistry:
                                    ModelIndexEntry(s.name, s.version, "UNAVAILABLE", "unloaded"))
         return sorted(entries.values(), key=lambda e: (e.name, int(e.version)))
 
-    def load(self, name: str) -> list[ServedModel]:
+    def load(self, name: str, config: Any = None) -> list[ServedModel]:
         """Load (or reload) every version of ``name`` from the registry's paths.
 
         The versions served before are replaced, then drained and closed (their queued requests still answered).
 
+        Args:
+            name: The model.
+            config: Triton's ``config`` load parameter (a ``ModelConfig`` as JSON): it stands for the model's
+                ``config.pbtxt`` for this load; the next load without one reads the file again.
+
         Raises:
-            ServingError: HYB-702 for a bad name, HYB-701 when no path holds the model.
+            ServingError: HYB-702 for a bad name or configuration, HYB-701 when no path holds the model.
             HybridError: what loading raised; the versions served before stay.
         """
         check_name(name)
+        configs = {}
+        if config is not None:
+            from hybrid.serve.triton_config import config_from_json
+
+            configs[name] = config_from_json(config, name)
         with self._control:
-            sources = [s for s in discover(self.paths) if s.name == name] if self.paths else []
+            sources = [s for s in discover(self.paths, configs) if s.name == name] if self.paths else []
             if not sources:
                 raise ServingError("HYB-701", f"no model named {name!r} in the served repositories "
                                    f"({', '.join(map(str, self.paths)) or 'none'})",

@@ -31,7 +31,7 @@ in a configuration is ignored silently. A field protobuf does not know is a pars
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -47,8 +47,8 @@ if TYPE_CHECKING:
     from hybrid.ir.signature import Signature, TensorSpec
     from hybrid.serve.model import ServedModel
 
-__all__ = ["PBTXT", "check_signature", "config_json", "label_files", "model_config", "read_pbtxt", "settings_of",
-           "unmapped_fields"]
+__all__ = ["PBTXT", "check_signature", "config_from_json", "config_json", "label_files", "load_config", "model_config",
+           "read_pbtxt", "settings_of", "unmapped_fields"]
 
 logger = logging.getLogger("hybrid.serve")
 
@@ -108,6 +108,47 @@ def read_pbtxt(path: str | Path) -> mc.ModelConfig:
         return text_format.Parse(path.read_text(encoding="utf-8"), mc.ModelConfig())
     except (text_format.ParseError, UnicodeDecodeError) as e:
         raise _error(f"{path} is not a valid Triton model configuration: {e}") from e
+
+
+def config_from_json(text: Any, name: str) -> mc.ModelConfig:
+    """The ``ModelConfig`` a load request carries (Triton's ``config`` load parameter: the configuration as JSON).
+
+    It stands for the model's ``config.pbtxt`` for that load.
+
+    Raises:
+        ServingError: HYB-702 for a value that is not a string, JSON protobuf cannot parse into a ``ModelConfig``
+            (an unknown field, a bad value), or a name other than ``name`` (Triton 2.51 answers these 500).
+    """
+    if not isinstance(text, str):
+        raise ServingError("HYB-702", f"the load parameter 'config' must be the model configuration as a JSON "
+                           f"string, got {type(text).__name__}",
+                           "tritonclient: load_model(name, config=json.dumps(cfg))")
+    if len(text) > _PBTXT_MAX:
+        raise ServingError("HYB-702", f"the load parameter 'config' is larger than {_PBTXT_MAX} bytes")
+    try:
+        config = json_format.Parse(text, mc.ModelConfig())
+    except (json_format.ParseError, RecursionError) as e:
+        raise ServingError("HYB-702", f"the load parameter 'config' is not a Triton model configuration: {e}",
+                           "send the JSON GET /v2/models/{m}/config answers, changed") from e
+    if config.name and config.name != name:
+        raise ServingError("HYB-702", f"the load parameter 'config' names model {config.name!r}, not {name!r}",
+                           "leave the name out, or give the model's")
+    return config
+
+
+def load_config(parameters: Mapping[str, Any]) -> Any:
+    """The ``config`` of a load request's parameters (None without one).
+
+    Raises:
+        ServingError: HYB-702 for any other parameter: model files sent in the request (``file:...``) are not
+            taken (Triton 2.51 takes them with a ``config``).
+    """
+    other = sorted(k for k in parameters if k != "config")
+    if other:
+        raise ServingError("HYB-702", f"load parameter(s) {', '.join(map(repr, other))} are not supported; a load "
+                           "takes 'config' (the model configuration as JSON)",
+                           "put the model files in the repository, then load the model")
+    return parameters.get("config")
 
 
 def label_files(config: mc.ModelConfig) -> dict[str, str]:

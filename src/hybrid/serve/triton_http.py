@@ -28,7 +28,7 @@ from starlette.concurrency import run_in_threadpool
 
 from hybrid.errors import ServingError
 from hybrid.serve.state import EXTENSIONS, selected_models, statistics_of
-from hybrid.serve.triton_config import config_json, model_config
+from hybrid.serve.triton_config import config_json, load_config, model_config
 
 if TYPE_CHECKING:
     import numpy as np
@@ -148,10 +148,10 @@ def add_triton_routes(app: FastAPI, state: ServerState) -> None:
     async def load(request: Request, model_name: str) -> dict[str, Any]:
         control()
         doc = await _control_body(request)
-        if doc.get("parameters"):
-            raise ServingError("HYB-702", f"load parameters ({', '.join(map(str, doc['parameters']))}) are not "
-                               "supported", "change the files in the repository, then load the model")
-        await run_in_threadpool(registry.load, model_name)
+        params = doc.get("parameters") or {}
+        if not isinstance(params, dict):
+            raise ServingError("HYB-702", f"'parameters' must be an object, got {type(params).__name__}")
+        await run_in_threadpool(registry.load, model_name, load_config(params))
         return {}
 
     @app.post("/v2/repository/models/{model_name}/unload")
