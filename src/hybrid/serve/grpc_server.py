@@ -150,9 +150,15 @@ def _from_typed(name: str, datatype: str, shape: tuple[int, ...], count: int, co
 
 
 def _value(param: pb.InferParameter) -> Any:
-    """The value an InferParameter holds (None for none)."""
+    """The value an InferParameter holds (None for none); :func:`_setting` for settings and load parameters."""
     which = param.WhichOneof("parameter_choice")
     return None if which is None else getattr(param, which)
+
+
+def _setting(param: Any) -> Any:
+    """The value a settings parameter holds; ``""`` where it holds none (protobuf's default of its string)."""
+    which = param.WhichOneof("parameter_choice")
+    return param.string_param if which is None else getattr(param, which)
 
 
 def _span(tensor: str, parameters: Any) -> Span | None:
@@ -301,14 +307,8 @@ def _request_timeout(request: pb.ModelInferRequest, context: grpc.aio.ServicerCo
 def _sequence(request: pb.ModelInferRequest) -> SequenceFlags | None:
     """The request's sequence parameters (tritonclient's ``sequence_id``, ``sequence_start``, ``sequence_end``)."""
     params = request.parameters
-
-    def value(name: str) -> Any:
-        if name not in params:
-            return None
-        choice = params[name].WhichOneof("parameter_choice")
-        return None if choice is None else getattr(params[name], choice)
-
-    return sequence_flags(value("sequence_id"), value("sequence_start"), value("sequence_end"))
+    return sequence_flags(*(_value(params[k]) if k in params else None
+                            for k in ("sequence_id", "sequence_start", "sequence_end")))
 
 
 # ------------------------------------------------------------------------------------------------ service
@@ -470,8 +470,7 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
         NOT_FOUND (HYB-701).
         """
         self._control()
-        params = {key: getattr(value, value.WhichOneof("parameter_choice") or "string_param")
-                  for key, value in request.parameters.items()}
+        params = {key: _setting(value) for key, value in request.parameters.items()}
         config = load_config(params)
         await asyncio.get_running_loop().run_in_executor(None, self.state.registry.load, request.model_name, config)
         return pb.RepositoryModelLoadResponse()
@@ -523,8 +522,7 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
 
         The values are :class:`.log_settings.LogSettings`'s: a bad one is INVALID_ARGUMENT (HYB-702).
         """
-        changes = {key: getattr(value, value.WhichOneof("parameter_choice") or "string_param")
-                   for key, value in request.settings.items()}
+        changes = {key: _setting(value) for key, value in request.settings.items()}
         settings = self.state.log_control().update(changes) if changes else self.state.log_control().current()
         value = pb.LogSettingsResponse.SettingValue
 
