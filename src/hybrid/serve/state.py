@@ -152,10 +152,8 @@ class ServerState:
         Raises:
             ServingError: HYB-711 where the server takes no shared memory (``ServeOptions.shared_memory``).
         """
-        if self.shared_memory is None:
-            raise ServingError("HYB-711", "this server takes no system shared memory: its requests may reach "
-                                          "replicas on other machines", "send the tensors in the requests")
-        return self.shared_memory
+        return _served(self.shared_memory, "HYB-711", "this server takes no system shared memory: its requests may "
+                       "reach replicas on other machines", "send the tensors in the requests")
 
     def log_control(self) -> LogSettings:
         """The log settings clients read and change.
@@ -163,10 +161,8 @@ class ServerState:
         Raises:
             ServingError: HYB-702 where the server does not serve them (``ServeOptions.log_settings``).
         """
-        if self.log_settings is None:
-            raise ServingError("HYB-702", "this server does not serve its log settings: a call reaches one of "
-                                          "several replicas", "set the log level where the replicas start")
-        return self.log_settings
+        return _served(self.log_settings, "HYB-702", "this server does not serve its log settings: a call reaches "
+                       "one of several replicas", "set the log level where the replicas start")
 
     def trace_control(self) -> Tracer:
         """The trace settings clients read and change.
@@ -174,10 +170,8 @@ class ServerState:
         Raises:
             ServingError: HYB-702 where the server does not trace (``ServeOptions.trace``).
         """
-        if self.tracer is None:
-            raise ServingError("HYB-702", "this server does not trace requests: a call reaches one of several "
-                                          "replicas", "trace a server started without --ray")
-        return self.tracer
+        return _served(self.tracer, "HYB-702", "this server does not trace requests: a call reaches one of "
+                       "several replicas", "trace a server started without --ray")
 
     def sample(self, model_name: str) -> Trace | None:
         """A trace for a request to ``model_name`` when the trace settings sample it; else None."""
@@ -188,6 +182,13 @@ class ServerState:
         if self.draining:
             raise ServingError("HYB-706", "the server is shutting down; request refused", "retry on another replica")
         return self.registry.get(name, version)
+
+
+def _served(part: T | None, code: str, message: str, hint: str) -> T:
+    """``part`` of the server's state, or the error saying the server's options leave it out."""
+    if part is None:
+        raise ServingError(code, message, hint)
+    return part
 
 
 @dataclass(slots=True)
