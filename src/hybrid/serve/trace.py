@@ -69,6 +69,7 @@ _HINT = "e.g. {'trace_level': ['TIMESTAMPS'], 'trace_rate': '100'}; tritonclient
 _OPTION_HINT = ("e.g. --trace-config triton,file=/tmp/trace.json --trace-config level=TIMESTAMPS "
                 "--trace-config rate=100")
 _OFF = ("OFF",)
+_FIELD_OF = {"trace_level": "level", "trace_rate": "rate", "trace_count": "count", "log_frequency": "log_frequency"}
 _OPTION_KEYS = {"file": "file", "log-frequency": "log_frequency", "level": "level", "rate": "rate",
                 "count": "count", "mode": "mode"}
 
@@ -185,10 +186,8 @@ def _checked(base: TraceConfig, changes: Mapping[str, Any], reset: TraceConfig |
     fields: dict[str, Any] = {}
     for key, value in changes.items():
         if value is None:
-            if reset is not None and key != "trace_file" and key != "trace_mode":
-                field = {"trace_level": "level", "trace_rate": "rate", "trace_count": "count",
-                         "log_frequency": "log_frequency"}[key]
-                fields[field] = getattr(reset, field)
+            if reset is not None and key in _FIELD_OF:  # the file and the mode have nothing to reset
+                fields[_FIELD_OF[key]] = getattr(reset, _FIELD_OF[key])
             continue
         if key == "trace_level":
             fields["level"] = _level(value)
