@@ -113,6 +113,17 @@ def serving(paths: Sequence[Any], **options: Any) -> Iterator[Any]:
         srv.stop()
 
 
+def shared_memory_request(module: Any) -> tuple[list[Any], list[Any]]:
+    """:func:`tiny_model`'s inputs and outputs, tritonclient's (``module``: http or grpc), read from and written to
+    the regions ``in_x`` (offset 16), ``in_s`` and ``out_y`` (24 bytes at offset 8); ``s`` comes in the answer."""
+    inputs = [module.InferInput("x", [2, 4], "FP32"), module.InferInput("scale", [2, 1], "FP32")]
+    inputs[0].set_shared_memory("in_x", 2 * 4 * 4, offset=16)
+    inputs[1].set_shared_memory("in_s", 2 * 4)
+    y = module.InferRequestedOutput("y")
+    y.set_shared_memory("out_y", 24, offset=8)
+    return inputs, [y, module.InferRequestedOutput("s")]
+
+
 @contextlib.contextmanager
 def shared_memory_objects(sizes: Mapping[str, int]) -> Iterator[dict[str, tuple[str, Any]]]:
     """Shared memory objects made as a client makes them (tritonclient's utilities), destroyed after.

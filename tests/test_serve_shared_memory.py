@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tests._serve_support import serving, shared_memory_objects, tiny_expected, tiny_repo
+from tests._serve_support import serving, shared_memory_objects, shared_memory_request, tiny_expected, tiny_repo
 
 from hybrid.errors import ServingError
 from hybrid.serve.protocol import Limits, encode_response, parse_request
@@ -210,12 +210,8 @@ def test_inputs_and_outputs_travel_through_shared_memory(server, objects, module
             list(client.get_system_shared_memory_status(as_json=True)["regions"].values())
         assert sorted(r["name"] for r in status) == ["in_s", "in_x", "out_y"]
 
-        inputs = [module.InferInput("x", [2, 4], "FP32"), module.InferInput("scale", [2, 1], "FP32")]
-        inputs[0].set_shared_memory("in_x", X.nbytes, offset=16)
-        inputs[1].set_shared_memory("in_s", SCALE.nbytes)
-        y = module.InferRequestedOutput("y")
-        y.set_shared_memory("out_y", 24, offset=8)
-        result = client.infer("tiny", inputs, outputs=[y, module.InferRequestedOutput("s")])
+        inputs, outputs = shared_memory_request(module)
+        result = client.infer("tiny", inputs, outputs=outputs)
         want = tiny_expected(X, SCALE)
         if module is th:  # in its region, not in the answer (tritonclient's as_numpy has nothing to read)
             assert result.get_output("y") == {"name": "y", "datatype": "FP32", "shape": [2, 3]}

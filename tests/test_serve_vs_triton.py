@@ -28,7 +28,14 @@ import onnx
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.utils.shared_memory as tshm
-from _serve_support import STATEFUL_PBTXT, shared_memory_objects, stateful_repo, tiny_expected, tiny_model
+from _serve_support import (
+    STATEFUL_PBTXT,
+    shared_memory_objects,
+    shared_memory_request,
+    stateful_repo,
+    tiny_expected,
+    tiny_model,
+)
 from onnx import TensorProto, helper
 from tritonclient.utils import InferenceServerException
 
@@ -407,12 +414,8 @@ def test_system_shared_memory_answers_as_triton_s_over_grpc(servers, regions) ->
             except InferenceServerException as e:
                 out[case] = e.status()
         tshm.set_shared_memory_region(handles["y"], [np.zeros(16, np.float32)])
-        inputs = [grpcclient.InferInput("x", [2, 4], "FP32"), grpcclient.InferInput("scale", [2, 1], "FP32")]
-        inputs[0].set_shared_memory("in_x", X.nbytes, offset=16)
-        inputs[1].set_shared_memory("in_s", SCALE.nbytes)
-        y = grpcclient.InferRequestedOutput("y")
-        y.set_shared_memory("out_y", 24, offset=8)
-        result = client.infer("tiny", inputs, outputs=[y, grpcclient.InferRequestedOutput("s")])
+        inputs, outputs = shared_memory_request(grpcclient)
+        result = client.infer("tiny", inputs, outputs=outputs)
         response = result.get_response()
         out["outputs"] = [(o.name, o.datatype, list(o.shape)) for o in response.outputs]
         out["raw"] = [len(r) for r in response.raw_output_contents]
