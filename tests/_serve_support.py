@@ -6,10 +6,14 @@ wire it: ``python tests/_serve_support.py serve MODEL ...`` (used by the SIGTERM
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import http.client
 import json
+import threading
+import time
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -204,6 +208,100 @@ def error_of(body: bytes) -> str:
     doc = json.loads(body)
     assert doc["error"].startswith(f"[{doc['code']}] ")
     return doc["code"]
+
+
+@dataclass
+class Span:
+    """One exported span, in a form both OTLP encodings give alike (ids in hex, times in ns)."""
+
+    name: str
+    trace_id: str
+    span_id: str
+    parent_id: str
+    kind: int
+    attributes: dict[str, Any]
+    events: list[tuple[str, int]]
+    start: int
+    end: int
+    resource: dict[str, Any]
+
+
+def _value(value: Mapping[str, Any]) -> Any:
+    (kind, v), = value.items()
+    return int(v) if kind == "intValue" else v
+
+
+def _spans_of(content_type: str, body: bytes) -> list[Span]:
+    """The spans of one OTLP/HTTP export: protobuf (the Python SDK's) or JSON (the C++ SDK's, Triton's)."""
+    from google.protobuf.json_format import MessageToDict
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    if content_type.startswith("application/json"):
+        doc, hexed = json.loads(body), True
+    else:
+        doc = MessageToDict(ExportTraceServiceRequest.FromString(body), use_integers_for_enums=True)
+        hexed = False
+
+    def ident(text: str) -> str:
+        return text if hexed or not text else base64.b64decode(text).hex()
+
+    return [Span(s["name"], ident(s["traceId"]), ident(s["spanId"]), ident(s.get("parentSpanId", "")),
+                 int(s.get("kind", 0)), {a["key"]: _value(a["value"]) for a in s.get("attributes", [])},
+                 [(e["name"], int(e["timeUnixNano"])) for e in s.get("events", [])],
+                 int(s["startTimeUnixNano"]), int(s["endTimeUnixNano"]),
+                 {a["key"]: _value(a["value"]) for a in resource.get("resource", {}).get("attributes", [])})
+            for resource in doc.get("resourceSpans", []) for scope in resource.get("scopeSpans", [])
+            for s in scope.get("spans", [])]
+
+
+class OtlpReceiver:
+    """An OTLP/HTTP traces endpoint on loopback that keeps what it is sent (``url``: Triton's spelling)."""
+
+    def __init__(self) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.spans: list[Span] = []
+        self.resources: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                spans = _spans_of(self.headers.get("Content-Type", ""), body)
+                with receiver._lock:
+                    receiver.spans.extend(spans)
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"127.0.0.1:{self._server.server_address[1]}/v1/traces"
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    def wait_for(self, count: int, timeout: float = 30.0) -> list[Span]:
+        """The spans received once there are ``count`` of them (all there are after ``timeout`` seconds)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                if len(self.spans) >= count:
+                    break
+            time.sleep(0.05)
+        with self._lock:
+            return list(self.spans)
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def __enter__(self) -> OtlpReceiver:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from tests._serve_support import serving, tiny_expected, tiny_model
+from tests._serve_support import OtlpReceiver, Span, serving, tiny_expected, tiny_model
 from typer.testing import CliRunner
 
 from hybrid.errors import ConfigError, ServingError
@@ -81,8 +81,15 @@ def test_trace_config_reads_triton_s_spelling(tmp_path):
 @pytest.mark.parametrize(("options", "says"), [
     (["level=TIMESTAMPS"], "needs a trace file"),
     (["file=/no/such/folder/t.json"], "does not exist"),
-    (["opentelemetry,url=localhost:4318"], "no OpenTelemetry"),
-    (["mode=opentelemetry"], "Triton's mode only"),
+    (["opentelemetry,url=localhost:4318"], "not a setting of mode triton"),
+    (["mode=opentelemetry", f"triton,file={Path.cwd()}/t.json"], "not a setting of mode opentelemetry"),
+    (["mode=zipkin"], "expected one of triton, opentelemetry"),
+    (["zipkin,url=x"], "MODE triton or opentelemetry"),
+    (["mode=opentelemetry", "opentelemetry,bsp_max_queue_size=0"], "must be >= 1"),
+    (["mode=opentelemetry", "opentelemetry,bsp_max_export_batch_size=64", "opentelemetry,bsp_max_queue_size=32"],
+     "more than bsp_max_queue_size=32"),
+    (["mode=opentelemetry", "opentelemetry,resource=edge"], "a resource is KEY=VALUE"),
+    (["mode=opentelemetry", "opentelemetry,url="], "expected HOST:PORT/PATH"),
     (["sample=3"], "KEY one of"),
     (["rate"], "KEY=VALUE"),
     (["rate=0"], "'trace_rate' must be >= 1"),
@@ -138,6 +145,7 @@ def test_a_model_s_settings_override_the_server_s_until_cleared(tmp_path):
     (None, {"trace_file": "/tmp/elsewhere.json"}, "cannot be changed over the network"),
     (None, {"sampling": "1"}, "unknown trace setting"),
     ("m", {"log_frequency": "5"}, "server's trace file"),
+    (None, {"url": "collector:4318/v1/traces"}, "one of OpenTelemetry mode"),
     ("m", {"trace_rate": "x"}, "integer"),
 ])
 def test_bad_updates_are_hyb_702_and_change_nothing(tmp_path, model, changes, says):
@@ -332,6 +340,186 @@ def test_cli_refuses_a_bad_trace_config(tmp_path):
     assert "--trace-config" in result.output
     result = runner.invoke(serve_app(), ["serve", str(model), "--trace-config", "level=TIMESTAMPS"])
     assert result.exit_code == 1 and "HYB-102" in result.output and "needs a trace file" in result.output
+    result = runner.invoke(serve_app(), ["serve", str(model), "--trace-config", "mode=opentelemetry",
+                                         "--trace-config", f"triton,file={tmp_path}/t.json"])
+    assert result.exit_code == 1 and "HYB-102" in result.output and "not a setting of mode" in result.output
     result = runner.invoke(serve_app(), ["serve", str(model), "--ray", "--trace-config",
                                          f"triton,file={tmp_path}/t.json"])
     assert result.exit_code == 1 and "HYB-102" in result.output and "--ray" in result.output
+
+
+# ---------------------------------------------------------------------------------------------------- OpenTelemetry
+OTEL = ("mode=opentelemetry", "level=TIMESTAMPS", "rate=1")
+REQUEST_EVENTS = ["HTTP_RECV_START", "HTTP_RECV_END", "INFER_RESPONSE_COMPLETE", "HTTP_SEND_START", "HTTP_SEND_END"]
+MODEL_EVENTS = ["REQUEST_START", "QUEUE_START", "REQUEST_END"]
+COMPUTE_EVENTS = ["COMPUTE_START", "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START", "COMPUTE_END"]
+PARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00"  # the client did not sample: the server decides
+
+
+def test_opentelemetry_settings_read_triton_s_spelling():
+    config = TraceConfig.from_options([*OTEL, "opentelemetry,url=collector:4318/v1/traces",
+                                       "opentelemetry,resource=service.name=edge",
+                                       "opentelemetry,bsp_schedule_delay=250",
+                                       "opentelemetry,bsp_max_export_batch_size=64",
+                                       "opentelemetry,bsp_max_queue_size=128"])
+    assert config.document() == {"trace_level": ["TIMESTAMPS"], "trace_rate": "1", "trace_count": "-1",
+                                 "trace_mode": "opentelemetry", "url": "collector:4318/v1/traces",
+                                 "resource": "service.name=edge", "bsp_schedule_delay": "250",
+                                 "bsp_max_export_batch_size": "64", "bsp_max_queue_size": "128"}
+    assert TraceConfig.from_options(["mode=opentelemetry"]).document() == {  # Triton's defaults, no resource
+        "trace_level": ["OFF"], "trace_rate": "1000", "trace_count": "-1", "trace_mode": "opentelemetry",
+        "url": "localhost:4318/v1/traces", "bsp_schedule_delay": "5000", "bsp_max_export_batch_size": "512",
+        "bsp_max_queue_size": "2048"}
+
+
+def _otel_tracer(*options: str) -> tuple[Tracer, Any]:
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    return Tracer(TraceConfig.from_options([*OTEL, *options]), clock=_clock(), span_exporter=exporter), exporter
+
+
+def _request(tracer: Tracer, stamps: list[str], request_id: str = "", carrier: dict[str, str] | None = None) -> None:
+    """One sampled request stamped ``stamps`` in order (10 ns apart), finished as a transport would."""
+    trace = tracer.sample("m")
+    assert trace is not None
+    trace.request_id, trace.carrier = request_id, carrier
+    for name in stamps:
+        if name == "REQUEST_START":
+            trace.model_version = "3"
+        trace.stamp(name)
+    trace.finish()
+
+
+def test_a_traced_request_is_three_spans_laid_out_as_triton_s():
+    import time
+
+    from opentelemetry.trace import SpanKind
+
+    tracer, exporter = _otel_tracer()
+    _request(tracer, HTTP_ORDER, "r1")
+    finished = exporter.get_finished_spans()
+    assert [s.name for s in finished] == ["compute", "m", "InferRequest"]  # children end first, as in Triton
+    compute, model, request = finished
+    assert request.parent is None and model.parent.span_id == request.context.span_id
+    assert compute.parent.span_id == model.context.span_id
+    assert len({s.context.trace_id for s in finished}) == 1 and all(s.kind == SpanKind.SERVER for s in finished)
+    assert [e.name for e in request.events] == REQUEST_EVENTS
+    assert [e.name for e in model.events] == MODEL_EVENTS and [e.name for e in compute.events] == COMPUTE_EVENTS
+    assert dict(model.attributes) == {"triton.model_name": "m", "triton.model_version": 3, "triton.trace_id": 1,
+                                      "triton.trace_parent_id": 0, "triton.request_id": "r1"}
+    for span in finished:  # each from its first event to its last
+        assert (span.start_time, span.end_time) == (span.events[0].timestamp, span.events[-1].timestamp)
+    times = sorted(e.timestamp for s in finished for e in s.events)
+    assert set(np.diff(times)) == {10}  # the stamps' clock, moved to the wall clock as one piece
+    assert abs(times[0] - time.time_ns()) < 60e9
+    assert dict(request.resource.attributes)["service.name"] == "pyasc"
+
+
+def test_a_client_s_trace_context_is_continued():
+    tracer, exporter = _otel_tracer("opentelemetry,resource=service.name=edge")
+    _request(tracer, GRPC_ORDER, carrier={"traceparent": PARENT})
+    _, model, request = exporter.get_finished_spans()
+    assert format(request.context.trace_id, "032x") == "0af7651916cd43dd8448eb211c80319c"
+    assert format(request.parent.span_id, "016x") == "b7ad6b7169203331" and request.parent.is_remote
+    assert [e.name for e in request.events] == ["GRPC_WAITREAD_END", "INFER_RESPONSE_COMPLETE", "GRPC_SEND_START",
+                                                "GRPC_SEND_END"]
+    assert "triton.request_id" not in model.attributes  # the client sent none
+    assert dict(request.resource.attributes)["service.name"] == "edge"
+
+
+def test_without_timestamps_only_a_bare_request_span_is_exported():
+    tracer, exporter = _otel_tracer()
+    tracer.update(None, {"trace_level": ["TENSORS"]})  # Triton exports no tensors in this mode either
+    _request(tracer, HTTP_ORDER)
+    (span,) = exporter.get_finished_spans()
+    assert span.name == "InferRequest" and not span.events and span.end_time > span.start_time
+
+
+def test_a_request_that_never_reached_its_model_or_ended_after_the_stop_exports_nothing():
+    tracer, exporter = _otel_tracer()
+    trace = tracer.sample("m")
+    assert trace is not None
+    trace.stamp("HTTP_RECV_START")
+    trace.finish()
+    tracer.close()
+    _request(tracer, HTTP_ORDER)
+    assert not exporter.get_finished_spans()
+
+
+@pytest.mark.parametrize(("changes", "says"), [
+    ({"log_frequency": "10"}, "one of Triton's trace files"),
+    ({"trace_file": "/tmp/t.json"}, "one of Triton's trace files"),
+    ({"trace_mode": "triton"}, "is 'opentelemetry' on this server"),
+    ({"url": "elsewhere:4318/v1/traces"}, "cannot be changed over the network"),
+    ({"bsp_max_queue_size": "10"}, "cannot be changed over the network"),
+])
+def test_opentelemetry_settings_are_set_where_the_server_starts(changes, says):
+    tracer, _ = _otel_tracer()
+    with pytest.raises(ServingError) as info:
+        tracer.update(None, changes)
+    assert info.value.code == "HYB-702" and says in info.value.message, info.value.message
+    same = {"url": "localhost:4318/v1/traces", "trace_mode": "opentelemetry", "bsp_max_queue_size": "2048",
+            "trace_rate": "7"}
+    assert tracer.update(None, same)["trace_rate"] == "7"
+    assert tracer.update("m", {"trace_level": ["OFF"]})["trace_level"] == ["OFF"]  # no trace file needed
+
+
+def _by_trace(spans: list[Span]) -> dict[str, dict[str, Span]]:
+    traces: dict[str, dict[str, Span]] = {}
+    for span in spans:
+        traces.setdefault(span.trace_id, {})[span.name] = span
+    return traces
+
+
+def test_spans_of_http_grpc_and_stream_requests_reach_an_otlp_collector(tmp_path):
+    model = tiny_model(tmp_path / "tiny.onnx")
+    with OtlpReceiver() as collector:
+        config = TraceConfig.from_options([*OTEL, f"opentelemetry,url={collector.url}",
+                                           "opentelemetry,bsp_schedule_delay=50",
+                                           "opentelemetry,resource=service.name=edge"])
+        with serving([f"tiny={model}"], trace=config) as server:
+            http_url = server.url.removeprefix("http://")
+            _infer_all(http_url, server.grpc_url)  # request ids http, grpc, stream; an unknown model
+            for client in (httpclient.InferenceServerClient(http_url),
+                           grpcclient.InferenceServerClient(server.grpc_url)):
+                module = httpclient if isinstance(client, httpclient.InferenceServerClient) else grpcclient
+                inputs = [module.InferInput("x", [2, 4], "FP32"), module.InferInput("scale", [2, 1], "FP32")]
+                inputs[0].set_data_from_numpy(X)
+                inputs[1].set_data_from_numpy(SCALE)
+                parent = PARENT.replace("0af7", "1af7" if module is grpcclient else "0af7")  # one trace each
+                client.infer("tiny", inputs, request_id=f"{module.__name__}-child", headers={"traceparent": parent})
+        spans = collector.wait_for(15)  # the server's stop exports what is queued
+    traces = _by_trace(spans)
+    assert len(spans) == 15 and all(set(t) == {"InferRequest", "tiny", "compute"} for t in traces.values())
+    by_id = {t["tiny"].attributes.get("triton.request_id"): t for t in traces.values()}
+    assert sorted(by_id) == ["grpc", "http", "stream", "tritonclient.grpc-child", "tritonclient.http-child"]
+    for request_id, trace in by_id.items():
+        request, served, compute = trace["InferRequest"], trace["tiny"], trace["compute"]
+        over_http = request_id.startswith(("http", "tritonclient.http"))
+        order = HTTP_ORDER if over_http else GRPC_ORDER
+        assert [e for e, _ in request.events] == [e for e in order if e not in MODEL_EVENTS + COMPUTE_EVENTS]
+        assert [e for e, _ in served.events] == MODEL_EVENTS and [e for e, _ in compute.events] == COMPUTE_EVENTS
+        stamps = dict(request.events + served.events + compute.events)
+        assert [stamps[e] for e in order] == sorted(stamps[e] for e in order), request_id  # the order met
+        assert (served.parent_id, compute.parent_id) == (request.span_id, served.span_id)
+        assert request.start <= served.start <= compute.start <= compute.end <= served.end <= request.end
+        assert served.attributes["triton.model_name"] == "tiny" and served.attributes["triton.model_version"] == 1
+        assert request.kind == served.kind == compute.kind == 2  # SERVER
+        assert request.resource["service.name"] == "edge"
+        if request_id.endswith("-child"):
+            first = "0af7" if over_http else "1af7"
+            assert (request.trace_id, request.parent_id) == (f"{first}651916cd43dd8448eb211c80319c", "b7ad6b7169203331")
+        else:
+            assert request.parent_id == ""
+
+
+def test_opentelemetry_mode_without_the_sdk_is_hyb_207(monkeypatch):
+    import sys
+
+    from hybrid.errors import ModelError
+
+    monkeypatch.setitem(sys.modules, "opentelemetry.exporter.otlp.proto.http.trace_exporter", None)
+    with pytest.raises(ModelError) as info:
+        Tracer(TraceConfig.from_options(list(OTEL)))
+    assert info.value.code == "HYB-207" and "pyasc[serve]" in info.value.hint

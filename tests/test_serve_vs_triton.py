@@ -7,10 +7,10 @@ good inference in JSON and binary, a wrong shape, a wrong dtype, an unknown inpu
 the maximum, BYTES tensors, the classification extension (top classes with config.pbtxt's labels, JSON, binary and
 gRPC), the system shared memory extension (register, status, unregister, tensors read from and written to regions,
 and their errors), the logging extension (the settings read and changed, over HTTP and gRPC), compressed answers
-(Accept-Encoding) and the trace extension (the settings of the server and a model read and changed, and the trace
-files both servers write). Values that differ by nature (server name, platform, counters, timings) are not
-compared; where Triton's message names what it expected, pyasc's names it the same way. Skipped, with the reason,
-only where the wheel cannot run.
+(Accept-Encoding) and the trace extension (the settings of the server and a model read and changed, the trace
+files both servers write, and the spans both export to an OpenTelemetry collector). Values that differ by nature
+(server name, platform, counters, timings) are not compared; where Triton's message names what it expected,
+pyasc's names it the same way. Skipped, with the reason, only where the wheel cannot run.
 """
 
 from __future__ import annotations
@@ -579,6 +579,92 @@ def test_trace_settings_and_files_as_triton_s(tmp_path) -> None:
             assert (tensor["shape"], tensor["dtype"]) == (other["shape"], other["dtype"]), key
             np.testing.assert_allclose(np.array(tensor["data"].split(","), float),
                                        np.array(other["data"].split(","), float), rtol=1e-5, err_msg=str(key))
+
+
+def _span_tree(spans: list[Any]) -> dict[str, dict[str, Any]]:
+    """Exported spans by request (its ``triton.request_id``; ``"-"`` for a trace without a model span), each span
+    as what both servers must agree on: its parent (another span's name, the client's span id, or none), kind,
+    attributes and event names (``GRPC_WAITREAD_START`` left out: grpcio does not show it to pyasc)."""
+    traces: dict[str, list[Any]] = {}
+    for span in spans:
+        traces.setdefault(span.trace_id, []).append(span)
+    out: dict[str, dict[str, Any]] = {}
+    for members in traces.values():
+        names = {span.span_id: span.name for span in members}
+        model = [span for span in members if "triton.model_name" in span.attributes]
+        key = model[0].attributes.get("triton.request_id", "") if model else "-"
+        out[key] = {span.name: (names.get(span.parent_id, span.parent_id), span.kind, span.attributes,
+                                [e for e, _ in span.events if e != "GRPC_WAITREAD_START"],
+                                span.trace_id if span.parent_id and span.parent_id not in names else None)
+                    for span in members}
+    return out
+
+
+def test_opentelemetry_spans_as_triton_s(tmp_path) -> None:
+    if _REASON:
+        pytest.skip(_REASON)
+    from _serve_support import OtlpReceiver
+
+    tiny = tiny_model(tmp_path / "tiny.onnx")
+    repo = tmp_path / "repo"
+    tr.write_model(repo, "tiny", tiny, [tr.TritonSpec("x", "TYPE_FP32", [4]), tr.TritonSpec("scale", "TYPE_FP32", [1])],
+                   [tr.TritonSpec("y", "TYPE_FP32", [3]), tr.TritonSpec("s", "TYPE_FP32", [1])], threads=1)
+    registry = build_registry([f"tiny={tiny}"], target="onnxruntime", overrides={"max_batch": 8,
+                                                                              "batch_timeout": 0.002})
+    options = ["mode=opentelemetry", "level=TIMESTAMPS", "rate=1", "opentelemetry,bsp_schedule_delay=50",
+               "opentelemetry,resource=service.name=vs-triton"]
+    parents = {"http": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+               "grpc": "00-1af7651916cd43dd8448eb211c80319c-c7ad6b7169203331-01"}
+    with OtlpReceiver() as theirs, OtlpReceiver() as mine:
+        flags = [a for o in [*options, f"opentelemetry,url={theirs.url}"] for a in ("--trace-config", o)]
+        config = TraceConfig.from_options([*options, f"opentelemetry,url={mine.url}"])
+        with tr.TritonServer(repo, extra_args=flags) as triton, \
+                BackgroundServer(create_app(registry, ServeOptions(grpc_address="127.0.0.1:0", trace=config))) as pyasc:
+            servers = {"triton": (triton.http_url, triton.grpc_url),
+                       "pyasc": (pyasc.url, f"127.0.0.1:{pyasc.server.state.grpc_port}")}
+            steps = [("GET", "/v2/trace/setting", None), ("GET", "/v2/models/tiny/trace/setting", None),
+                     ("POST", "/v2/models/tiny/trace/setting", {"trace_rate": "3", "trace_count": "5"}),
+                     ("POST", "/v2/trace/setting", {"trace_rate": "2"}),
+                     ("POST", "/v2/models/tiny/trace/setting", {"trace_rate": None, "trace_count": None}),
+                     ("POST", "/v2/trace/setting", {"trace_rate": "1"})]
+            for method, path, body in steps:
+                got = _both(servers, method, path, body)
+                assert got["pyasc"][0] == got["triton"][0] == 200, (path, body, got)
+                docs = [{k: v for k, v in json.loads(got[name][1]).items() if k != "url"} for name in got]
+                assert docs[0] == docs[1], (path, body, docs)
+            got = _both(servers, "POST", "/v2/trace/setting", {"trace_file": str(tmp_path / "t.json")})
+            assert got["pyasc"][0] >= 400 and got["triton"][0] >= 400, got
+            got = _grpc(servers, lambda c: {k: v for k, v in c.get_trace_settings(as_json=True)["settings"].items()
+                                            if k != "url"})
+            assert got["pyasc"] == got["triton"]
+            for name, (http_url, grpc_url) in servers.items():
+                for k in range(2):
+                    headers = {"traceparent": parents["http"]} if k else {}
+                    status, *_ = _http(http_url, "POST", "/v2/models/tiny/infer",
+                                       json.dumps({"id": f"h{k}", "inputs": GOOD}).encode(), headers)
+                    assert status == 200, name
+                client = grpcclient.InferenceServerClient(grpc_url)
+                client.infer("tiny", _grpc_inputs(X, SCALE), request_id="g0")
+                client.infer("tiny", _grpc_inputs(X, SCALE), request_id="g1", headers={"traceparent": parents["grpc"]})
+                client.close()
+                bad = json.dumps({"id": "bad", "inputs": GOOD[:1]}).encode()  # refused before the model: no spans
+                assert _http(http_url, "POST", "/v2/models/tiny/infer", bad)[0] == 400, name
+            assert {name: _both(servers, "POST", "/v2/trace/setting", {"trace_level": ["TENSORS"]})[name][0]
+                    for name in servers} == {"triton": 200, "pyasc": 200}
+            for name, (http_url, _) in servers.items():
+                body = json.dumps({"id": "t", "inputs": GOOD}).encode()
+                assert _http(http_url, "POST", "/v2/models/tiny/infer", body)[0] == 200, name
+            spans = {"triton": theirs.wait_for(13), "pyasc": mine.wait_for(13)}
+    assert len(spans["triton"]) == len(spans["pyasc"]) == 13, spans
+    trees = {name: _span_tree(found) for name, found in spans.items()}
+    assert trees["pyasc"] == trees["triton"]
+    assert sorted(trees["pyasc"]) == ["-", "g0", "g1", "h0", "h1"]
+    assert trees["pyasc"]["h1"]["InferRequest"][0] == "b7ad6b7169203331"  # the client's span, continued
+    assert trees["pyasc"]["g1"]["InferRequest"][4] == "1af7651916cd43dd8448eb211c80319c"
+    for span in spans["pyasc"]:
+        assert span.resource["service.name"] == "vs-triton"
+        assert span.start <= min((t for _, t in span.events), default=span.start)
+        assert max((t for _, t in span.events), default=span.end) <= span.end
 
 
 def _sequence_body(sequence: dict[str, Any], rows: int = 1) -> dict[str, Any]:

@@ -124,7 +124,10 @@ def serve(
     trace_config: Annotated[list[str] | None, typer.Option(
         "--trace-config", help="Triton's trace settings, in its spelling (repeatable): triton,file=PATH, "
                                "triton,log-frequency=N, level=TIMESTAMPS|TENSORS|OFF, rate=N (one request of every "
-                               "N), count=N (-1: no limit). Clients read and change them at /v2/trace/setting.")]
+                               "N), count=N (-1: no limit); mode=opentelemetry exports spans over OTLP/HTTP instead: "
+                               "opentelemetry,url=HOST:PORT/v1/traces, opentelemetry,resource=KEY=VALUE, "
+                               "opentelemetry,bsp_schedule_delay=MS. Clients read and change them at "
+                               "/v2/trace/setting.")]
     = None,
     use_ray: Annotated[bool, typer.Option("--ray", help="Deploy on Ray Serve instead of this process.")] = False,
     replicas: Annotated[int, typer.Option(help="--ray: number of replicas.")] = 1,
@@ -170,7 +173,8 @@ def serve(
         grpc_address = f"[{host}]:{grpc_port}" if ":" in host else f"{host}:{grpc_port}"
         if trace_config and use_ray:
             raise ConfigError("HYB-102", "--trace-config cannot be used with --ray: a request reaches one replica "
-                              "of several, each with its own trace file", "trace a server started without --ray")
+                              "of several, each with its own trace settings (and file)",
+                              "trace a server started without --ray")
         options = ServeOptions(auth_token=auth_token or None, limits=limits, drain_timeout=drain_timeout,
                                grpc_address=grpc_address if grpc_port and not use_ray else None,
                                model_control=model_control, trace=TraceConfig.from_options(trace_config or []))

@@ -42,6 +42,7 @@ from hybrid.serve.protocol import DATATYPES, Limits, binary_of, datatype_of
 from hybrid.serve.sequences import SequenceFlags, sequence_flags
 from hybrid.serve.shared_memory import BYTE_SIZE, OFFSET, REGION, SharedMemoryRegions, Span, regions_for, span_of
 from hybrid.serve.state import Decoded, ServerState, http_status, infer, selected_models, statistics_of
+from hybrid.serve.trace import carrier_of
 from hybrid.serve.triton_config import load_config, model_config
 
 if TYPE_CHECKING:
@@ -583,12 +584,16 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
         return await infer(self.state, model, decode,
                            lambda outputs: encode_outputs(model, request, outputs, shared_memory, wanted), trace)
 
-    def _sample(self, request: pb.ModelInferRequest) -> Trace | None:
-        """The request's trace when it is sampled, stamped ``GRPC_WAITREAD_END`` (grpcio has read it)."""
+    def _sample(self, request: pb.ModelInferRequest, context: Any) -> Trace | None:
+        """The request's trace when it is sampled, stamped ``GRPC_WAITREAD_END`` (grpcio has read it).
+
+        The call's metadata may carry the client's trace context (``traceparent``), as Triton reads it.
+        """
         trace = self.state.sample(request.model_name)
         if trace is not None:
             trace.stamp("GRPC_WAITREAD_END")
             trace.request_id = request.id
+            trace.carrier = carrier_of(context.invocation_metadata() or ())
         return trace
 
     @_rpc()
@@ -599,7 +604,7 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
         an unknown model NOT_FOUND (HYB-701), a full queue or a draining server UNAVAILABLE (HYB-705,
         HYB-706), no result within the timeout DEADLINE_EXCEEDED (HYB-411).
         """
-        trace = self._sample(request)
+        trace = self._sample(request, context)
         if trace is None:
             return await self._infer(request, context, None)
         context.add_done_callback(lambda _: _sent(trace))  # the call has ended: its answer (or status) is sent
@@ -623,7 +628,7 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
         tasks: set[asyncio.Task[None]] = set()
 
         async def one(request: pb.ModelInferRequest) -> None:
-            trace = self._sample(request)
+            trace = self._sample(request, context)
             try:
                 answer = pb.ModelStreamInferResponse(infer_response=await self._infer(request, context, trace))
             except HybridError as e:

@@ -38,6 +38,7 @@ from hybrid.errors import HybridError, ServingError
 from hybrid.serve.metrics import ServerMetrics
 from hybrid.serve.protocol import InferRequest, check_head, encode_response, parse_request
 from hybrid.serve.state import Decoded, ServerState, http_status, infer
+from hybrid.serve.trace import carrier_of
 
 if TYPE_CHECKING:
     from hybrid.serve.trace import Trace
@@ -333,6 +334,7 @@ class InferRoute:
             await self._answer(request, target, None, send)
             return
         trace.stamp("HTTP_RECV_START")
+        trace.carrier = carrier_of(request.headers.items())
         try:
             await self._answer(request, target, trace, send)
         finally:
