@@ -12,7 +12,10 @@ re-saved as one file; nothing is downloaded.
 Load: 1, 4 and 16 closed-loop client threads, one tritonclient.grpc client each (``--protocol http``:
 tritonclient.http, with binary tensors both ways, Triton's perf_analyzer's default protocol; ``grpc-stream``: one
 ModelStreamInfer stream per client; ``--shared-memory``: images and answers in system shared memory regions), one
-image per request; ``--trace-rate N``: every server traces one request of every N (Triton's trace extension).
+image per request; ``--trace-rate N``: every server traces one request of every N (Triton's trace extension: to a
+trace file, or with ``--trace-mode opentelemetry`` as spans to an OTLP/HTTP endpoint in a child process that reads
+and drops them; Triton then runs untraced: exporting every request, ``tritonserver`` 2.51 crashed or stopped
+answering under 16 gRPC clients in 2 of 3 runs).
 Every (round, clients) block runs each server for ``--seconds``, in an order that alternates between rounds; the
 ratios pyasc / Triton are paired within a block and the table gives their median over the rounds, with the p99
 latencies (median over rounds). Run it under ``flock /tmp/coord/bench.lock``.
@@ -26,6 +29,7 @@ pyasc's event loop and gRPC threads, ``tritonserver``'s own), with the load gene
     flock /tmp/coord/bench.lock python benchmarks/vs_triton.py --protocol http --servers triton,pyasc-ort
     flock /tmp/coord/bench.lock python benchmarks/vs_triton.py --shared-memory --servers triton,pyasc-ort
     flock /tmp/coord/bench.lock python benchmarks/vs_triton.py --trace-rate 1 --servers triton,pyasc-ort
+    flock /tmp/coord/bench.lock python benchmarks/vs_triton.py --trace-rate 1 --trace-mode opentelemetry
 """
 
 from __future__ import annotations
@@ -219,6 +223,37 @@ def latencies(url: str, x: np.ndarray, clients: int, seconds: float,
     return [v for mine in lat for v in mine], time.perf_counter() - t0
 
 
+_SINK = """\
+import http.server, sys
+class Drop(http.server.BaseHTTPRequestHandler):
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+    def log_message(self, *args):
+        pass
+http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Drop).serve_forever()
+"""
+
+
+def otlp_sink() -> tuple[str, subprocess.Popen[bytes]]:
+    """An OTLP/HTTP traces endpoint (``host:port/v1/traces``) in a child process that reads what it is sent and
+    drops it: the servers pay for their spans, the collector's CPU counts for neither."""
+    port = tr.free_port()
+    proc = subprocess.Popen([sys.executable, "-c", _SINK, str(port)])
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{port}/v1/traces", b"", method="POST"),
+                                   timeout=1).close()
+            return f"127.0.0.1:{port}/v1/traces", proc
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError("the OTLP sink did not start")
+
+
 def paired(ratios: list[float]) -> str:
     """Ratios paired round by round, and their median: '1.02, 0.97, 1.05 (median x1.02)'."""
     return f"{', '.join(f'{r:.2f}' for r in ratios)} (median x{statistics.median(ratios):.2f})"
@@ -310,6 +345,8 @@ def main() -> None:
                     help="every server but pyasc-ort-base traces one request of every N (Triton's --trace-config "
                          "level=TIMESTAMPS rate=N, to a file in the work folder; pyasc serve takes the same flags); "
                          "0: no tracing. With --baseline, pyasc-ort / pyasc-ort-base is then the cost of tracing")
+    ap.add_argument("--trace-mode", choices=("triton", "opentelemetry"), default="triton",
+                    help="with --trace-rate: Triton's trace files, or spans exported over OTLP/HTTP to a local sink")
     args = ap.parse_args()
     if args.trace_rate < 0:
         ap.error("--trace-rate must be >= 0")
@@ -329,10 +366,19 @@ def main() -> None:
     pids: dict[str, int] = {}
     stops = []
     try:
+        sink = None
+        if args.trace_rate and args.trace_mode == "opentelemetry":
+            sink, sink_proc = otlp_sink()
+            stops.append(sink_proc.kill)
+
         def tracing(name: str) -> list[str]:
             if not args.trace_rate or name == "pyasc-ort-base":  # the baseline's code may not know the flags
                 return []
-            options = [f"triton,file={work / name}-trace.json", "level=TIMESTAMPS", f"rate={args.trace_rate}"]
+            if name == "triton" and sink is not None:  # tritonserver 2.51 exporting every request to
+                return []  # OpenTelemetry crashed or hung under 16 gRPC clients in 2 of 3 runs: it runs untraced
+            options = ["level=TIMESTAMPS", f"rate={args.trace_rate}"]
+            options += ([f"triton,file={work / name}-trace.json"] if sink is None else
+                        ["mode=opentelemetry", f"opentelemetry,url={sink}"])
             return [a for option in options for a in ("--trace-config", option)]
 
         if "triton" in names:
@@ -408,7 +454,7 @@ def main() -> None:
                                                       strict=True)]
                 print(f"clients {n:2d}: pyasc-ort / pyasc-ort-base {paired(ratios)}")
     finally:
-        for stop in stops:
+        for stop in reversed(stops):  # the servers (they export what they hold as they stop), then the sink
             stop()
 
 
