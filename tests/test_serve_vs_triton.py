@@ -109,8 +109,13 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tupl
                               overrides={"max_batch": 8, "batch_timeout": 0.002})
     with tr.TritonServer(repo) as triton, \
             BackgroundServer(create_app(registry, ServeOptions(grpc_address="127.0.0.1:0"))) as pyasc:
-        yield {"triton": (triton.http_url, triton.grpc_url),
-               "pyasc": (pyasc.url, f"127.0.0.1:{pyasc.server.state.grpc_port}")}
+        yield _urls(triton, pyasc)
+
+
+def _urls(triton: tr.TritonServer, pyasc: BackgroundServer) -> dict[str, tuple[str, str]]:
+    """Each server's HTTP and gRPC address, by name."""
+    return {"triton": (triton.http_url, triton.grpc_url),
+            "pyasc": (pyasc.url, f"127.0.0.1:{pyasc.server.state.grpc_port}")}
 
 
 def _http(url: str, method: str, path: str, body: bytes | None = None,
@@ -488,6 +493,16 @@ def test_answers_are_compressed_as_triton_s(servers, accept) -> None:
                                    rtol=1e-5)
 
 
+def _tiny_pair(tmp_path: Path) -> tuple[Path, Any]:
+    """The tiny model as a Triton repository (Python backend, one ORT thread) and as pyasc's registry (ORT)."""
+    tiny = tiny_model(tmp_path / "tiny.onnx")
+    repo = tmp_path / "repo"
+    tr.write_model(repo, "tiny", tiny, [tr.TritonSpec("x", "TYPE_FP32", [4]), tr.TritonSpec("scale", "TYPE_FP32", [1])],
+                   [tr.TritonSpec("y", "TYPE_FP32", [3]), tr.TritonSpec("s", "TYPE_FP32", [1])], threads=1)
+    return repo, build_registry([f"tiny={tiny}"], target="onnxruntime",
+                                overrides={"max_batch": 8, "batch_timeout": 0.002})
+
+
 def _without_file(doc: dict[str, Any]) -> dict[str, Any]:
     """A trace settings document without ``trace_file`` (each server writes its own)."""
     settings = doc.get("settings", doc)
@@ -513,22 +528,16 @@ def _traces(path: Path) -> dict[int, dict[str, Any]]:
 def test_trace_settings_and_files_as_triton_s(tmp_path) -> None:
     if _REASON:
         pytest.skip(_REASON)
-    tiny = tiny_model(tmp_path / "tiny.onnx")
-    repo = tmp_path / "repo"
-    tr.write_model(repo, "tiny", tiny, [tr.TritonSpec("x", "TYPE_FP32", [4]), tr.TritonSpec("scale", "TYPE_FP32", [1])],
-                   [tr.TritonSpec("y", "TYPE_FP32", [3]), tr.TritonSpec("s", "TYPE_FP32", [1])], threads=1)
+    repo, registry = _tiny_pair(tmp_path)
     files = {name: tmp_path / name / "trace.json" for name in ("triton", "pyasc")}
     for path in files.values():
         path.parent.mkdir()
     options = ["level=TIMESTAMPS", "rate=1"]
     flags = [a for o in [f"triton,file={files['triton']}", *options] for a in ("--trace-config", o)]
-    registry = build_registry([f"tiny={tiny}"], target="onnxruntime", overrides={"max_batch": 8,
-                                                                              "batch_timeout": 0.002})
     config = TraceConfig.from_options([f"triton,file={files['pyasc']}", *options])
     with tr.TritonServer(repo, extra_args=flags) as triton, \
             BackgroundServer(create_app(registry, ServeOptions(grpc_address="127.0.0.1:0", trace=config))) as pyasc:
-        servers = {"triton": (triton.http_url, triton.grpc_url),
-                   "pyasc": (pyasc.url, f"127.0.0.1:{pyasc.server.state.grpc_port}")}
+        servers = _urls(triton, pyasc)
         steps = [("GET", "/v2/trace/setting", None), ("GET", "/v2/models/tiny/trace/setting", None),
                  ("POST", "/v2/trace/setting", {"trace_rate": "5", "trace_count": "20"}),
                  ("POST", "/v2/models/tiny/trace/setting", {"trace_count": "3", "trace_level": ["TENSORS"]}),
@@ -605,12 +614,7 @@ def test_opentelemetry_spans_as_triton_s(tmp_path) -> None:
         pytest.skip(_REASON)
     from _serve_support import OtlpReceiver
 
-    tiny = tiny_model(tmp_path / "tiny.onnx")
-    repo = tmp_path / "repo"
-    tr.write_model(repo, "tiny", tiny, [tr.TritonSpec("x", "TYPE_FP32", [4]), tr.TritonSpec("scale", "TYPE_FP32", [1])],
-                   [tr.TritonSpec("y", "TYPE_FP32", [3]), tr.TritonSpec("s", "TYPE_FP32", [1])], threads=1)
-    registry = build_registry([f"tiny={tiny}"], target="onnxruntime", overrides={"max_batch": 8,
-                                                                              "batch_timeout": 0.002})
+    repo, registry = _tiny_pair(tmp_path)
     options = ["mode=opentelemetry", "level=TIMESTAMPS", "rate=1", "opentelemetry,bsp_schedule_delay=50",
                "opentelemetry,resource=service.name=vs-triton"]
     parents = {"http": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
@@ -620,8 +624,7 @@ def test_opentelemetry_spans_as_triton_s(tmp_path) -> None:
         config = TraceConfig.from_options([*options, f"opentelemetry,url={mine.url}"])
         with tr.TritonServer(repo, extra_args=flags) as triton, \
                 BackgroundServer(create_app(registry, ServeOptions(grpc_address="127.0.0.1:0", trace=config))) as pyasc:
-            servers = {"triton": (triton.http_url, triton.grpc_url),
-                       "pyasc": (pyasc.url, f"127.0.0.1:{pyasc.server.state.grpc_port}")}
+            servers = _urls(triton, pyasc)
             steps = [("GET", "/v2/trace/setting", None), ("GET", "/v2/models/tiny/trace/setting", None),
                      ("POST", "/v2/models/tiny/trace/setting", {"trace_rate": "3", "trace_count": "5"}),
                      ("POST", "/v2/trace/setting", {"trace_rate": "2"}),
@@ -731,8 +734,7 @@ def test_a_load_with_a_config_as_triton_s(tmp_path) -> None:
     app = create_app(registry, ServeOptions(grpc_address="127.0.0.1:0", model_control=True))
     with tr.TritonServer(folders["triton"], extra_args=["--model-control-mode", "explicit", "--load-model",
                                                         "tiny"]) as triton, BackgroundServer(app) as pyasc:
-        servers = {"triton": (triton.http_url, triton.grpc_url),
-                   "pyasc": (pyasc.url, f"127.0.0.1:{pyasc.server.state.grpc_port}")}
+        servers = _urls(triton, pyasc)
         given = json.loads(_both(servers, "GET", "/v2/models/tiny/config")["triton"][1])
         small = {"name": "tiny", "backend": "python", "max_batch_size": 4, "input": given["input"],
                  "output": given["output"], "dynamic_batching": {}}
