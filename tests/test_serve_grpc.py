@@ -288,7 +288,7 @@ def test_a_load_may_carry_the_configuration_that_stands_for_config_pbtxt(models,
                 with pytest.raises(InferenceServerException, match=re.escape(says)):
                     client.load_model("tiny", config=config)
         with pytest.raises(InferenceServerException, match="not supported"):
-            h.load_model("tiny", config=json.dumps({}), files={"file:1/model.onnx": b"onnx"})
+            h.load_model("tiny", config=json.dumps({}), files={"directory:1": b"x"})
         with pytest.raises(InferenceServerException, match="served from a file"):
             g.load_model("squeezenet", config=json.dumps({"max_batch_size": 4}))
         assert h.get_model_config("tiny")["max_batch_size"] == 8  # a refused load changes nothing
@@ -438,3 +438,62 @@ def test_triton_metrics_count_successes_failures_and_executed_batches(models):
         assert sum(b["compute_infer"]["count"] for b in stats["batch_stats"]) == executed
     finally:
         srv.stop()
+
+
+def test_a_load_may_carry_the_model_s_files(models, tmp_path):
+    import json
+    import tempfile
+    from pathlib import Path
+
+    from tests._serve_support import error_of, request
+
+    def ours() -> set[Path]:
+        return set(Path(tempfile.gettempdir()).glob("pyasc-load-*"))
+
+    before = ours()
+    srv = start([models["repo"]], model_control=True)
+    registry = srv.server.state.registry
+    try:
+        g, h = tg.InferenceServerClient(srv.grpc_url), th.InferenceServerClient(srv.url)
+        x, scale = feeds(7)
+
+        def y(model: str = "tiny") -> np.ndarray:
+            return g.infer(model, tiny_inputs(tg, x, scale)).as_numpy("y")
+
+        doubled = tiny_model(tmp_path / "doubled.onnx", factor=2.0).read_bytes()
+        tripled = tiny_model(tmp_path / "tripled.onnx", factor=3.0).read_bytes()
+        config = json.dumps({"max_batch_size": 4, "dynamic_batching": {}})
+        h.load_model("tiny", config=config, files={"file:1/model.onnx": doubled})  # HTTP: base64
+        np.testing.assert_allclose(y(), tiny_expected(x, scale, 2.0)["y"], rtol=1e-6)
+        assert h.get_model_config("tiny")["max_batch_size"] == 4
+        first = registry.override_folders["tiny"]
+        assert (first / "tiny" / "1" / "model.onnx").read_bytes() == doubled
+        g.load_model("tiny", config=config, files={"file:1/model.onnx": doubled, "file:2/model.onnx": tripled})
+        np.testing.assert_allclose(y(), tiny_expected(x, scale, 3.0)["y"], rtol=1e-6)  # the highest version
+        assert g.is_model_ready("tiny", "1") and not first.exists()  # the files of the load before are gone
+        g.load_model("fresh", config=config, files={"file:1/model.onnx": doubled})  # no repository holds it
+        np.testing.assert_allclose(y("fresh"), tiny_expected(x, scale, 2.0)["y"], rtol=1e-6)
+        second = registry.override_folders["tiny"]
+        h.load_model("tiny")  # without files: the repository's model again, and its folder goes
+        np.testing.assert_allclose(y(), tiny_expected(x, scale)["y"], rtol=1e-6)
+        assert not second.exists() and set(registry.override_folders) == {"fresh"}
+        for files, given, says in [({"file:1/model.onnx": doubled}, None, "needs its 'config' parameter"),
+                                   ({"file:../x.onnx": doubled}, config, "relative path inside the model's folder"),
+                                   ({"file:/etc/x.onnx": doubled}, config, "relative path inside the model's folder"),
+                                   ({"file:config.pbtxt": b"max_batch_size: 2"}, config, "'config' parameter"),
+                                   ({"file:model.onnx": doubled}, config, "no version folder"),
+                                   ({"file:1/model.onnx": b"not onnx"}, config, "files of the load do not load")]:
+            for client in (g, h):
+                with pytest.raises(InferenceServerException, match=re.escape(says)):
+                    client.load_model("tiny", config=given, files=files)
+        body = json.dumps({"parameters": {"config": config, "file:1/model.onnx": "!not base64!"}}).encode()
+        with pytest.raises(InferenceServerException) as info:  # a client's mistake: a 400, not a server error
+            g.load_model("tiny", config=config, files={"file:1/model.onnx": b"not onnx"})
+        assert info.value.status() == "StatusCode.INVALID_ARGUMENT"
+        status, _, answer = request(srv.url, "POST", "/v2/repository/models/tiny/load", body)
+        assert status == 400 and error_of(answer) == "HYB-702" and b"not base64" in answer
+        np.testing.assert_allclose(y(), tiny_expected(x, scale)["y"], rtol=1e-6)  # refused loads change nothing
+        assert set(registry.override_folders) == {"fresh"} and len(ours() - before) == 1  # nothing left behind
+    finally:
+        srv.stop()
+    assert ours() == before  # the server's stop removed the last one

@@ -43,7 +43,7 @@ from hybrid.serve.sequences import SequenceFlags, sequence_flags
 from hybrid.serve.shared_memory import BYTE_SIZE, OFFSET, REGION, SharedMemoryRegions, Span, regions_for, span_of
 from hybrid.serve.state import Decoded, ServerState, http_status, infer, selected_models, statistics_of
 from hybrid.serve.trace import carrier_of
-from hybrid.serve.triton_config import load_config, model_config
+from hybrid.serve.triton_config import load_request, model_config
 
 if TYPE_CHECKING:
     from hybrid.serve.model import ServedModel
@@ -466,14 +466,15 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
 
         The load runs in a worker thread. Refused with FAILED_PRECONDITION (HYB-709) unless the server runs
         with model control; the ``config`` parameter (a ``ModelConfig`` as JSON, tritonclient's
-        ``load_model(name, config=...)``) stands for the model's ``config.pbtxt`` for this load; a bad one, or
-        any other parameter (model files), is INVALID_ARGUMENT (HYB-702); a model no repository holds is
-        NOT_FOUND (HYB-701).
+        ``load_model(name, config=...)``) stands for the model's ``config.pbtxt`` for this load, and ``file:<path>``
+        parameters (bytes; ``load_model(..., files=...)``) carry the model's files, served from a folder of their
+        own (:meth:`hybrid.serve.repository.ModelRegistry.load`); a bad one, or any other parameter, is
+        INVALID_ARGUMENT (HYB-702); a model no repository holds is NOT_FOUND (HYB-701).
         """
         self._control()
-        params = {key: _setting(value) for key, value in request.parameters.items()}
-        config = load_config(params)
-        await asyncio.get_running_loop().run_in_executor(None, self.state.registry.load, request.model_name, config)
+        wanted = load_request({key: _setting(value) for key, value in request.parameters.items()})
+        await asyncio.get_running_loop().run_in_executor(None, self.state.registry.load, request.model_name,
+                                                         wanted.config, wanted.files)
         return pb.RepositoryModelLoadResponse()
 
     @_rpc()

@@ -16,7 +16,9 @@ the model folder's ``config.pbtxt``, its ``config.json``, and the command line.
 
 A registry built from paths can load and unload the models of its repositories while serving
 (:meth:`ModelRegistry.load`, :meth:`ModelRegistry.unload`; Triton's explicit model control), when the
-server allows it.
+server allows it. A load may carry the model's files itself (Triton's override files): they are written to a
+folder of their own, laid out as a repository, served from there, and removed once the model is replaced or
+unloaded, or the registry closes.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ import json
 import logging
 import math
 import re
+import shutil
+import tempfile
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -450,6 +454,7 @@ class ModelRegistry:
         self._idle_turn = threading.Lock()  # the models' idle tuners race one at a time (tune_when_idle)
         self.observer: BatchObserver | None = None  # given to the models load() adds
         self._control = threading.Lock()
+        self._overrides: dict[str, Path] = {}  # model -> the folder a load's files were written to
 
     def get(self, name: str, version: str | None = None) -> ServedModel:
         """The model ``name`` at ``version`` (None: the highest).
@@ -497,8 +502,8 @@ class ModelRegistry:
                                    ModelIndexEntry(s.name, s.version, "UNAVAILABLE", "unloaded"))
         return sorted(entries.values(), key=lambda e: (e.name, int(e.version)))
 
-    def load(self, name: str, config: Any = None) -> list[ServedModel]:
-        """Load (or reload) every version of ``name`` from the registry's paths.
+    def load(self, name: str, config: Any = None, files: Mapping[str, bytes] | None = None) -> list[ServedModel]:
+        """Load (or reload) every version of ``name`` from the registry's paths, or from the files given.
 
         The versions served before are replaced, then drained and closed (their queued requests still answered).
 
@@ -506,10 +511,16 @@ class ModelRegistry:
             name: The model.
             config: Triton's ``config`` load parameter (a ``ModelConfig`` as JSON): it stands for the model's
                 ``config.pbtxt`` for this load; the next load without one reads the file again.
+            files: The model's files (path inside its folder, such as ``1/model.onnx`` -> bytes; Triton's
+                ``file:`` load parameters, checked by :func:`hybrid.serve.triton_config.load_request`): the model
+                is served from them alone, written to a folder of its own (removed once the model is replaced or
+                unloaded); a later load without files reads the registry's paths again.
 
         Raises:
-            ServingError: HYB-702 for a bad name or configuration, HYB-701 when no path holds the model.
-            HybridError: what loading raised; the versions served before stay.
+            ServingError: HYB-702 for a bad name or configuration or files that do not load as a model, HYB-701
+                when no path holds the model, HYB-707 for files that do not make a model folder (a version folder
+                with one model file).
+            HybridError: what loading raised; the versions served before stay (and files given are removed).
         """
         check_name(name)
         configs = {}
@@ -517,21 +528,35 @@ class ModelRegistry:
             from hybrid.serve.triton_config import config_from_json
 
             configs[name] = config_from_json(config, name)
-        with self._control:
-            sources = [s for s in discover(self.paths, configs) if s.name == name] if self.paths else []
-            if not sources:
-                raise ServingError("HYB-701", f"no model named {name!r} in the served repositories "
-                                   f"({', '.join(map(str, self.paths)) or 'none'})",
-                                   "POST /v2/repository/index lists the models that can be loaded")
-            args = {**self.load_args, "idle_tuning": False}  # started below, idle when the whole server is
-            fresh = build_registry([], sources=sources, **args)  # in the models' scheduling
-            for m in fresh:
-                m.observer = self.observer
-            table = dict(self._models)
-            old = list(table.pop(name, {}).values())
-            table[name] = _ordered(list(fresh))[name]
-            self._models = table
-        self._retire(old)
+        folder = _override_folder(name, files) if files else None
+        try:
+            with self._control:
+                paths = [folder] if folder is not None else self.paths
+                sources = [s for s in discover(paths, configs) if s.name == name] if paths else []
+                if not sources:
+                    raise ServingError("HYB-701", f"no model named {name!r} in the served repositories "
+                                       f"({', '.join(map(str, self.paths)) or 'none'})",
+                                       "POST /v2/repository/index lists the models that can be loaded")
+                args = {**self.load_args, "idle_tuning": False}  # started below, idle when the whole server is
+                fresh = build_registry([], sources=sources, **args)  # in the models' scheduling
+                for m in fresh:
+                    m.observer = self.observer
+                table = dict(self._models)
+                old = list(table.pop(name, {}).values())
+                table[name] = _ordered(list(fresh))[name]
+                self._models = table
+                stale = self._overrides.pop(name, None)
+                if folder is not None:
+                    self._overrides[name] = folder
+        except BaseException as e:
+            if folder is None:
+                raise
+            shutil.rmtree(folder, ignore_errors=True)
+            if isinstance(e, ModelError):  # the client sent a file that is not a model: its mistake, a 400
+                raise ServingError("HYB-702", f"the model files of the load do not load: {e.message}",
+                                   e.hint) from e
+            raise
+        self._retire(old, stale)
         if self.load_args.get("idle_tuning"):
             self.tune_when_idle(list(fresh))
         return list(fresh)
@@ -547,7 +572,13 @@ class ModelRegistry:
             table = dict(self._models)
             old = list(table.pop(name, {}).values())
             self._models = table
-        self._retire(old)
+            stale = self._overrides.pop(name, None)
+        self._retire(old, stale)
+
+    @property
+    def override_folders(self) -> dict[str, Path]:
+        """The folder each model loaded from a request's files is served from, by model name."""
+        return dict(self._overrides)
 
     def idle_for(self, now: float) -> float | None:
         """Seconds at ``now`` (``time.monotonic()``) since the last request to any served model ended.
@@ -574,7 +605,8 @@ class ModelRegistry:
             start_idle_tuning(model, self.idle_for, turn=self._idle_turn)
 
     @staticmethod
-    def _retire(models: list[ServedModel]) -> None:
+    def _retire(models: list[ServedModel], folder: Path | None = None) -> None:
+        """Close ``models`` (each drains first), then remove the folder of files they were loaded from."""
         for m in models:
             try:
                 m.close()
@@ -582,6 +614,8 @@ class ModelRegistry:
                 logger.warning("closing %s: %s", m, e)
         if models:  # their objects may be frozen out of the collector (runtime.collector): let it reclaim them
             collector.thaw()
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
 
     def drain(self, timeout: float | None = None) -> None:
         """Every model refuses new requests and runs what it has queued."""
@@ -589,12 +623,45 @@ class ModelRegistry:
             m.drain(timeout)
 
     def close(self) -> None:
-        """Close every model (each drains, then releases its backend); a failure is logged and the rest still close."""
+        """Close every model (each drains, then releases its backend); a failure is logged and the rest still close.
+
+        The folders of models loaded from a request's files are removed after.
+        """
         for m in self:
             try:
                 m.close()
             except HybridError as e:  # closing must reach every model
                 logger.warning("closing %s: %s", m, e)
+        with self._control:
+            folders, self._overrides = list(self._overrides.values()), {}
+        for folder in folders:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _override_folder(name: str, files: Mapping[str, bytes]) -> Path:
+    """A new repository folder holding ``name``'s folder made of ``files`` (relative path -> bytes), written whole.
+
+    The paths were checked by :func:`hybrid.serve.triton_config.load_request`; each is checked again to stay
+    inside the folder.
+
+    Raises:
+        ServingError: HYB-702 for a path that leaves the model's folder; OSError where the files cannot be written
+            (the folder is removed).
+    """
+    root = Path(tempfile.mkdtemp(prefix=f"pyasc-load-{name}-")).resolve()
+    model = root / name
+    try:
+        for relative, data in files.items():
+            path = (model / relative).resolve()
+            if not path.is_relative_to(model):
+                raise ServingError("HYB-702", f"load file {relative!r} is outside the model's folder",
+                                   "name it inside the folder: file:1/model.onnx")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+    except BaseException:
+        shutil.rmtree(root, ignore_errors=True)
+        raise
+    return root
 
 
 def build_registry(paths: Sequence[str | Path], target: str | None = None,

@@ -30,8 +30,12 @@ in a configuration is ignored silently. A field protobuf does not know is a pars
 
 from __future__ import annotations
 
+import base64
+import binascii
 import logging
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -47,8 +51,20 @@ if TYPE_CHECKING:
     from hybrid.ir.signature import Signature, TensorSpec
     from hybrid.serve.model import ServedModel
 
-__all__ = ["PBTXT", "check_signature", "config_from_json", "config_json", "label_files", "load_config", "model_config",
-           "read_pbtxt", "settings_of", "unmapped_fields"]
+__all__ = [
+    "FILE_PARAMETER",
+    "PBTXT",
+    "LoadRequest",
+    "check_signature",
+    "config_from_json",
+    "config_json",
+    "label_files",
+    "load_request",
+    "model_config",
+    "read_pbtxt",
+    "settings_of",
+    "unmapped_fields",
+]
 
 logger = logging.getLogger("hybrid.serve")
 
@@ -136,19 +152,75 @@ def config_from_json(text: Any, name: str) -> mc.ModelConfig:
     return config
 
 
-def load_config(parameters: Mapping[str, Any]) -> Any:
-    """The ``config`` of a load request's parameters (None without one).
+FILE_PARAMETER = "file:"
+"""The prefix of a load parameter that carries a model file (``file:1/model.onnx``), as Triton names them."""
+_FILE_DEPTH = 8
+
+
+@dataclass(frozen=True)
+class LoadRequest:
+    """What a repository load request carries besides the model's name (Triton's load parameters).
+
+    Attributes:
+        config: The ``config`` parameter: a ``ModelConfig`` as JSON standing for the folder's ``config.pbtxt``
+            for this load; None without one.
+        files: The model files it carries (``file:<path>`` parameters): the path inside the model's folder
+            (``1/model.onnx``) -> the file's bytes. With files the model is loaded from them alone, in a folder of
+            their own, as Triton does with override files; empty: from the served repositories.
+    """
+
+    config: Any = None
+    files: Mapping[str, bytes] = dataclass_field(default_factory=dict)
+
+
+def _file_path(key: str) -> str:
+    path = key[len(FILE_PARAMETER):]
+    parts = path.split("/")
+    if (not path or "\\" in path or "\x00" in path or len(parts) > _FILE_DEPTH
+            or any(part in ("", ".", "..") for part in parts)):
+        raise ServingError("HYB-702", f"load parameter {key!r}: expected file:<path> with a relative path inside the "
+                           f"model's folder (no '..', no leading '/', at most {_FILE_DEPTH} levels)",
+                           "e.g. file:1/model.onnx")
+    if path == PBTXT:
+        raise ServingError("HYB-702", f"load parameter {key!r}: the configuration of a load goes in its 'config' "
+                           "parameter (the model configuration as JSON)",
+                           "tritonclient: load_model(name, config=json.dumps(cfg), files={...})")
+    return path
+
+
+def _file_bytes(key: str, value: Any) -> bytes:
+    if isinstance(value, bytes):  # gRPC: bytes_param
+        return value
+    if isinstance(value, str):  # HTTP: the bytes in base64
+        try:
+            return base64.b64decode(value, validate=True)
+        except (binascii.Error, ValueError) as e:
+            raise ServingError("HYB-702", f"load parameter {key!r} is not base64: {e}",
+                               "over HTTP a file's bytes are sent in base64 (tritonclient.http does it)") from e
+    raise ServingError("HYB-702", f"load parameter {key!r} must be the file's bytes (base64 over HTTP), got "
+                       f"{type(value).__name__}")
+
+
+def load_request(parameters: Mapping[str, Any]) -> LoadRequest:
+    """The ``config`` and model files of a load request's parameters.
 
     Raises:
-        ServingError: HYB-702 for any other parameter: model files sent in the request (``file:...``) are not
-            taken (Triton 2.51 takes them with a ``config``).
+        ServingError: HYB-702 for another parameter, a file path outside the model's folder, a file that is not
+            base64 (HTTP) or bytes (gRPC), ``config.pbtxt`` as a file, or files without a ``config`` (Triton
+            requires one with them; 2.51 answers 500).
     """
-    other = sorted(k for k in parameters if k != "config")
+    other = sorted(k for k in parameters if k != "config" and not k.startswith(FILE_PARAMETER))
     if other:
         raise ServingError("HYB-702", f"load parameter(s) {', '.join(map(repr, other))} are not supported; a load "
-                           "takes 'config' (the model configuration as JSON)",
-                           "put the model files in the repository, then load the model")
-    return parameters.get("config")
+                           "takes 'config' (the model configuration as JSON) and 'file:<path>' (model files)",
+                           "tritonclient: load_model(name, config=..., files=...)")
+    files = {_file_path(k): _file_bytes(k, v) for k, v in parameters.items() if k.startswith(FILE_PARAMETER)}
+    config = parameters.get("config")
+    if files and config is None:
+        raise ServingError("HYB-702", "a load with model files needs its 'config' parameter too (as in Triton): "
+                           "the files stand for the model's folder, config.pbtxt included",
+                           "tritonclient: load_model(name, config=json.dumps(cfg), files={'file:1/model.onnx': ...})")
+    return LoadRequest(config, files)
 
 
 def label_files(config: mc.ModelConfig) -> dict[str, str]:

@@ -28,7 +28,7 @@ from starlette.concurrency import run_in_threadpool
 
 from hybrid.errors import ServingError
 from hybrid.serve.state import EXTENSIONS, selected_models, statistics_of
-from hybrid.serve.triton_config import config_json, load_config, model_config
+from hybrid.serve.triton_config import config_json, load_request, model_config
 
 if TYPE_CHECKING:
     import numpy as np
@@ -49,11 +49,12 @@ def request_rows(model: ServedModel, inputs: dict[str, np.ndarray]) -> int:
     return int(first.shape[0]) if first.ndim else 1
 
 
-async def _control_body(request: Request) -> dict[str, Any]:
+async def _control_body(request: Request, limit: int = _CONTROL_BODY_MAX) -> dict[str, Any]:
     body = await request.body()
-    if len(body) > _CONTROL_BODY_MAX:
+    if len(body) > limit:
         raise ServingError("HYB-704", f"a repository, shared memory, logging or trace request body is limited to "
-                                      f"{_CONTROL_BODY_MAX} bytes")
+                                      f"{limit} bytes", "a load that carries model files may be as large as "
+                                      "--max-body")
     if not body.strip():
         return {}
     try:
@@ -147,11 +148,12 @@ def add_triton_routes(app: FastAPI, state: ServerState) -> None:
     @app.post("/v2/repository/models/{model_name}/load")
     async def load(request: Request, model_name: str) -> dict[str, Any]:
         control()
-        doc = await _control_body(request)
+        doc = await _control_body(request, state.options.limits.max_body)  # it may carry the model's files
         params = doc.get("parameters") or {}
         if not isinstance(params, dict):
             raise ServingError("HYB-702", f"'parameters' must be an object, got {type(params).__name__}")
-        await run_in_threadpool(registry.load, model_name, load_config(params))
+        wanted = load_request(params)
+        await run_in_threadpool(registry.load, model_name, wanted.config, wanted.files)
         return {}
 
     @app.post("/v2/repository/models/{model_name}/unload")
