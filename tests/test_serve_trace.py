@@ -463,6 +463,8 @@ def test_opentelemetry_settings_are_set_where_the_server_starts(changes, says):
             "trace_rate": "7"}
     assert tracer.update(None, same)["trace_rate"] == "7"
     assert tracer.update("m", {"trace_level": ["OFF"]})["trace_level"] == ["OFF"]  # no trace file needed
+    with pytest.raises(ServingError, match="one of Triton's trace files"):
+        tracer.update("m", {"log_frequency": "5"})
 
 
 def _by_trace(spans: list[Span]) -> dict[str, dict[str, Span]]:

@@ -484,7 +484,7 @@ class Tracer:
         with self._lock:
             if model is None:
                 return self._update_server(changes)
-            if changes.get("log_frequency") is not None:
+            if changes.get("log_frequency") is not None and self._start.mode == "triton":
                 raise ServingError("HYB-702", "'log_frequency' is a setting of the server's trace file, not of "
                                    "one model's", "update it on /v2/trace/setting (tritonclient: "
                                    "update_trace_settings without model_name)")
