@@ -418,8 +418,9 @@ def test_a_traced_request_is_three_spans_laid_out_as_triton_s():
 
 def test_a_client_s_trace_context_is_continued():
     tracer, exporter = _otel_tracer("opentelemetry,resource=service.name=edge")
-    _request(tracer, GRPC_ORDER, carrier={"traceparent": PARENT})
+    _request(tracer, GRPC_ORDER, carrier={"traceparent": PARENT, "tracestate": "vendor=opaque"})
     _, model, request = exporter.get_finished_spans()
+    assert dict(request.context.trace_state) == dict(model.context.trace_state) == {"vendor": "opaque"}
     assert format(request.context.trace_id, "032x") == "0af7651916cd43dd8448eb211c80319c"
     assert format(request.parent.span_id, "016x") == "b7ad6b7169203331" and request.parent.is_remote
     assert [e.name for e in request.events] == ["GRPC_WAITREAD_END", "INFER_RESPONSE_COMPLETE", "GRPC_SEND_START",

@@ -151,12 +151,12 @@ class SpanExport:
         stamps = [(name, ns + self._offset) for name, ns in trace.stamps()]
         if not stamps:
             return
-        trace_id, parent = random.getrandbits(128) or 1, None
+        trace_id, parent, state = random.getrandbits(128) or 1, None, None
         if trace.carrier:
             remote = self._api.get_current_span(self._propagator.extract(trace.carrier)).get_span_context()
-            if remote.is_valid:
-                trace_id, parent = remote.trace_id, remote
-        request = self._context(trace_id)
+            if remote.is_valid:  # the client's trace, its vendors' state (tracestate) carried on
+                trace_id, parent, state = remote.trace_id, remote, remote.trace_state
+        request = self._context(trace_id, state)
         finished = []
         events: list[tuple[str, int]] = []  # level TENSORS alone: a bare span over the request, as Triton's
         if trace.timestamps:
@@ -171,16 +171,17 @@ class SpanExport:
                     "triton.trace_id": trace.id, "triton.trace_parent_id": 0}
                 if trace.request_id:
                     attributes["triton.request_id"] = trace.request_id
-                served = self._context(trace_id)
+                served = self._context(trace_id, state)
                 if compute:
-                    finished.append(self._span("compute", self._context(trace_id), served, compute, compute, None))
+                    finished.append(self._span("compute", self._context(trace_id, state), served, compute, compute,
+                                               None))
                 finished.append(self._span(trace.model_name, served, request, model, model, attributes))
         finished.append(self._span("InferRequest", request, parent, events, stamps, None))
         for one in finished:  # children first, as they end (and as Triton exports them)
             self._processor.on_end(one)
 
-    def _context(self, trace_id: int) -> Any:
-        return self._api.SpanContext(trace_id, random.getrandbits(64) or 1, False, self._sampled)
+    def _context(self, trace_id: int, state: Any) -> Any:
+        return self._api.SpanContext(trace_id, random.getrandbits(64) or 1, False, self._sampled, state)
 
     def _span(self, name: str, context: Any, parent: Any, events: list[tuple[str, int]],
               bounds: list[tuple[str, int]], attributes: dict[str, Any] | None) -> Any:
