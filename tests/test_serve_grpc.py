@@ -463,7 +463,10 @@ def test_a_load_may_carry_the_model_s_files(models, tmp_path):
         doubled = tiny_model(tmp_path / "doubled.onnx", factor=2.0).read_bytes()
         tripled = tiny_model(tmp_path / "tripled.onnx", factor=3.0).read_bytes()
         config = json.dumps({"max_batch_size": 4, "dynamic_batching": {}})
-        h.load_model("tiny", config=config, files={"file:1/model.onnx": doubled})  # HTTP: base64
+        big = bytes(200_000)  # a load's files may pass the 64 KiB of other control requests, up to --max-body
+        h.load_model("tiny", config=config, files={"file:1/model.onnx": doubled, "file:1/notes.bin": big})
+        assert request(srv.url, "POST", "/v2/logging", json.dumps({"log_info": True, "pad": "x" * 70_000})
+                       .encode())[0] == 413
         np.testing.assert_allclose(y(), tiny_expected(x, scale, 2.0)["y"], rtol=1e-6)
         assert h.get_model_config("tiny")["max_batch_size"] == 4
         first = registry.override_folders["tiny"]

@@ -805,3 +805,34 @@ def test_a_load_with_files_as_triton_s(tmp_path) -> None:
             return client.is_model_ready("tiny")
 
         assert _grpc(servers, flow) == {"pyasc": True, "triton": True}
+
+
+def _same_answer(mine: dict[str, Any], theirs: dict[str, Any]) -> None:
+    assert mine.keys() == theirs.keys(), (mine, theirs)
+    for key, value in theirs.items():
+        if isinstance(value, (float, list)) and not (isinstance(value, list) and value and isinstance(value[0], str)):
+            np.testing.assert_allclose(mine[key], value, rtol=1e-6, err_msg=key)
+        else:
+            assert mine[key] == value, key
+
+
+def test_generate_answers_as_triton_s(servers) -> None:
+    row = X[0].tolist()
+    for model, doc in [("tiny", {"x": row, "scale": [0.5], "id": "g1"}), ("tiny", {"x": row, "scale": 0.5,
+                                                                                   "not_an_input": 1}),
+                       ("text", {"t": ["a", "é"]})]:
+        got = _both(servers, "POST", f"/v2/models/{model}/generate", doc)
+        assert got["pyasc"][0] == got["triton"][0] == 200, (doc, got)
+        _same_answer(json.loads(got["pyasc"][1]), json.loads(got["triton"][1]))
+    got = _both(servers, "POST", "/v2/models/tiny/versions/1/generate_stream", {"x": row, "scale": [2]})
+    for name, (status, body, headers) in got.items():
+        assert status == 200 and headers["content-type"].startswith("text/event-stream"), name
+        assert body.startswith(b"data: ") and body.endswith(b"\n\n") and body.count(b"data: ") == 1, (name, body)
+    _same_answer(*(json.loads(got[name][1][len(b"data: "):]) for name in ("pyasc", "triton")))
+    for model, doc, status in [("tiny", {"x": [row], "scale": [1]}, 400), ("tiny", {"x": row[:3], "scale": [1]}, 400),
+                               ("text", {"t": "ab"}, 400), ("tiny", {"x": row}, 400), ("absent", {"x": row}, 404)]:
+        got = _both(servers, "POST", f"/v2/models/{model}/generate", doc)
+        assert got["pyasc"][0] == got["triton"][0] == status, (doc, got)
+        assert "error" in json.loads(got["pyasc"][1]) and "error" in json.loads(got["triton"][1])
+    got = _both(servers, "POST", "/v2/models/tiny/generate", [row])  # a client's mistake: 400 in pyasc
+    assert got["pyasc"][0] == 400 and got["triton"][0] == 500

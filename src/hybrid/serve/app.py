@@ -28,6 +28,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from hybrid._version import __version__
 from hybrid.errors import HybridError, ServingError
+from hybrid.serve.generate import add_generate_routes
 from hybrid.serve.http_infer import (
     InferRoute,
     answer_infer,
@@ -170,6 +171,7 @@ def create_app(registry: ModelRegistry, options: ServeOptions | None = None) -> 
                   docs_url=None, redoc_url=None, openapi_url=None)
     app.state.hybrid = state
     add_triton_routes(app, state)  # first: /v2/models/stats must not match /v2/models/{model_name}
+    add_generate_routes(app, state)
     _add_routes(app, state)
     _add_error_handlers(app, state.metrics)
     app.add_middleware(InferRoute, state=state)  # inside the token check, added after it

@@ -14,6 +14,7 @@ A failure is a :class:`~hybrid.errors.ServingError` HYB-702 naming the tensor.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import chain
@@ -42,6 +43,7 @@ __all__ = [
     "encode_response",
     "parse_request",
     "placeholder",
+    "tensor_from_json",
     "tensor_metadata",
 ]
 
@@ -238,6 +240,15 @@ def _from_json(name: str, datatype: str, dtype: np.dtype, shape: tuple[int, ...]
     except (ValueError, OverflowError) as e:
         raise _bad(f"input {name!r}: 'data' is not a list of numbers: {e}") from e
     return _typed(name, datatype, dtype, found).reshape(shape)
+
+
+def tensor_from_json(name: str, datatype: str, dtype: np.dtype, shape: tuple[int, ...], data: Any) -> np.ndarray:
+    """Input ``name`` from JSON values (a flat list, or nested as ``shape``), checked as an inference request's.
+
+    Raises:
+        ServingError: HYB-702 for a count that does not fill ``shape`` or values that do not fit ``datatype``.
+    """
+    return _from_json(name, datatype, dtype, shape, math.prod(shape), data)
 
 
 def _typed(name: str, datatype: str, dtype: np.dtype, found: np.ndarray) -> np.ndarray:

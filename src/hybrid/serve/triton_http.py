@@ -27,6 +27,7 @@ from fastapi import FastAPI, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from hybrid.errors import ServingError
+from hybrid.serve.http_infer import read_body
 from hybrid.serve.state import EXTENSIONS, selected_models, statistics_of
 from hybrid.serve.triton_config import config_json, load_request, model_config
 
@@ -50,11 +51,14 @@ def request_rows(model: ServedModel, inputs: dict[str, np.ndarray]) -> int:
 
 
 async def _control_body(request: Request, limit: int = _CONTROL_BODY_MAX) -> dict[str, Any]:
-    body = await request.body()
-    if len(body) > limit:
+    try:
+        body = await read_body(request, limit)  # never held past the limit, compressed or not
+    except ServingError as e:
+        if e.code != "HYB-704":
+            raise
         raise ServingError("HYB-704", f"a repository, shared memory, logging or trace request body is limited to "
                                       f"{limit} bytes", "a load that carries model files may be as large as "
-                                      "--max-body")
+                                      "--max-body") from e
     if not body.strip():
         return {}
     try:

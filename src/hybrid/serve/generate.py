@@ -1,0 +1,166 @@
+"""Triton's generate extension: a model called with plain JSON, its inputs and outputs as named fields.
+
+``POST /v2/models/{m}[/versions/{v}]/generate`` takes a JSON object whose fields name the model's inputs, each a
+flat list of the values of one request row (or a single value), and answers ``{"model_name", "model_version",
+"id" (where the request had one), <output>: values}``, each output a flat list of its values or, where it holds
+one, that value. ``generate_stream`` answers the same as one server-sent event (``data: {...}``): the models
+pyasc serves answer once per request. As Triton 2.51 does (``tests/test_serve_vs_triton.py`` compares them):
+
+- a field that is not an input is ignored, but ``id`` (the request id) and ``parameters`` (the request's
+  parameters: ``sequence_id``, ``sequence_start``, ``sequence_end``, ``timeout``);
+- an input's values fill its dimensions without the batch (one row: the batch dimension is 1 where the model
+  batches); a dynamic dimension takes what the values leave; a nested list, or a count that does not fit, is
+  refused ("can not convert input ... to tensor with proper shape");
+- a missing input is refused as an inference request missing it is.
+
+Deliberate differences: values of the wrong type, a body that is not a JSON object, and an input with more than
+one dynamic dimension (no single shape fits) are a 400 ``HYB-702`` (Triton answers 500 to the first two).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.responses import Response, StreamingResponse
+
+from hybrid.errors import ServingError
+from hybrid.serve.http_infer import read_body
+from hybrid.serve.protocol import datatype_of, tensor_from_json
+from hybrid.serve.sequences import sequence_flags
+from hybrid.serve.state import Decoded, ServerState, infer
+
+if TYPE_CHECKING:
+    from hybrid.serve.model import ServedModel
+
+__all__ = ["add_generate_routes", "generate", "generate_inputs"]
+
+_HINT = 'e.g. {"text_input": "...", "parameters": {"sequence_id": 7}}: one field per input, its values in a flat list'
+
+
+def _bad(message: str, hint: str = _HINT) -> ServingError:
+    return ServingError("HYB-702", message, hint)
+
+
+def _shape(model: ServedModel, name: str, dims: tuple[int | str, ...], count: int) -> tuple[int, ...]:
+    """The shape ``count`` values of input ``name`` take: its dimensions without the batch, one row of it."""
+    known = math.prod(d for d in dims if isinstance(d, int))
+    dynamic = [i for i, d in enumerate(dims) if not isinstance(d, int)]
+    if len(dynamic) > 1:
+        raise _bad(f"input {name!r} has {len(dynamic)} dynamic dimensions {_dims(dims)}: no one shape fits a flat "
+                   "list of values", "send it to /v2/models/{m}/infer with its shape")
+    fits = known > 0 and count % known == 0 if dynamic else known == count
+    if not fits:
+        raise _bad(f"The schema can not convert input {name!r} to tensor with proper shape: its dimensions "
+                   f"{_dims(dims)} do not take {count} value(s)")
+    row = tuple(count // known if not isinstance(d, int) else d for d in dims)
+    return ((1,) if model.max_batch_size > 0 else ()) + row
+
+
+def _dims(dims: tuple[int | str, ...]) -> list[int]:
+    return [d if isinstance(d, int) else -1 for d in dims]
+
+
+def generate_inputs(model: ServedModel, doc: Any) -> tuple[dict[str, np.ndarray], Decoded, str | None]:
+    """The input arrays, the decoded request and the request id of a generate request's JSON ``doc``.
+
+    Raises:
+        ServingError: HYB-702 for a body that is not an object, a bad ``id`` or ``parameters``, or an input
+            whose values do not fill its dimensions or do not fit its datatype.
+    """
+    if not isinstance(doc, dict):
+        raise _bad(f"a generate request is a JSON object of the model's inputs by name, got {type(doc).__name__}")
+    request_id = doc.get("id")
+    if request_id is not None and not isinstance(request_id, str):
+        raise _bad(f"'id' must be a string, got {type(request_id).__name__}")
+    params = doc.get("parameters") or {}
+    if not isinstance(params, Mapping):
+        raise _bad(f"'parameters' must be an object, got {type(params).__name__}")
+    timeout = params.get("timeout")
+    if timeout is not None and (type(timeout) is not int or timeout <= 0):
+        raise _bad(f"'parameters.timeout' must be a positive integer of microseconds, got {timeout!r}")
+    sequence = sequence_flags(params.get("sequence_id"), params.get("sequence_start"), params.get("sequence_end"))
+    arrays: dict[str, np.ndarray] = {}
+    batched = model.max_batch_size > 0
+    for spec in model.signature.inputs:
+        if spec.name not in doc or spec.shape is None:
+            continue  # a missing input: the model's check names it, as for an inference request
+        value = doc[spec.name]
+        values = value if isinstance(value, list) else [value]
+        if any(isinstance(v, (list, dict)) for v in values):
+            raise _bad(f"The schema can not convert input {spec.name!r} to tensor with proper shape: its values "
+                       "must be a flat list (or one value)")
+        dims = tuple(spec.shape[1:] if batched else spec.shape)
+        shape = _shape(model, spec.name, dims, len(values))
+        dtype = np.dtype(object) if spec.dtype is None else spec.dtype
+        arrays[spec.name] = tensor_from_json(spec.name, datatype_of(dtype), dtype, shape, values)
+    timeout_s = None if timeout is None else timeout / 1e6
+    return arrays, Decoded(arrays, timeout_s, sequence), request_id
+
+
+def _value(name: str, array: np.ndarray) -> Any:
+    """An output as a generate answer carries it: its values flat, or the one value it holds."""
+    flat = np.asarray(array).reshape(-1)
+    if flat.dtype.kind in "OSU":
+        try:
+            items: list[Any] = [v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in flat]
+        except UnicodeDecodeError as e:
+            raise _bad(f"output {name!r} holds bytes that are not UTF-8 and cannot travel as JSON",
+                       "call /v2/models/{m}/infer with parameters.binary_data") from e
+    else:
+        items = flat.tolist()
+    return items[0] if len(items) == 1 else items
+
+
+async def generate(state: ServerState, model_name: str, version: str | None, body: bytes) -> bytes:
+    """Run one generate request; the answer's JSON.
+
+    Raises:
+        HybridError: HYB-702 for a malformed request (:func:`generate_inputs`), and what inference raises.
+    """
+    model = state.model(model_name, version)
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError as e:
+        raise _bad(f"the request is not valid JSON: {e}") from e
+    _, decoded, request_id = generate_inputs(model, doc)
+
+    def encode(outputs: Mapping[str, np.ndarray]) -> bytes:
+        answer: dict[str, Any] = {"model_name": model.name, "model_version": model.version}
+        if request_id is not None:
+            answer["id"] = request_id
+        for name in model.signature.output_names:
+            if name in outputs:
+                answer[name] = _value(name, outputs[name])
+        return orjson.dumps(answer, option=orjson.OPT_SERIALIZE_NUMPY)
+
+    return await infer(state, model, lambda: decoded, encode)
+
+
+def add_generate_routes(app: FastAPI, state: ServerState) -> None:
+    """Add ``/v2/models/{m}[/versions/{v}]/generate`` and ``.../generate_stream`` to ``app``."""
+    limit = state.options.limits.max_body
+
+    async def body_of(request: Request) -> bytes:
+        return await read_body(request, limit)  # as an inference request's: compressed or not, never past --max-body
+
+    @app.post("/v2/models/{model_name}/generate")
+    @app.post("/v2/models/{model_name}/versions/{model_version}/generate")
+    async def generate_route(request: Request, model_name: str, model_version: str | None = None) -> Response:
+        answer = await generate(state, model_name, model_version, await body_of(request))
+        return Response(answer, media_type="application/json")
+
+    @app.post("/v2/models/{model_name}/generate_stream")
+    @app.post("/v2/models/{model_name}/versions/{model_version}/generate_stream")
+    async def generate_stream_route(request: Request, model_name: str,
+                                    model_version: str | None = None) -> StreamingResponse:
+        answer = await generate(state, model_name, model_version, await body_of(request))  # errors: plain JSON
+
+        async def events() -> Any:
+            yield b"data: " + answer + b"\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream; charset=utf-8")
