@@ -836,3 +836,39 @@ def test_generate_answers_as_triton_s(servers) -> None:
         assert "error" in json.loads(got["pyasc"][1]) and "error" in json.loads(got["triton"][1])
     got = _both(servers, "POST", "/v2/models/tiny/generate", [row])  # a client's mistake: 400 in pyasc
     assert got["pyasc"][0] == 400 and got["triton"][0] == 500
+
+
+def test_the_response_cache_counts_as_triton_s(tmp_path) -> None:
+    if _REASON:
+        pytest.skip(_REASON)
+    tiny = tiny_model(tmp_path / "tiny.onnx")
+    folders = {name: tmp_path / name for name in ("triton", "pyasc")}
+    for folder in folders.values():  # the same repository, the model enabling the cache
+        tr.write_model(folder, "tiny", tiny, [tr.TritonSpec("x", "TYPE_FP32", [4]),
+                                              tr.TritonSpec("scale", "TYPE_FP32", [1])],
+                       [tr.TritonSpec("y", "TYPE_FP32", [3]), tr.TritonSpec("s", "TYPE_FP32", [1])], threads=1)
+        config = folder / "tiny" / "config.pbtxt"
+        config.write_text(config.read_text() + "response_cache { enable: true }\n")
+    registry = build_registry([folders["pyasc"]], target="onnxruntime")
+    app = create_app(registry, ServeOptions(grpc_address="127.0.0.1:0", response_cache=1 << 20))
+    flags = ["--cache-config", f"local,size={1 << 20}", "--cache-directory", str(tr.triton_home() / "caches")]
+    with tr.TritonServer(folders["triton"], extra_args=flags) as triton, BackgroundServer(app) as pyasc:
+        servers = _urls(triton, pyasc)
+        other = [GOOD[0], {**GOOD[1], "data": [3.0, 3.0]}]
+        for inputs in (GOOD, GOOD, GOOD, other):
+            got = _both(servers, "POST", "/v2/models/tiny/infer", {"inputs": inputs})
+            assert got["pyasc"][0] == got["triton"][0] == 200, got
+            answers = [{o["name"]: o["data"] for o in json.loads(got[name][1])["outputs"]} for name in got]
+            np.testing.assert_allclose(answers[0]["y"], answers[1]["y"], rtol=1e-6)
+        _grpc(servers, lambda client: client.infer("tiny", _grpc_inputs(X, SCALE)).as_numpy("y"))
+
+        def counts(body: bytes) -> dict[str, int]:
+            stats = json.loads(body)["model_stats"][0]
+            phases = stats["inference_stats"]
+            return {**{p: phases[p]["count"] for p in ("cache_hit", "cache_miss", "success", "queue",
+                                                       "compute_input", "compute_infer", "compute_output")},
+                    "inference_count": stats["inference_count"], "execution_count": stats["execution_count"]}
+
+        got = _both(servers, "GET", "/v2/models/tiny/stats")
+        assert counts(got["pyasc"][1]) == counts(got["triton"][1])
+        assert counts(got["pyasc"][1])["cache_hit"] == 3

@@ -129,6 +129,9 @@ def serve(
                                "opentelemetry,bsp_schedule_delay=MS. Clients read and change them at "
                                "/v2/trace/setting.")]
     = None,
+    cache_config: Annotated[list[str] | None, typer.Option(
+        "--cache-config", help="Triton's response cache: local,size=BYTES. The models whose config.pbtxt has "
+                               "response_cache { enable: true } answer inputs they have seen from it.")] = None,
     use_ray: Annotated[bool, typer.Option("--ray", help="Deploy on Ray Serve instead of this process.")] = False,
     replicas: Annotated[int, typer.Option(help="--ray: number of replicas.")] = 1,
     autoscaling: Annotated[str | None, typer.Option(help="--ray: Serve autoscaling_config as JSON "
@@ -158,6 +161,7 @@ def serve(
             from hybrid.serve.app import ServeOptions, create_app
             from hybrid.serve.protocol import Limits
             from hybrid.serve.repository import build_registry, compile_request, configure_backends
+            from hybrid.serve.response_cache import cache_size
             from hybrid.serve.server import ConnectionLimits, run
             from hybrid.serve.trace import TraceConfig
         except ImportError as e:
@@ -177,7 +181,8 @@ def serve(
                               "trace a server started without --ray")
         options = ServeOptions(auth_token=auth_token or None, limits=limits, drain_timeout=drain_timeout,
                                grpc_address=grpc_address if grpc_port and not use_ray else None,
-                               model_control=model_control, trace=TraceConfig.from_options(trace_config or []))
+                               model_control=model_control, trace=TraceConfig.from_options(trace_config or []),
+                               response_cache=cache_size(cache_config or []))
         overrides = so.serving_settings(max_batch, batch_timeout, max_queue, request_timeout, concurrency,
                                         zero_means_off=True)
         backends = _json_object("--backend-config", backend_config, '{"onnxruntime": {"intra_op_num_threads": 2}}')

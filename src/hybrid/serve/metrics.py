@@ -114,9 +114,16 @@ class ServerMetrics:
         return found
 
     def request_done(self, model: ServedModel, ok: bool, seconds: float, rows: int = 1, input_s: float = 0.0,
-                     output_s: float = 0.0) -> None:
-        """One inference request of ``model`` ended: answered (``ok``) or failed, after ``seconds``."""
-        self.stats(model).request(ok, seconds, rows, input_s, output_s)
+                     output_s: float = 0.0, cached: bool = False) -> None:
+        """One inference request of ``model`` ended: answered (``ok``) or failed, after ``seconds``.
+
+        ``cached``: answered from the response cache.
+        """
+        self.stats(model).request(ok, seconds, rows, input_s, output_s, cached)
+
+    def cache_lookup(self, model: ServedModel, hit: bool, seconds: float) -> None:
+        """One response cache lookup for ``model``: a hit or a miss, and its time."""
+        self.stats(model).cache(hit, seconds)
 
     def observe_batch(self, model: ServedModel, size: int, waits: list[float], run_s: float) -> None:
         """The ServedModel observer: one batch of ``size`` requests ran in ``run_s`` after ``waits``."""

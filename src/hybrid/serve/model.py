@@ -284,6 +284,15 @@ class ServedModel:
     compile_request: Mapping[str, Any] = {}  # the precision and accuracy budget asked for (load_model)
 
     @property
+    def caches_responses(self) -> bool:
+        """Whether the model's ``config.pbtxt`` enables Triton's response cache.
+
+        Never with sequence batching: a sequence's answers depend on its state.
+        """
+        config = getattr(self, "model_config", None)
+        return config is not None and config.response_cache.enable and self._sequences is None
+
+    @property
     def max_batch_size(self) -> int:
         """Triton's ``max_batch_size`` of this model (its configuration's): most rows a request may carry.
 

@@ -20,13 +20,14 @@ from hybrid.errors import HybridError, ServingError
 from hybrid.serve.log_settings import LogSettings
 from hybrid.serve.metrics import ServerMetrics
 from hybrid.serve.protocol import Limits
+from hybrid.serve.response_cache import ResponseCache
 from hybrid.serve.shared_memory import SharedMemoryRegions
 from hybrid.serve.trace import Trace, TraceConfig, Tracer
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from hybrid.serve.model import ServedModel
+    from hybrid.serve.model import CheckedRequest, ServedModel
     from hybrid.serve.repository import ModelRegistry
     from hybrid.serve.sequences import SequenceFlags
 
@@ -64,6 +65,8 @@ class ServeOptions:
         sequences: List Triton's sequence extension (models with sequence batching are served,
             :mod:`hybrid.serve.sequences`); off on Ray, which refuses such models (a sequence's requests could
             reach different replicas).
+        response_cache: Bytes of Triton's response cache (``--cache-config local,size=N``) for the models whose
+            ``config.pbtxt`` enables it (:mod:`hybrid.serve.response_cache`); 0: no cache.
     """
 
     auth_token: str | None = None
@@ -75,6 +78,7 @@ class ServeOptions:
     log_settings: bool = True
     trace: TraceConfig | None = field(default_factory=TraceConfig)
     sequences: bool = True
+    response_cache: int = 0
 
 
 def http_status(code: str) -> int:
@@ -113,6 +117,8 @@ class ServerState:
         # the logging extension's view of the ``hybrid`` logger; None where clients may not use it
         self.log_settings = LogSettings() if options.log_settings else None
         self.tracer = Tracer(options.trace) if options.trace is not None else None
+        # the response cache of the models that enable it; None without --cache-config
+        self.response_cache = ResponseCache(options.response_cache) if options.response_cache else None
         self.draining = False
         self.managed = False
         self.grpc_port: int | None = None
@@ -230,7 +236,7 @@ async def infer(state: ServerState, model: ServedModel, decode: Callable[[], Awa
     requests, latency = metrics.children(key)
     requests.inc()
     t0 = time.perf_counter()
-    ok, rows = False, 1
+    ok, rows, cached = False, 1, False
     input_s = output_s = 0.0
     try:
         decoded = decode()
@@ -246,7 +252,13 @@ async def infer(state: ServerState, model: ServedModel, decode: Callable[[], Awa
         rows = request.rows
         t1 = time.perf_counter()
         input_s = t1 - t0
-        outputs = await model.run(request, decoded.timeout_s)
+        cache = state.response_cache
+        if cache is not None and not model.caches_responses:
+            cache = None
+        if cache is None:
+            outputs = await model.run(request, decoded.timeout_s)
+        else:
+            outputs, cached = await _cached_run(state, cache, model, request, decoded.timeout_s)
         del request
         if trace is not None:
             trace.stamp("REQUEST_END")
@@ -261,7 +273,27 @@ async def infer(state: ServerState, model: ServedModel, decode: Callable[[], Awa
     finally:  # a client that went away (CancelledError) counts as a failure too
         elapsed = time.perf_counter() - t0
         latency.observe(elapsed)
-        metrics.request_done(model, ok, elapsed, rows, input_s, output_s)
+        metrics.request_done(model, ok, elapsed, rows, input_s, output_s, cached)
+
+
+async def _cached_run(state: ServerState, cache: ResponseCache, model: ServedModel, request: CheckedRequest,
+                      timeout_s: float | None) -> tuple[Mapping[str, np.ndarray], bool]:
+    """The model's answer from the response cache, or run and kept there; and whether it came from the cache.
+
+    The lookup (and, on a miss, the insertion) is timed into the model's ``cache_hit`` / ``cache_miss``.
+    """
+    t0 = time.perf_counter()
+    key = cache.key(model.name, model.version, request.feeds)
+    found = cache.get(key)
+    lookup_s = time.perf_counter() - t0
+    if found is not None:
+        state.metrics.cache_lookup(model, True, lookup_s)
+        return found, True
+    outputs = await model.run(request, timeout_s)
+    t1 = time.perf_counter()
+    cache.put(key, outputs)
+    state.metrics.cache_lookup(model, False, lookup_s + time.perf_counter() - t1)
+    return outputs, False
 
 
 def selected_models(registry: ModelRegistry, name: str | None, version: str | None) -> list[ServedModel]:

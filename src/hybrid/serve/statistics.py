@@ -19,7 +19,7 @@ from tritonclient.grpc import service_pb2 as pb
 
 __all__ = ["ModelStats", "TritonCollector"]
 
-_PHASES = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output")
+_PHASES = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output", "cache_hit", "cache_miss")
 _NS = 1_000_000_000
 
 
@@ -46,10 +46,19 @@ class ModelStats:
         entry[0] += count
         entry[1] += round(seconds * _NS)
 
-    def request(self, ok: bool, seconds: float, rows: int = 1, input_s: float = 0.0, output_s: float = 0.0) -> None:
-        """One request answered (``ok``) or failed after ``seconds`` in the server."""
+    def request(self, ok: bool, seconds: float, rows: int = 1, input_s: float = 0.0, output_s: float = 0.0,
+                cached: bool = False) -> None:
+        """One request answered (``ok``) or failed after ``seconds`` in the server.
+
+        ``cached``: answered from the response cache: a success and a (zero) queue entry, as Triton counts it,
+        with no compute and no inference.
+        """
         with self._lock:
-            if ok:
+            if ok and cached:
+                self._add("success", 1, seconds)
+                self._add("queue", 1, 0.0)
+                self.last_inference_ms = int(time.time() * 1000)
+            elif ok:
                 self._add("success", 1, seconds)
                 self._add("compute_input", 1, input_s)
                 self._add("compute_output", 1, output_s)
@@ -57,6 +66,11 @@ class ModelStats:
                 self.last_inference_ms = int(time.time() * 1000)
             else:
                 self._add("fail", 1, seconds)
+
+    def cache(self, hit: bool, seconds: float) -> None:
+        """One response cache lookup: a hit, or a miss (its time includes the insertion of the answer)."""
+        with self._lock:
+            self._add("cache_hit" if hit else "cache_miss", 1, seconds)
 
     def batch(self, size: int, waits: Iterable[float], run_s: float) -> None:
         """One executed batch of ``size`` requests that waited ``waits`` and ran ``run_s`` seconds."""
@@ -89,8 +103,7 @@ class ModelStats:
         for phase, (count, ns) in snap["phase"].items():
             getattr(msg.inference_stats, phase).count = count
             getattr(msg.inference_stats, phase).ns = ns
-        for phase in ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output",
-                      "cache_hit", "cache_miss"):  # every phase Triton reports, zero when unused (no cache)
+        for phase in _PHASES:  # every phase Triton reports, zero when unused (no cache)
             getattr(msg.inference_stats, phase).SetInParent()
         for size, (count, ns) in snap["batches"].items():
             entry = msg.batch_stats.add(batch_size=size)

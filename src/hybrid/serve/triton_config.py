@@ -103,6 +103,8 @@ _MAPPED = {
     "sequence_batching.state.initial_state.data_type", "sequence_batching.state.initial_state.dims",
     "sequence_batching.state.initial_state.zero_data", "sequence_batching.state.initial_state.data_file",
     "sequence_batching.state.initial_state.name",
+    # answers kept by inputs (hybrid.serve.response_cache), where the server has a cache
+    "response_cache", "response_cache.enable",
 }
 
 
