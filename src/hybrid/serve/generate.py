@@ -30,8 +30,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from hybrid.errors import ServingError
 from hybrid.serve.http_infer import read_body
-from hybrid.serve.protocol import datatype_of, tensor_from_json
-from hybrid.serve.sequences import sequence_flags
+from hybrid.serve.protocol import datatype_of, json_values, request_fields, tensor_from_json
 from hybrid.serve.state import Decoded, ServerState, infer
 
 if TYPE_CHECKING:
@@ -74,16 +73,7 @@ def generate_inputs(model: ServedModel, doc: Any) -> tuple[dict[str, np.ndarray]
     """
     if not isinstance(doc, dict):
         raise _bad(f"a generate request is a JSON object of the model's inputs by name, got {type(doc).__name__}")
-    request_id = doc.get("id")
-    if request_id is not None and not isinstance(request_id, str):
-        raise _bad(f"'id' must be a string, got {type(request_id).__name__}")
-    params = doc.get("parameters") or {}
-    if not isinstance(params, Mapping):
-        raise _bad(f"'parameters' must be an object, got {type(params).__name__}")
-    timeout = params.get("timeout")
-    if timeout is not None and (type(timeout) is not int or timeout <= 0):
-        raise _bad(f"'parameters.timeout' must be a positive integer of microseconds, got {timeout!r}")
-    sequence = sequence_flags(params.get("sequence_id"), params.get("sequence_start"), params.get("sequence_end"))
+    request_id, _, timeout_s, sequence = request_fields(doc)
     arrays: dict[str, np.ndarray] = {}
     batched = model.max_batch_size > 0
     for spec in model.signature.inputs:
@@ -98,21 +88,16 @@ def generate_inputs(model: ServedModel, doc: Any) -> tuple[dict[str, np.ndarray]
         shape = _shape(model, spec.name, dims, len(values))
         dtype = np.dtype(object) if spec.dtype is None else spec.dtype
         arrays[spec.name] = tensor_from_json(spec.name, datatype_of(dtype), dtype, shape, values)
-    timeout_s = None if timeout is None else timeout / 1e6
     return arrays, Decoded(arrays, timeout_s, sequence), request_id
 
 
 def _value(name: str, array: np.ndarray) -> Any:
-    """An output as a generate answer carries it: its values flat, or the one value it holds."""
-    flat = np.asarray(array).reshape(-1)
-    if flat.dtype.kind in "OSU":
-        try:
-            items: list[Any] = [v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in flat]
-        except UnicodeDecodeError as e:
-            raise _bad(f"output {name!r} holds bytes that are not UTF-8 and cannot travel as JSON",
-                       "call /v2/models/{m}/infer with parameters.binary_data") from e
-    else:
-        items = flat.tolist()
+    """An output as a generate answer carries it: its values flat, or the one value it holds.
+
+    The values are an inference answer's JSON ``data`` (:func:`hybrid.serve.protocol.json_values`).
+    """
+    values = json_values(name, array, datatype_of(array.dtype))
+    items = values.tolist() if isinstance(values, np.ndarray) else values
     return items[0] if len(items) == 1 else items
 
 

@@ -41,8 +41,10 @@ __all__ = [
     "check_json_depth",
     "datatype_of",
     "encode_response",
+    "json_values",
     "parse_request",
     "placeholder",
+    "request_fields",
     "tensor_from_json",
     "tensor_metadata",
 ]
@@ -506,6 +508,28 @@ def check_head(header: bytes, binary_size: int | None, limits: Limits,
     return doc
 
 
+def request_fields(doc: Mapping[str, Any]) -> tuple[str | None, Mapping[str, Any], float | None,
+                                                      SequenceFlags | None]:
+    """A request's own fields, checked: its ``id``, ``parameters``, timeout and sequence.
+
+    The timeout is the client's (``parameters.timeout``, microseconds on the wire) in seconds; the sequence is
+    ``parameters.sequence_id``, ``sequence_start`` and ``sequence_end``.
+
+    Raises:
+        ServingError: HYB-702 for an ``id`` that is not a string, ``parameters`` that are not an object, a timeout
+            that is not a positive integer, or bad sequence parameters.
+    """
+    request_id = doc.get("id")
+    if request_id is not None and not isinstance(request_id, str):
+        raise _bad(f"'id' must be a string, got {type(request_id).__name__}")
+    params = _parameters("request", doc.get("parameters"))
+    timeout = params.get("timeout")
+    if timeout is not None and (type(timeout) is not int or timeout <= 0):
+        raise _bad(f"'parameters.timeout' must be a positive integer of microseconds, got {timeout!r}")
+    sequence = sequence_flags(params.get("sequence_id"), params.get("sequence_start"), params.get("sequence_end"))
+    return request_id, params, None if timeout is None else timeout / 1e6, sequence
+
+
 def parse_request(body: bytes, header_length: int | None, limits: Limits,
                   precheck: Precheck | None = None, header: dict[str, Any] | None = None,
                   shared_memory: SharedMemoryRegions | None = None) -> InferRequest:
@@ -530,17 +554,10 @@ def parse_request(body: bytes, header_length: int | None, limits: Limits,
             not inside a registered region.
     """
     doc, binary = _header(body, header_length, limits, header)
-    request_id = doc.get("id")
-    if request_id is not None and not isinstance(request_id, str):
-        raise _bad(f"'id' must be a string, got {type(request_id).__name__}")
-    params = _parameters("request", doc.get("parameters"))
+    request_id, params, timeout_s, sequence = request_fields(doc)
     binary_output = params.get("binary_data_output", False)
     if not isinstance(binary_output, bool):
         raise _bad("'parameters.binary_data_output' must be true or false")
-    timeout = params.get("timeout")
-    if timeout is not None and (type(timeout) is not int or timeout <= 0):
-        raise _bad(f"'parameters.timeout' must be a positive integer of microseconds, got {timeout!r}")
-    sequence = sequence_flags(params.get("sequence_id"), params.get("sequence_start"), params.get("sequence_end"))
     declared = _declared_inputs(doc.get("inputs"), len(binary), limits)
     outputs = _outputs(doc, binary_output)
     if precheck is not None:
@@ -559,8 +576,7 @@ def parse_request(body: bytes, header_length: int | None, limits: Limits,
     for out in outputs or ():  # an output's region is checked before the model runs
         if out.span is not None:
             regions_for(shared_memory, f"output {out.name!r}").check(out.span, f"output {out.name!r}")
-    return InferRequest(request_id, arrays, outputs, binary_output, None if timeout is None else timeout / 1e6,
-                        sequence)
+    return InferRequest(request_id, arrays, outputs, binary_output, timeout_s, sequence)
 
 
 # ------------------------------------------------------------------------------------------------ encoding
@@ -578,7 +594,7 @@ def binary_of(arr: np.ndarray, datatype: str) -> bytes:
     return b"".join(parts)
 
 
-def _json_of(name: str, arr: np.ndarray, datatype: str) -> np.ndarray | list[Any]:
+def json_values(name: str, arr: np.ndarray, datatype: str) -> np.ndarray | list[Any]:
     """An output's JSON ``data``: a flat array that orjson writes in C, or a list.
 
     Floats go out as doubles (the values Triton prints); a list holds BYTES as strings, or floats that are not
@@ -646,7 +662,7 @@ def encode_response(model_name: str, model_version: str, request: InferRequest,
             entry["parameters"] = {"binary_data_size": len(raw)}
             chunks.append(raw)
         else:
-            entry["data"] = _json_of(out.name, arr, datatype)
+            entry["data"] = json_values(out.name, arr, datatype)
         entries.append(entry)
     doc: dict[str, Any] = {"model_name": model_name, "model_version": model_version, "outputs": entries}
     if request.id is not None:
