@@ -421,11 +421,22 @@ def test_triton_metrics_count_successes_failures_and_executed_batches(models):
         results = asyncio.run(load())
         failed = sum(isinstance(r, Exception) for r in results)
         assert failed == 8
+        client = tg.InferenceServerClient(srv.grpc_url)  # an output the model does not have: refused before it runs
+        with pytest.raises(InferenceServerException, match="unexpected inference output 'nope' for model 'tiny'"):
+            client.infer("tiny", tiny_inputs(tg, *feeds(0)), outputs=[tg.InferRequestedOutput("nope")])
         text = urllib.request.urlopen(f"http://{srv.url}/metrics", timeout=30).read().decode()
         assert "# TYPE nv_inference_request_success counter" in text
         success = _metric(text, "nv_inference_request_success", "tiny")
-        failure = _metric(text, "nv_inference_request_failure", "tiny")
-        assert (success, failure) == (32, 8)
+        assert success == 32
+        # as Triton counts: a request refused by the checks never reached the model, so it is no failure
+        # there; pyasc's own counter has it by error code
+        for reason in ("REJECTED", "CANCELED", "BACKEND", "OTHER"):
+            found = re.search(rf'^nv_inference_request_failure{{model="tiny",reason="{reason}",version="1"}} '
+                              r'([0-9.e+]+)$', text, re.M)
+            assert found and float(found.group(1)) == 0, reason
+        refused = re.search(r'^pyasc_inference_failures_total{code="HYB-401",model="tiny",version="1"} ([0-9.e+]+)$',
+                            text, re.M)
+        assert refused and float(refused.group(1)) == 8, text
         executed = _metric(text, "nv_inference_exec_count", "tiny")
         assert _metric(text, "pyasc_batch_size_count", "tiny") == executed
         assert _metric(text, "pyasc_batch_size_sum", "tiny") == success  # the failures never reached the model

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+from prometheus_client.parser import text_string_to_metric_families
 from tests._serve_support import request, serving, stateful_repo, tiny_expected, tiny_model, v2_json
 from typer.testing import CliRunner
 
@@ -65,6 +66,22 @@ def test_least_recently_used_answers_go_first_and_none_past_the_size():
     assert kept is not None and not kept["y"].flags.writeable  # shared by every hit: read-only
 
 
+def test_the_cache_counts_what_triton_s_gauges_report():
+    ticks = iter(range(0, 1000, 1))  # a scripted clock: every reading one second after the last
+    cache = ResponseCache(capacity=100, clock=lambda: next(ticks) * 1e-3)  # ... of a millisecond each
+    answer = {"y": np.zeros(10, np.float32)}  # 40 bytes
+    key, found, seconds = cache.lookup("m", "1", {"x": np.ones(2, np.float32)})
+    assert found is None and seconds == pytest.approx(1e-3)
+    assert cache.insert(key, answer) == pytest.approx(1e-3)
+    assert cache.lookup("m", "1", {"x": np.ones(2, np.float32)})[1] is not None
+    cache.put(b"b", answer)
+    cache.put(b"c", answer)  # 120 > 100: the least recently used goes
+    counts = cache.counts()
+    assert (counts.lookups, counts.hits, counts.misses, counts.evictions, counts.entries) == (2, 1, 1, 1, 2)
+    assert counts.utilization == pytest.approx(0.8)
+    assert (counts.lookup_us, counts.insertion_us) == (2000, 1000)
+
+
 def _repo(root: Path) -> Path:
     repo = root / "repo"
     for name, cache in (("cached", "response_cache { enable: true }\n"), ("plain", "")):
@@ -114,6 +131,21 @@ def test_a_model_that_enables_the_cache_answers_seen_inputs_from_it(tmp_path):
         assert _counts(_stats(server.url, "plain"))["hit"] == 0  # its config.pbtxt does not enable the cache
         stats = _stats(server.url, "cached")["inference_stats"]
         assert stats["cache_hit"]["ns"] > 0 and stats["cache_miss"]["ns"] > 0
+        # /metrics: Triton's per-model cache counters for the cached model alone, and the cache's own gauges
+        status, _, body = request(server.url, "GET", "/metrics")
+        assert status == 200
+        metrics = {(m.name, tuple(sorted(s.labels.items()))): s.value
+                   for m in text_string_to_metric_families(body.decode()) for s in m.samples}
+        cached = (("model", "cached"), ("version", "1"))
+        assert metrics[("nv_cache_num_hits_per_model", cached)] == 3
+        assert metrics[("nv_cache_num_misses_per_model", cached)] == 2
+        assert metrics[("nv_cache_hit_duration_per_model", cached)] >= 0
+        assert not any(name.endswith("_per_model") and dict(labels).get("model") == "plain"
+                       for name, labels in metrics)
+        gauges = {name: value for (name, labels), value in metrics.items() if not labels}
+        assert (gauges["nv_cache_num_lookups"], gauges["nv_cache_num_hits"], gauges["nv_cache_num_misses"],
+                gauges["nv_cache_num_entries"], gauges["nv_cache_num_evictions"]) == (5, 3, 2, 2, 0)
+        assert 0 < gauges["nv_cache_util"] < 1
 
 
 def test_without_a_cache_or_with_sequence_batching_nothing_is_cached(tmp_path):

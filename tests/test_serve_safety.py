@@ -240,8 +240,18 @@ def test_backpressure_rejects_with_503_and_stays_live(model_path):
         metrics = request(srv.url, "GET", "/metrics")[2].decode()
         assert re.search(r'pyasc_inference_failures_total\{code="HYB-705",model="tiny",version="1"\} ' +
                          f"{len(codes)}.0", metrics)
+        # Triton counts a request its full queue turned away nowhere (tritonserver 2.51: "Exceeds maximum
+        # queue size", no failure): only the answered ones, as successes
+        assert triton_failures(metrics) == {"REJECTED": 0, "CANCELED": 0, "BACKEND": 0, "OTHER": 0}
+        assert f'nv_inference_request_success{{model="tiny",version="1"}} {12 - len(codes) + 1}.0' in metrics
     finally:
         srv.stop()
+
+
+def triton_failures(metrics: str) -> dict[str, int]:
+    """``nv_inference_request_failure`` of the tiny model by reason, from /metrics' text."""
+    return {m.group(1): int(float(m.group(2))) for m in re.finditer(
+        r'^nv_inference_request_failure\{model="tiny",reason="([A-Z]+)",version="1"\} ([0-9.e+]+)$', metrics, re.M)}
 
 
 def test_request_timeout_is_504(model_path):
@@ -250,8 +260,29 @@ def test_request_timeout_is_504(model_path):
     try:
         status, _, body = infer(srv.url, feeds(3))
         assert status == 504 and error_of(body) == "HYB-411"
+        # a request whose time ran out once the model had it: Triton's REJECTED (its queue's timeout)
+        assert triton_failures(request(srv.url, "GET", "/metrics")[2].decode())["REJECTED"] == 1
     finally:
         release.set()
+        srv.stop()
+
+
+def test_a_failed_run_counts_as_a_backend_failure(model_path):
+    srv = start(model_path, overrides={"max_batch": 0})
+    (model,) = list(srv.server.state.registry)
+
+    def broken(feeds):
+        raise RuntimeError("the runtime failed")
+
+    model.compiled.run_checked = broken
+    try:
+        status, _, body = infer(srv.url, feeds(5))
+        assert status == 500 and error_of(body) == "HYB-408"
+        text = request(srv.url, "GET", "/metrics")[2].decode()
+        assert triton_failures(text) == {"REJECTED": 0, "CANCELED": 0, "BACKEND": 1, "OTHER": 0}
+        stats = json.loads(request(srv.url, "GET", "/v2/models/tiny/stats")[2])["model_stats"][0]["inference_stats"]
+        assert (stats["fail"]["count"], stats["success"]["count"]) == (1, 0)
+    finally:
         srv.stop()
 
 

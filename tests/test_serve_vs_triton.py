@@ -19,6 +19,7 @@ import contextlib
 import http.client
 import json
 import logging
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -872,3 +873,68 @@ def test_the_response_cache_counts_as_triton_s(tmp_path) -> None:
         got = _both(servers, "GET", "/v2/models/tiny/stats")
         assert counts(got["pyasc"][1]) == counts(got["triton"][1])
         assert counts(got["pyasc"][1])["cache_hit"] == 3
+
+
+_HOST_ONLY = ("nv_pinned_memory_pool_", "nv_gpu_", "nv_energy_")  # Triton's CUDA and GPU metrics: pyasc has none
+_COUNTED = ("nv_inference_request_success", "nv_inference_request_failure", "nv_inference_count",
+            "nv_inference_exec_count", "nv_cache_num_hits_per_model", "nv_cache_num_misses_per_model",
+            "nv_inference_pending_request_count", "nv_cache_num_entries", "nv_cache_num_hits", "nv_cache_num_misses",
+            "nv_cache_num_lookups", "nv_cache_num_evictions")
+
+
+def _families(text: str) -> dict[str, tuple[str, str, dict[tuple[tuple[str, str], ...], float]]]:
+    """Triton's metric families in a /metrics text: name -> (type, help, value by sorted labels)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {m.name: (m.type, m.documentation, {tuple(sorted(s.labels.items())): s.value for s in m.samples})
+            for m in text_string_to_metric_families(text)
+            if m.name.startswith("nv_") and not m.name.startswith(_HOST_ONLY)}
+
+
+def test_prometheus_metrics_as_triton_s(tmp_path) -> None:
+    if _REASON:
+        pytest.skip(_REASON)
+    tiny = tiny_model(tmp_path / "tiny.onnx")
+    folders = {name: tmp_path / name for name in ("triton", "pyasc")}
+    for folder in folders.values():  # the same repository: one model caching its answers, one not
+        for name, cache in (("tiny", True), ("plain", False)):
+            tr.write_model(folder, name, tiny, [tr.TritonSpec("x", "TYPE_FP32", [4]),
+                                                tr.TritonSpec("scale", "TYPE_FP32", [1])],
+                           [tr.TritonSpec("y", "TYPE_FP32", [3]), tr.TritonSpec("s", "TYPE_FP32", [1])], threads=1)
+            if cache:
+                config = folder / name / "config.pbtxt"
+                config.write_text(config.read_text() + "response_cache { enable: true }\n")
+    registry = build_registry([folders["pyasc"]], target="onnxruntime")
+    app = create_app(registry, ServeOptions(grpc_address="127.0.0.1:0", response_cache=1 << 20))
+    flags = ["--cache-config", f"local,size={1 << 20}", "--cache-directory", str(tr.triton_home() / "caches"),
+             "--allow-metrics", "true", "--metrics-interval-ms", "100"]
+    with tr.TritonServer(folders["triton"], extra_args=flags) as triton, BackgroundServer(app) as pyasc:
+        servers = _urls(triton, pyasc)
+        wrong_shape = [{**GOOD[0], "shape": [2, 5], "data": list(range(10))}, GOOD[1]]
+        for model, body, status in (("tiny", {"inputs": GOOD}, 200), ("tiny", {"inputs": GOOD}, 200),
+                                    ("tiny", {"inputs": wrong_shape}, 400), ("tiny", {"inputs": GOOD[:1]}, 400),
+                                    ("tiny", {"inputs": GOOD, "outputs": [{"name": "nope"}]}, 400),
+                                    ("plain", {"inputs": GOOD}, 200)):
+            got = _both(servers, "POST", f"/v2/models/{model}/infer", body)
+            assert got["pyasc"][0] == got["triton"][0] == status, got
+        refused = _grpc(servers, lambda c: c.infer("tiny", _grpc_inputs(X, SCALE),
+                                                   outputs=[grpcclient.InferRequestedOutput("nope")]))
+        assert all(isinstance(e, InferenceServerException) and "unexpected inference output 'nope'" in str(e)
+                   for e in refused.values()), refused
+        _grpc(servers, lambda client: client.infer("tiny", _grpc_inputs(X, SCALE)).as_numpy("y"))  # a hit
+        time.sleep(0.5)  # Triton refreshes its cache gauges every --metrics-interval-ms
+        texts = {"triton": _http(f"127.0.0.1:{triton.metrics_port}", "GET", "/metrics")[1].decode(),
+                 "pyasc": _http(pyasc.url, "GET", "/metrics")[1].decode()}
+    families = {name: _families(text) for name, text in texts.items()}
+    # the same families (CPU metrics where the machine tells them), types, descriptions and label sets
+    assert set(families["pyasc"]) == set(families["triton"])
+    for name, (kind, doc, samples) in families["triton"].items():
+        mine = families["pyasc"][name]
+        assert (mine[0], mine[1]) == (kind, doc), name
+        assert set(mine[2]) == set(samples), name
+    # the same counts: refused requests (wrong shape, missing input, unknown output) count nowhere; every
+    # reason of a failure listed at 0; two answers from the cache and one miss for the model that caches
+    for name in _COUNTED:
+        assert families["pyasc"][name][2] == families["triton"][name][2], name
+    hits = families["pyasc"]["nv_cache_num_hits_per_model"][2]
+    assert hits == {(("model", "tiny"), ("version", "1")): 2.0}

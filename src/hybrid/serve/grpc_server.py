@@ -573,14 +573,15 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
             timeout = _request_timeout(request, context)
             sequence = _sequence(request) if request.parameters else None
             wanted.extend(requested_outputs(request, shared_memory))
+            names = tuple(w[0] for w in wanted)
             # raw contents become arrays without a copy (numpy views of the message's bytes): only typed
             # contents and BYTES elements cost work proportional to their size, and only those leave the loop
             costly = not request.raw_input_contents or any(t.datatype == "BYTES" for t in request.inputs)
             if costly and request.ByteSize() > _OFFLOAD:  # ByteSize walks the message: only when it may matter
                 loop = asyncio.get_running_loop()
                 return loop.run_in_executor(
-                    None, lambda: Decoded(decode_inputs(request, limits, shared_memory), timeout, sequence))
-            return Decoded(decode_inputs(request, limits, shared_memory), timeout, sequence)
+                    None, lambda: Decoded(decode_inputs(request, limits, shared_memory), timeout, sequence, names))
+            return Decoded(decode_inputs(request, limits, shared_memory), timeout, sequence, names)
 
         return await infer(self.state, model, decode,
                            lambda outputs: encode_outputs(model, request, outputs, shared_memory, wanted), trace)

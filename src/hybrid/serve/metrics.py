@@ -5,8 +5,11 @@ Queue depth and memory-pool occupancy are read at scrape time from the batchers 
 ``hybrid.hal.memory``, so they cost nothing between scrapes. Beside hybrid's own ``pyasc_*`` metrics the
 server exposes Triton's (``nv_inference_request_success``, ``nv_inference_request_failure``,
 ``nv_inference_count``, ``nv_inference_exec_count``, ``nv_inference_*_duration_us``, labels ``model`` and
-``version``), read from the same :class:`~hybrid.serve.statistics.ModelStats` that the statistics
-endpoints report; ``pyasc_batch_size`` is the histogram of the batches actually executed.
+``version``; failures also by ``reason``), read from the same :class:`~hybrid.serve.statistics.ModelStats` that
+the statistics endpoints report, with Triton's response cache metrics (``nv_cache_*``) and CPU metrics
+(``nv_cpu_*``, Linux); ``pyasc_batch_size`` is the histogram of the batches actually executed. Triton counts
+only the requests a model took; ``pyasc_inference_requests`` and ``pyasc_inference_failures`` count every
+request, refused ones too, by error code.
 """
 
 from __future__ import annotations
@@ -20,10 +23,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, H
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from hybrid.serve.host_metrics import HostCollector
 from hybrid.serve.statistics import ModelStats, TritonCollector
 
 if TYPE_CHECKING:
     from hybrid.serve.model import ServedModel
+    from hybrid.serve.response_cache import ResponseCache
 
 __all__ = ["CONTENT_TYPE", "ServerMetrics"]
 
@@ -31,7 +36,7 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 _POOL_FIELDS = ("reserved", "allocated", "peak", "free", "largest_free")
-_TRITON_TOTAL = re.compile(rb"^# (HELP|TYPE) (nv_inference_[a-z_]+)_total ", re.M)
+_TRITON_TOTAL = re.compile(rb"^# (HELP|TYPE) (nv_[a-z_]+)_total ", re.M)
 
 
 class _LiveCollector(Collector):
@@ -61,9 +66,11 @@ class ServerMetrics:
 
     Args:
         models: The served models (read at scrape time for queue depths).
+        response_cache: The server's response cache, if it has one.
     """
 
-    def __init__(self, models: Iterable[ServedModel]) -> None:
+    def __init__(self, models: Iterable[ServedModel], response_cache: ResponseCache | None = None) -> None:
+        self._cache = response_cache
         self.registry = CollectorRegistry(auto_describe=True)
         labels = ["model", "version"]
         self.requests = Counter("pyasc_inference_requests", "Inference requests received",
@@ -91,7 +98,9 @@ class ServerMetrics:
         self._children: dict[tuple[str, str], tuple[Any, Any]] = {}
         self.registry.register(_LiveCollector(models))
         self.registry.register(TritonCollector(self._all_stats,
-                                               lambda: [(m.name, m.version, m.queued) for m in models]))
+                                               lambda: [(m.name, m.version, m.queued) for m in models],
+                                               response_cache.counts if response_cache is not None else None))
+        self.registry.register(HostCollector())
 
     def children(self, key: tuple[str, str]) -> tuple[Any, Any]:
         """The requests counter and the latency histogram of the model ``key`` (name, version), looked up once."""
@@ -111,15 +120,16 @@ class ServerMetrics:
         if found is None:
             with self._stats_lock:
                 found = self._stats.setdefault(key, ModelStats(*key))
+            found.caches_responses = self._cache is not None and model.caches_responses
         return found
 
     def request_done(self, model: ServedModel, ok: bool, seconds: float, rows: int = 1, input_s: float = 0.0,
-                     output_s: float = 0.0, cached: bool = False) -> None:
-        """One inference request of ``model`` ended: answered (``ok``) or failed, after ``seconds``.
+                     output_s: float = 0.0, cached: bool = False, reason: str = "OTHER") -> None:
+        """One inference request that ``model`` took ended: answered (``ok``) or failed, after ``seconds``.
 
-        ``cached``: answered from the response cache.
+        ``cached``: answered from the response cache; ``reason``: a failure's (Triton's, e.g. ``BACKEND``).
         """
-        self.stats(model).request(ok, seconds, rows, input_s, output_s, cached)
+        self.stats(model).request(ok, seconds, rows, input_s, output_s, cached, reason)
 
     def cache_lookup(self, model: ServedModel, hit: bool, seconds: float) -> None:
         """One response cache lookup for ``model``: a hit or a miss, and its time."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -206,6 +206,7 @@ class ServedModel:
         self._text = [s.name for s in self.signature.inputs if s.kind == "tensor" and s.dtype == np.dtype(object)]
         self._max_rows: int | None = None  # Triton's max_batch_size once known (0: no limit); see max_batch_size
         self._output_names = compiled.signature.output_names  # a batch's outputs, states included
+        self._visible_outputs = frozenset(s.name for s in self.signature.outputs)  # what a request may ask for
         self._in_flight = 0  # unbatched mode's queue
         self._active = 0  # requests in run() now
         self._last_active = time.monotonic()  # when the last request ended (idle_for)
@@ -323,6 +324,19 @@ class ServedModel:
         checked, rows = self._checked(feeds)
         return CheckedRequest(checked, rows)
 
+    def check_outputs(self, names: Iterable[str]) -> None:
+        """Check the outputs a request asks for before it runs, as Triton does.
+
+        Raises:
+            ServingError: HYB-702 naming the first output the model does not have, in Triton's words.
+        """
+        known = self._visible_outputs
+        for name in names:
+            if name not in known:
+                raise ServingError("HYB-702", f"unexpected inference output {name!r} for model {self.name!r}",
+                                   f"request one of the model's outputs ({', '.join(sorted(known))}), or none for "
+                                   "all of them")
+
     def _checked(self, feeds: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], int]:
         try:
             checked = self._validator.feeds(feeds)
@@ -439,7 +453,12 @@ class ServedModel:
 
     def _run_alone(self, feeds: dict[str, np.ndarray], enqueued: float, trace: Trace | None) -> dict[str, np.ndarray]:
         t0 = time.monotonic()
-        out = self.compiled.run_checked(feeds)
+        try:
+            out = self.compiled.run_checked(feeds)
+        except HybridError:
+            raise
+        except Exception as e:  # HYB-408, as a batch's failure is
+            raise self._error_for_one(e, 1) from e
         t1 = time.monotonic()
         if self.observer is not None:
             self.observer(self, 1, [t0 - enqueued], t1 - t0)

@@ -7,21 +7,24 @@ sequence batching (their answers depend on the sequence's state), are never cach
 model's outputs, copied. The least recently used answers are dropped to stay within the size; an answer larger
 than the whole cache is not kept. Statistics count as Triton's do (:mod:`hybrid.serve.statistics`): a hit is a
 success with a ``cache_hit`` (its lookup time) and no compute; a miss a ``cache_miss`` (lookup and insertion time)
-beside the usual compute.
+beside the usual compute. The cache counts its own lookups, hits, misses, evictions and their times
+(:class:`CacheCounts`), which ``/metrics`` exposes as Triton's ``nv_cache_*`` gauges.
 """
 
 from __future__ import annotations
 
 import hashlib
 import threading
+import time
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 from hybrid.errors import ConfigError
 
-__all__ = ["ResponseCache", "cache_size"]
+__all__ = ["CacheCounts", "ResponseCache", "cache_size"]
 
 _HINT = "e.g. --cache-config local,size=104857600 (100 MiB), as Triton takes it"
 
@@ -56,18 +59,47 @@ def _nbytes(array: np.ndarray) -> int:
     return int(array.nbytes)
 
 
+@dataclass(frozen=True)
+class CacheCounts:
+    """What the cache did since it was made (Triton's ``nv_cache_*`` gauges).
+
+    Attributes:
+        utilization: Bytes kept over the capacity, 0..1.
+        entries: Answers kept now.
+        lookups: Lookups, hits and misses.
+        hits: Lookups that found an answer.
+        misses: Lookups that found none.
+        evictions: Answers dropped to make room for others.
+        lookup_us: Time spent in lookups (the key's hash included), microseconds.
+        insertion_us: Time spent keeping answers, microseconds.
+    """
+
+    utilization: float
+    entries: int
+    lookups: int
+    hits: int
+    misses: int
+    evictions: int
+    lookup_us: int
+    insertion_us: int
+
+
 class ResponseCache:
     """Answers by request, least recently used dropped first; thread-safe.
 
     Args:
         capacity: Most bytes of outputs kept.
+        clock: Seconds, for the lookup and insertion times (``time.perf_counter``; tests inject their own).
     """
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, clock: Callable[[], float] = time.perf_counter) -> None:
         self.capacity = capacity
         self.used = 0
+        self._clock = clock
         self._entries: OrderedDict[bytes, tuple[dict[str, np.ndarray], int]] = OrderedDict()
         self._lock = threading.Lock()
+        self._hits = self._misses = self._evictions = 0
+        self._lookup_s = self._insertion_s = 0.0
 
     @staticmethod
     def key(model: str, version: str, inputs: Mapping[str, np.ndarray]) -> bytes:
@@ -86,12 +118,34 @@ class ResponseCache:
                 digest.update(np.ascontiguousarray(array).data)
         return digest.digest()
 
+    def lookup(self, model: str, version: str,
+               inputs: Mapping[str, np.ndarray]) -> tuple[bytes, dict[str, np.ndarray] | None, float]:
+        """A request's key, the answer kept for it (or None) and the seconds both took (counted as lookup time)."""
+        t0 = self._clock()
+        key = self.key(model, version, inputs)
+        found = self.get(key)
+        seconds = self._clock() - t0
+        with self._lock:
+            self._lookup_s += seconds
+        return key, found, seconds
+
+    def insert(self, key: bytes, outputs: Mapping[str, np.ndarray]) -> float:
+        """:meth:`put` ``outputs`` for ``key``; the seconds it took (counted as insertion time)."""
+        t0 = self._clock()
+        self.put(key, outputs)
+        seconds = self._clock() - t0
+        with self._lock:
+            self._insertion_s += seconds
+        return seconds
+
     def get(self, key: bytes) -> dict[str, np.ndarray] | None:
-        """The answer kept for ``key`` (now the most recently used), or None."""
+        """The answer kept for ``key`` (now the most recently used), or None; counted as a hit or a miss."""
         with self._lock:
             entry = self._entries.get(key)
             if entry is None:
+                self._misses += 1
                 return None
+            self._hits += 1
             self._entries.move_to_end(key)
             return entry[0]
 
@@ -116,9 +170,18 @@ class ResponseCache:
             while self._entries and self.used + size > self.capacity:
                 _, (_, dropped) = self._entries.popitem(last=False)
                 self.used -= dropped
+                self._evictions += 1
             self._entries[key] = (kept, size)
             self.used += size
         return True
+
+    def counts(self) -> CacheCounts:
+        """A consistent copy of what the cache did, taken under its lock."""
+        with self._lock:
+            return CacheCounts(utilization=self.used / self.capacity, entries=len(self._entries),
+                               lookups=self._hits + self._misses, hits=self._hits, misses=self._misses,
+                               evictions=self._evictions, lookup_us=int(self._lookup_s * 1e6),
+                               insertion_us=int(self._insertion_s * 1e6))
 
     def __len__(self) -> int:
         return len(self._entries)

@@ -9,6 +9,7 @@ run with no further check, encoded by the transport; the metrics and Triton's st
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
@@ -31,7 +32,8 @@ if TYPE_CHECKING:
     from hybrid.serve.repository import ModelRegistry
     from hybrid.serve.sequences import SequenceFlags
 
-__all__ = ["EXTENSIONS", "Decoded", "ServeOptions", "ServerState", "http_status", "infer", "selected_models"]
+__all__ = ["EXTENSIONS", "Decoded", "ServeOptions", "ServerState", "failure_reason", "http_status", "infer",
+           "selected_models"]
 
 logger = logging.getLogger("hybrid.serve")
 
@@ -106,7 +108,9 @@ class ServerState:
     def __init__(self, registry: ModelRegistry, options: ServeOptions) -> None:
         self.registry = registry
         self.options = options
-        self.metrics = ServerMetrics(registry)
+        # the response cache of the models that enable it; None without --cache-config
+        self.response_cache = ResponseCache(options.response_cache) if options.response_cache else None
+        self.metrics = ServerMetrics(registry, self.response_cache)
         for model in registry:
             model.observer = self.metrics.observe_batch
         # the system shared memory extension's regions; None where the server takes none
@@ -117,8 +121,6 @@ class ServerState:
         # the logging extension's view of the ``hybrid`` logger; None where clients may not use it
         self.log_settings = LogSettings() if options.log_settings else None
         self.tracer = Tracer(options.trace) if options.trace is not None else None
-        # the response cache of the models that enable it; None without --cache-config
-        self.response_cache = ResponseCache(options.response_cache) if options.response_cache else None
         self.draining = False
         self.managed = False
         self.grpc_port: int | None = None
@@ -205,11 +207,33 @@ class Decoded:
         inputs: The input arrays.
         timeout_s: The client's own timeout in seconds, if any.
         sequence: Its sequence parameters, if any (a model with sequence batching needs them).
+        outputs: The names of the outputs it asks for (none: all of them); checked before the model runs.
     """
 
     inputs: dict[str, np.ndarray]
     timeout_s: float | None
     sequence: SequenceFlags | None = None
+    outputs: tuple[str, ...] = ()
+
+
+_REFUSED = frozenset({"HYB-702", "HYB-705", "HYB-706"})
+"""The errors of :meth:`ServedModel.run` raised before a request joins the model's queue (sequence parameters that
+do not fit, a full queue, a model shutting down)."""
+
+
+def failure_reason(error: BaseException) -> str | None:
+    """Triton's ``reason`` for a request that failed once :meth:`ServedModel.run` had it.
+
+    None for one it refused before its queue, which Triton counts nowhere (as it counts no request that fails
+    its checks).
+    """
+    if isinstance(error, asyncio.CancelledError):
+        return "CANCELED"  # its client went away
+    if not isinstance(error, HybridError):
+        return "OTHER"
+    if error.code in _REFUSED:
+        return None
+    return "REJECTED" if error.code == "HYB-411" else "BACKEND"  # its time ran out; the run itself failed
 
 
 async def infer(state: ServerState, model: ServedModel, decode: Callable[[], Awaitable[Decoded] | Decoded],
@@ -229,14 +253,16 @@ async def infer(state: ServerState, model: ServedModel, decode: Callable[[], Awa
         What ``encode`` returned.
 
     Raises:
-        HybridError: From decoding, the check, the run or encoding; counted in the metrics.
+        HybridError: From decoding, the checks, the run or encoding; counted in the metrics by code. Triton's
+            statistics count the request only once the model took it (:func:`failure_reason`); once the model
+            answered, it is a success there even if encoding fails, as Triton's backend reports it.
     """
     metrics = state.metrics
     key = (model.name, model.version)
     requests, latency = metrics.children(key)
     requests.inc()
     t0 = time.perf_counter()
-    ok, rows, cached = False, 1, False
+    ran, reason, rows, cached = False, None, 1, False
     input_s = output_s = 0.0
     try:
         decoded = decode()
@@ -246,6 +272,8 @@ async def infer(state: ServerState, model: ServedModel, decode: Callable[[], Awa
             trace.model_version = model.version
             trace.stamp("REQUEST_START")
         request = model.check(decoded.inputs)
+        if decoded.outputs:
+            model.check_outputs(decoded.outputs)
         request.trace = trace
         request.sequence = decoded.sequence
         decoded.inputs = {}  # the request holds the arrays now (views of the body): nothing else keeps them
@@ -255,25 +283,31 @@ async def infer(state: ServerState, model: ServedModel, decode: Callable[[], Awa
         cache = state.response_cache
         if cache is not None and not model.caches_responses:
             cache = None
-        if cache is None:
-            outputs = await model.run(request, decoded.timeout_s)
-        else:
-            outputs, cached = await _cached_run(state, cache, model, request, decoded.timeout_s)
+        try:
+            if cache is None:
+                outputs = await model.run(request, decoded.timeout_s)
+            else:
+                outputs, cached = await _cached_run(state, cache, model, request, decoded.timeout_s)
+        except BaseException as e:
+            reason = failure_reason(e)
+            raise
+        ran = True
         del request
         if trace is not None:
             trace.stamp("REQUEST_END")
         t2 = time.perf_counter()
-        answer = encode(outputs)
-        output_s = time.perf_counter() - t2
-        ok = True
-        return answer
+        try:
+            return encode(outputs)
+        finally:
+            output_s = time.perf_counter() - t2
     except HybridError as e:
         metrics.failures.labels(*key, e.code).inc()
         raise
-    finally:  # a client that went away (CancelledError) counts as a failure too
+    finally:
         elapsed = time.perf_counter() - t0
         latency.observe(elapsed)
-        metrics.request_done(model, ok, elapsed, rows, input_s, output_s, cached)
+        if ran or reason is not None:
+            metrics.request_done(model, ran, elapsed, rows, input_s, output_s, cached, reason or "OTHER")
 
 
 async def _cached_run(state: ServerState, cache: ResponseCache, model: ServedModel, request: CheckedRequest,
@@ -282,17 +316,12 @@ async def _cached_run(state: ServerState, cache: ResponseCache, model: ServedMod
 
     The lookup (and, on a miss, the insertion) is timed into the model's ``cache_hit`` / ``cache_miss``.
     """
-    t0 = time.perf_counter()
-    key = cache.key(model.name, model.version, request.feeds)
-    found = cache.get(key)
-    lookup_s = time.perf_counter() - t0
+    key, found, lookup_s = cache.lookup(model.name, model.version, request.feeds)
     if found is not None:
         state.metrics.cache_lookup(model, True, lookup_s)
         return found, True
     outputs = await model.run(request, timeout_s)
-    t1 = time.perf_counter()
-    cache.put(key, outputs)
-    state.metrics.cache_lookup(model, False, lookup_s + time.perf_counter() - t1)
+    state.metrics.cache_lookup(model, False, lookup_s + cache.insert(key, outputs))
     return outputs, False
 
 

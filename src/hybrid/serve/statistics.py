@@ -1,10 +1,13 @@
 """Triton's per-model inference statistics, kept by the server and reported three ways.
 
 ``ModelStats`` accumulates what Triton's ``InferStatistics`` holds (success, fail, queue, compute input /
-infer / output: a count and nanoseconds each), the inference and execution counts, and one entry per
-executed batch size. ``GET /v2/models/{m}/stats`` and gRPC ``ModelStatistics`` return it as Triton's
-``ModelStatistics`` message (JSON on HTTP); ``/metrics`` exposes the same numbers under Triton's metric
-names (``nv_inference_*``, microseconds), so the three never disagree.
+infer / output, cache hit / miss: a count and nanoseconds each), the failures by reason, the inference and
+execution counts, and one entry per executed batch size. ``GET /v2/models/{m}/stats`` and gRPC
+``ModelStatistics`` return it as Triton's ``ModelStatistics`` message (JSON on HTTP); ``/metrics`` exposes the
+same numbers under Triton's metric names (``nv_inference_*``, ``nv_cache_*_per_model``, microseconds), so the
+three never disagree. As in Triton, a request refused before it reaches the model's queue (a bad request, a
+full queue) is in none of them: only requests the model took count, as a success or as a failure with
+Triton's reason (:data:`FAILURE_REASONS`).
 """
 
 from __future__ import annotations
@@ -12,13 +15,20 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from tritonclient.grpc import service_pb2 as pb
 
-__all__ = ["ModelStats", "TritonCollector"]
+if TYPE_CHECKING:
+    from hybrid.serve.response_cache import CacheCounts
 
+__all__ = ["FAILURE_REASONS", "ModelStats", "TritonCollector"]
+
+FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
+"""The ``reason`` label of ``nv_inference_request_failure``, as Triton 2.51 names them: a request the queue gave
+up (its timeout), one its client cancelled, one the model's run failed, anything else."""
 _PHASES = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output", "cache_hit", "cache_miss")
 _NS = 1_000_000_000
 
@@ -37,6 +47,8 @@ class ModelStats:
         self._lock = threading.Lock()
         self._phase = {p: [0, 0] for p in _PHASES}  # phase -> [count, ns]
         self._batches: dict[int, list[int]] = {}  # batch size -> [count, infer ns]
+        self._failures = dict.fromkeys(FAILURE_REASONS, 0)
+        self.caches_responses = False  # set by the server: its cache keeps this model's answers
         self.inference_count = 0
         self.execution_count = 0
         self.last_inference_ms = 0
@@ -47,11 +59,11 @@ class ModelStats:
         entry[1] += round(seconds * _NS)
 
     def request(self, ok: bool, seconds: float, rows: int = 1, input_s: float = 0.0, output_s: float = 0.0,
-                cached: bool = False) -> None:
-        """One request answered (``ok``) or failed after ``seconds`` in the server.
+                cached: bool = False, reason: str = "OTHER") -> None:
+        """One request the model took, answered (``ok``) or failed after ``seconds`` in the server.
 
         ``cached``: answered from the response cache: a success and a (zero) queue entry, as Triton counts it,
-        with no compute and no inference.
+        with no compute and no inference. ``reason``: a failure's, one of :data:`FAILURE_REASONS`.
         """
         with self._lock:
             if ok and cached:
@@ -66,6 +78,7 @@ class ModelStats:
                 self.last_inference_ms = int(time.time() * 1000)
             else:
                 self._add("fail", 1, seconds)
+                self._failures[reason if reason in self._failures else "OTHER"] += 1
 
     def cache(self, hit: bool, seconds: float) -> None:
         """One response cache lookup: a hit, or a miss (its time includes the insertion of the answer)."""
@@ -87,10 +100,12 @@ class ModelStats:
         """A consistent copy of every number, taken under the lock.
 
         ``phase``: (count, ns) per phase; ``batches``: (count, infer ns) per executed batch size, smallest
-        first; ``inference_count``, ``execution_count`` and ``last_inference`` (ms since the epoch).
+        first; ``failures``: count per reason; ``inference_count``, ``execution_count`` and ``last_inference``
+        (ms since the epoch).
         """
         with self._lock:
             return {"phase": {p: (c, ns) for p, (c, ns) in self._phase.items()},
+                    "failures": dict(self._failures),
                     "batches": {k: (c, ns) for k, (c, ns) in sorted(self._batches.items())},
                     "inference_count": self.inference_count, "execution_count": self.execution_count,
                     "last_inference": self.last_inference_ms}
@@ -114,17 +129,41 @@ class ModelStats:
         return msg
 
 
+# (name, HELP as Triton 2.51 writes it, phase, 0: its count / 1: its time in us); the order is Triton's
 _COUNTERS = (
     ("nv_inference_request_success", "Number of successful inference requests, all batch sizes", "success", 0),
     ("nv_inference_request_failure", "Number of failed inference requests, all batch sizes", "fail", 0),
-    ("nv_inference_request_duration_us", "Cumulative inference request duration in microseconds", "success", 1),
-    ("nv_inference_queue_duration_us", "Cumulative inference queuing duration in microseconds", "queue", 1),
-    ("nv_inference_compute_input_duration_us", "Cumulative compute input duration in microseconds",
-     "compute_input", 1),
-    ("nv_inference_compute_infer_duration_us", "Cumulative compute inference duration in microseconds",
-     "compute_infer", 1),
-    ("nv_inference_compute_output_duration_us", "Cumulative inference compute output duration in microseconds",
-     "compute_output", 1),
+    ("nv_inference_count", "Number of inferences performed (does not include cached requests)", "", 0),
+    ("nv_inference_exec_count", "Number of model executions performed (does not include cached requests)", "", 0),
+    ("nv_inference_request_duration_us", "Cumulative inference request duration in microseconds (includes cached "
+     "requests)", "success", 1),
+    ("nv_inference_queue_duration_us", "Cumulative inference queuing duration in microseconds (includes cached "
+     "requests)", "queue", 1),
+    ("nv_inference_compute_input_duration_us", "Cumulative compute input duration in microseconds (does not include "
+     "cached requests)", "compute_input", 1),
+    ("nv_inference_compute_infer_duration_us", "Cumulative compute inference duration in microseconds (does not "
+     "include cached requests)", "compute_infer", 1),
+    ("nv_inference_compute_output_duration_us", "Cumulative inference compute output duration in microseconds (does "
+     "not include cached requests)", "compute_output", 1),
+)
+# a model whose answers the server caches: Triton's per-model cache counters
+_CACHE_COUNTERS = (
+    ("nv_cache_num_hits_per_model", "Number of cache hits per model", "cache_hit", 0),
+    ("nv_cache_hit_duration_per_model", "Total cache hit duration per model, in microseconds", "cache_hit", 1),
+    ("nv_cache_num_misses_per_model", "Number of cache misses per model", "cache_miss", 0),
+    ("nv_cache_miss_duration_per_model", "Total cache miss (insert+lookup) duration per model, in microseconds",
+     "cache_miss", 1),
+)
+# the server's cache as a whole: Triton's gauges (name, HELP, CacheCounts field)
+_CACHE_GAUGES = (
+    ("nv_cache_util", "Cache utilization [0.0 - 1.0]", "utilization"),
+    ("nv_cache_num_entries", "Number of responses stored in response cache", "entries"),
+    ("nv_cache_num_hits", "Number of cache hits in response cache", "hits"),
+    ("nv_cache_num_misses", "Number of cache misses in response cache", "misses"),
+    ("nv_cache_num_lookups", "Number of cache lookups in response cache", "lookups"),
+    ("nv_cache_num_evictions", "Number of cache evictions in response cache", "evictions"),
+    ("nv_cache_lookup_duration", "Total cache lookup duration (hit and miss), in microseconds", "lookup_us"),
+    ("nv_cache_insertion_duration", "Total cache insertion duration, in microseconds", "insertion_us"),
 )
 
 
@@ -133,42 +172,62 @@ def _counter(name: str, doc: str) -> Metric:
     return Metric(name, doc, "counter")
 
 
+def _value(snap: dict[str, Any], name: str, phase: str, which: int) -> int:
+    if name == "nv_inference_count":
+        return snap["inference_count"]
+    if name == "nv_inference_exec_count":
+        return snap["execution_count"]
+    value = snap["phase"][phase][which]
+    return value // 1000 if which else value  # ns -> us
+
+
 class TritonCollector(Collector):
-    """Triton's per-model metrics (labels ``model`` and ``version``), read from the statistics at scrape.
+    """Triton's metrics, read from the statistics at scrape: per model (``model``, ``version``) and the cache's.
 
     Args:
         stats: Called at scrape time for the statistics of every model served now or before.
         pending: Called at scrape time for (model, version, queued requests) of the models served now.
+        cache: Called at scrape time for the response cache's counts; None (or a call returning None) where
+            the server has no cache.
     """
 
     def __init__(self, stats: Callable[[], Iterable[ModelStats]],
-                 pending: Callable[[], Iterable[tuple[str, str, int]]]) -> None:
+                 pending: Callable[[], Iterable[tuple[str, str, int]]],
+                 cache: Callable[[], CacheCounts | None] | None = None) -> None:
         self._stats = stats
         self._pending = pending
+        self._cache = cache
 
     def collect(self) -> Iterator[Metric]:
-        """The metrics at scrape time: Triton's ``nv_inference_*`` counters and the pending-request gauge.
+        """The metrics at scrape time, named, described and ordered as Triton 2.51 exposes them.
 
-        Durations are in microseconds, per ``model`` and ``version``, from one snapshot of each model's
-        statistics.
+        ``nv_inference_*`` counters (durations in microseconds; failures by ``reason``, every reason listed),
+        ``nv_cache_*_per_model`` for the models whose answers are cached, the pending-request gauge, and the
+        cache's own gauges where there is a cache; all from one snapshot of each model's statistics.
         """
-        snaps = [(s.name, s.version, s.snapshot()) for s in self._stats()]
+        snaps = [(s.name, s.version, s.caches_responses, s.snapshot()) for s in self._stats()]
         for name, doc, phase, which in _COUNTERS:
             metric = _counter(name, doc)
-            for model, version, snap in snaps:
-                value = snap["phase"][phase][which]
-                metric.add_sample(name, {"model": model, "version": version}, value // 1000 if which else value)
+            for model, version, _, snap in snaps:
+                if name == "nv_inference_request_failure":
+                    for reason, count in snap["failures"].items():
+                        metric.add_sample(name, {"model": model, "reason": reason, "version": version}, count)
+                else:
+                    metric.add_sample(name, {"model": model, "version": version}, _value(snap, name, phase, which))
             yield metric
-        for name, doc, key in (("nv_inference_count", "Number of inferences performed (rows of batched "
-                                "requests)", "inference_count"),
-                               ("nv_inference_exec_count", "Number of model executions performed (batches)",
-                                "execution_count")):
-            metric = _counter(name, doc)
-            for model, version, snap in snaps:
-                metric.add_sample(name, {"model": model, "version": version}, snap[key])
-            yield metric
+        for name, doc, phase, which in _CACHE_COUNTERS:
+            cached = [(model, version, snap) for model, version, caches, snap in snaps if caches]
+            if cached:
+                metric = _counter(name, doc)
+                for model, version, snap in cached:
+                    metric.add_sample(name, {"model": model, "version": version}, _value(snap, name, phase, which))
+                yield metric
         pending = GaugeMetricFamily("nv_inference_pending_request_count", "Instantaneous number of pending "
-                                    "requests awaiting execution per-model", labels=["model", "version"])
+                                    "requests awaiting execution per-model.", labels=["model", "version"])
         for model, version, queued in self._pending():
             pending.add_metric([model, version], queued)
         yield pending
+        counts = self._cache() if self._cache is not None else None
+        if counts is not None:
+            for name, doc, field in _CACHE_GAUGES:
+                yield GaugeMetricFamily(name, doc, value=getattr(counts, field))
