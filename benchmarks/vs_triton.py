@@ -12,10 +12,11 @@ re-saved as one file; nothing is downloaded.
 Load: 1, 4 and 16 closed-loop client threads, one tritonclient.grpc client each (``--protocol http``:
 tritonclient.http, with binary tensors both ways, Triton's perf_analyzer's default protocol; ``grpc-stream``: one
 ModelStreamInfer stream per client; ``--shared-memory``: images and answers in system shared memory regions), one
-image per request; ``--trace-rate N``: every server traces one request of every N (Triton's trace extension: to a
-trace file, or with ``--trace-mode opentelemetry`` as spans to an OTLP/HTTP endpoint in a child process that reads
-and drops them; Triton then runs untraced: exporting every request, ``tritonserver`` 2.51 crashed or stopped
-answering under 16 gRPC clients in 2 of 3 runs).
+image per request (``--cache N``: both servers keep a response cache and the clients send N distinct images in
+turn, so that nearly every answer comes from the cache); ``--trace-rate N``: every server traces one request of
+every N (Triton's trace extension: to a trace file, or with ``--trace-mode opentelemetry`` as spans to an
+OTLP/HTTP endpoint in a child process that reads and drops them; Triton then runs untraced: exporting every
+request, ``tritonserver`` 2.51 crashed or stopped answering under 16 gRPC clients in 2 of 3 runs).
 Every (round, clients) block runs each server for ``--seconds``, in an order that alternates between rounds; the
 ratios pyasc / Triton are paired within a block and the table gives their median over the rounds, with the p99
 latencies (median over rounds). Run it under ``flock /tmp/coord/bench.lock``.
@@ -30,6 +31,7 @@ pyasc's event loop and gRPC threads, ``tritonserver``'s own), with the load gene
     flock /tmp/coord/bench.lock python benchmarks/vs_triton.py --shared-memory --servers triton,pyasc-ort
     flock /tmp/coord/bench.lock python benchmarks/vs_triton.py --trace-rate 1 --servers triton,pyasc-ort
     flock /tmp/coord/bench.lock python benchmarks/vs_triton.py --trace-rate 1 --trace-mode opentelemetry
+    flock /tmp/coord/bench.lock python benchmarks/vs_triton.py --cache 64 --servers triton,pyasc-ort
 """
 
 from __future__ import annotations
@@ -79,7 +81,8 @@ def start_pyasc(model: Path, target: str | None, warmup: int, extra: tuple[str, 
     while idle on. It is off by default here: between a benchmark's blocks a server is idle because the others
     are being measured, and its tuning would run beside them (serve_idle_tuning.py measures it)."""
     http, grpc = tr.free_port(), tr.free_port()
-    cmd = [sys.executable, "-m", "hybrid", "serve", f"{MODEL}={model}", "--port", str(http), "--grpc-port", str(grpc),
+    served = f"{MODEL}={model}" if model.suffix == ".onnx" else str(model)  # a model file, or a repository
+    cmd = [sys.executable, "-m", "hybrid", "serve", served, "--port", str(http), "--grpc-port", str(grpc),
            "--max-batch", str(MAX_BATCH), "--batch-timeout", str(DELAY_S), "--log-level", "warning",
            "--backend-config", json.dumps({"onnxruntime": {"intra_op_num_threads": THREADS}})]
     if target:
@@ -111,6 +114,31 @@ def start_pyasc(model: Path, target: str | None, warmup: int, extra: tuple[str, 
 
 SHARED_MEMORY = False  # --shared-memory: every client passes its image and gets its answer in system shared memory
 OUTPUT_BYTES = 4 * 5  # probs [1, 5] FP32
+DISTINCT = 0  # --cache N: the clients send N distinct images in turn (0: every request the same image)
+CACHE_BYTES = 64 << 20  # --cache: each server's response cache
+
+
+def images(x: np.ndarray) -> list[np.ndarray]:
+    """The images the clients send: ``x`` alone, or ``DISTINCT`` images that differ from it in one pixel."""
+    out = []
+    for k in range(max(DISTINCT, 1)):
+        image = x.copy()
+        image.reshape(-1)[0] += k
+        out.append(image)
+    return out
+
+
+def pyasc_repository(folder: Path, model: Path) -> Path:
+    """A repository serving ``model`` as ``cls`` with the benchmark's batching and the response cache on."""
+    (folder / MODEL / "1").mkdir(parents=True)
+    (folder / MODEL / "1" / "model.onnx").write_bytes(model.read_bytes())
+    (folder / MODEL / "config.pbtxt").write_text(
+        f'name: "{MODEL}"\nmax_batch_size: {MAX_BATCH}\n'
+        'input [ { name: "x" data_type: TYPE_FP32 dims: [3, 96, 96] } ]\n'
+        'output [ { name: "probs" data_type: TYPE_FP32 dims: [5] } ]\n'
+        f"dynamic_batching {{ max_queue_delay_microseconds: {round(DELAY_S * 1e6)} }}\n"
+        "response_cache { enable: true }\n")
+    return folder
 
 
 def load(url: str, x: np.ndarray, clients: int, seconds: float, protocol: str = "grpc") -> tuple[float, float]:
@@ -160,6 +188,22 @@ def _client(url: str, x: np.ndarray, protocol: str) -> tuple[Callable[[], Any], 
 
         return close, call
     if not SHARED_MEMORY:
+        if DISTINCT:  # one input per image, sent in turn from a place of the client's own
+            inputs = []
+            for image in images(x):
+                one = module.InferInput("x", list(image.shape), "FP32")
+                if binary:
+                    one.set_data_from_numpy(image)
+                else:
+                    one.set_data_from_numpy(image, binary_data=False)
+                inputs.append(one)
+            turn = [int.from_bytes(os.urandom(2), "little")]
+
+            def rotating() -> Any:
+                turn[0] += 1
+                return c.infer(MODEL, [inputs[turn[0] % len(inputs)]], outputs=[out])
+
+            return c.close, rotating
         if binary:
             inp.set_data_from_numpy(x)
         else:
@@ -345,6 +389,10 @@ def main() -> None:
                     help="every server but pyasc-ort-base traces one request of every N (Triton's --trace-config "
                          "level=TIMESTAMPS rate=N, to a file in the work folder; pyasc serve takes the same flags); "
                          "0: no tracing. With --baseline, pyasc-ort / pyasc-ort-base is then the cost of tracing")
+    ap.add_argument("--cache", type=int, default=0, metavar="N",
+                    help="both servers keep a response cache (Triton's local cache; pyasc's --cache-config) and "
+                         "the clients send N distinct images in turn: after the first N requests every answer "
+                         "comes from the cache (grpc or http)")
     ap.add_argument("--trace-mode", choices=("triton", "opentelemetry"), default="triton",
                     help="with --trace-rate: Triton's trace files, or spans exported over OTLP/HTTP to a local sink")
     args = ap.parse_args()
@@ -352,8 +400,10 @@ def main() -> None:
         ap.error("--trace-rate must be >= 0")
     if args.shared_memory and args.protocol not in ("grpc", "http"):
         ap.error("--shared-memory goes with --protocol grpc or http")
-    global THREADS, SHARED_MEMORY
-    THREADS, SHARED_MEMORY = args.threads, args.shared_memory
+    if args.cache and (args.shared_memory or args.protocol not in ("grpc", "http")):
+        ap.error("--cache goes with --protocol grpc or http, without --shared-memory")
+    global THREADS, SHARED_MEMORY, DISTINCT
+    THREADS, SHARED_MEMORY, DISTINCT = args.threads, args.shared_memory, args.cache
     counts = [int(c) for c in args.clients.split(",")]
     names = args.servers.split(",")
     work = Path(tempfile.mkdtemp(prefix="vs-triton-"))
@@ -362,6 +412,13 @@ def main() -> None:
     tr.write_model(repo, MODEL, model, [tr.TritonSpec("x", "TYPE_FP32", [3, 96, 96])],
                    [tr.TritonSpec("probs", "TYPE_FP32", [5])], max_batch_size=MAX_BATCH,
                    queue_delay_us=round(DELAY_S * 1e6), threads=args.threads)
+    caching: list[str] = []
+    served = model
+    if args.cache:
+        caching = ["--cache-config", f"local,size={CACHE_BYTES}"]
+        config = repo / MODEL / "config.pbtxt"
+        config.write_text(config.read_text() + "response_cache { enable: true }\n")
+        served = pyasc_repository(work / "pyasc", model)
     servers: dict[str, str] = {}
     pids: dict[str, int] = {}
     stops = []
@@ -382,7 +439,8 @@ def main() -> None:
             return [a for option in options for a in ("--trace-config", option)]
 
         if "triton" in names:
-            triton = tr.TritonServer(repo, extra_args=tracing("triton")).start()
+            cache_home = ["--cache-directory", str(tr.triton_home() / "caches")] if caching else []
+            triton = tr.TritonServer(repo, extra_args=[*tracing("triton"), *caching, *cache_home]).start()
             stops.append(triton.stop)
             servers["triton"] = triton.grpc_url if args.protocol.startswith("grpc") else triton.http_url
             pids["triton"] = triton.process.pid if triton.process is not None else 0
@@ -395,7 +453,7 @@ def main() -> None:
                                            ("--precision", "auto", "--min-cosine", "0.995"))):
             if name in names:
                 source = args.baseline if name == "pyasc-ort-base" else None
-                proc, url, _, http = start_pyasc(model, target, warm, (*extra, *tracing(name)), source)
+                proc, url, _, http = start_pyasc(served, target, warm, (*extra, *tracing(name), *caching), source)
                 stops.append(lambda p=proc: (p.terminate(), p.wait(60)))
                 servers[name] = url if args.protocol.startswith("grpc") else http
                 chosen[name] = http

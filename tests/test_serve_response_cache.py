@@ -41,16 +41,19 @@ def test_cache_config_reads_triton_s_spelling():
 
 
 def test_keys_tell_inputs_apart_by_name_type_shape_and_bytes():
+    cache = ResponseCache(capacity=100)
     base = {"x": np.arange(4, dtype=np.float32)}
-    key = ResponseCache.key("m", "1", base)
-    assert key == ResponseCache.key("m", "1", {"x": np.arange(4, dtype=np.float32)})
-    others = [ResponseCache.key("m", "2", base), ResponseCache.key("n", "1", base),
-              ResponseCache.key("m", "1", {"z": base["x"]}), ResponseCache.key("m", "1", {"x": base["x"] + 1}),
-              ResponseCache.key("m", "1", {"x": base["x"].astype(np.float64)}),
-              ResponseCache.key("m", "1", {"x": base["x"].reshape(2, 2)})]
+    key = cache.key("m", "1", base)
+    assert key == cache.key("m", "1", {"x": np.arange(4, dtype=np.float32)}) and len(key) == 16
+    others = [cache.key("m", "2", base), cache.key("n", "1", base),
+              cache.key("m", "1", {"z": base["x"]}), cache.key("m", "1", {"x": base["x"] + 1}),
+              cache.key("m", "1", {"x": base["x"].astype(np.float64)}),
+              cache.key("m", "1", {"x": base["x"].reshape(2, 2)})]
     assert len({key, *others}) == 7
     text = [np.array([b"ab", b"c"], dtype=object), np.array([b"a", b"bc"], dtype=object)]
-    assert ResponseCache.key("m", "1", {"t": text[0]}) != ResponseCache.key("m", "1", {"t": text[1]})
+    assert cache.key("m", "1", {"t": text[0]}) != cache.key("m", "1", {"t": text[1]})
+    # each cache draws its own seed: a key made outside the server's process tells nothing of its keys
+    assert ResponseCache(capacity=100).key("m", "1", base) != key
 
 
 def test_least_recently_used_answers_go_first_and_none_past_the_size():
