@@ -191,6 +191,24 @@ def test_metrics_count_requests_failures_batches_and_pool(server, client, rng):
     assert value(r'pyasc_pool_bytes\{device="cpu",kind="reserved"\}') >= 1 << 20
 
 
+def test_a_metrics_port_answers_metrics_alone(models):
+    registry = build_registry([models["tiny"]], target="onnxruntime")
+    options = ServeOptions(metrics_address="127.0.0.1:0", auth_token="s3cret")
+    with BackgroundServer(create_app(registry, options)) as srv:
+        port = srv.server.state.metrics_port
+        assert port and port != srv.port
+        auth = {"Authorization": "Bearer s3cret"}
+        status, headers, body = request(f"127.0.0.1:{port}", "GET", "/metrics", headers=auth)
+        assert status == 200 and headers["content-type"].startswith("text/plain")
+        assert b"nv_inference_request_success" in body
+        assert request(f"127.0.0.1:{port}", "GET", "/metrics")[0] == 401  # behind the token, as the API is
+        for path in ("/v2/health/ready", "/v2/models/tiny", "/"):  # as Triton's metrics port: nothing else
+            status, _, body = request(f"127.0.0.1:{port}", "GET", path, headers=auth)
+            assert status == 404 and error_of(body) == "HYB-701", path
+        assert request(srv.url, "GET", "/metrics", headers=auth)[0] == 200  # the server's own port keeps it
+        assert request(srv.url, "GET", "/v2/health/ready", headers=auth)[0] == 200
+
+
 def test_repository_versions_config_and_default_version(tmp_path, rng):
     repo = tmp_path / "repo"
     for version, factor in (("1", 1.0), ("2", 3.0), ("10", -1.0)):

@@ -31,14 +31,15 @@ def _cli(*args: str) -> subprocess.Popen[str]:
                             stderr=subprocess.STDOUT, text=True, env=env)
 
 
-@pytest.mark.parametrize("which", ["--port", "--grpc-port"])
+@pytest.mark.parametrize("which", ["--port", "--grpc-port", "--metrics-port"])
 def test_a_taken_port_is_hyb_710_with_exit_1_before_anything_serves(tmp_path: Path, which: str) -> None:
     model = tiny_model(tmp_path / "tiny.onnx")
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        other = ["--grpc-port", "0"] if which == "--port" else ["--port", "0"]
+        other = {"--port": ["--grpc-port", "0"], "--grpc-port": ["--port", "0"],
+                 "--metrics-port": ["--port", "0", "--grpc-port", "0"]}[which]
         proc = _cli(str(model), which, str(port), *other, "--target", "onnxruntime")
         out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 1, out

@@ -76,6 +76,9 @@ def serve(
     port: Annotated[int, typer.Option(help="Port to bind.")] = 8000,
     grpc_port: Annotated[int, typer.Option(help="Port of the KServe v2 / Triton gRPC service (tritonclient.grpc), "
                                                 "on the same address; 0 turns gRPC off.")] = 8001,
+    metrics_port: Annotated[int, typer.Option(help="A port of its own where GET /metrics is answered too, alone, "
+                                                   "on the same address (Triton's metrics port: 8002 there); 0: "
+                                                   "/metrics on --port only.")] = 0,
     model_control: Annotated[bool, typer.Option("--model-control", help="Allow the repository load/unload "
                                                 "endpoints (HTTP and gRPC) to load and unload the models of the "
                                                 "served repositories.")] = False,
@@ -175,6 +178,16 @@ def serve(
         if not 0 <= grpc_port <= 65535:
             raise ConfigError("HYB-102", f"--grpc-port must be a port number (0 turns gRPC off), got {grpc_port}")
         grpc_address = f"[{host}]:{grpc_port}" if ":" in host else f"{host}:{grpc_port}"
+        if not 0 <= metrics_port <= 65535:
+            raise ConfigError("HYB-102", f"--metrics-port must be a port number (0: /metrics on --port only), got "
+                              f"{metrics_port}")
+        if metrics_port and metrics_port in (port, grpc_port):
+            raise ConfigError("HYB-102", f"--metrics-port {metrics_port} is the port of another service",
+                              "choose a port of its own (Triton's is 8002)")
+        if metrics_port and use_ray:
+            raise ConfigError("HYB-102", "--metrics-port cannot be used with --ray: each replica keeps its own "
+                              "metrics, which Ray Serve exposes", "scrape Ray's metrics, or serve without --ray")
+        metrics_address = f"[{host}]:{metrics_port}" if ":" in host else f"{host}:{metrics_port}"
         if trace_config and use_ray:
             raise ConfigError("HYB-102", "--trace-config cannot be used with --ray: a request reaches one replica "
                               "of several, each with its own trace settings (and file)",
@@ -182,7 +195,8 @@ def serve(
         options = ServeOptions(auth_token=auth_token or None, limits=limits, drain_timeout=drain_timeout,
                                grpc_address=grpc_address if grpc_port and not use_ray else None,
                                model_control=model_control, trace=TraceConfig.from_options(trace_config or []),
-                               response_cache=cache_size(cache_config or []))
+                               response_cache=cache_size(cache_config or []),
+                               metrics_address=metrics_address if metrics_port else None)
         overrides = so.serving_settings(max_batch, batch_timeout, max_queue, request_timeout, concurrency,
                                         zero_means_off=True)
         backends = _json_object("--backend-config", backend_config, '{"onnxruntime": {"intra_op_num_threads": 2}}')
@@ -196,6 +210,8 @@ def serve(
         _check_port_free(host, port, "--port")  # both ports, before anything loads or claims to serve
         if options.grpc_address:
             _check_port_free(host, grpc_port, "--grpc-port")
+        if options.metrics_address:
+            _check_port_free(host, metrics_port, "--metrics-port")
         if warmup < 0:
             raise ConfigError("HYB-102", f"--warmup must be >= 0, got {warmup}")
         from hybrid.runtime.collector import policy_from_env
@@ -204,7 +220,8 @@ def serve(
         configure_backends(backends)
         registry = build_registry(models, target, overrides, warmup=warmup, idle_tuning=idle_tuning,
                                   compile_options=compile_request(precision, min_cosine, "--min-cosine"))
-        _print_models(registry, f"http://{host}:{port}" + (f" and grpc://{grpc_address}" if grpc_port else ""))
+        _print_models(registry, f"http://{host}:{port}" + (f" and grpc://{grpc_address}" if grpc_port else "")
+                      + (f" (metrics: http://{metrics_address}/metrics)" if options.metrics_address else ""))
         run(create_app(registry, options), host=host, port=port, drain_timeout=drain_timeout, log_level=log_level,
             connections=connections)
 

@@ -70,6 +70,24 @@ class _AuthMiddleware:
         await self.app(scope, receive, send)
 
 
+class _MetricsPort:
+    """The metrics port (``ServeOptions.metrics_address``) answers ``GET /metrics`` alone, as Triton's does."""
+
+    def __init__(self, app: ASGIApp, state: ServerState) -> None:
+        self.app = app
+        self.state = state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        server = scope.get("server") if scope["type"] == "http" else None
+        if server and server[1] == self.state.metrics_port and route_path(scope) != "/metrics":
+            self.state.metrics.http_errors.labels("HYB-701").inc()
+            body = error_body("HYB-701", f"the metrics port answers GET /metrics alone, not {route_path(scope)}",
+                              "send the inference API's requests to the server's port (--port)")
+            await JSONResponse(body, 404)(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
 def _add_routes(app: FastAPI, state: ServerState) -> None:
     registry, metrics = state.registry, state.metrics
 
@@ -177,4 +195,6 @@ def create_app(registry: ModelRegistry, options: ServeOptions | None = None) -> 
     app.add_middleware(InferRoute, state=state)  # inside the token check, added after it
     if options.auth_token:
         app.add_middleware(_AuthMiddleware, token=options.auth_token, metrics=state.metrics)
+    if options.metrics_address:  # outermost: the metrics port serves nothing else, token or not
+        app.add_middleware(_MetricsPort, state=state)
     return app

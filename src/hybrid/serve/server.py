@@ -34,6 +34,7 @@ import logging
 import os
 import platform
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -44,6 +45,7 @@ import uvicorn
 from pydantic import Field
 
 from hybrid.config import ConfigSection
+from hybrid.errors import ServingError
 from hybrid.runtime import collector
 from hybrid.serve.http_infer import BODY_TIMEOUT_SCOPE_KEY
 
@@ -53,7 +55,7 @@ if TYPE_CHECKING:
     from hybrid.serve.state import ServerState
 
 __all__ = ["BackgroundServer", "ConnectionLimits", "HybridServer", "front_end_yields_to_compute",
-           "limit_allocator_retention", "make_server", "run"]
+           "limit_allocator_retention", "listen", "make_server", "run"]
 
 logger = logging.getLogger("hybrid.serve")
 
@@ -225,6 +227,10 @@ class HybridServer(uvicorn.Server):
         """
         grpc_server = None
         address = self.state.options.grpc_address
+        if sockets is None and self.state.options.metrics_address:  # uvicorn listens on both ports
+            metrics = listen(self.state.options.metrics_address)
+            self.state.metrics_port = metrics.getsockname()[1]
+            sockets = [self.config.bind_socket(), metrics]
         try:
             if address:
                 from hybrid.serve.grpc_server import start_grpc
@@ -250,6 +256,26 @@ class HybridServer(uvicorn.Server):
     def port(self) -> int:
         """The bound port (useful with port 0)."""
         return self.servers[0].sockets[0].getsockname()[1]
+
+
+def listen(address: str) -> socket.socket:
+    """A TCP socket bound to ``address`` ('host:port', '[v6]:port'; port 0: a free one), not yet listening.
+
+    Raises:
+        ServingError: HYB-710 when the port is taken.
+    """
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]")
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, int(port)))
+    except OSError as e:
+        sock.close()
+        raise ServingError("HYB-710", f"cannot listen on {address}: {e.strerror or e}",
+                           "stop what listens there, or choose another port") from e
+    sock.set_inheritable(True)
+    return sock
 
 
 def make_server(app: FastAPI, host: str = "127.0.0.1", port: int = 8000, drain_timeout: float = 30.0,

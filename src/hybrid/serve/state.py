@@ -69,6 +69,8 @@ class ServeOptions:
             reach different replicas).
         response_cache: Bytes of Triton's response cache (``--cache-config local,size=N``) for the models whose
             ``config.pbtxt`` enables it (:mod:`hybrid.serve.response_cache`); 0: no cache.
+        metrics_address: 'host:port' where ``GET /metrics`` is answered too, alone (Triton's metrics port, 8002
+            there; port 0: a free one); None: on the server's port only.
     """
 
     auth_token: str | None = None
@@ -81,6 +83,7 @@ class ServeOptions:
     trace: TraceConfig | None = field(default_factory=TraceConfig)
     sequences: bool = True
     response_cache: int = 0
+    metrics_address: str | None = None
 
 
 def http_status(code: str) -> int:
@@ -124,6 +127,7 @@ class ServerState:
         self.draining = False
         self.managed = False
         self.grpc_port: int | None = None
+        self.metrics_port: int | None = None  # the bound port of ``options.metrics_address``, once listening
         self._drained = threading.Event()
         self._closed = False
 
