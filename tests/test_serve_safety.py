@@ -391,3 +391,92 @@ def test_sigterm_drains_the_cli_server_and_exits_0(model_path):
             proc.kill()
             proc.wait(10)
         proc.stdout.close()
+
+
+# ------------------------------------------------------------------------------------------------ queue policy
+_POLICY_PBTXT = """name: "tiny"
+max_batch_size: 8
+input [ {{ name: "x" data_type: TYPE_FP32 dims: [4] }}, {{ name: "scale" data_type: TYPE_FP32 dims: [1] }} ]
+output [ {{ name: "y" data_type: TYPE_FP32 dims: [3] }}, {{ name: "s" data_type: TYPE_FP32 dims: [1] }} ]
+dynamic_batching {{ max_queue_delay_microseconds: 1000 {policy} }}
+"""
+
+
+def _policy_repo(root, policy: str):
+    (root / "repo" / "tiny" / "1").mkdir(parents=True)
+    tiny_model(root / "repo" / "tiny" / "1" / "model.onnx")
+    (root / "repo" / "tiny" / "config.pbtxt").write_text(_POLICY_PBTXT.format(policy=policy))
+    return root / "repo"
+
+
+def _while_held(srv, sent_feeds, **extra):
+    """The answer to a request sent while the model's first batch is held (released 0.5 s later)."""
+    entered = threading.Event()
+    release = hold_first_batch(srv, entered=entered)
+    with cf.ThreadPoolExecutor(2) as pool:
+        first = pool.submit(infer, srv.url, feeds(1))
+        assert entered.wait(30), "the first request never reached the runner"
+        second = pool.submit(request, srv.url, "POST", "/v2/models/tiny/infer", v2_json(sent_feeds, **extra))
+        time.sleep(0.5)
+        release.set()
+        status, _, body = first.result()
+        check_answer(status, body, feeds(1))
+        return second.result()
+
+
+def test_a_queue_policy_timeout_rejects_a_queued_request_as_triton_does(tmp_path):
+    repo = _policy_repo(tmp_path, "default_queue_policy { default_timeout_microseconds: 100000 }")
+    srv = start(repo)
+    try:
+        status, _, body = _while_held(srv, feeds(2))
+        assert status == 503 and error_of(body) == "HYB-714", body  # Triton: 503 "Request timeout expired"
+        assert b"Request timeout expired" in body
+        metrics = request(srv.url, "GET", "/metrics")[2].decode()
+        assert triton_failures(metrics) == {"REJECTED": 1, "CANCELED": 0, "BACKEND": 0, "OTHER": 0}
+        status, _, body = infer(srv.url, feeds(3))  # an idle queue: no wait
+        check_answer(status, body, feeds(3))
+    finally:
+        srv.stop()
+
+
+def test_a_request_s_own_timeout_follows_the_queue_policy(tmp_path):
+    # without a timeout in its policy a configured model ignores the request's own (as Triton 2.51 does) ...
+    srv = start(_policy_repo(tmp_path / "a", "default_queue_policy { allow_timeout_override: true }"))
+    try:
+        status, _, body = _while_held(srv, feeds(2), parameters={"timeout": 1000})
+        check_answer(status, body, feeds(2))
+    finally:
+        srv.stop()
+    # ... with one, an override may lower it
+    srv = start(_policy_repo(tmp_path / "b", "default_queue_policy { default_timeout_microseconds: 60000000 "
+                                             "allow_timeout_override: true }"))
+    try:
+        status, _, body = _while_held(srv, feeds(2), parameters={"timeout": 1000})
+        assert status == 503 and error_of(body) == "HYB-714", body
+    finally:
+        srv.stop()
+
+
+def test_queue_policies_read_as_triton_applies_them():
+    from tritonclient.grpc import model_config_pb2 as mc
+
+    from hybrid.serve.model import QueuePolicy
+    from hybrid.serve.triton_config import queue_policy, settings_of
+
+    def config(text: str) -> mc.ModelConfig:
+        from google.protobuf import text_format
+
+        return text_format.Parse(text, mc.ModelConfig())
+
+    assert queue_policy(config("max_batch_size: 8 dynamic_batching { }")) == QueuePolicy()
+    reject = config("max_batch_size: 8 dynamic_batching { default_queue_policy { default_timeout_microseconds: 2000 "
+                    "allow_timeout_override: true } }")
+    assert queue_policy(reject) == QueuePolicy(0.002, True)
+    assert queue_policy(reject).queue_timeout(0.001) == 0.001 and queue_policy(reject).queue_timeout(5) == 0.002
+    assert QueuePolicy(0.002, False).queue_timeout(0.001) == 0.002  # no override: the request's is ignored
+    assert QueuePolicy(None, True).queue_timeout(0.001) is None  # no timeout to lower: ignored
+    delay = config("max_batch_size: 8 dynamic_batching { default_queue_policy { timeout_action: DELAY "
+                   "default_timeout_microseconds: 2000 } }")
+    assert queue_policy(delay).timeout_s is None
+    assert any("DELAY" in note for note in settings_of(delay, "m")[1])  # reported as not applied
+    assert queue_policy(config("max_batch_size: 0")) == QueuePolicy()

@@ -227,6 +227,11 @@ CATALOG: dict[str, ErrorInfo] = {
     "HYB-713": ErrorInfo("shared memory region already registered",
                          "A system shared memory region of that name is registered already (HTTP 400, gRPC "
                          "ALREADY_EXISTS, as Triton answers)."),
+    "HYB-714": ErrorInfo("request timeout expired",
+                         "The request waited in its model's queue longer than the queue policy allows "
+                         "(config.pbtxt's dynamic_batching.default_queue_policy: default_timeout_microseconds, "
+                         "or the request's own timeout where allow_timeout_override is set) and was rejected "
+                         "before it ran (HTTP 503, gRPC UNAVAILABLE, as Triton answers)."),
 }
 
 
@@ -319,6 +324,8 @@ FIXES: dict[str, str] = {
               "an offset and byte size inside its region (tritonclient.utils.shared_memory does both)."),
     "HYB-712": "Register the region first (register_system_shared_memory), or name one the status lists.",
     "HYB-713": "Unregister the region first, or register the new one under another name.",
+    "HYB-714": ("Retry later, raise default_timeout_microseconds in the model's default_queue_policy, or add "
+                "capacity (instance_group count, a smaller max_queue_delay_microseconds)."),
 }
 
 

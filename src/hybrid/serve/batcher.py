@@ -40,7 +40,8 @@ from typing import Any, Generic, TypeVar
 from hybrid.errors import RunError
 
 __all__ = [
-    "COMPUTE_NICE", "COMPUTE_THREAD_NAME", "BatcherStats", "LoopBatcher", "enter_compute_policy", "in_compute_policy",
+    "COMPUTE_NICE", "COMPUTE_THREAD_NAME", "BatcherStats", "LoopBatcher", "QueueTimeout", "enter_compute_policy",
+    "in_compute_policy",
 ]
 
 Item = TypeVar("Item")
@@ -141,6 +142,18 @@ def in_compute_policy(fn: Callable[..., Item], *args: Any, **kwargs: Any) -> Ite
     return out[0]
 
 
+class QueueTimeout(RunError):
+    """A request withdrawn from the queue after waiting its ``queue_timeout`` (:meth:`LoopBatcher.acall`).
+
+    Attributes:
+        seconds: The wait it was allowed.
+    """
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__("HYB-411", f"still queued after {seconds:g} s", "raise the queue's timeout")
+        self.seconds = seconds
+
+
 @dataclass(frozen=True, slots=True)
 class BatcherStats:
     """A snapshot: requests waiting (``queued``), batches running (``running``), batches run (``batches``)."""
@@ -217,12 +230,16 @@ class LoopBatcher(Generic[Item]):
         self._drained.set()
 
     # ------------------------------------------------------------------ on the loop
-    async def acall(self, item: Item, timeout: float | None = None) -> Any:
+    async def acall(self, item: Item, timeout: float | None = None, queue_timeout: float | None = None) -> Any:
         """Queue ``item``, return its result.
+
+        ``queue_timeout``: longest time it may wait in the queue (not counting its run): past it, a request still
+        queued is withdrawn with :class:`QueueTimeout` (Triton's queue policy); one already running goes on.
 
         Raises:
             RunError: HYB-411 after ``timeout`` seconds (a queued request is withdrawn), HYB-412 when
                 ``max_queue`` requests are waiting, HYB-415 once closing; the request's own error.
+            QueueTimeout: Still queued after ``queue_timeout`` seconds.
         """
         loop = asyncio.get_running_loop()
         if self._loop is not loop:
@@ -243,6 +260,8 @@ class LoopBatcher(Generic[Item]):
         self._drained.clear()
         self._dispatch()
         timer = loop.call_later(timeout, self._expire, waiting, timeout) if timeout is not None else None
+        queued = (loop.call_later(queue_timeout, self._expire_queued, waiting, queue_timeout)
+                  if queue_timeout is not None else None)
         try:
             return await waiting.future
         except asyncio.CancelledError:
@@ -251,6 +270,12 @@ class LoopBatcher(Generic[Item]):
         finally:
             if timer is not None:
                 timer.cancel()
+            if queued is not None:
+                queued.cancel()
+
+    def _expire_queued(self, waiting: _Waiting[Item], seconds: float) -> None:
+        if not waiting.future.done() and self._withdraw(waiting):  # a request that runs already goes on
+            waiting.future.set_exception(QueueTimeout(seconds))
 
     def _expire(self, waiting: _Waiting[Item], timeout: float) -> None:
         if waiting.future.done():

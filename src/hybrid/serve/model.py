@@ -17,6 +17,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -25,7 +26,7 @@ from pydantic import Field
 from hybrid.config import ConfigSection
 from hybrid.errors import ConfigError, HybridError, RunError, ServingError
 from hybrid.runtime.validate import InputValidator
-from hybrid.serve.batcher import LoopBatcher
+from hybrid.serve.batcher import LoopBatcher, QueueTimeout
 from hybrid.serve.sequences import Sequences, visible_signature
 
 if TYPE_CHECKING:
@@ -73,6 +74,32 @@ class BatchSettings(ConfigSection):
 
 # callback(model, batch_size, queue_waits_s, run_s) after every batch the model runs
 BatchObserver = Callable[["ServedModel", int, list[float], float], None]
+
+
+@dataclass(frozen=True)
+class QueuePolicy:
+    """Triton's queue policy of a model served from a ``config.pbtxt``: how long a request may wait in the queue.
+
+    A model with a configuration treats a request's own ``timeout`` as Triton does: it applies only where the
+    policy allows an override (``allow_timeout_override``), and then only to lower the policy's timeout; with
+    no timeout in the policy it is ignored. Models served without a configuration honour it as pyasc always
+    has (:meth:`ServedModel.run`).
+
+    Attributes:
+        timeout_s: Longest wait in the queue before the request is rejected (HYB-714); None: no bound.
+        allow_override: Whether a request's own, shorter, timeout applies.
+    """
+
+    timeout_s: float | None = None
+    allow_override: bool = False
+
+    def queue_timeout(self, requested_s: float | None) -> float | None:
+        """The longest wait in the queue for a request that asked for ``requested_s`` seconds (None: nothing)."""
+        if self.timeout_s is None:
+            return None
+        if self.allow_override and requested_s is not None:
+            return min(self.timeout_s, requested_s)
+        return self.timeout_s
 
 
 class CheckedRequest:
@@ -187,7 +214,7 @@ class ServedModel:
 
     def __init__(self, name: str, version: str, compiled: CompiledModel, settings: BatchSettings,
                  platform: str = "onnx", observer: BatchObserver | None = None, *, model_config: Any = None,
-                 sequences: SequenceSettings | None = None) -> None:
+                 sequences: SequenceSettings | None = None, queue_policy: QueuePolicy | None = None) -> None:
         self.name = name
         self.version = version
         self.compiled = compiled
@@ -198,6 +225,7 @@ class ServedModel:
         self.batch_symbol = _batch_symbol(compiled)
         self.observer = observer
         self.model_config = model_config
+        self.queue_policy = queue_policy  # None: pyasc's own timeouts (a model without a configuration)
         # class labels by output name (config.pbtxt's label_filename): the classification extension's answers
         self.labels: dict[str, tuple[str, ...]] = {}
         self._validator = InputValidator(self.signature)
@@ -384,14 +412,20 @@ class ServedModel:
 
         Args:
             request: From :meth:`check`.
-            timeout: The client's own timeout in seconds; the shorter of it and ``request_timeout`` applies.
+            timeout: The client's own timeout in seconds. Without a :attr:`queue_policy` the shorter of it and
+                ``request_timeout`` applies; with one (a model from a ``config.pbtxt``), as Triton applies it:
+                only to the wait in the queue, where the policy allows (:class:`QueuePolicy`).
 
         Raises:
-            RunError: HYB-411 on timeout, HYB-408 when the backend fails.
-            ServingError: HYB-705 when the queue is full, HYB-706 when the model is shutting down.
+            RunError: HYB-411 past ``request_timeout`` (or the client's timeout), HYB-408 when the backend fails.
+            ServingError: HYB-705 when the queue is full, HYB-706 when the model is shutting down, HYB-714 past
+                the queue policy's timeout while still queued.
         """
         limit = self.settings.request_timeout
-        if timeout is not None and (limit is None or timeout < limit):
+        queue_limit = None
+        if self.queue_policy is not None:
+            queue_limit = self.queue_policy.queue_timeout(timeout)
+        elif timeout is not None and (limit is None or timeout < limit):
             limit = timeout
         if self._closed:
             raise self._closing_error()
@@ -406,7 +440,11 @@ class ServedModel:
             if self._sequences is not None:
                 return await self._sequences.run(request.sequence, request.rows, request.feeds,
                                                  lambda: self._queue(request, limit))
-            return await self._queue(request, limit)
+            return await self._queue(request, limit, queue_limit)
+        except QueueTimeout as e:
+            raise ServingError("HYB-714", f"Request timeout expired: model {self.name!r} version {self.version}: "
+                               f"the request waited {e.seconds:g} s in the queue (default_queue_policy)",
+                               "retry later, or raise default_timeout_microseconds") from None
         except RunError as e:
             if e.code == "HYB-412":
                 raise ServingError("HYB-705", f"model {self.name!r} version {self.version}: "
@@ -418,10 +456,11 @@ class ServedModel:
             self._active -= 1
             self._last_active = time.monotonic()
 
-    async def _queue(self, request: CheckedRequest, limit: float | None) -> dict[str, np.ndarray]:
-        if self._batcher is None:
+    async def _queue(self, request: CheckedRequest, limit: float | None,
+                     queue_limit: float | None = None) -> dict[str, np.ndarray]:
+        if self._batcher is None:  # (Triton's queue policy belongs to its dynamic batcher)
             return await self._infer_alone(request.feeds, limit, request.trace)
-        return await self._batcher.acall(request, timeout=limit)
+        return await self._batcher.acall(request, timeout=limit, queue_timeout=queue_limit)
 
     def idle_for(self, now: float) -> float | None:
         """Seconds at ``now`` (``time.monotonic()``) since this model's last request ended; None while one runs.

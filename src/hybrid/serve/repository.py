@@ -401,8 +401,13 @@ def load_model(source: ModelSource, target: str | None = None, overrides: Mappin
             compiled.close()
             raise
     # the configuration is reported by the model-configuration endpoints
+    policy = None
+    if source.config is not None:
+        from hybrid.serve.triton_config import queue_policy
+
+        policy = queue_policy(source.config)
     served = ServedModel(source.name, source.version, compiled, settings, platform, observer,
-                         model_config=source.config, sequences=sequences)
+                         model_config=source.config, sequences=sequences, queue_policy=policy)
     served.labels = dict(source.labels)
     served.compile_request = wanted
     try:

@@ -13,6 +13,12 @@ the fields that have a meaning here become serving settings:
 ``max_queue_delay_microseconds``                   ``batch_timeout``
 ``default_queue_policy.max_queue_size``            ``max_queue``; 0 or unset (or no ``dynamic_batching``):
                                                    no bound, as in Triton (the config endpoint says so too)
+``default_queue_policy``'s timeout fields          ``default_timeout_microseconds`` (``timeout_action:
+                                                   REJECT``): the longest wait in the queue, then HYB-714,
+                                                   503 / UNAVAILABLE "Request timeout expired"; a request's
+                                                   own ``timeout`` lowers it where
+                                                   ``allow_timeout_override`` is set and is otherwise ignored,
+                                                   as in Triton (:class:`hybrid.serve.model.QueuePolicy`)
 ``instance_group[*].count``                        ``concurrency`` (their sum)
 ``input`` / ``output``: name, data_type, dims      checked against the model (HYB-707 naming the mismatch)
 ``model_warmup``                                   run before the model is ready (:mod:`hybrid.serve.warmup`)
@@ -49,7 +55,7 @@ from hybrid.serve.protocol import datatype_of
 
 if TYPE_CHECKING:
     from hybrid.ir.signature import Signature, TensorSpec
-    from hybrid.serve.model import ServedModel
+    from hybrid.serve.model import QueuePolicy, ServedModel
 
 __all__ = [
     "FILE_PARAMETER",
@@ -61,6 +67,7 @@ __all__ = [
     "label_files",
     "load_request",
     "model_config",
+    "queue_policy",
     "read_pbtxt",
     "settings_of",
     "unmapped_fields",
@@ -84,6 +91,9 @@ _MAPPED = {
     "output", "output.name", "output.data_type", "output.dims", "output.label_filename",
     "dynamic_batching", "dynamic_batching.preferred_batch_size", "dynamic_batching.max_queue_delay_microseconds",
     "dynamic_batching.default_queue_policy", "dynamic_batching.default_queue_policy.max_queue_size",
+    "dynamic_batching.default_queue_policy.default_timeout_microseconds",
+    "dynamic_batching.default_queue_policy.allow_timeout_override",
+    "dynamic_batching.default_queue_policy.timeout_action",
     "instance_group", "instance_group.count", "instance_group.name",
     # run before the model is ready (hybrid.serve.warmup)
     "model_warmup", "model_warmup.name", "model_warmup.batch_size", "model_warmup.count", "model_warmup.inputs",
@@ -288,9 +298,24 @@ def settings_of(config: mc.ModelConfig, where: str) -> tuple[dict[str, Any], lis
     # served without a configuration, and a configuration that says nothing means what it means to Triton
     size = config.dynamic_batching.default_queue_policy.max_queue_size if config.HasField("dynamic_batching") else 0
     settings["max_queue"] = int(size) if size > 0 else None
+    policy = config.dynamic_batching.default_queue_policy
+    if policy.timeout_action == mc.ModelQueuePolicy.DELAY and policy.default_timeout_microseconds:
+        notes.append("dynamic_batching.default_queue_policy.timeout_action DELAY (a late request keeps its place)")
     if len(config.instance_group):
         settings["concurrency"] = sum(max(1, g.count) for g in config.instance_group)
     return settings, notes
+
+
+def queue_policy(config: mc.ModelConfig) -> QueuePolicy:
+    """The queue policy of a configuration's dynamic batcher (no bound without one, or with ``DELAY``)."""
+    from hybrid.serve.model import QueuePolicy
+
+    if not config.HasField("dynamic_batching") or config.max_batch_size == 0:
+        return QueuePolicy()
+    policy = config.dynamic_batching.default_queue_policy
+    if policy.timeout_action != mc.ModelQueuePolicy.REJECT or policy.default_timeout_microseconds == 0:
+        return QueuePolicy(allow_override=policy.allow_timeout_override)
+    return QueuePolicy(policy.default_timeout_microseconds / 1e6, policy.allow_timeout_override)
 
 
 def _dims(spec: TensorSpec) -> list[int | str] | None:
