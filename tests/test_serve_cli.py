@@ -138,3 +138,63 @@ def test_a_folder_config_json_asks_for_its_own_precision(tmp_path: Path) -> None
     (repo / "tiny" / "config.json").write_text(json.dumps({"min_cosine": 2}))
     with pytest.raises(Exception, match="HYB-707"):
         discover([repo])
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_tritonserver_s_command_line_serves_as_it_does(tmp_path: Path) -> None:
+    """``--model-repository``, ``--http-port``, ``--metrics-port``, ``--model-control-mode explicit`` and
+    ``--load-model``: a tritonserver launch line runs with the binary's name changed."""
+    import tritonclient.http as th
+
+    repo = tmp_path / "repo"
+    for name in ("first", "second"):
+        (repo / name / "1").mkdir(parents=True)
+        tiny_model(repo / name / "1" / "model.onnx")
+    http, metrics = _free_port(), _free_port()
+    proc = _cli("--model-repository", str(repo), "--model-control-mode", "explicit", "--load-model", "first",
+                "--http-port", str(http), "--grpc-port", "0", "--metrics-port", str(metrics), "--target",
+                "onnxruntime")
+    try:
+        client = th.InferenceServerClient(f"127.0.0.1:{http}")
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if client.is_server_ready():
+                    break
+            except Exception:  # not listening yet
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read() if proc.stdout else ""
+            time.sleep(0.2)
+        index = {m["name"]: m.get("state") for m in client.get_model_repository_index()}
+        assert index == {"first": "READY", "second": "UNAVAILABLE"}  # only --load-model's model at start
+        client.load_model("second")
+        assert client.is_model_ready("second")
+        status, _, body = request(f"127.0.0.1:{metrics}", "GET", "/metrics")
+        assert status == 200 and b"nv_inference_request_success" in body
+    finally:
+        proc.terminate()
+        proc.wait(60)
+        if proc.stdout:
+            proc.stdout.close()
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    ((), "none were named"),
+    (("--model-control-mode", "poll"), "none or explicit"),
+    (("--load-model", "tiny"), "--load-model needs --model-control"),
+    (("--model-control", "--load-model", "nope"), "no such model"),
+    (("--metrics-port", "8000"), "port of another service"),
+])
+def test_tritonserver_s_options_refused_with_hyb_102(tmp_path: Path, args: tuple[str, ...], says: str) -> None:
+    repo = tmp_path / "repo"
+    (repo / "tiny" / "1").mkdir(parents=True)
+    tiny_model(repo / "tiny" / "1" / "model.onnx")
+    where = () if args == () else ("--model-repository", str(repo))
+    proc = _cli(*where, *args, "--port", "8000", "--grpc-port", "0", "--target", "onnxruntime")
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 1 and "HYB-102" in out and says in out, out

@@ -69,11 +69,16 @@ def _print_models(registry: Any, url: str) -> None:
 
 
 def serve(
-    models: Annotated[list[str], typer.Argument(help="Model files (.hybrid, .onnx; NAME=PATH to rename) or "
-                                                     "repository folders (repo/<model>/<version>/model.*).")],
+    models: Annotated[list[str] | None, typer.Argument(help="Model files (.hybrid, .onnx; NAME=PATH to rename) or "
+                                                            "repository folders (repo/<model>/<version>/model.*).",
+                                                       show_default=False)] = None,
+    model_repository: Annotated[list[str] | None, typer.Option(
+        "--model-repository", help="A repository folder, as tritonserver takes it (repeatable): the same as naming "
+                                   "it as an argument.")] = None,
     host: Annotated[str, typer.Option(help="Address to bind. Loopback by default; anything else should "
                                            "come with --auth-token.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port to bind.")] = 8000,
+    port: Annotated[int, typer.Option("--port", "--http-port", help="Port to bind (--http-port: tritonserver's "
+                                                                    "spelling).")] = 8000,
     grpc_port: Annotated[int, typer.Option(help="Port of the KServe v2 / Triton gRPC service (tritonclient.grpc), "
                                                 "on the same address; 0 turns gRPC off.")] = 8001,
     metrics_port: Annotated[int, typer.Option(help="A port of its own where GET /metrics is answered too, alone, "
@@ -82,6 +87,11 @@ def serve(
     model_control: Annotated[bool, typer.Option("--model-control", help="Allow the repository load/unload "
                                                 "endpoints (HTTP and gRPC) to load and unload the models of the "
                                                 "served repositories.")] = False,
+    model_control_mode: Annotated[str, typer.Option(help="tritonserver's spelling: explicit is --model-control, none "
+                                                         "the default (poll is not offered).")] = "none",
+    load_model: Annotated[list[str] | None, typer.Option(
+        "--load-model", help="With --model-control: the models loaded at start (repeatable; '*': all, the default "
+                             "here); the others can be loaded later, as in tritonserver's explicit mode.")] = None,
     target: Annotated[str | None, typer.Option(help="Target for every model (default: each folder's "
                                                     "config.json, else 'auto').")] = None,
     backend_config: Annotated[str | None, typer.Option(help="Backend options as JSON, e.g. '{\"onnxruntime\": "
@@ -163,13 +173,27 @@ def serve(
         try:
             from hybrid.serve.app import ServeOptions, create_app
             from hybrid.serve.protocol import Limits
-            from hybrid.serve.repository import build_registry, compile_request, configure_backends
+            from hybrid.serve.repository import build_registry, compile_request, configure_backends, startup_sources
             from hybrid.serve.response_cache import cache_size
             from hybrid.serve.server import ConnectionLimits, run
             from hybrid.serve.trace import TraceConfig
         except ImportError as e:
             raise ModelError("HYB-207", f"pyasc serve needs {e.name or e}, which is not installed",
                              _EXTRA_HINT) from e
+        models = [*(models or []), *(model_repository or [])]
+        if not models:
+            raise ConfigError("HYB-102", "pyasc serve needs models to serve: none were named",
+                              "name model files or repository folders, or --model-repository FOLDER")
+        if model_control_mode not in ("none", "explicit"):
+            raise ConfigError("HYB-102", f"--model-control-mode {model_control_mode!r}: pyasc takes none or explicit",
+                              "load and unload models with the repository API (--model-control-mode explicit)")
+        model_control = model_control or model_control_mode == "explicit"
+        if load_model and not model_control:
+            raise ConfigError("HYB-102", "--load-model needs --model-control (tritonserver: --model-control-mode "
+                              "explicit): without it every model found is served",
+                              "add --model-control-mode explicit, or drop --load-model")
+        if load_model and use_ray:
+            raise ConfigError("HYB-102", "--load-model cannot be used with --ray: the replicas serve every model found")
         if max_json_depth < 1:
             raise ConfigError("HYB-102", f"--max-json-depth must be >= 1, got {max_json_depth}")
         limits = Limits(max_body=parse_size(max_body, "--max-body"), max_json_depth=max_json_depth)
@@ -218,7 +242,8 @@ def serve(
 
         policy_from_env()  # a bad HYBRID_GC_MAX_PAUSE_MS is refused before anything loads (run() applies it)
         configure_backends(backends)
-        registry = build_registry(models, target, overrides, warmup=warmup, idle_tuning=idle_tuning,
+        sources = startup_sources(models, load_model) if load_model else None
+        registry = build_registry(models, target, overrides, sources=sources, warmup=warmup, idle_tuning=idle_tuning,
                                   compile_options=compile_request(precision, min_cosine, "--min-cosine"))
         _print_models(registry, f"http://{host}:{port}" + (f" and grpc://{grpc_address}" if grpc_port else "")
                       + (f" (metrics: http://{metrics_address}/metrics)" if options.metrics_address else ""))

@@ -133,7 +133,9 @@ class ServerMetrics:
 
     def cache_lookup(self, model: ServedModel, hit: bool, seconds: float) -> None:
         """One response cache lookup for ``model``: a hit or a miss, and its time."""
-        self.stats(model).cache(hit, seconds)
+        stats = self.stats(model)
+        stats.caches_responses = True  # (also a version loaded again, now with the cache on)
+        stats.cache(hit, seconds)
 
     def observe_batch(self, model: ServedModel, size: int, waits: list[float], run_s: float) -> None:
         """The ServedModel observer: one batch of ``size`` requests ran in ``run_s`` after ``waits``."""

@@ -38,14 +38,14 @@ from typing import Any
 from hybrid.bundle import load_with_info
 from hybrid.bundle.manifest import Manifest
 from hybrid.config import backend_sections
-from hybrid.errors import HybridError, ModelError, ServingError
+from hybrid.errors import ConfigError, HybridError, ModelError, ServingError
 from hybrid.hal import backend_class, backend_names
 from hybrid.runtime import collector
 from hybrid.serve.batcher import in_compute_policy
 from hybrid.serve.model import BatchObserver, BatchSettings, ServedModel
 
 __all__ = ["ModelIndexEntry", "ModelRegistry", "ModelSource", "build_registry", "check_name",
-           "configure_backends", "discover", "load_model", "server_backend_defaults"]
+           "configure_backends", "discover", "load_model", "server_backend_defaults", "startup_sources"]
 
 logger = logging.getLogger("hybrid.serve")
 
@@ -667,6 +667,23 @@ def _override_folder(name: str, files: Mapping[str, bytes]) -> Path:
         shutil.rmtree(root, ignore_errors=True)
         raise
     return root
+
+
+def startup_sources(paths: Sequence[str | Path], names: Sequence[str]) -> list[ModelSource]:
+    """The model versions under ``paths`` of the models ``names`` (``'*'``: all), as ``--load-model`` picks them.
+
+    Raises:
+        ConfigError: HYB-102 naming a model that no path holds, with the names they do hold.
+    """
+    found = discover(paths)
+    if "*" in names:
+        return found
+    held = sorted({s.name for s in found})
+    missing = [n for n in names if n not in held]
+    if missing:
+        raise ConfigError("HYB-102", f"--load-model {', '.join(missing)}: no such model in the served repositories "
+                          f"(they hold: {', '.join(held) or 'nothing'})", "name a model folder of a repository")
+    return [s for s in found if s.name in names]
 
 
 def build_registry(paths: Sequence[str | Path], target: str | None = None,
