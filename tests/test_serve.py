@@ -224,7 +224,7 @@ def test_repository_versions_config_and_default_version(tmp_path, rng):
     with BackgroundServer(create_app(registry)) as srv:
         c = th.InferenceServerClient(srv.url)
         try:
-            assert c.get_model_metadata("lin")["versions"] == ["10", "2", "1"]
+            assert c.get_model_metadata("lin")["versions"] == ["1", "2", "10"]  # lowest first, as Triton lists
             x = rng.standard_normal((2, 4)).astype(np.float32)
             scale = np.ones((2, 1), np.float32)
             for version, factor in (("", -1.0), ("1", 1.0), ("2", 3.0)):

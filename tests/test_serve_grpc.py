@@ -484,7 +484,9 @@ def test_a_load_may_carry_the_model_s_files(models, tmp_path):
         assert (first / "tiny" / "1" / "model.onnx").read_bytes() == doubled
         g.load_model("tiny", config=config, files={"file:1/model.onnx": doubled, "file:2/model.onnx": tripled})
         np.testing.assert_allclose(y(), tiny_expected(x, scale, 3.0)["y"], rtol=1e-6)  # the highest version
-        assert g.is_model_ready("tiny", "1") and not first.exists()  # the files of the load before are gone
+        # the configuration has no version_policy: Triton's default serves the latest version alone
+        assert g.is_model_ready("tiny", "2") and not g.is_model_ready("tiny", "1")
+        assert not first.exists()  # the files of the load before are gone
         g.load_model("fresh", config=config, files={"file:1/model.onnx": doubled})  # no repository holds it
         np.testing.assert_allclose(y("fresh"), tiny_expected(x, scale, 2.0)["y"], rtol=1e-6)
         second = registry.override_folders["tiny"]

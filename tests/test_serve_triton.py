@@ -154,13 +154,13 @@ def test_unknown_fields_are_parse_errors_and_unmapped_ones_are_reported(tmp_path
     error = load_error(bad)
     assert "config.pbtxt" in error.message and "max_batch_sizee" in error.message
     repo = repo_with(tmp_path / "b", "max_batch_size: 8\ndynamic_batching { preferred_batch_size: [ 2, 4 ] }\n"
-                                     "optimization { graph { level: 1 } }\nversion_policy { latest { num_versions: 1 }"
-                                     " }\nparameters { key: \"k\" value { string_value: \"v\" } }\n" + TINY_IO)
+                                     "optimization { graph { level: 1 } }\n"
+                                     "parameters { key: \"k\" value { string_value: \"v\" } }\n" + TINY_IO)
     with caplog.at_level(logging.WARNING, logger="hybrid.serve"):
         registry = build_registry([repo], target="onnxruntime")
     registry.close()
     (warning,) = [r.getMessage() for r in caplog.records if "config.pbtxt fields not applied" in r.getMessage()]
-    for field in ("optimization", "version_policy", "parameters", "only the largest, 4, is used"):
+    for field in ("optimization", "parameters", "only the largest, 4, is used"):
         assert field in warning
     assert "optimization.graph" not in warning  # the outermost field only
     assert unmapped_fields(mc.ModelConfig(name="m", max_batch_size=1)) == []
@@ -174,8 +174,27 @@ def test_config_of_a_model_without_config_pbtxt_is_made_from_the_model(tmp_path)
         assert config.max_batch_size == 4 and config.dynamic_batching.max_queue_delay_microseconds == 1000
         assert [(t.name, list(t.dims), mc.DataType.Name(t.data_type)) for t in config.input] == \
             [("data_0", [3, 224, 224], "TYPE_FP32")]
+        assert config.version_policy.WhichOneof("policy_choice") == "all"  # without config.pbtxt: every version
     finally:
         registry.close()
+
+
+def test_version_policies_pick_the_versions_served():
+    from google.protobuf import text_format
+
+    from hybrid.serve.triton_config import policy_versions
+
+    def versions(policy: str) -> list[int]:
+        return policy_versions(text_format.Parse(policy, mc.ModelConfig()), [3, 1, 10, 2], "m")
+
+    assert versions("") == [10]  # Triton's default: the latest
+    assert versions("version_policy { latest { num_versions: 2 } }") == [3, 10]
+    assert versions("version_policy { all { } }") == [1, 2, 3, 10]
+    assert versions("version_policy { specific { versions: [2, 1] } }") == [1, 2]
+    for bad in ("version_policy { specific { versions: [4] } }", "version_policy { latest { num_versions: 0 } }"):
+        with pytest.raises(ServingError) as info:
+            versions(bad)
+        assert info.value.code == "HYB-707", bad
 
 
 def test_cli_grpc_port_option(tmp_path, monkeypatch):

@@ -938,3 +938,41 @@ def test_prometheus_metrics_as_triton_s(tmp_path) -> None:
         assert families["pyasc"][name][2] == families["triton"][name][2], name
     hits = families["pyasc"]["nv_cache_num_hits_per_model"][2]
     assert hits == {(("model", "tiny"), ("version", "1")): 2.0}
+
+
+def test_version_policies_serve_the_versions_triton_serves(tmp_path) -> None:
+    if _REASON:
+        pytest.skip(_REASON)
+    import shutil
+
+    tiny = tiny_model(tmp_path / "tiny.onnx")
+    policies = {"latest1": "", "all": "version_policy { all { } }",
+                "specific": "version_policy { specific { versions: [1, 3] } }",
+                "latest2": "version_policy { latest { num_versions: 2 } }"}
+    folders = {name: tmp_path / name for name in ("triton", "pyasc")}
+    for folder in folders.values():  # the same repository: four models of three versions, one policy each
+        for name, policy in policies.items():
+            model = tr.write_model(folder, name, tiny, [tr.TritonSpec("x", "TYPE_FP32", [4]),
+                                                        tr.TritonSpec("scale", "TYPE_FP32", [1])],
+                                   [tr.TritonSpec("y", "TYPE_FP32", [3]), tr.TritonSpec("s", "TYPE_FP32", [1])],
+                                   threads=1)
+            for version in ("2", "3"):
+                shutil.copytree(model / "1", model / version)
+            (model / "config.pbtxt").write_text((model / "config.pbtxt").read_text() + policy + "\n")
+    registry = build_registry([folders["pyasc"]], target="onnxruntime")
+    with tr.TritonServer(folders["triton"]) as triton, BackgroundServer(create_app(registry)) as pyasc:
+        servers = _urls(triton, pyasc)
+        for name in policies:
+            got = _both(servers, "GET", f"/v2/models/{name}")
+            assert json.loads(got["pyasc"][1])["versions"] == json.loads(got["triton"][1])["versions"], name
+            for version in ("1", "2", "3"):  # a version the policy leaves out: unknown to both (404)
+                got = _both(servers, "POST", f"/v2/models/{name}/versions/{version}/infer", {"inputs": GOOD})
+                assert got["pyasc"][0] == got["triton"][0] in (200, 404), (name, version, got)
+            config = _both(servers, "GET", f"/v2/models/{name}/config")
+            assert (json.loads(config["pyasc"][1])["version_policy"]
+                    == json.loads(config["triton"][1])["version_policy"]), name
+        index = _both(servers, "POST", "/v2/repository/index", {})
+        assert json.loads(index["pyasc"][1]) == json.loads(index["triton"][1])  # names, versions, states: equal
+        versions = {name: json.loads(_both(servers, "GET", f"/v2/models/{name}")["pyasc"][1])["versions"]
+                    for name in policies}
+    assert versions == {"latest1": ["3"], "all": ["1", "2", "3"], "specific": ["1", "3"], "latest2": ["2", "3"]}

@@ -643,7 +643,7 @@ class ServedModel:
         sig = self.signature
         return {
             "name": self.name,
-            "versions": versions,
+            "versions": sorted(versions, key=int),  # lowest first, as Triton lists them
             "platform": self.platform,
             "inputs": [tensor_metadata(s.name, s.dtype, s.shape) for s in sig.inputs],
             "outputs": [tensor_metadata(s.name, s.dtype, s.shape) for s in sig.outputs],

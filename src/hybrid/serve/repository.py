@@ -243,6 +243,11 @@ def _repository(root_arg: Path, overrides: Mapping[str, Any]) -> list[ModelSourc
         versions = [d for d in model_path.iterdir() if d.is_dir() and VERSION_RE.fullmatch(d.name)]
         if not versions:
             raise _repo_error(f"{model_dir} has no version folder (a positive integer such as 1/)")
+        if pbtxt is not None:  # Triton's version policy: the others are neither loaded nor listed
+            from hybrid.serve.triton_config import policy_versions
+
+            served = set(policy_versions(pbtxt, [int(d.name) for d in versions], str(model_path / "config.pbtxt")))
+            versions = [d for d in versions if int(d.name) in served]
         for version_dir in sorted(versions, key=lambda d: int(d.name)):
             files = [version_dir / f for f in MODEL_FILES if (version_dir / f).exists()]
             if len(files) != 1:

@@ -20,6 +20,9 @@ the fields that have a meaning here become serving settings:
                                                    ``allow_timeout_override`` is set and is otherwise ignored,
                                                    as in Triton (:class:`hybrid.serve.model.QueuePolicy`)
 ``instance_group[*].count``                        ``concurrency`` (their sum)
+``version_policy``                                 the versions served (:func:`policy_versions`): ``latest``
+                                                   N (Triton's default, N = 1), ``all``, ``specific``; the
+                                                   others are neither loaded nor listed, as in Triton
 ``input`` / ``output``: name, data_type, dims      checked against the model (HYB-707 naming the mismatch)
 ``model_warmup``                                   run before the model is ready (:mod:`hybrid.serve.warmup`)
 ``output[*].label_filename``                       the labels of the classification extension
@@ -39,7 +42,7 @@ from __future__ import annotations
 import base64
 import binascii
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
 from pathlib import Path
@@ -67,6 +70,7 @@ __all__ = [
     "label_files",
     "load_request",
     "model_config",
+    "policy_versions",
     "queue_policy",
     "read_pbtxt",
     "settings_of",
@@ -95,6 +99,8 @@ _MAPPED = {
     "dynamic_batching.default_queue_policy.allow_timeout_override",
     "dynamic_batching.default_queue_policy.timeout_action",
     "instance_group", "instance_group.count", "instance_group.name",
+    "version_policy", "version_policy.latest", "version_policy.latest.num_versions", "version_policy.all",
+    "version_policy.specific", "version_policy.specific.versions",
     # run before the model is ready (hybrid.serve.warmup)
     "model_warmup", "model_warmup.name", "model_warmup.batch_size", "model_warmup.count", "model_warmup.inputs",
     "model_warmup.inputs.key", "model_warmup.inputs.value", "model_warmup.inputs.value.data_type",
@@ -306,6 +312,31 @@ def settings_of(config: mc.ModelConfig, where: str) -> tuple[dict[str, Any], lis
     return settings, notes
 
 
+def policy_versions(config: mc.ModelConfig, found: Sequence[int], where: str) -> list[int]:
+    """The versions of ``found`` (the folder's) that the configuration's ``version_policy`` serves, ascending.
+
+    Triton's default with no policy is the latest one.
+
+    Raises:
+        ServingError: HYB-707 for ``latest`` with no versions, or ``specific`` versions the folder does not hold.
+    """
+    numbers = sorted(found)
+    choice = config.version_policy.WhichOneof("policy_choice") if config.HasField("version_policy") else None
+    if choice == "all":
+        return numbers
+    if choice == "specific":
+        wanted = sorted(set(config.version_policy.specific.versions))
+        missing = [v for v in wanted if v not in numbers]
+        if missing or not wanted:
+            raise _error(f"{where}: version_policy names versions {missing or wanted} that the folder does not hold "
+                         f"(it holds {numbers})", "list version folders that exist, or use latest / all")
+        return wanted
+    count = config.version_policy.latest.num_versions if choice == "latest" else 1
+    if count < 1:
+        raise _error(f"{where}: version_policy latest needs num_versions >= 1, got {count}")
+    return numbers[-count:]
+
+
 def queue_policy(config: mc.ModelConfig) -> QueuePolicy:
     """The queue policy of a configuration's dynamic batcher (no bound without one, or with ``DELAY``)."""
     from hybrid.serve.model import QueuePolicy
@@ -405,7 +436,9 @@ def model_config(model: ServedModel) -> mc.ModelConfig:
         device = str(getattr(model.compiled, "device", "cpu"))
         group.kind = mc.ModelInstanceGroup.KIND_CPU if device.startswith("cpu") else mc.ModelInstanceGroup.KIND_GPU
     config.name = model.name
-    if not config.HasField("version_policy"):  # Triton's defaults, which its config endpoint prints too
+    if given is None:  # a folder without config.pbtxt: pyasc serves every version found
+        config.version_policy.all.SetInParent()
+    elif not config.HasField("version_policy"):  # Triton's default, which its config endpoint prints too
         config.version_policy.latest.num_versions = 1
     if not config.HasField("optimization"):
         config.optimization.SetInParent()

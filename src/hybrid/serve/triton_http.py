@@ -4,7 +4,7 @@
 ``GET /v2/models/{m}[/versions/{v}]/config``             model configuration: Triton's ``ModelConfig`` as JSON
 ``GET /v2/models[/{m}[/versions/{v}]]/stats``            statistics: ``{"model_stats": [ModelStatistics...]}``,
                                                          each with pyasc's ``"pyasc"`` report beside Triton's fields
-``POST /v2/repository/index``                            ``[{"name", "version", "state", "reason"}...]``
+``POST /v2/repository/index``                            ``[{"name", "version", "state"[, "reason"]}...]``
 ``POST /v2/repository/models/{m}/load`` / ``unload``     model control (HYB-709 unless the server allows it)
 ``GET /v2/systemsharedmemory[/region/{r}]/status``       ``[{"name", "key", "offset", "byte_size"}...]``
 ``POST /v2/systemsharedmemory/region/{r}/register``      ``{"key", "offset", "byte_size"}``: map a region
@@ -146,8 +146,8 @@ def add_triton_routes(app: FastAPI, state: ServerState) -> None:
         if not isinstance(ready_only, bool):
             raise ServingError("HYB-702", f"'ready' must be true or false, got {ready_only!r}")
         entries = await run_in_threadpool(registry.index)
-        return [{"name": e.name, "version": e.version, "state": e.state, "reason": e.reason}
-                for e in entries if not ready_only or e.state == "READY"]
+        return [{"name": e.name, "version": e.version, "state": e.state, **({"reason": e.reason} if e.reason else {})}
+                for e in entries if not ready_only or e.state == "READY"]  # no empty reason, as Triton writes it
 
     @app.post("/v2/repository/models/{model_name}/load")
     async def load(request: Request, model_name: str) -> dict[str, Any]:
