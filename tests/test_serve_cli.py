@@ -4,13 +4,16 @@ whole off a terminal; warm-up (``--warmup``, config.pbtxt's ``model_warmup``) an
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -146,19 +149,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_tritonserver_s_command_line_serves_as_it_does(tmp_path: Path) -> None:
-    """``--model-repository``, ``--http-port``, ``--metrics-port``, ``--model-control-mode explicit`` and
-    ``--load-model``: a tritonserver launch line runs with the binary's name changed."""
+@contextlib.contextmanager
+def _serving(http: int, *args: str) -> Iterator[Any]:
+    """``pyasc serve ARGS --http-port HTTP`` in a child process: its tritonclient.http client once it is ready."""
     import tritonclient.http as th
 
-    repo = tmp_path / "repo"
-    for name in ("first", "second"):
-        (repo / name / "1").mkdir(parents=True)
-        tiny_model(repo / name / "1" / "model.onnx")
-    http, metrics = _free_port(), _free_port()
-    proc = _cli("--model-repository", str(repo), "--model-control-mode", "explicit", "--load-model", "first",
-                "--http-port", str(http), "--grpc-port", "0", "--metrics-port", str(metrics), "--target",
-                "onnxruntime")
+    proc = _cli(*args, "--http-port", str(http))
     try:
         client = th.InferenceServerClient(f"127.0.0.1:{http}")
         deadline = time.monotonic() + 120
@@ -170,17 +166,36 @@ def test_tritonserver_s_command_line_serves_as_it_does(tmp_path: Path) -> None:
                 pass
             assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read() if proc.stdout else ""
             time.sleep(0.2)
+        yield client
+    finally:
+        proc.terminate()
+        proc.wait(60)
+        if proc.stdout:
+            proc.stdout.close()
+
+
+def test_tritonserver_s_command_line_serves_as_it_does(tmp_path: Path) -> None:
+    """``--model-repository``, ``--http-port``, ``--metrics-port``, ``--model-control-mode explicit`` and
+    ``--load-model``: a tritonserver launch line runs with the binary's name changed."""
+    repo = tmp_path / "repo"
+    for name in ("first", "second"):
+        (repo / name / "1").mkdir(parents=True)
+        tiny_model(repo / name / "1" / "model.onnx")
+    http, metrics = _free_port(), _free_port()
+    explicit = ("--model-repository", str(repo), "--model-control-mode", "explicit", "--grpc-port", "0",
+                "--target", "onnxruntime")
+    with _serving(http, *explicit, "--load-model", "first", "--metrics-port", str(metrics)) as client:
         index = {m["name"]: m.get("state") for m in client.get_model_repository_index()}
         assert index == {"first": "READY", "second": "UNAVAILABLE"}  # only --load-model's model at start
         client.load_model("second")
         assert client.is_model_ready("second")
         status, _, body = request(f"127.0.0.1:{metrics}", "GET", "/metrics")
         assert status == 200 and b"nv_inference_request_success" in body
-    finally:
-        proc.terminate()
-        proc.wait(60)
-        if proc.stdout:
-            proc.stdout.close()
+    with _serving(http, *explicit) as client:  # no --load-model: no model at start, as tritonserver starts
+        index = {m["name"]: m.get("state") for m in client.get_model_repository_index()}
+        assert index == {"first": "UNAVAILABLE", "second": "UNAVAILABLE"}
+        client.load_model("first")
+        assert client.is_model_ready("first")
 
 
 @pytest.mark.parametrize(("args", "says"), [

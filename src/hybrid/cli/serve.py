@@ -87,11 +87,14 @@ def serve(
     model_control: Annotated[bool, typer.Option("--model-control", help="Allow the repository load/unload "
                                                 "endpoints (HTTP and gRPC) to load and unload the models of the "
                                                 "served repositories.")] = False,
-    model_control_mode: Annotated[str, typer.Option(help="tritonserver's spelling: explicit is --model-control, none "
-                                                         "the default (poll is not offered).")] = "none",
+    model_control_mode: Annotated[str, typer.Option(help="tritonserver's spelling: explicit is --model-control "
+                                                         "with tritonserver's start (no model loads but those of "
+                                                         "--load-model); none the default (poll is not "
+                                                         "offered).")] = "none",
     load_model: Annotated[list[str] | None, typer.Option(
         "--load-model", help="With --model-control: the models loaded at start (repeatable; '*': all, the default "
-                             "here); the others can be loaded later, as in tritonserver's explicit mode.")] = None,
+                             "of --model-control); the others can be loaded later, as in tritonserver's explicit "
+                             "mode.")] = None,
     target: Annotated[str | None, typer.Option(help="Target for every model (default: each folder's "
                                                     "config.json, else 'auto').")] = None,
     backend_config: Annotated[str | None, typer.Option(help="Backend options as JSON, e.g. '{\"onnxruntime\": "
@@ -242,7 +245,11 @@ def serve(
 
         policy_from_env()  # a bad HYBRID_GC_MAX_PAUSE_MS is refused before anything loads (run() applies it)
         configure_backends(backends)
-        sources = startup_sources(models, load_model) if load_model else None
+        sources = None
+        if load_model:
+            sources = startup_sources(models, load_model)
+        elif model_control_mode == "explicit":  # tritonserver's explicit mode: no model loads at start
+            sources = startup_sources(models, ())
         registry = build_registry(models, target, overrides, sources=sources, warmup=warmup, idle_tuning=idle_tuning,
                                   compile_options=compile_request(precision, min_cosine, "--min-cosine"))
         _print_models(registry, f"http://{host}:{port}" + (f" and grpc://{grpc_address}" if grpc_port else "")

@@ -677,6 +677,8 @@ def _override_folder(name: str, files: Mapping[str, bytes]) -> Path:
 def startup_sources(paths: Sequence[str | Path], names: Sequence[str]) -> list[ModelSource]:
     """The model versions under ``paths`` of the models ``names`` (``'*'``: all), as ``--load-model`` picks them.
 
+    The paths are checked (:func:`discover`) whatever the names, none included.
+
     Raises:
         ConfigError: HYB-102 naming a model that no path holds, with the names they do hold.
     """
