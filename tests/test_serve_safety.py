@@ -410,14 +410,15 @@ def _policy_repo(root, policy: str):
 
 
 def _while_held(srv, sent_feeds, **extra):
-    """The answer to a request sent while the model's first batch is held (released 0.5 s later)."""
+    """The answer to a request sent while the model's first batch is held (released a second later: a margin over
+    the 0.1 s policies of the tests below, for a slow machine)."""
     entered = threading.Event()
     release = hold_first_batch(srv, entered=entered)
     with cf.ThreadPoolExecutor(2) as pool:
         first = pool.submit(infer, srv.url, feeds(1))
         assert entered.wait(30), "the first request never reached the runner"
         second = pool.submit(request, srv.url, "POST", "/v2/models/tiny/infer", v2_json(sent_feeds, **extra))
-        time.sleep(0.5)
+        time.sleep(1.0)
         release.set()
         status, _, body = first.result()
         check_answer(status, body, feeds(1))
