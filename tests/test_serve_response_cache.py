@@ -70,8 +70,8 @@ def test_least_recently_used_answers_go_first_and_none_past_the_size():
 
 
 def test_the_cache_counts_what_triton_s_gauges_report():
-    ticks = iter(range(0, 1000, 1))  # a scripted clock: every reading one second after the last
-    cache = ResponseCache(capacity=100, clock=lambda: next(ticks) * 1e-3)  # ... of a millisecond each
+    ticks = iter(range(1000))
+    cache = ResponseCache(capacity=100, clock=lambda: next(ticks) * 1e-3)  # scripted: each reading 1 ms after the last
     answer = {"y": np.zeros(10, np.float32)}  # 40 bytes
     key, found, seconds = cache.lookup("m", "1", {"x": np.ones(2, np.float32)})
     assert found is None and seconds == pytest.approx(1e-3)

@@ -183,8 +183,8 @@ class ResponseCache:
         with self._lock:
             return CacheCounts(utilization=self.used / self.capacity, entries=len(self._entries),
                                lookups=self._hits + self._misses, hits=self._hits, misses=self._misses,
-                               evictions=self._evictions, lookup_us=int(self._lookup_s * 1e6),
-                               insertion_us=int(self._insertion_s * 1e6))
+                               evictions=self._evictions, lookup_us=round(self._lookup_s * 1e6),
+                               insertion_us=round(self._insertion_s * 1e6))
 
     def __len__(self) -> int:
         return len(self._entries)
