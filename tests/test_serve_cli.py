@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 from _serve_support import request, tiny_model
+from _triton_real import free_port
 
 from hybrid.serve import build_registry
 from hybrid.serve.repository import compile_request
@@ -143,12 +144,6 @@ def test_a_folder_config_json_asks_for_its_own_precision(tmp_path: Path) -> None
         discover([repo])
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextlib.contextmanager
 def _serving(http: int, *args: str) -> Iterator[Any]:
     """``pyasc serve ARGS --http-port HTTP`` in a child process: its tritonclient.http client once it is ready."""
@@ -181,7 +176,7 @@ def test_tritonserver_s_command_line_serves_as_it_does(tmp_path: Path) -> None:
     for name in ("first", "second"):
         (repo / name / "1").mkdir(parents=True)
         tiny_model(repo / name / "1" / "model.onnx")
-    http, metrics = _free_port(), _free_port()
+    http, metrics = free_port(), free_port()
     explicit = ("--model-repository", str(repo), "--model-control-mode", "explicit", "--grpc-port", "0",
                 "--target", "onnxruntime")
     with _serving(http, *explicit, "--load-model", "first", "--metrics-port", str(metrics)) as client:

@@ -48,6 +48,11 @@ def _check_port_free(host: str, port: int, option: str) -> None:
                                + (" (0 turns gRPC off)" if "grpc" in option else "")) from e
 
 
+def _address(host: str, port: int) -> str:
+    """'host:port', with an IPv6 host in brackets."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def _print_models(registry: Any, url: str) -> None:
     table = Table(title=f"serving at {url}")
     for col in ("model", "version", "runs on", "signature", "max_batch", "batches"):
@@ -204,7 +209,7 @@ def serve(
                                        max_connections=max_connections, body_timeout=body_timeout or None)
         if not 0 <= grpc_port <= 65535:
             raise ConfigError("HYB-102", f"--grpc-port must be a port number (0 turns gRPC off), got {grpc_port}")
-        grpc_address = f"[{host}]:{grpc_port}" if ":" in host else f"{host}:{grpc_port}"
+        grpc_address = _address(host, grpc_port)
         if not 0 <= metrics_port <= 65535:
             raise ConfigError("HYB-102", f"--metrics-port must be a port number (0: /metrics on --port only), got "
                               f"{metrics_port}")
@@ -214,7 +219,7 @@ def serve(
         if metrics_port and use_ray:
             raise ConfigError("HYB-102", "--metrics-port cannot be used with --ray: each replica keeps its own "
                               "metrics, which Ray Serve exposes", "scrape Ray's metrics, or serve without --ray")
-        metrics_address = f"[{host}]:{metrics_port}" if ":" in host else f"{host}:{metrics_port}"
+        metrics_address = _address(host, metrics_port)
         if trace_config and use_ray:
             raise ConfigError("HYB-102", "--trace-config cannot be used with --ray: a request reaches one replica "
                               "of several, each with its own trace settings (and file)",
