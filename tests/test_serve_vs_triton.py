@@ -1,15 +1,14 @@
-"""The differential protocol test: the same requests to the real Triton server and to ``pyasc serve``.
-
-Triton is ``tritonserver`` 2.51 from the nvidia-pytriton wheel (tests/_triton_real.py), serving the same ONNX files
-through a Python-backend ``model.py`` that runs ONNX Runtime, ``max_batch_size: 8``. Over HTTP (raw requests) and
-gRPC (tritonclient.grpc) the status codes and the response structure must match: metadata, config, statistics, a
-good inference in JSON and binary, a wrong shape, a wrong dtype, an unknown input, an unknown model, a batch over
-the maximum, BYTES tensors, the classification extension (top classes with config.pbtxt's labels, JSON, binary and
-gRPC), the system shared memory extension (register, status, unregister, tensors read from and written to regions,
-and their errors), the logging extension (the settings read and changed, over HTTP and gRPC), compressed answers
-(Accept-Encoding) and the trace extension (the settings of the server and a model read and changed, the trace
-files both servers write, and the spans both export to an OpenTelemetry collector). Values that differ by nature
-(server name, platform, counters, timings) are not compared; where Triton's message names what it expected,
+"""The differential protocol test: the same requests to the real Triton server and to ``pyasc serve``. Triton is
+``tritonserver`` 2.51 from the nvidia-pytriton wheel (tests/_triton_real.py), serving the same ONNX files through a
+Python-backend ``model.py`` that runs ONNX Runtime, ``max_batch_size: 8``. Over HTTP (raw requests) and gRPC
+(tritonclient.grpc) the status codes and the response structure must match: metadata, config, statistics (also of a
+model or version not served), a good inference in JSON and binary, a wrong shape, a wrong dtype, an unknown input, an
+unknown model, a batch over the maximum, BYTES tensors, the classification extension (top classes with config.pbtxt's
+labels, JSON, binary and gRPC), the system shared memory extension (register, status, unregister, tensors read from
+and written to regions, and their errors), the logging extension (the settings read and changed, over HTTP and gRPC),
+compressed answers (Accept-Encoding) and the trace extension (the settings of the server and a model read and changed,
+the trace files both servers write, and the spans both export to an OpenTelemetry collector). Values that differ by
+nature (server name, platform, counters, timings) are not compared; where Triton's message names what it expected,
 pyasc's names it the same way. Skipped, with the reason, only where the wheel cannot run.
 """
 
@@ -169,6 +168,29 @@ def test_metadata_config_and_statistics_have_triton_s_structure(servers) -> None
         else:
             assert _keys(mine) == _keys(theirs), path
             assert mine["inputs"] == theirs["inputs"] and mine["outputs"] == theirs["outputs"]
+
+
+@pytest.mark.parametrize(("path", "says"), [
+    ("/v2/models/nope/ready", "Model version not ready"),
+    ("/v2/models/tiny/versions/9/ready", "Model version not ready"),
+    ("/v2/models/nope/stats", "requested model 'nope' is not available"),
+    ("/v2/models/tiny/versions/9/stats", "requested model version is not available for model 'tiny'"),
+    ("/v2/models/nope/config", "nope"),
+    ("/v2/models/nope", "nope"),
+])
+def test_a_model_not_served_answers_as_triton_s(servers, path, says) -> None:
+    got = _both(servers, "GET", path)
+    assert got["pyasc"][0] == got["triton"][0], (path, got)
+    for name, (_, data, _) in got.items():
+        assert says in json.loads(data)["error"], (name, path, data)
+    ready = _grpc(servers, lambda c: (c.is_model_ready("nope"), c.is_model_ready("tiny", "9")))
+    assert ready["pyasc"] == ready["triton"] == (False, False)
+    for model, version, words in [("nope", "", "requested model 'nope' is not available"),
+                                  ("tiny", "9", "requested model version is not available for model 'tiny'")]:
+        stats = _grpc(servers, lambda c, m=model, v=version: c.get_inference_statistics(m, v))
+        assert all(isinstance(e, InferenceServerException) for e in stats.values()), stats
+        assert stats["pyasc"].status() == stats["triton"].status() == "StatusCode.INVALID_ARGUMENT"
+        assert all(words in e.message() for e in stats.values()), stats
 
 
 def test_good_inference_json_and_binary_match(servers) -> None:

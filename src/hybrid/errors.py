@@ -232,6 +232,10 @@ CATALOG: dict[str, ErrorInfo] = {
                          "(config.pbtxt's dynamic_batching.default_queue_policy: default_timeout_microseconds, "
                          "or the request's own timeout where allow_timeout_override is set) and was rejected "
                          "before it ran (HTTP 503, gRPC UNAVAILABLE, as Triton answers)."),
+    "HYB-715": ErrorInfo("model not available",
+                         "A readiness or statistics request names a model or version the server does not serve "
+                         "(HTTP 400, gRPC INVALID_ARGUMENT, as Triton answers them; metadata, config and inference "
+                         "answer HYB-701, 404)."),
 }
 
 
@@ -326,6 +330,7 @@ FIXES: dict[str, str] = {
     "HYB-713": "Unregister the region first, or register the new one under another name.",
     "HYB-714": ("Retry later, raise default_timeout_microseconds in the model's default_queue_policy, or add "
                 "capacity (instance_group count, a smaller max_queue_delay_microseconds)."),
+    "HYB-715": "Ask for a model and version the server lists (GET /v2/models/<name>, POST /v2/repository/index).",
 }
 
 

@@ -39,7 +39,7 @@ from hybrid.serve.http_infer import (
 )
 from hybrid.serve.metrics import CONTENT_TYPE, ServerMetrics
 from hybrid.serve.repository import ModelRegistry
-from hybrid.serve.state import ServeOptions, ServerState, http_status
+from hybrid.serve.state import ServeOptions, ServerState, available_model, http_status
 from hybrid.serve.triton_http import add_triton_routes
 
 __all__ = ["ServeOptions", "ServerState", "create_app", "http_status"]
@@ -117,7 +117,7 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
     @app.get("/v2/models/{model_name}/ready")
     @app.get("/v2/models/{model_name}/versions/{model_version}/ready")
     async def model_ready(model_name: str, model_version: str | None = None) -> dict[str, Any]:
-        model = registry.get(model_name, model_version)
+        model = available_model(registry, model_name, model_version, "Model version not ready")
         if state.draining or not model.ready:
             raise ServingError("HYB-706", f"model {model.name!r} version {model.version} is not ready")
         return {"name": model.name, "version": model.version, "ready": True}

@@ -440,7 +440,7 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
         """Answer ``ModelStatistics``: Triton's per-model statistics of every model, every version or one.
 
         No name selects every served model, a name without a version every version of it. An unknown model
-        or version is NOT_FOUND (HYB-701).
+        or version is INVALID_ARGUMENT (HYB-715), as Triton answers it.
         """
         models = selected_models(self.state.registry, request.name or None, request.version or None)
         return pb.ModelStatisticsResponse(model_stats=statistics_of(self.state, models))

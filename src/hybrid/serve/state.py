@@ -32,8 +32,8 @@ if TYPE_CHECKING:
     from hybrid.serve.repository import ModelRegistry
     from hybrid.serve.sequences import SequenceFlags
 
-__all__ = ["EXTENSIONS", "Decoded", "ServeOptions", "ServerState", "failure_reason", "http_status", "infer",
-           "selected_models"]
+__all__ = ["EXTENSIONS", "Decoded", "ServeOptions", "ServerState", "available_model", "failure_reason", "http_status",
+           "infer", "selected_models"]
 
 logger = logging.getLogger("hybrid.serve")
 
@@ -43,7 +43,7 @@ EXTENSIONS = ["classification", "sequence", "binary_tensor_data", "model_configu
 and ``trace`` only where its :class:`ServeOptions` allow them (:attr:`ServerState.extensions`)."""
 _STATUS = {"HYB-701": 404, "HYB-702": 400, "HYB-703": 401, "HYB-704": 413, "HYB-705": 503, "HYB-706": 503,
            "HYB-707": 400, "HYB-709": 403, "HYB-711": 400, "HYB-712": 404, "HYB-713": 400, "HYB-714": 503,
-           "HYB-411": 504, "HYB-412": 503, "HYB-414": 503, "HYB-415": 503}
+           "HYB-715": 400, "HYB-411": 504, "HYB-412": 503, "HYB-414": 503, "HYB-415": 503}
 _INPUT_CODES = {f"HYB-40{i}" for i in range(1, 8)}
 T = TypeVar("T")
 
@@ -330,13 +330,37 @@ async def _cached_run(state: ServerState, cache: ResponseCache, model: ServedMod
 
 
 def selected_models(registry: ModelRegistry, name: str | None, version: str | None) -> list[ServedModel]:
-    """The models a statistics request names: all, every version of ``name``, or one version."""
+    """The models a statistics request names: all, every version of ``name``, or one version.
+
+    Raises:
+        ServingError: HYB-715 (400, as Triton answers a statistics request) for a model or version not served,
+            in Triton's words; HYB-702 for a malformed name.
+    """
     if name is None:
         return list(registry)
     if version is not None:
-        return [registry.get(name, version)]
-    registry.get(name)
+        return [available_model(registry, name, version,
+                                f"requested model version is not available for model '{name}'")]
+    available_model(registry, name, None, f"requested model '{name}' is not available")
     return [registry.get(name, v) for v in registry.versions(name)]
+
+
+def available_model(registry: ModelRegistry, name: str, version: str | None, says: str) -> ServedModel:
+    """The model ``name`` at ``version`` for a readiness or statistics request.
+
+    Triton answers these for a model or version it does not serve with 400 / INVALID_ARGUMENT rather than the
+    404 of metadata and inference.
+
+    Raises:
+        ServingError: HYB-715 whose message begins with ``says`` (Triton's words) and goes on with what is served;
+            HYB-702 for a malformed name or version.
+    """
+    try:
+        return registry.get(name, version)
+    except ServingError as e:
+        if e.code != "HYB-701":
+            raise
+        raise ServingError("HYB-715", f"{says}: {e.message}", e.hint) from None
 
 
 def statistics_of(state: ServerState, models: list[ServedModel]) -> list[Any]:
