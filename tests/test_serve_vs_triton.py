@@ -1,6 +1,7 @@
-"""The differential protocol test: the same requests to the real Triton server and to ``pyasc serve``. Triton is
-``tritonserver`` 2.51 from the nvidia-pytriton wheel (tests/_triton_real.py), serving the same ONNX files through a
-Python-backend ``model.py`` that runs ONNX Runtime, ``max_batch_size: 8``. Over HTTP (raw requests) and gRPC
+"""The differential protocol test: the same requests to the real Triton server and to ``pyasc serve``.
+
+Triton is ``tritonserver`` 2.51 from the nvidia-pytriton wheel (tests/_triton_real.py), serving the same ONNX files
+through a Python-backend ``model.py`` that runs ONNX Runtime, ``max_batch_size: 8``. Over HTTP (raw requests) and gRPC
 (tritonclient.grpc) the status codes and the response structure must match: metadata, config, statistics (also of a
 model or version not served), a good inference in JSON and binary, a wrong shape, a wrong dtype, an unknown input, an
 unknown model, a batch over the maximum, BYTES tensors, the classification extension (top classes with config.pbtxt's
