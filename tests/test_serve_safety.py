@@ -456,28 +456,3 @@ def test_a_request_s_own_timeout_follows_the_queue_policy(tmp_path):
         assert status == 503 and error_of(body) == "HYB-714", body
     finally:
         srv.stop()
-
-
-def test_queue_policies_read_as_triton_applies_them():
-    from tritonclient.grpc import model_config_pb2 as mc
-
-    from hybrid.serve.model import QueuePolicy
-    from hybrid.serve.triton_config import queue_policy, settings_of
-
-    def config(text: str) -> mc.ModelConfig:
-        from google.protobuf import text_format
-
-        return text_format.Parse(text, mc.ModelConfig())
-
-    assert queue_policy(config("max_batch_size: 8 dynamic_batching { }")) == QueuePolicy()
-    reject = config("max_batch_size: 8 dynamic_batching { default_queue_policy { default_timeout_microseconds: 2000 "
-                    "allow_timeout_override: true } }")
-    assert queue_policy(reject) == QueuePolicy(0.002, True)
-    assert queue_policy(reject).queue_timeout(0.001) == 0.001 and queue_policy(reject).queue_timeout(5) == 0.002
-    assert QueuePolicy(0.002, False).queue_timeout(0.001) == 0.002  # no override: the request's is ignored
-    assert QueuePolicy(None, True).queue_timeout(0.001) is None  # no timeout to lower: ignored
-    delay = config("max_batch_size: 8 dynamic_batching { default_queue_policy { timeout_action: DELAY "
-                   "default_timeout_microseconds: 2000 } }")
-    assert queue_policy(delay).timeout_s is None
-    assert any("DELAY" in note for note in settings_of(delay, "m")[1])  # reported as not applied
-    assert queue_policy(config("max_batch_size: 0")) == QueuePolicy()

@@ -15,10 +15,12 @@ pyasc's names it the same way. Skipped, with the reason, only where the wheel ca
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import contextlib
 import http.client
 import json
 import logging
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -999,3 +1001,122 @@ def test_version_policies_serve_the_versions_triton_serves(tmp_path) -> None:
         versions = {name: json.loads(_both(servers, "GET", f"/v2/models/{name}")["pyasc"][1])["versions"]
                     for name in policies}
     assert versions == {"latest1": ["3"], "all": ["1", "2", "3"], "specific": ["1", "3"], "latest2": ["2", "3"]}
+
+
+_ORDER_PY = """\
+import os
+import sys
+import time
+
+sys.path[:0] = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.ran = 0
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "x").as_numpy()
+            if x[0, 0] == 0:
+                time.sleep({hold})
+            self.ran += 1
+            rows = x.shape[0]
+            responses.append(pb_utils.InferenceResponse([
+                pb_utils.Tensor("y", np.zeros((rows, 3), np.float32)),
+                pb_utils.Tensor("s", np.full((rows, 1), self.ran, np.float32))]))
+        return responses
+"""
+
+
+def _order_of_runs(tmp_path: Path, batching: str, hold: float,
+                   sends: list[tuple[float, int | None, float]]) -> tuple[dict[str, list[float]], dict[str, Any]]:
+    """The order in which each server runs requests queued while its first one is held ``hold`` seconds, and
+    what each reports: the model's ``dynamic_batching`` and whether the server lists ``schedule_policy``.
+
+    Both serve one model with ``max_batch_size: 1`` and ``dynamic_batching { batching }``; Triton's ``model.py``
+    sleeps on a request whose ``x[0, 0]`` is 0 and answers each request's run count in ``s``, pyasc's model is held
+    the same way in process. ``sends``: (marker, priority or None, seconds after the first request) each.
+    """
+    tiny = tiny_model(tmp_path / "tiny.onnx")
+    pbtxt = (
+        'name: "order"\nmax_batch_size: 1\n'
+        'input [ { name: "x" data_type: TYPE_FP32 dims: [4] }, { name: "scale" data_type: TYPE_FP32 dims: [1] } ]\n'
+        'output [ { name: "y" data_type: TYPE_FP32 dims: [3] }, { name: "s" data_type: TYPE_FP32 dims: [1] } ]\n'
+        f"dynamic_batching {{ {batching} }}\n")
+    folders = {name: tmp_path / name / "order" for name in ("triton", "pyasc")}
+    for name, folder in folders.items():
+        (folder / "1").mkdir(parents=True)
+        (folder / "config.pbtxt").write_text(pbtxt + ('backend: "python"\n' if name == "triton" else ""))
+    (folders["triton"] / "1" / "model.py").write_text(_ORDER_PY.format(hold=hold))
+    shutil.copy(tiny, folders["pyasc"] / "1" / "model.onnx")
+    registry = build_registry([folders["pyasc"].parent], target="onnxruntime")
+    (model,) = list(registry)
+    ran: list[float] = []
+    run = model.compiled.run_checked
+
+    def held(feeds):
+        marker = float(feeds["x"][0, 0])
+        if marker == 0:
+            time.sleep(hold)
+        ran.append(marker)
+        return run(feeds)
+
+    model.compiled.run_checked = held
+    order: dict[str, list[float]] = {}
+    reported: dict[str, Any] = {}
+    with tr.TritonServer(folders["triton"].parent) as triton, BackgroundServer(create_app(registry)) as pyasc:
+        for name, (url, _) in _urls(triton, pyasc).items():
+            reported[name] = (json.loads(_http(url, "GET", "/v2/models/order/config")[1])["dynamic_batching"],
+                              "schedule_policy" in json.loads(_http(url, "GET", "/v2")[1])["extensions"])
+            def send(marker: float, priority: int | None, url: str = url) -> tuple[float, Any]:
+                body = {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [marker] * 4},
+                                   {"name": "scale", "shape": [1, 1], "datatype": "FP32", "data": [1.0]}]}
+                if priority is not None:
+                    body["parameters"] = {"priority": priority}
+                return marker, _http(url, "POST", "/v2/models/order/infer", json.dumps(body).encode())
+
+            start = time.monotonic()
+            with cf.ThreadPoolExecutor(len(sends) + 1) as pool:
+                futures = [pool.submit(send, 0.0, None)]
+                for marker, priority, at in sends:
+                    time.sleep(max(0.0, start + at - time.monotonic()))
+                    futures.append(pool.submit(send, marker, priority))
+                answers = [f.result() for f in futures]
+            assert all(status == 200 for _, (status, _, _) in answers), (name, answers)
+            if name == "triton":  # its model answered each request's run count
+                counts = {m: json.loads(data)["outputs"][1]["data"][0] for m, (_, data, _) in answers}
+                order[name] = sorted(counts, key=counts.__getitem__)
+            else:
+                order[name] = list(ran)
+    return order, reported
+
+
+def test_priority_levels_order_the_runs_as_triton_s(tmp_path) -> None:
+    if _REASON:
+        pytest.skip(_REASON)
+    # the first request is held 2 s; the others arrive 0.1 s apart at levels 2, default (2), 1, 0 (default),
+    # 1 and 7 (no such level: the default); both servers run level 1 first, then level 2, each in arrival order
+    sends = [(1.0, 2, 0.3), (2.0, None, 0.4), (3.0, 1, 0.5), (4.0, 0, 0.6), (5.0, 1, 0.7), (6.0, 7, 0.8)]
+    order, reported = _order_of_runs(tmp_path, "priority_levels: 2 default_priority_level: 2 priority_queue_policy "
+                                           "{ key: 1 value { max_queue_size: 4 } }", 2.0, sends)
+    assert order["pyasc"] == order["triton"] == [0.0, 3.0, 5.0, 1.0, 2.0, 4.0, 6.0], order
+    batching = {name: {k: v for k, v in doc.items() if "priority" in k or "queue_policy" in k}
+                for name, (doc, _) in reported.items()}
+    assert batching["pyasc"] == batching["triton"] and batching["pyasc"]["priority_levels"] == 2, batching
+    assert reported["pyasc"][1] and reported["triton"][1]  # both list the schedule_policy extension
+
+
+def test_a_delayed_request_runs_after_those_in_time_as_in_triton(tmp_path) -> None:
+    if _REASON:
+        pytest.skip(_REASON)
+    # held 4 s; request 1 arrives at 0.3 s and is late from 2.3 s (DELAY: not rejected); request 2 arrives at
+    # 2.8 s and is still in time (until 4.8 s) when the first run ends: both servers run 2 before 1
+    order, reported = _order_of_runs(tmp_path, "default_queue_policy { default_timeout_microseconds: 2000000 "
+                                               "timeout_action: DELAY }", 4.0, [(1.0, None, 0.3), (2.0, None, 2.8)])
+    assert reported["pyasc"][0]["default_queue_policy"] == reported["triton"][0]["default_queue_policy"]
+    assert order["pyasc"] == order["triton"] == [0.0, 2.0, 1.0], order

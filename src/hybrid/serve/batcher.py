@@ -164,12 +164,19 @@ class BatcherStats:
 
 
 class _Waiting(Generic[Item]):
-    __slots__ = ("enqueued", "future", "item")
+    """A queued request.
 
-    def __init__(self, item: Item, future: asyncio.Future[Any]) -> None:
+    ``rank`` is its place in the queue, lowest first: twice its priority level, plus one once it is delayed.
+    Requests of one rank keep their order.
+    """
+
+    __slots__ = ("enqueued", "future", "item", "rank")
+
+    def __init__(self, item: Item, future: asyncio.Future[Any], rank: int = 0) -> None:
         self.item = item
         self.future = future
         self.enqueued = time.monotonic()
+        self.rank = rank
 
 
 class _Task(Generic[Item]):
@@ -199,12 +206,15 @@ class LoopBatcher(Generic[Item]):
         max_queue: Most requests waiting at once; more get HYB-412. None: unbounded.
         runners: Batches that may run at the same time (runner threads).
         name: Used in thread names and messages.
+        reorders: Requests may change places in the queue (priority levels, a queue policy that delays): a batch
+            is then joined only once a runner is free to take it, never ahead, so that it holds the requests
+            first in line at that moment.
     """
 
     def __init__(self, join: Callable[[list[Item]], Job], execute: Callable[[Job], Any],
                  split: Callable[[list[Item], Job, Any, float, float], list[Any]], *, max_batch: int,
                  max_delay: float = 0.0, max_queue: int | None = None, runners: int = 1,
-                 name: str = "model") -> None:
+                 name: str = "model", reorders: bool = False) -> None:
         self._join, self._execute, self._split = join, execute, split
         self.max_batch = max_batch
         self.max_delay = max_delay
@@ -219,7 +229,9 @@ class LoopBatcher(Generic[Item]):
         self.max_queue = max_queue
         self.runners = runners
         self.name = name
+        self._ahead = not reorders  # a full batch may be joined while every runner is busy
         self._queue: deque[_Waiting[Item]] = deque()
+        self._at_level: dict[int, int] = {}  # priority level (> 0) -> requests of it queued
         self._jobs: queue.SimpleQueue[_Task[Item] | None] = queue.SimpleQueue()
         self._tasks: set[_Task[Item]] = set()  # handed to the runners and not yet split (loop thread only)
         self._threads: list[threading.Thread] = []
@@ -230,22 +242,29 @@ class LoopBatcher(Generic[Item]):
         self._drained.set()
 
     # ------------------------------------------------------------------ on the loop
-    async def acall(self, item: Item, timeout: float | None = None, queue_timeout: float | None = None) -> Any:
+    async def acall(self, item: Item, timeout: float | None = None, queue_timeout: float | None = None, *,
+                    level: int = 0, max_queued: int | None = None, delay: bool = False) -> Any:
         """Queue ``item``, return its result.
 
         ``queue_timeout``: longest time it may wait in the queue (not counting its run): past it, a request still
-        queued is withdrawn with :class:`QueueTimeout` (Triton's queue policy); one already running goes on.
+        queued is withdrawn with :class:`QueueTimeout` (Triton's queue policy), or with ``delay`` goes behind the
+        requests of its level still in time; one already running goes on. ``level``: its priority level (1 is
+        the highest; 0, the only level of a model without priorities, comes first): a batch takes the highest
+        levels first, and at most ``max_queued`` requests of a level wait at once.
 
         Raises:
             RunError: HYB-411 after ``timeout`` seconds (a queued request is withdrawn), HYB-412 when
-                ``max_queue`` requests are waiting, HYB-415 once closing; the request's own error.
+                ``max_queue`` requests (or ``max_queued`` of its level) are waiting, HYB-415 once closing; the
+                request's own error.
             QueueTimeout: Still queued after ``queue_timeout`` seconds.
         """
         loop = asyncio.get_running_loop()
         if self._loop is not loop:
             if self._loop is not None and not self._loop.is_closed() and (self._queue or self._tasks):
                 # the queue belongs to another loop now: run the call there
-                other = asyncio.run_coroutine_threadsafe(self.acall(item, timeout), self._loop)
+                other = asyncio.run_coroutine_threadsafe(
+                    self.acall(item, timeout, queue_timeout, level=level, max_queued=max_queued, delay=delay),
+                    self._loop)
                 return await asyncio.wrap_future(other)
             self._loop = loop
         if self._closing:
@@ -253,14 +272,17 @@ class LoopBatcher(Generic[Item]):
         if self.max_queue is not None and len(self._queue) >= self.max_queue:
             raise RunError("HYB-412", f"batcher {self.name!r}: {len(self._queue)} requests already queued "
                            f"(max_queue={self.max_queue}); request rejected", "retry later, or raise max_queue")
-        waiting = _Waiting(item, loop.create_future())
-        self._queue.append(waiting)
+        if max_queued is not None and self._at_level.get(level, 0) >= max_queued:
+            raise RunError("HYB-412", f"batcher {self.name!r}: {max_queued} requests of priority level {level} "
+                           "already queued; request rejected", "retry later, or raise the level's max_queue_size")
+        waiting = _Waiting(item, loop.create_future(), 2 * level)
+        self._enqueue(waiting)
         if len(self._queue) + self._running > self._expect:
             self._expect = min(self.max_batch, len(self._queue) + self._running)
         self._drained.clear()
         self._dispatch()
         timer = loop.call_later(timeout, self._expire, waiting, timeout) if timeout is not None else None
-        queued = (loop.call_later(queue_timeout, self._expire_queued, waiting, queue_timeout)
+        queued = (loop.call_later(queue_timeout, self._expire_queued, waiting, queue_timeout, delay)
                   if queue_timeout is not None else None)
         try:
             return await waiting.future
@@ -273,8 +295,37 @@ class LoopBatcher(Generic[Item]):
             if queued is not None:
                 queued.cancel()
 
-    def _expire_queued(self, waiting: _Waiting[Item], seconds: float) -> None:
-        if not waiting.future.done() and self._withdraw(waiting):  # a request that runs already goes on
+    def _enqueue(self, waiting: _Waiting[Item]) -> None:
+        """Put ``waiting`` behind every queued request of its rank or lower (ahead of the higher ranks)."""
+        q = self._queue
+        rank = waiting.rank
+        if rank:
+            level = rank >> 1
+            self._at_level[level] = self._at_level.get(level, 0) + 1
+        if not q or q[-1].rank <= rank:
+            q.append(waiting)
+            return
+        i = len(q) - 1
+        while i > 0 and q[i - 1].rank > rank:
+            i -= 1
+        q.insert(i, waiting)
+
+    def _dequeued(self, waiting: _Waiting[Item]) -> None:
+        """Count ``waiting`` out of its level (it left the queue)."""
+        if waiting.rank:
+            self._at_level[waiting.rank >> 1] -= 1
+
+    def _expire_queued(self, waiting: _Waiting[Item], seconds: float, delay: bool) -> None:
+        if waiting.future.done():
+            return
+        if delay:  # Triton's DELAY: behind the requests of its level still in time (a running one goes on)
+            if not waiting.rank & 1 and self._withdraw(waiting):
+                waiting.rank |= 1
+                self._enqueue(waiting)
+                self._drained.clear()
+                self._dispatch()
+            return
+        if self._withdraw(waiting):  # a request that runs already goes on
             waiting.future.set_exception(QueueTimeout(seconds))
 
     def _expire(self, waiting: _Waiting[Item], timeout: float) -> None:
@@ -290,6 +341,7 @@ class LoopBatcher(Generic[Item]):
             self._queue.remove(waiting)
         except ValueError:
             return False  # already in a batch
+        self._dequeued(waiting)
         self._check_drained()
         return True
 
@@ -300,7 +352,8 @@ class LoopBatcher(Generic[Item]):
         once the batch is full or its oldest request has waited ``max_delay`` (``waited``: that is now).
         """
         while self._queue and (len(self._tasks) < self.runners
-                               or (len(self._tasks) == self.runners and len(self._queue) >= self.max_batch)):
+                               or (self._ahead and len(self._tasks) == self.runners
+                                   and len(self._queue) >= self.max_batch)):
             if not waited and not self._closing and len(self._queue) < self._expect and self._loop is not None:
                 # never longer than a batch takes: past that, running now and the rest after is sooner
                 due = self._queue[0].enqueued + min(self.max_delay, self._last_run)
@@ -313,6 +366,9 @@ class LoopBatcher(Generic[Item]):
                 self._timer = None
             self._learn(waited)
             batch = [self._queue.popleft() for _ in range(min(self.max_batch, len(self._queue)))]
+            if self._at_level:
+                for w in batch:
+                    self._dequeued(w)
             self._running += len(batch)
             items = [w.item for w in batch]
             try:

@@ -73,7 +73,7 @@ def generate_inputs(model: ServedModel, doc: Any) -> tuple[dict[str, np.ndarray]
     """
     if not isinstance(doc, dict):
         raise _bad(f"a generate request is a JSON object of the model's inputs by name, got {type(doc).__name__}")
-    request_id, _, timeout_s, sequence = request_fields(doc)
+    request_id, _, timeout_s, sequence, priority = request_fields(doc)
     arrays: dict[str, np.ndarray] = {}
     batched = model.max_batch_size > 0
     for spec in model.signature.inputs:
@@ -88,7 +88,7 @@ def generate_inputs(model: ServedModel, doc: Any) -> tuple[dict[str, np.ndarray]
         shape = _shape(model, spec.name, dims, len(values))
         dtype = np.dtype(object) if spec.dtype is None else spec.dtype
         arrays[spec.name] = tensor_from_json(spec.name, datatype_of(dtype), dtype, shape, values)
-    return arrays, Decoded(arrays, timeout_s, sequence), request_id
+    return arrays, Decoded(arrays, timeout_s, sequence, priority=priority), request_id
 
 
 def _value(name: str, array: np.ndarray) -> Any:

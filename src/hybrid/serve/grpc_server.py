@@ -305,6 +305,22 @@ def _request_timeout(request: pb.ModelInferRequest, context: grpc.aio.ServicerCo
     return min(limits) if limits else None
 
 
+def _priority(request: pb.ModelInferRequest) -> int:
+    """The request's ``priority`` parameter (tritonclient sends ``uint64_param``; 0 when absent).
+
+    Raises:
+        ServingError: HYB-702 for a value that is not an unsigned integer.
+    """
+    if "priority" not in request.parameters:
+        return 0
+    param = request.parameters["priority"]
+    value = _value(param)
+    if param.WhichOneof("parameter_choice") not in ("uint64_param", "int64_param") or value < 0:
+        raise _bad(f"parameter 'priority' must be an unsigned integer (1 is the highest level, 0 the model's "
+                   f"default), got {value!r}")
+    return int(value)
+
+
 def _sequence(request: pb.ModelInferRequest) -> SequenceFlags | None:
     """The request's sequence parameters (tritonclient's ``sequence_id``, ``sequence_start``, ``sequence_end``)."""
     params = request.parameters
@@ -572,6 +588,7 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
         def decode() -> Decoded | asyncio.Future[Decoded]:
             timeout = _request_timeout(request, context)
             sequence = _sequence(request) if request.parameters else None
+            priority = _priority(request) if request.parameters else 0
             wanted.extend(requested_outputs(request, shared_memory))
             names = tuple(w[0] for w in wanted)
             # raw contents become arrays without a copy (numpy views of the message's bytes): only typed
@@ -579,9 +596,9 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
             costly = not request.raw_input_contents or any(t.datatype == "BYTES" for t in request.inputs)
             if costly and request.ByteSize() > _OFFLOAD:  # ByteSize walks the message: only when it may matter
                 loop = asyncio.get_running_loop()
-                return loop.run_in_executor(
-                    None, lambda: Decoded(decode_inputs(request, limits, shared_memory), timeout, sequence, names))
-            return Decoded(decode_inputs(request, limits, shared_memory), timeout, sequence, names)
+                return loop.run_in_executor(None, lambda: Decoded(decode_inputs(request, limits, shared_memory),
+                                                                  timeout, sequence, names, priority))
+            return Decoded(decode_inputs(request, limits, shared_memory), timeout, sequence, names, priority)
 
         return await infer(self.state, model, decode,
                            lambda outputs: encode_outputs(model, request, outputs, shared_memory, wanted), trace)

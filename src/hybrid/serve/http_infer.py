@@ -248,7 +248,8 @@ async def answer_infer(state: ServerState, request: Request, model_name: str, mo
         parsed.append(found)
         if trace is not None:
             trace.request_id = found.id or ""
-        return Decoded(found.inputs, found.timeout_s, found.sequence, tuple(o.name for o in found.outputs or ()))
+        return Decoded(found.inputs, found.timeout_s, found.sequence, tuple(o.name for o in found.outputs or ()),
+                       found.priority)
 
     content, json_length = await infer(
         state, model, decode, lambda outputs: encode_response(

@@ -17,7 +17,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -27,6 +26,7 @@ from hybrid.config import ConfigSection
 from hybrid.errors import ConfigError, HybridError, RunError, ServingError
 from hybrid.runtime.validate import InputValidator
 from hybrid.serve.batcher import LoopBatcher, QueueTimeout
+from hybrid.serve.schedule import QueuePolicy, SchedulePolicy
 from hybrid.serve.sequences import Sequences, visible_signature
 
 if TYPE_CHECKING:
@@ -76,32 +76,6 @@ class BatchSettings(ConfigSection):
 BatchObserver = Callable[["ServedModel", int, list[float], float], None]
 
 
-@dataclass(frozen=True)
-class QueuePolicy:
-    """Triton's queue policy of a model served from a ``config.pbtxt``: how long a request may wait in the queue.
-
-    A model with a configuration treats a request's own ``timeout`` as Triton does: it applies only where the
-    policy allows an override (``allow_timeout_override``), and then only to lower the policy's timeout; with
-    no timeout in the policy it is ignored. Models served without a configuration honour it as pyasc always
-    has (:meth:`ServedModel.run`).
-
-    Attributes:
-        timeout_s: Longest wait in the queue before the request is rejected (HYB-714); None: no bound.
-        allow_override: Whether a request's own, shorter, timeout applies.
-    """
-
-    timeout_s: float | None = None
-    allow_override: bool = False
-
-    def queue_timeout(self, requested_s: float | None) -> float | None:
-        """The longest wait in the queue for a request that asked for ``requested_s`` seconds (None: nothing)."""
-        if self.timeout_s is None:
-            return None
-        if self.allow_override and requested_s is not None:
-            return min(self.timeout_s, requested_s)
-        return self.timeout_s
-
-
 class CheckedRequest:
     """One request, checked against its model once (:meth:`ServedModel.check`); it runs with no further check.
 
@@ -112,9 +86,11 @@ class CheckedRequest:
         trace: Its trace when it is traced (:mod:`hybrid.serve.trace`): the queue and the run stamp it.
         sequence: Its sequence parameters (``sequence_id``, ``sequence_start``, ``sequence_end``), if any: a
             model with sequence batching needs them (:mod:`hybrid.serve.sequences`), others ignore them.
+        priority: Its ``priority`` parameter (0: none); a model with priority levels queues it at its level
+            (:class:`hybrid.serve.schedule.SchedulePolicy`), others ignore it.
     """
 
-    __slots__ = ("enqueued", "feeds", "rows", "sequence", "trace")
+    __slots__ = ("enqueued", "feeds", "priority", "rows", "sequence", "trace")
 
     def __init__(self, feeds: dict[str, np.ndarray], rows: int) -> None:
         self.feeds = feeds
@@ -122,6 +98,7 @@ class CheckedRequest:
         self.enqueued = 0.0
         self.trace: Trace | None = None
         self.sequence: SequenceFlags | None = None
+        self.priority = 0
 
 
 _Item = CheckedRequest  # what the batcher queues
@@ -210,11 +187,13 @@ class ServedModel:
         sequences: Its sequence batching (``config.pbtxt``'s ``sequence_batching``): the requests of a sequence
             run in order with its controls and state (:mod:`hybrid.serve.sequences`); clients see the model
             without the inputs the server feeds.
+        schedule: Triton's priority levels and queue policies (``config.pbtxt``'s ``dynamic_batching``), for a
+            model from a configuration; None: pyasc's own timeouts.
     """
 
     def __init__(self, name: str, version: str, compiled: CompiledModel, settings: BatchSettings,
                  platform: str = "onnx", observer: BatchObserver | None = None, *, model_config: Any = None,
-                 sequences: SequenceSettings | None = None, queue_policy: QueuePolicy | None = None) -> None:
+                 sequences: SequenceSettings | None = None, schedule: SchedulePolicy | None = None) -> None:
         self.name = name
         self.version = version
         self.compiled = compiled
@@ -225,7 +204,7 @@ class ServedModel:
         self.batch_symbol = _batch_symbol(compiled)
         self.observer = observer
         self.model_config = model_config
-        self.queue_policy = queue_policy  # None: pyasc's own timeouts (a model without a configuration)
+        self.schedule = schedule  # None: pyasc's own timeouts (a model without a configuration)
         # class labels by output name (config.pbtxt's label_filename): the classification extension's answers
         self.labels: dict[str, tuple[str, ...]] = {}
         self._validator = InputValidator(self.signature)
@@ -245,8 +224,8 @@ class ServedModel:
         if settings.max_batch > 0:
             self._batcher = LoopBatcher(self._join, self._execute, self._split, max_batch=settings.max_batch,
                                         max_delay=settings.batch_timeout, max_queue=settings.max_queue,
-                                        runners=settings.concurrency,
-                                        name=f"{name}:{version}")
+                                        runners=settings.concurrency, name=f"{name}:{version}",
+                                        reorders=schedule is not None and schedule.reorders)
         self._sequences = Sequences(sequences, name, self.max_batch_size > 0) if sequences is not None else None
         if settings.max_batch > 1 and self.batch_symbol is None:
             logger.warning("model %s:%s has no symbolic batch dimension shared by its inputs and outputs; its "
@@ -412,19 +391,20 @@ class ServedModel:
 
         Args:
             request: From :meth:`check`.
-            timeout: The client's own timeout in seconds. Without a :attr:`queue_policy` the shorter of it and
+            timeout: The client's own timeout in seconds. Without a :attr:`schedule` the shorter of it and
                 ``request_timeout`` applies; with one (a model from a ``config.pbtxt``), as Triton applies it:
-                only to the wait in the queue, where the policy allows (:class:`QueuePolicy`).
+                only to the wait in the queue, where the request's level's policy allows (:class:`QueuePolicy`).
 
         Raises:
             RunError: HYB-411 past ``request_timeout`` (or the client's timeout), HYB-408 when the backend fails.
-            ServingError: HYB-705 when the queue is full, HYB-706 when the model is shutting down, HYB-714 past
-                the queue policy's timeout while still queued.
+            ServingError: HYB-705 when the queue (or the request's priority level) is full, HYB-706 when the model
+                is shutting down, HYB-714 past the queue policy's timeout while still queued (``REJECT``).
         """
         limit = self.settings.request_timeout
-        queue_limit = None
-        if self.queue_policy is not None:
-            queue_limit = self.queue_policy.queue_timeout(timeout)
+        level, policy = 0, None
+        if self.schedule is not None:
+            level = self.schedule.level_of(request.priority)
+            policy = self.schedule.policy(level)
         elif timeout is not None and (limit is None or timeout < limit):
             limit = timeout
         if self._closed:
@@ -440,15 +420,17 @@ class ServedModel:
             if self._sequences is not None:
                 return await self._sequences.run(request.sequence, request.rows, request.feeds,
                                                  lambda: self._queue(request, limit))
-            return await self._queue(request, limit, queue_limit)
+            return await self._queue(request, limit, level, policy, timeout)
         except QueueTimeout as e:
             raise ServingError("HYB-714", f"Request timeout expired: model {self.name!r} version {self.version}: "
                                f"the request waited {e.seconds:g} s in the queue (default_queue_policy)",
                                "retry later, or raise default_timeout_microseconds") from None
         except RunError as e:
             if e.code == "HYB-412":
-                raise ServingError("HYB-705", f"model {self.name!r} version {self.version}: "
-                                   f"{self.settings.max_queue} requests already queued", "retry later") from e
+                full = (f"{self.settings.max_queue} requests" if policy is None or policy.max_queue is None else
+                        f"{policy.max_queue} requests of priority level {level}")
+                raise ServingError("HYB-705", f"Exceeds maximum queue size: model {self.name!r} version "
+                                   f"{self.version}: {full} already queued", "retry later") from e
             if e.code == "HYB-415":
                 raise self._closing_error() from e
             raise
@@ -456,11 +438,14 @@ class ServedModel:
             self._active -= 1
             self._last_active = time.monotonic()
 
-    async def _queue(self, request: CheckedRequest, limit: float | None,
-                     queue_limit: float | None = None) -> dict[str, np.ndarray]:
+    async def _queue(self, request: CheckedRequest, limit: float | None, level: int = 0,
+                     policy: QueuePolicy | None = None, requested_s: float | None = None) -> dict[str, np.ndarray]:
         if self._batcher is None:  # (Triton's queue policy belongs to its dynamic batcher)
             return await self._infer_alone(request.feeds, limit, request.trace)
-        return await self._batcher.acall(request, timeout=limit, queue_timeout=queue_limit)
+        if policy is None:
+            return await self._batcher.acall(request, timeout=limit)
+        return await self._batcher.acall(request, timeout=limit, queue_timeout=policy.queue_timeout(requested_s),
+                                         level=level, max_queued=policy.max_queue, delay=policy.delay)
 
     def idle_for(self, now: float) -> float | None:
         """Seconds at ``now`` (``time.monotonic()``) since this model's last request ended; None while one runs.

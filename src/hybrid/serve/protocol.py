@@ -105,6 +105,7 @@ class InferRequest:
         binary_output: Default for outputs not listed: binary when the client set ``binary_data_output``.
         timeout_s: The client's own timeout (``parameters.timeout``, microseconds on the wire), if any.
         sequence: Its sequence (``parameters.sequence_id``, ``sequence_start``, ``sequence_end``), if any.
+        priority: Its priority (``parameters.priority``; 0: the model's default level).
     """
 
     id: str | None
@@ -113,6 +114,7 @@ class InferRequest:
     binary_output: bool
     timeout_s: float | None
     sequence: SequenceFlags | None = None
+    priority: int = 0
 
 
 def _bad(message: str, hint: str | None = _HINT) -> ServingError:
@@ -509,15 +511,17 @@ def check_head(header: bytes, binary_size: int | None, limits: Limits,
 
 
 def request_fields(doc: Mapping[str, Any]) -> tuple[str | None, Mapping[str, Any], float | None,
-                                                      SequenceFlags | None]:
-    """A request's own fields, checked: its ``id``, ``parameters``, timeout and sequence.
+                                                      SequenceFlags | None, int]:
+    """A request's own fields, checked: its ``id``, ``parameters``, timeout, sequence and priority.
 
     The timeout is the client's (``parameters.timeout``, microseconds on the wire) in seconds; the sequence is
-    ``parameters.sequence_id``, ``sequence_start`` and ``sequence_end``.
+    ``parameters.sequence_id``, ``sequence_start`` and ``sequence_end``; the priority is ``parameters.priority``
+    (Triton's schedule-policy extension; 0 when absent).
 
     Raises:
         ServingError: HYB-702 for an ``id`` that is not a string, ``parameters`` that are not an object, a timeout
-            that is not a positive integer, or bad sequence parameters.
+            that is not a positive integer, a priority that is not an unsigned integer, or bad sequence
+            parameters.
     """
     request_id = doc.get("id")
     if request_id is not None and not isinstance(request_id, str):
@@ -526,8 +530,12 @@ def request_fields(doc: Mapping[str, Any]) -> tuple[str | None, Mapping[str, Any
     timeout = params.get("timeout")
     if timeout is not None and (type(timeout) is not int or timeout <= 0):
         raise _bad(f"'parameters.timeout' must be a positive integer of microseconds, got {timeout!r}")
+    priority = params.get("priority", 0)
+    if type(priority) is not int or priority < 0:
+        raise _bad(f"'parameters.priority' must be an unsigned integer (1 is the highest level, 0 the model's "
+                   f"default), got {priority!r}")
     sequence = sequence_flags(params.get("sequence_id"), params.get("sequence_start"), params.get("sequence_end"))
-    return request_id, params, None if timeout is None else timeout / 1e6, sequence
+    return request_id, params, None if timeout is None else timeout / 1e6, sequence, priority
 
 
 def parse_request(body: bytes, header_length: int | None, limits: Limits,
@@ -554,7 +562,7 @@ def parse_request(body: bytes, header_length: int | None, limits: Limits,
             not inside a registered region.
     """
     doc, binary = _header(body, header_length, limits, header)
-    request_id, params, timeout_s, sequence = request_fields(doc)
+    request_id, params, timeout_s, sequence, priority = request_fields(doc)
     binary_output = params.get("binary_data_output", False)
     if not isinstance(binary_output, bool):
         raise _bad("'parameters.binary_data_output' must be true or false")
@@ -576,7 +584,7 @@ def parse_request(body: bytes, header_length: int | None, limits: Limits,
     for out in outputs or ():  # an output's region is checked before the model runs
         if out.span is not None:
             regions_for(shared_memory, f"output {out.name!r}").check(out.span, f"output {out.name!r}")
-    return InferRequest(request_id, arrays, outputs, binary_output, timeout_s, sequence)
+    return InferRequest(request_id, arrays, outputs, binary_output, timeout_s, sequence, priority)
 
 
 # ------------------------------------------------------------------------------------------------ encoding

@@ -205,6 +205,7 @@ def _read_pbtxt(root: Path, model_path: Path, settings: dict[str, Any],
         raise _repo_error(f"{path}: name {config.name!r} differs from the model folder {model_path.name!r}",
                           "Triton requires the two to match: fix the name or remove it")
     mapped, notes = tc.settings_of(config, str(path))
+    tc.schedule_policy(config, str(path))  # checked here, before any compile; applied when the model is made
     BatchSettings().merged(mapped, str(path))
     for key, value in mapped.items():
         settings.setdefault(key, value)
@@ -406,13 +407,13 @@ def load_model(source: ModelSource, target: str | None = None, overrides: Mappin
             compiled.close()
             raise
     # the configuration is reported by the model-configuration endpoints
-    policy = None
+    schedule = None
     if source.config is not None:
-        from hybrid.serve.triton_config import queue_policy
+        from hybrid.serve.triton_config import schedule_policy
 
-        policy = queue_policy(source.config)
+        schedule = schedule_policy(source.config, f"{where} (config.pbtxt)")
     served = ServedModel(source.name, source.version, compiled, settings, platform, observer,
-                         model_config=source.config, sequences=sequences, queue_policy=policy)
+                         model_config=source.config, sequences=sequences, schedule=schedule)
     served.labels = dict(source.labels)
     served.compile_request = wanted
     try:

@@ -38,7 +38,7 @@ __all__ = ["EXTENSIONS", "Decoded", "ServeOptions", "ServerState", "available_mo
 logger = logging.getLogger("hybrid.serve")
 
 EXTENSIONS = ["classification", "sequence", "binary_tensor_data", "model_configuration", "statistics",
-              "model_repository", "system_shared_memory", "logging", "trace"]
+              "model_repository", "schedule_policy", "system_shared_memory", "logging", "trace"]
 """The Triton protocol extensions pyasc serves; a server lists ``sequence``, ``system_shared_memory``, ``logging``
 and ``trace`` only where its :class:`ServeOptions` allow them (:attr:`ServerState.extensions`)."""
 _STATUS = {"HYB-701": 404, "HYB-702": 400, "HYB-703": 401, "HYB-704": 413, "HYB-705": 503, "HYB-706": 503,
@@ -212,12 +212,14 @@ class Decoded:
         timeout_s: The client's own timeout in seconds, if any.
         sequence: Its sequence parameters, if any (a model with sequence batching needs them).
         outputs: The names of the outputs it asks for (none: all of them); checked before the model runs.
+        priority: Its ``priority`` parameter (0: none; the model's levels apply it).
     """
 
     inputs: dict[str, np.ndarray]
     timeout_s: float | None
     sequence: SequenceFlags | None = None
     outputs: tuple[str, ...] = ()
+    priority: int = 0
 
 
 _REFUSED = frozenset({"HYB-702", "HYB-705", "HYB-706"})
@@ -280,6 +282,7 @@ async def infer(state: ServerState, model: ServedModel, decode: Callable[[], Awa
             model.check_outputs(decoded.outputs)
         request.trace = trace
         request.sequence = decoded.sequence
+        request.priority = decoded.priority
         decoded.inputs = {}  # the request holds the arrays now (views of the body): nothing else keeps them
         rows = request.rows
         t1 = time.perf_counter()

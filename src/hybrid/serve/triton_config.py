@@ -13,12 +13,17 @@ the fields that have a meaning here become serving settings:
 ``max_queue_delay_microseconds``                   ``batch_timeout``
 ``default_queue_policy.max_queue_size``            ``max_queue``; 0 or unset (or no ``dynamic_batching``):
                                                    no bound, as in Triton (the config endpoint says so too)
-``default_queue_policy``'s timeout fields          ``default_timeout_microseconds`` (``timeout_action:
-                                                   REJECT``): the longest wait in the queue, then HYB-714,
-                                                   503 / UNAVAILABLE "Request timeout expired"; a request's
-                                                   own ``timeout`` lowers it where
-                                                   ``allow_timeout_override`` is set and is otherwise ignored,
-                                                   as in Triton (:class:`hybrid.serve.model.QueuePolicy`)
+``default_queue_policy``'s timeout fields          ``default_timeout_microseconds``: the longest wait in the
+                                                   queue, then (``timeout_action: REJECT``) HYB-714, 503 /
+                                                   UNAVAILABLE "Request timeout expired", or (``DELAY``) a
+                                                   place behind the requests still in time; a request's own
+                                                   ``timeout`` lowers it where ``allow_timeout_override`` is
+                                                   set and is otherwise ignored, as in Triton
+                                                   (:class:`hybrid.serve.schedule.QueuePolicy`)
+``priority_levels``, ``default_priority_level``,   a queue per level, the highest (1) batched first; a
+``priority_queue_policy``                          request's ``priority`` parameter picks its level (0 or out
+                                                   of range: the default); each level's policy bounds it
+                                                   (:func:`schedule_policy`)
 ``instance_group[*].count``                        ``concurrency`` (their sum)
 ``version_policy``                                 the versions served (:func:`policy_versions`): ``latest``
                                                    N (Triton's default, N = 1), ``all``, ``specific``; the
@@ -55,10 +60,11 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from hybrid.errors import ServingError
 from hybrid.serve.protocol import datatype_of
+from hybrid.serve.schedule import QueuePolicy, SchedulePolicy
 
 if TYPE_CHECKING:
     from hybrid.ir.signature import Signature, TensorSpec
-    from hybrid.serve.model import QueuePolicy, ServedModel
+    from hybrid.serve.model import ServedModel
 
 __all__ = [
     "FILE_PARAMETER",
@@ -71,8 +77,8 @@ __all__ = [
     "load_request",
     "model_config",
     "policy_versions",
-    "queue_policy",
     "read_pbtxt",
+    "schedule_policy",
     "settings_of",
     "unmapped_fields",
 ]
@@ -98,6 +104,12 @@ _MAPPED = {
     "dynamic_batching.default_queue_policy.default_timeout_microseconds",
     "dynamic_batching.default_queue_policy.allow_timeout_override",
     "dynamic_batching.default_queue_policy.timeout_action",
+    "dynamic_batching.priority_levels", "dynamic_batching.default_priority_level",
+    "dynamic_batching.priority_queue_policy", "dynamic_batching.priority_queue_policy.key",
+    "dynamic_batching.priority_queue_policy.value", "dynamic_batching.priority_queue_policy.value.max_queue_size",
+    "dynamic_batching.priority_queue_policy.value.default_timeout_microseconds",
+    "dynamic_batching.priority_queue_policy.value.allow_timeout_override",
+    "dynamic_batching.priority_queue_policy.value.timeout_action",
     "instance_group", "instance_group.count", "instance_group.name",
     "version_policy", "version_policy.latest", "version_policy.latest.num_versions", "version_policy.all",
     "version_policy.specific", "version_policy.specific.versions",
@@ -302,11 +314,10 @@ def settings_of(config: mc.ModelConfig, where: str) -> tuple[dict[str, Any], lis
         settings["batch_timeout"] = db.max_queue_delay_microseconds / 1e6
     # Triton queues without a bound unless the queue policy sets one; pyasc's own default (256) is for models
     # served without a configuration, and a configuration that says nothing means what it means to Triton
-    size = config.dynamic_batching.default_queue_policy.max_queue_size if config.HasField("dynamic_batching") else 0
-    settings["max_queue"] = int(size) if size > 0 else None
-    policy = config.dynamic_batching.default_queue_policy
-    if policy.timeout_action == mc.ModelQueuePolicy.DELAY and policy.default_timeout_microseconds:
-        notes.append("dynamic_batching.default_queue_policy.timeout_action DELAY (a late request keeps its place)")
+    # (with priority levels each level has a bound of its own: schedule_policy)
+    db = config.dynamic_batching
+    size = db.default_queue_policy.max_queue_size if config.HasField("dynamic_batching") else 0
+    settings["max_queue"] = int(size) if size > 0 and not db.priority_levels else None
     if len(config.instance_group):
         settings["concurrency"] = sum(max(1, g.count) for g in config.instance_group)
     return settings, notes
@@ -337,16 +348,39 @@ def policy_versions(config: mc.ModelConfig, found: Sequence[int], where: str) ->
     return numbers[-count:]
 
 
-def queue_policy(config: mc.ModelConfig) -> QueuePolicy:
-    """The queue policy of a configuration's dynamic batcher (no bound without one, or with ``DELAY``)."""
-    from hybrid.serve.model import QueuePolicy
+def _queue_policy(policy: mc.ModelQueuePolicy, per_level: bool) -> QueuePolicy:
+    size = int(policy.max_queue_size) if per_level and policy.max_queue_size > 0 else None
+    timeout = policy.default_timeout_microseconds / 1e6 if policy.default_timeout_microseconds else None
+    return QueuePolicy(timeout, policy.allow_timeout_override, policy.timeout_action == mc.ModelQueuePolicy.DELAY,
+                       size)
 
+
+def schedule_policy(config: mc.ModelConfig, where: str = "config.pbtxt") -> SchedulePolicy:
+    """The priority levels and queue policies of a configuration's dynamic batcher (none without one).
+
+    A model without ``priority_levels`` has one level, bounded by its ``max_queue`` setting (from
+    ``default_queue_policy.max_queue_size``, :func:`settings_of`); with levels each level is bounded by its own
+    policy's ``max_queue_size``, as in Triton.
+
+    Raises:
+        ServingError: HYB-707 for a ``default_priority_level`` or a ``priority_queue_policy`` level outside
+            1..``priority_levels``, as Triton refuses to load them.
+    """
     if not config.HasField("dynamic_batching") or config.max_batch_size == 0:
-        return QueuePolicy()
-    policy = config.dynamic_batching.default_queue_policy
-    if policy.timeout_action != mc.ModelQueuePolicy.REJECT or policy.default_timeout_microseconds == 0:
-        return QueuePolicy(allow_override=policy.allow_timeout_override)
-    return QueuePolicy(policy.default_timeout_microseconds / 1e6, policy.allow_timeout_override)
+        return SchedulePolicy()
+    db = config.dynamic_batching
+    levels = int(db.priority_levels)
+    if not levels:
+        return SchedulePolicy(_queue_policy(db.default_queue_policy, False))
+    if not 1 <= db.default_priority_level <= levels:
+        raise _error(f"{where}: default priority level must be in range [1, {levels}], got "
+                     f"{db.default_priority_level}", "set dynamic_batching.default_priority_level to one of the levels")
+    wrong = sorted(k for k in db.priority_queue_policy if not 1 <= k <= levels)
+    if wrong:
+        raise _error(f"{where}: priority queue policy must have priority level in range [1, {levels}], got {wrong}",
+                     "key priority_queue_policy by levels 1..priority_levels")
+    return SchedulePolicy(_queue_policy(db.default_queue_policy, True), levels, int(db.default_priority_level),
+                          {int(k): _queue_policy(v, True) for k, v in db.priority_queue_policy.items()})
 
 
 def _dims(spec: TensorSpec) -> list[int | str] | None:
