@@ -193,9 +193,49 @@ def test_tritonserver_s_command_line_serves_as_it_does(tmp_path: Path) -> None:
         assert client.is_model_ready("first")
 
 
+def test_tritonserver_s_poll_mode_serves_what_the_repository_holds(tmp_path: Path) -> None:
+    """``--model-control-mode poll --repository-poll-secs``: a model folder added is served, one removed is not,
+    and the load/unload endpoints are off, as in tritonserver's poll mode."""
+    import shutil
+
+    from tritonclient.utils import InferenceServerException
+
+    repo = tmp_path / "repo"
+    (repo / "first" / "1").mkdir(parents=True)
+    tiny_model(repo / "first" / "1" / "model.onnx")
+    http = free_port()
+
+    def until(condition: Any, what: str) -> None:
+        deadline = time.monotonic() + 60
+        while not condition():
+            assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            time.sleep(0.1)
+
+    def ready(client: Any, name: str) -> bool:
+        try:
+            return client.is_model_ready(name)
+        except InferenceServerException:
+            return False
+
+    with _serving(http, "--model-repository", str(repo), "--model-control-mode", "poll", "--repository-poll-secs",
+                  "0.2", "--grpc-port", "0", "--target", "onnxruntime") as client:
+        assert ready(client, "first") and not ready(client, "second")
+        staged = tmp_path / "staged" / "second"  # written whole, then moved in: a poll never sees half a folder
+        (staged / "1").mkdir(parents=True)
+        tiny_model(staged / "1" / "model.onnx")
+        staged.rename(repo / "second")
+        until(lambda: ready(client, "second"), "the added model to be served")
+        shutil.rmtree(repo / "first")
+        until(lambda: not ready(client, "first"), "the removed model to be unloaded")
+        with pytest.raises(InferenceServerException, match="HYB-709"):
+            client.load_model("first")
+
+
 @pytest.mark.parametrize(("args", "says"), [
     ((), "none were named"),
-    (("--model-control-mode", "poll"), "none or explicit"),
+    (("--model-control-mode", "pull"), "expected none, explicit or poll"),
+    (("--model-control-mode", "poll", "--load-model", "tiny"), "cannot be combined"),
+    (("--model-control-mode", "poll", "--repository-poll-secs", "0"), "--repository-poll-secs must be > 0"),
     (("--load-model", "tiny"), "--load-model needs --model-control"),
     (("--model-control", "--load-model", "nope"), "no such model"),
     (("--metrics-port", "8000"), "port of another service"),

@@ -1120,3 +1120,53 @@ def test_a_delayed_request_runs_after_those_in_time_as_in_triton(tmp_path) -> No
                                                "timeout_action: DELAY }", 4.0, [(1.0, None, 0.3), (2.0, None, 2.8)])
     assert reported["pyasc"][0]["default_queue_policy"] == reported["triton"][0]["default_queue_policy"]
     assert order["pyasc"] == order["triton"] == [0.0, 2.0, 1.0], order
+
+
+def test_poll_mode_serves_what_the_repository_holds_as_triton_s(tmp_path) -> None:
+    if _REASON:
+        pytest.skip(_REASON)
+    tiny = tiny_model(tmp_path / "tiny.onnx")
+    specs = ([tr.TritonSpec("x", "TYPE_FP32", [4]), tr.TritonSpec("scale", "TYPE_FP32", [1])],
+             [tr.TritonSpec("y", "TYPE_FP32", [3]), tr.TritonSpec("s", "TYPE_FP32", [1])])
+    repos = {name: tmp_path / name for name in ("triton", "pyasc")}
+    for repo in repos.values():
+        tr.write_model(repo, "first", tiny, *specs, threads=1)
+    registry = build_registry([repos["pyasc"]], target="onnxruntime")
+    with tr.TritonServer(repos["triton"], extra_args=["--model-control-mode", "poll", "--repository-poll-secs",
+                                                      "1"]) as triton, \
+            BackgroundServer(create_app(registry, ServeOptions(repository_poll_s=0.2))) as pyasc:
+        servers = _urls(triton, pyasc)
+
+        def index() -> dict[str, Any]:
+            return {name: sorted((m["name"], m.get("state")) for m in json.loads(data))
+                    for name, (_, data, _) in _both(servers, "POST", "/v2/repository/index", {}).items()}
+
+        def until(want: list[tuple[str, str]]) -> dict[str, Any]:
+            deadline = time.monotonic() + 90
+            while (now := index()) != {"triton": want, "pyasc": want}:
+                assert time.monotonic() < deadline, now
+                time.sleep(0.2)
+            return now
+
+        until([("first", "READY")])
+        for repo in repos.values():  # a model added (written whole, then moved in)
+            staged = tr.write_model(tmp_path / "staged", "second", tiny, *specs, threads=1)
+            staged.rename(repo / "second")
+        until([("first", "READY"), ("second", "READY")])
+        got = _both(servers, "POST", "/v2/models/second/infer", {"inputs": GOOD})
+        assert got["pyasc"][0] == got["triton"][0] == 200
+        for repo in repos.values():  # a model removed
+            shutil.rmtree(repo / "first")
+        until([("second", "READY")])
+        deadline = time.monotonic() + 60  # Triton leaves the index first, and its model a moment later
+        while {k: v[0] for k, v in _both(servers, "POST", "/v2/models/first/infer",
+                                          {"inputs": GOOD}).items()} != {"triton": 404, "pyasc": 404}:
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        got = _both(servers, "GET", "/v2/models/first/ready")
+        assert got["pyasc"][0] == got["triton"][0] == 400  # "Model version not ready"
+        got = _both(servers, "POST", "/v2/repository/models/second/unload", {})  # no explicit control
+        # Triton answers 503, pyasc 403 HYB-709 (a setting of the server, not a passing state), in Triton's words
+        assert got["triton"][0] == 503 and got["pyasc"][0] == 403, got
+        for _, data, _ in got.values():
+            assert "explicit model load / unload is not allowed if polling is enabled" in json.loads(data)["error"]

@@ -94,8 +94,14 @@ def serve(
                                                 "served repositories.")] = False,
     model_control_mode: Annotated[str, typer.Option(help="tritonserver's spelling: explicit is --model-control "
                                                          "with tritonserver's start (no model loads but those of "
-                                                         "--load-model); none the default (poll is not "
-                                                         "offered).")] = "none",
+                                                         "--load-model); poll serves what the repositories hold, "
+                                                         "looked at every --repository-poll-secs (models added, "
+                                                         "changed or removed are loaded, reloaded or unloaded; "
+                                                         "the load/unload endpoints are off); none the "
+                                                         "default.")] = "none",
+    repository_poll_secs: Annotated[float, typer.Option(help="With --model-control-mode poll: seconds between two "
+                                                             "looks at the repositories (tritonserver's "
+                                                             "default).")] = 15.0,
     load_model: Annotated[list[str] | None, typer.Option(
         "--load-model", help="With --model-control: the models loaded at start (repeatable; '*': all, the default "
                              "of --model-control); the others can be loaded later, as in tritonserver's explicit "
@@ -192,9 +198,16 @@ def serve(
         if not models:
             raise ConfigError("HYB-102", "pyasc serve needs models to serve: none were named",
                               "name model files or repository folders, or --model-repository FOLDER")
-        if model_control_mode not in ("none", "explicit"):
-            raise ConfigError("HYB-102", f"--model-control-mode {model_control_mode!r}: pyasc takes none or explicit",
-                              "load and unload models with the repository API (--model-control-mode explicit)")
+        if model_control_mode not in ("none", "explicit", "poll"):
+            raise ConfigError("HYB-102", f"--model-control-mode {model_control_mode!r}: expected none, explicit or "
+                              "poll", "e.g. --model-control-mode explicit")
+        polling = model_control_mode == "poll"
+        if polling and (model_control or load_model or use_ray):
+            raise ConfigError("HYB-102", "--model-control-mode poll serves what the repositories hold: it cannot be "
+                              "combined with --model-control, --load-model or --ray",
+                              "drop the others, or use --model-control-mode explicit")
+        if not repository_poll_secs > 0:
+            raise ConfigError("HYB-102", f"--repository-poll-secs must be > 0, got {repository_poll_secs}")
         model_control = model_control or model_control_mode == "explicit"
         if load_model and not model_control:
             raise ConfigError("HYB-102", "--load-model needs --model-control (tritonserver: --model-control-mode "
@@ -228,7 +241,8 @@ def serve(
                                grpc_address=grpc_address if grpc_port and not use_ray else None,
                                model_control=model_control, trace=TraceConfig.from_options(trace_config or []),
                                response_cache=cache_size(cache_config or []),
-                               metrics_address=metrics_address if metrics_port else None)
+                               metrics_address=metrics_address if metrics_port else None,
+                               repository_poll_s=repository_poll_secs if polling else None)
         overrides = so.serving_settings(max_batch, batch_timeout, max_queue, request_timeout, concurrency,
                                         zero_means_off=True)
         backends = _json_object("--backend-config", backend_config, '{"onnxruntime": {"intra_op_num_threads": 2}}')

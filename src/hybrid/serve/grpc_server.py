@@ -392,9 +392,7 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
         return self.state.registry.get(name, version or None)
 
     def _control(self) -> None:
-        if not self.state.options.model_control:
-            raise ServingError("HYB-709", "model control is off: this server does not load or unload models",
-                               "start the server with --model-control")
+        self.state.check_model_control()
 
     # ------------------------------------------------------------------ health and metadata
     @_rpc(public=True)

@@ -229,11 +229,11 @@ def _single_file(arg: str) -> ModelSource:
     return ModelSource(name, "1", str(path.resolve()))
 
 
-def _repository(root_arg: Path, overrides: Mapping[str, Any]) -> list[ModelSource]:
+def _repository(root_arg: Path, overrides: Mapping[str, Any], only: str | None = None) -> list[ModelSource]:
     root = root_arg.resolve()
     found: list[ModelSource] = []
     for model_dir in sorted(root.iterdir()):
-        if model_dir.name.startswith(".") or not model_dir.is_dir():
+        if model_dir.name.startswith(".") or not model_dir.is_dir() or only not in (None, model_dir.name):
             continue
         if not NAME_RE.fullmatch(model_dir.name):
             raise _repo_error(f"{model_dir}: invalid model name {model_dir.name!r}")
@@ -259,18 +259,21 @@ def _repository(root_arg: Path, overrides: Mapping[str, Any]) -> list[ModelSourc
                 raise _repo_error(f"{files[0]} is not a file")
             found.append(ModelSource(model_dir.name, version_dir.name, str(path), settings, target, pbtxt, notes,
                                      wanted, labels))
-    if not found:
+    if not found and only is None:
         raise _repo_error(f"the repository {root} holds no model")
     return found
 
 
-def discover(paths: Sequence[str | Path], configs: Mapping[str, Any] | None = None) -> list[ModelSource]:
+def discover(paths: Sequence[str | Path], configs: Mapping[str, Any] | None = None,
+             only: str | None = None) -> list[ModelSource]:
     """Find every model version under the given files and repository folders.
 
     Args:
         paths: Model files and repository folders.
         configs: Model name -> the ``ModelConfig`` that stands for its folder's ``config.pbtxt`` (a load request's
             ``config`` parameter).
+        only: The one model to find: the other folders of a repository are not read (a broken one does not
+            stand in the way of loading this one).
 
     Raises:
         ModelError: HYB-201 for a path that does not exist.
@@ -287,7 +290,9 @@ def discover(paths: Sequence[str | Path], configs: Mapping[str, Any] | None = No
         from hybrid.serve.model_dir import folder_layout  # a repository, loose model files or an unpacked bundle
 
         kind, files = folder_layout(path)
-        sources += _repository(path, configs) if kind == "repository" else [_single_file(f) for f in files]
+        sources += _repository(path, configs, only) if kind == "repository" else [_single_file(f) for f in files]
+    if only is not None:
+        sources = [s for s in sources if s.name == only]
     for s in sources:
         if s.name in configs and s.config is not configs[s.name]:
             raise ServingError("HYB-702", f"model {s.name!r} is served from a file ({s.path}), not a repository "
@@ -543,7 +548,7 @@ class ModelRegistry:
         try:
             with self._control:
                 paths = [folder] if folder is not None else self.paths
-                sources = [s for s in discover(paths, configs) if s.name == name] if paths else []
+                sources = discover(paths, configs, only=name) if paths else []
                 if not sources:
                     raise ServingError("HYB-701", f"no model named {name!r} in the served repositories "
                                        f"({', '.join(map(str, self.paths)) or 'none'})",

@@ -223,7 +223,8 @@ class HybridServer(uvicorn.Server):
 
         Once uvicorn has stopped, the gRPC service stops after its in-flight calls finish (at most
         ``drain_timeout`` seconds; the drain has begun, so new ones are refused), and the models are closed
-        in a worker thread.
+        in a worker thread. With ``repository_poll_s`` the registry's paths are polled meanwhile
+        (:mod:`hybrid.serve.polling`), until the drain begins.
         """
         grpc_server = None
         address = self.state.options.grpc_address
@@ -231,16 +232,26 @@ class HybridServer(uvicorn.Server):
             metrics = listen(self.state.options.metrics_address)
             self.state.metrics_port = metrics.getsockname()[1]
             sockets = [self.config.bind_socket(), metrics]
+        poller = None
         try:
             if address:
                 from hybrid.serve.grpc_server import start_grpc
 
                 grpc_server, self.state.grpc_port = await start_grpc(self.state, address)
+            if self.state.options.repository_poll_s is not None:
+                from hybrid.serve.polling import RepositoryPoller
+
+                state = self.state
+                poller = RepositoryPoller(state.registry, state.options.repository_poll_s,
+                                          serving=lambda: not state.draining).start()
             await super().serve(sockets)
         finally:
             if grpc_server is not None:  # in-flight calls finish (the drain has begun), new ones are refused
                 self.state.begin_drain()
                 await grpc_server.stop(self.state.options.drain_timeout)
+            if poller is not None:  # no load begins now (draining); one under way ends before the models close
+                self.state.begin_drain()
+                await asyncio.get_running_loop().run_in_executor(None, poller.stop)
             await asyncio.get_running_loop().run_in_executor(None, self.state.close)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from hybrid.errors import HybridError, ServingError
+from hybrid.errors import ConfigError, HybridError, ServingError
 from hybrid.serve.log_settings import LogSettings
 from hybrid.serve.metrics import ServerMetrics
 from hybrid.serve.protocol import Limits
@@ -71,6 +71,10 @@ class ServeOptions:
             ``config.pbtxt`` enables it (:mod:`hybrid.serve.response_cache`); 0: no cache.
         metrics_address: 'host:port' where ``GET /metrics`` is answered too, alone (Triton's metrics port, 8002
             there; port 0: a free one); None: on the server's port only.
+        repository_poll_s: Triton's poll mode (``--model-control-mode poll``): seconds between two looks at the
+            registry's paths, whose models added, changed or removed are loaded, reloaded or unloaded
+            (:mod:`hybrid.serve.polling`, run by :class:`hybrid.serve.server.HybridServer`); the load and unload
+            endpoints are then off (HYB-709). None: no polling.
     """
 
     auth_token: str | None = None
@@ -84,6 +88,7 @@ class ServeOptions:
     sequences: bool = True
     response_cache: int = 0
     metrics_address: str | None = None
+    repository_poll_s: float | None = None
 
 
 def http_status(code: str) -> int:
@@ -109,6 +114,11 @@ class ServerState:
     """
 
     def __init__(self, registry: ModelRegistry, options: ServeOptions) -> None:
+        poll = options.repository_poll_s
+        if poll is not None and (options.model_control or not poll > 0):
+            raise ConfigError("HYB-102", f"repository_poll_s={poll}: polling needs a positive interval and no "
+                              "model_control (the poll serves what the repositories hold)",
+                              "set repository_poll_s > 0 with model_control off, or repository_poll_s=None")
         self.registry = registry
         self.options = options
         # the response cache of the models that enable it; None without --cache-config
@@ -130,6 +140,21 @@ class ServerState:
         self.metrics_port: int | None = None  # the bound port of ``options.metrics_address``, once listening
         self._drained = threading.Event()
         self._closed = False
+
+    def check_model_control(self) -> None:
+        """Refuse a repository load or unload unless the server takes them.
+
+        Raises:
+            ServingError: HYB-709 without model control, or while the server polls its repositories (in
+                Triton's words).
+        """
+        if self.options.repository_poll_s is not None:
+            raise ServingError("HYB-709", "explicit model load / unload is not allowed if polling is enabled: the "
+                               "server serves what its repositories hold (--model-control-mode poll)",
+                               "add, change or remove the model's folder: the next poll serves what it holds")
+        if not self.options.model_control:
+            raise ServingError("HYB-709", "model control is off: this server does not load or unload models",
+                               "start the server with --model-control")
 
     def begin_drain(self) -> None:
         """Refuse new requests and run every queued one now (in a thread: callable from a signal handler)."""

@@ -75,10 +75,7 @@ def add_triton_routes(app: FastAPI, state: ServerState) -> None:
     registry, metrics = state.registry, state.metrics
     registry.observer = metrics.observe_batch  # the models a load adds report their batches too
 
-    def control() -> None:
-        if not state.options.model_control:
-            raise ServingError("HYB-709", "model control is off: this server does not load or unload models",
-                               "start the server with --model-control")
+    control = state.check_model_control
 
     @app.get("/v2/models/stats")
     @app.get("/v2/models/{model_name}/stats")
