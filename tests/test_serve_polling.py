@@ -79,6 +79,21 @@ def test_a_failed_reload_keeps_the_versions_served(tmp_path: Path) -> None:
         registry.close()
 
 
+def test_a_repository_gone_unloads_nothing(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    _add(repo, "a")
+    registry = build_registry([repo], target="onnxruntime")
+    try:
+        poller = RepositoryPoller(registry, interval_s=3600)
+        repo.rename(tmp_path / "elsewhere")  # e.g. a volume unmounted
+        report = poller.poll()
+        assert (report.loaded, report.unloaded) == ([], []) and registry.versions("a") == ["1"]
+        (tmp_path / "elsewhere").rename(repo)
+        assert poller.poll().unloaded == []
+    finally:
+        registry.close()
+
+
 def test_a_poll_changes_nothing_once_the_server_drains(tmp_path: Path) -> None:
     repo = tmp_path / "repo"
     _add(repo, "a")

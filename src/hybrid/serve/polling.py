@@ -4,7 +4,8 @@ Every ``interval_s`` seconds (tritonserver's ``--repository-poll-secs``, 15 by d
 reads the served paths: a model folder (or model file) that appeared is loaded, one whose files changed (a file
 added, removed, or with another size or modification time) is loaded again, and one that is gone is unloaded. A
 load that fails is logged and leaves what was served before (a changed model keeps its old versions); it is tried
-again once its files change. A repository that cannot be read at all changes nothing in that poll. Loading,
+again once its files change. A repository that cannot be read at all (or is gone: an unmounted volume) changes
+nothing in that poll. Loading,
 replacing and unloading are the registry's (:meth:`hybrid.serve.repository.ModelRegistry.load` and ``unload``):
 queued requests of a replaced version are still answered.
 
@@ -67,19 +68,27 @@ def _mark(path: Path) -> Mark:
     return tuple(marks)
 
 
-def scan(paths: Sequence[str | Path]) -> dict[str, Mark]:
+def scan(paths: Sequence[str | Path], folders: frozenset[str] = frozenset()) -> dict[str, Mark]:
     """Model name -> :func:`_mark` of what holds it, for every model the served ``paths`` hold now.
 
     A repository's model folders are named by their folder (not read: a broken one is found by its load); a
     model file that is gone is simply not there.
 
+    Args:
+        paths: The served model files and folders.
+        folders: Those of ``paths`` that were folders when serving began.
+
     Raises:
-        HybridError: A served folder that cannot be read as a repository, files or a bundle.
+        HybridError: A served folder that cannot be read as a repository, files or a bundle, or one of
+            ``folders`` that is no folder now (HYB-707: a volume unmounted changes nothing, rather than
+            unloading every model).
         OSError: A folder that cannot be listed.
     """
     found: dict[str, Mark] = {}
     for arg in paths:
         path = Path(arg)
+        if str(arg) in folders and not path.is_dir():
+            raise ServingError("HYB-707", f"the served folder {arg} is gone")
         if path.is_dir() and folder_layout(path)[0] == "repository":
             for folder in sorted(path.iterdir()):
                 if folder.is_dir() and not folder.name.startswith("."):
@@ -115,7 +124,8 @@ class RepositoryPoller:
         self.registry = registry
         self.interval_s = interval_s
         self.serving = serving
-        self._marks = scan(registry.paths)
+        self._folders = frozenset(str(p) for p in registry.paths if Path(p).is_dir())
+        self._marks = scan(registry.paths, self._folders)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -125,7 +135,7 @@ class RepositoryPoller:
         if not self.serving():
             return report
         try:
-            now = scan(self.registry.paths)
+            now = scan(self.registry.paths, self._folders)
         except (HybridError, OSError) as e:
             logger.error("repository poll: the served paths cannot be read, nothing changes: %s", e)
             return report
