@@ -179,13 +179,21 @@ def test_tritonserver_s_command_line_serves_as_it_does(tmp_path: Path) -> None:
     http, metrics = free_port(), free_port()
     explicit = ("--model-repository", str(repo), "--model-control-mode", "explicit", "--grpc-port", "0",
                 "--target", "onnxruntime")
-    with _serving(http, *explicit, "--load-model", "first", "--metrics-port", str(metrics)) as client:
+    with _serving(http, *explicit, "--load-model", "first", "--metrics-port", str(metrics), "--metrics-config",
+                  "summary_latencies=true") as client:
         index = {m["name"]: m.get("state") for m in client.get_model_repository_index()}
         assert index == {"first": "READY", "second": "UNAVAILABLE"}  # only --load-model's model at start
         client.load_model("second")
         assert client.is_model_ready("second")
+        import tritonclient.http as th
+
+        inputs = [th.InferInput("x", [1, 4], "FP32"), th.InferInput("scale", [1, 1], "FP32")]
+        inputs[0].set_data_from_numpy(np.ones((1, 4), np.float32))
+        inputs[1].set_data_from_numpy(np.ones((1, 1), np.float32))
+        client.infer("first", inputs)
         status, _, body = request(f"127.0.0.1:{metrics}", "GET", "/metrics")
         assert status == 200 and b"nv_inference_request_success" in body
+        assert b'nv_inference_request_summary_us{model="first",quantile="0.99",version="1"}' in body
     with _serving(http, *explicit) as client:  # no --load-model: no model at start, as tritonserver starts
         index = {m["name"]: m.get("state") for m in client.get_model_repository_index()}
         assert index == {"first": "UNAVAILABLE", "second": "UNAVAILABLE"}
@@ -239,6 +247,7 @@ def test_tritonserver_s_poll_mode_serves_what_the_repository_holds(tmp_path: Pat
     (("--load-model", "tiny"), "--load-model needs --model-control"),
     (("--model-control", "--load-model", "nope"), "no such model"),
     (("--metrics-port", "8000"), "port of another service"),
+    (("--metrics-config", "histogram_latencies=true"), "unknown setting"),
 ])
 def test_tritonserver_s_options_refused_with_hyb_102(tmp_path: Path, args: tuple[str, ...], says: str) -> None:
     repo = tmp_path / "repo"

@@ -965,6 +965,55 @@ def test_prometheus_metrics_as_triton_s(tmp_path) -> None:
     assert hits == {(("model", "tiny"), ("version", "1")): 2.0}
 
 
+def test_latency_summaries_as_triton_s(tmp_path) -> None:
+    if _REASON:
+        pytest.skip(_REASON)
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from hybrid.serve.latency_summary import MetricsConfig
+
+    settings = ["summary_latencies=true", "counter_latencies=false", "summary_quantiles=0.5:0.05,0.99:0.001"]
+    tiny = tiny_model(tmp_path / "tiny.onnx")
+    folders = {name: tmp_path / name for name in ("triton", "pyasc")}
+    for folder in folders.values():
+        tr.write_model(folder, "tiny", tiny, [tr.TritonSpec("x", "TYPE_FP32", [4]),
+                                              tr.TritonSpec("scale", "TYPE_FP32", [1])],
+                       [tr.TritonSpec("y", "TYPE_FP32", [3]), tr.TritonSpec("s", "TYPE_FP32", [1])], threads=1)
+    registry = build_registry([folders["pyasc"]], target="onnxruntime")
+    app = create_app(registry, ServeOptions(metrics=MetricsConfig.from_options(settings)))
+    flags = ["--allow-metrics", "true", *(a for s in settings for a in ("--metrics-config", s))]
+    def seen(texts: dict[str, str]) -> dict[str, Any]:
+        out = {}
+        for name, text in texts.items():
+            families = [f for f in text_string_to_metric_families(text)
+                        if f.name.startswith("nv_inference") and not f.name.startswith(_HOST_ONLY)]
+            out[name] = {f.name: (f.type, f.documentation,
+                                  sorted((s.name, tuple(sorted(s.labels.items()))) for s in f.samples),
+                                  {s.name: s.value for s in f.samples if s.name.endswith("_count")})
+                         for f in families}
+        return out
+
+    with tr.TritonServer(folders["triton"], extra_args=flags) as triton, BackgroundServer(app) as pyasc:
+        servers = _urls(triton, pyasc)
+
+        def scrape() -> dict[str, Any]:
+            return seen({"triton": _http(f"127.0.0.1:{triton.metrics_port}", "GET", "/metrics")[1].decode(),
+                         "pyasc": _http(pyasc.url, "GET", "/metrics")[1].decode()})
+
+        before = scrape()  # a model loaded and not yet asked: its metrics are listed at 0 by both
+        for _ in range(5):
+            got = _both(servers, "POST", "/v2/models/tiny/infer", {"inputs": GOOD})
+            assert got["pyasc"][0] == got["triton"][0] == 200
+        after = scrape()
+    # the same families (no duration counters; five summaries), HELP texts, samples with their quantile labels,
+    # and counts
+    for now in (before, after):
+        assert now["pyasc"] == now["triton"], (now["pyasc"], now["triton"])
+    assert before["triton"]["nv_inference_request_summary_us"][3] == {"nv_inference_request_summary_us_count": 0.0}
+    assert after["triton"]["nv_inference_request_summary_us"][3] == {"nv_inference_request_summary_us_count": 5.0}
+    assert not any(n.endswith("_duration_us") for n in after["triton"])
+
+
 def test_version_policies_serve_the_versions_triton_serves(tmp_path) -> None:
     if _REASON:
         pytest.skip(_REASON)

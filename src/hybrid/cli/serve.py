@@ -159,6 +159,11 @@ def serve(
     cache_config: Annotated[list[str] | None, typer.Option(
         "--cache-config", help="Triton's response cache: local,size=BYTES. The models whose config.pbtxt has "
                                "response_cache { enable: true } answer inputs they have seen from it.")] = None,
+    metrics_config: Annotated[list[str] | None, typer.Option(
+        "--metrics-config", help="tritonserver's latency metrics (repeatable): summary_latencies=true (quantiles "
+                                 "of the last minute, nv_inference_*_summary_us), counter_latencies=false (no "
+                                 "nv_inference_*_duration_us counters), summary_quantiles=0.5:0.05,0.99:0.001.")]
+    = None,
     use_ray: Annotated[bool, typer.Option("--ray", help="Deploy on Ray Serve instead of this process.")] = False,
     replicas: Annotated[int, typer.Option(help="--ray: number of replicas.")] = 1,
     autoscaling: Annotated[str | None, typer.Option(help="--ray: Serve autoscaling_config as JSON "
@@ -186,6 +191,7 @@ def serve(
 
         try:
             from hybrid.serve.app import ServeOptions, create_app
+            from hybrid.serve.latency_summary import MetricsConfig
             from hybrid.serve.protocol import Limits
             from hybrid.serve.repository import build_registry, compile_request, configure_backends, startup_sources
             from hybrid.serve.response_cache import cache_size
@@ -241,6 +247,7 @@ def serve(
                                grpc_address=grpc_address if grpc_port and not use_ray else None,
                                model_control=model_control, trace=TraceConfig.from_options(trace_config or []),
                                response_cache=cache_size(cache_config or []),
+                               metrics=MetricsConfig.from_options(metrics_config or []),
                                metrics_address=metrics_address if metrics_port else None,
                                repository_poll_s=repository_poll_secs if polling else None)
         overrides = so.serving_settings(max_batch, batch_timeout, max_queue, request_timeout, concurrency,

@@ -24,6 +24,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from hybrid.serve.host_metrics import HostCollector
+from hybrid.serve.latency_summary import MetricsConfig
 from hybrid.serve.statistics import ModelStats, TritonCollector
 
 if TYPE_CHECKING:
@@ -67,10 +68,13 @@ class ServerMetrics:
     Args:
         models: The served models (read at scrape time for queue depths).
         response_cache: The server's response cache, if it has one.
+        config: Which of Triton's latency metrics to expose (``--metrics-config``): counters, summaries.
     """
 
-    def __init__(self, models: Iterable[ServedModel], response_cache: ResponseCache | None = None) -> None:
+    def __init__(self, models: Iterable[ServedModel], response_cache: ResponseCache | None = None,
+                 config: MetricsConfig | None = None) -> None:
         self._cache = response_cache
+        self.config = config or MetricsConfig()
         self.registry = CollectorRegistry(auto_describe=True)
         labels = ["model", "version"]
         self.requests = Counter("pyasc_inference_requests", "Inference requests received",
@@ -99,7 +103,8 @@ class ServerMetrics:
         self.registry.register(_LiveCollector(models))
         self.registry.register(TritonCollector(self._all_stats,
                                                lambda: [(m.name, m.version, m.queued) for m in models],
-                                               response_cache.counts if response_cache is not None else None))
+                                               response_cache.counts if response_cache is not None else None,
+                                               self.config))
         self.registry.register(HostCollector())
 
     def children(self, key: tuple[str, str]) -> tuple[Any, Any]:
@@ -119,7 +124,8 @@ class ServerMetrics:
         found = self._stats.get(key)
         if found is None:
             with self._stats_lock:
-                found = self._stats.setdefault(key, ModelStats(*key))
+                found = self._stats.setdefault(key, ModelStats(*key, summaries=self.config.summary_latencies,
+                                                               max_age_s=self.config.max_age_s))
             found.caches_responses = self._cache is not None and model.caches_responses
         return found
 

@@ -30,7 +30,7 @@ import re
 import shutil
 import tempfile
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -469,6 +469,7 @@ class ModelRegistry:
         self.load_args = dict(load_args or {})
         self._idle_turn = threading.Lock()  # the models' idle tuners race one at a time (tune_when_idle)
         self.observer: BatchObserver | None = None  # given to the models load() adds
+        self.on_load: Callable[[ServedModel], Any] | None = None  # called with each model load() adds
         self._control = threading.Lock()
         self._overrides: dict[str, Path] = {}  # model -> the folder a load's files were written to
 
@@ -557,6 +558,8 @@ class ModelRegistry:
                 fresh = build_registry([], sources=sources, **args)  # in the models' scheduling
                 for m in fresh:
                     m.observer = self.observer
+                    if self.on_load is not None:
+                        self.on_load(m)
                 table = dict(self._models)
                 old = list(table.pop(name, {}).values())
                 table[name] = _ordered(list(fresh))[name]

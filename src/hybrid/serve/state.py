@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from hybrid.errors import ConfigError, HybridError, ServingError
+from hybrid.serve.latency_summary import MetricsConfig
 from hybrid.serve.log_settings import LogSettings
 from hybrid.serve.metrics import ServerMetrics
 from hybrid.serve.protocol import Limits
@@ -75,6 +76,8 @@ class ServeOptions:
             registry's paths, whose models added, changed or removed are loaded, reloaded or unloaded
             (:mod:`hybrid.serve.polling`, run by :class:`hybrid.serve.server.HybridServer`); the load and unload
             endpoints are then off (HYB-709). None: no polling.
+        metrics: Which of Triton's latency metrics ``/metrics`` exposes (``--metrics-config``: the cumulative
+            counters, the summaries; :mod:`hybrid.serve.latency_summary`).
     """
 
     auth_token: str | None = None
@@ -89,6 +92,7 @@ class ServeOptions:
     response_cache: int = 0
     metrics_address: str | None = None
     repository_poll_s: float | None = None
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
 
 
 def http_status(code: str) -> int:
@@ -123,9 +127,10 @@ class ServerState:
         self.options = options
         # the response cache of the models that enable it; None without --cache-config
         self.response_cache = ResponseCache(options.response_cache) if options.response_cache else None
-        self.metrics = ServerMetrics(registry, self.response_cache)
+        self.metrics = ServerMetrics(registry, self.response_cache, options.metrics)
         for model in registry:
             model.observer = self.metrics.observe_batch
+            self.metrics.stats(model)  # Triton lists a loaded model's metrics at 0 before its first request
         # the system shared memory extension's regions; None where the server takes none
         self.shared_memory = SharedMemoryRegions() if options.shared_memory else None
         off = {"system_shared_memory": not options.shared_memory, "logging": not options.log_settings,

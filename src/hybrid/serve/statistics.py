@@ -12,6 +12,7 @@ Triton's reason (:data:`FAILURE_REASONS`).
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -20,6 +21,8 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from tritonclient.grpc import service_pb2 as pb
+
+from hybrid.serve.latency_summary import MetricsConfig, Window
 
 if TYPE_CHECKING:
     from hybrid.serve.response_cache import CacheCounts
@@ -30,6 +33,7 @@ FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
 """The ``reason`` label of ``nv_inference_request_failure``, as Triton 2.51 names them: a request the queue gave
 up (its timeout), one its client cancelled, one the model's run failed, anything else."""
 _PHASES = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output", "cache_hit", "cache_miss")
+_SUMMARIZED = ("request", "queue", "compute_input", "compute_infer", "compute_output")
 _NS = 1_000_000_000
 
 
@@ -39,12 +43,17 @@ class ModelStats:
     Args:
         name: Model name.
         version: Model version.
+        summaries: Keep each latency's recent observations for Triton's summaries (``summary_latencies``), each
+            looking back ``max_age_s`` seconds.
+        max_age_s: See ``summaries``.
     """
 
-    def __init__(self, name: str, version: str) -> None:
+    def __init__(self, name: str, version: str, summaries: bool = False, max_age_s: float = 60.0) -> None:
         self.name = name
         self.version = version
         self._lock = threading.Lock()
+        # phase -> its recent observations in microseconds (request: the successes' durations); None: not kept
+        self._windows = {p: Window(max_age_s) for p in _SUMMARIZED} if summaries else None
         self._phase = {p: [0, 0] for p in _PHASES}  # phase -> [count, ns]
         self._batches: dict[int, list[int]] = {}  # batch size -> [count, infer ns]
         self._failures = dict.fromkeys(FAILURE_REASONS, 0)
@@ -58,6 +67,13 @@ class ModelStats:
         entry[0] += count
         entry[1] += round(seconds * _NS)
 
+    def _observe(self, phase: str, seconds: float, times: int = 1) -> None:
+        windows = self._windows
+        if windows is not None:
+            window = windows["request" if phase == "success" else phase]
+            for _ in range(times):
+                window.add(seconds * 1e6)
+
     def request(self, ok: bool, seconds: float, rows: int = 1, input_s: float = 0.0, output_s: float = 0.0,
                 cached: bool = False, reason: str = "OTHER") -> None:
         """One request the model took, answered (``ok``) or failed after ``seconds`` in the server.
@@ -69,11 +85,16 @@ class ModelStats:
             if ok and cached:
                 self._add("success", 1, seconds)
                 self._add("queue", 1, 0.0)
+                self._observe("success", seconds)
+                self._observe("queue", 0.0)
                 self.last_inference_ms = int(time.time() * 1000)
             elif ok:
                 self._add("success", 1, seconds)
                 self._add("compute_input", 1, input_s)
                 self._add("compute_output", 1, output_s)
+                self._observe("success", seconds)
+                self._observe("compute_input", input_s)
+                self._observe("compute_output", output_s)
                 self.inference_count += rows
                 self.last_inference_ms = int(time.time() * 1000)
             else:
@@ -92,19 +113,25 @@ class ModelStats:
             self.execution_count += 1
             self._add("queue", len(waits), sum(waits))
             self._add("compute_infer", size, run_s * size)
+            for w in waits:
+                self._observe("queue", w)
+            self._observe("compute_infer", run_s, size)
             entry = self._batches.setdefault(size, [0, 0])
             entry[0] += 1
             entry[1] += round(run_s * _NS)
 
-    def snapshot(self) -> dict[str, int | dict[str, tuple[int, int]] | dict[int, tuple[int, int]]]:
+    def snapshot(self, quantiles: tuple[float, ...] = ()) -> dict[str, Any]:
         """A consistent copy of every number, taken under the lock.
 
         ``phase``: (count, ns) per phase; ``batches``: (count, infer ns) per executed batch size, smallest
         first; ``failures``: count per reason; ``inference_count``, ``execution_count`` and ``last_inference``
-        (ms since the epoch).
+        (ms since the epoch); ``summaries``: where they are kept and ``quantiles`` are asked for, the value in
+        microseconds at each of ``quantiles`` per summarized phase (``request``, ``queue``, ``compute_*``).
         """
         with self._lock:
-            return {"phase": {p: (c, ns) for p, (c, ns) in self._phase.items()},
+            windows = self._windows if quantiles else None
+            summaries = {p: w.quantiles(quantiles) for p, w in windows.items()} if windows is not None else {}
+            return {"phase": {p: (c, ns) for p, (c, ns) in self._phase.items()}, "summaries": summaries,
                     "failures": dict(self._failures),
                     "batches": {k: (c, ns) for k, (c, ns) in sorted(self._batches.items())},
                     "inference_count": self.inference_count, "execution_count": self.execution_count,
@@ -145,6 +172,19 @@ _COUNTERS = (
      "include cached requests)", "compute_infer", 1),
     ("nv_inference_compute_output_duration_us", "Cumulative inference compute output duration in microseconds (does "
      "not include cached requests)", "compute_output", 1),
+)
+# --metrics-config summary_latencies=true: (name, HELP as Triton 2.51 writes it, window, phase of its count and sum)
+_SUMMARIES = (
+    ("nv_inference_request_summary_us", "Summary of inference request duration in microseconds (includes cached "
+     "requests)", "request", "success"),
+    ("nv_inference_queue_summary_us", "Summary of inference queuing duration in microseconds (includes cached "
+     "requests)", "queue", "queue"),
+    ("nv_inference_compute_input_summary_us", "Cumulative compute input duration in microseconds (does not include "
+     "cached requests)", "compute_input", "compute_input"),
+    ("nv_inference_compute_infer_summary_us", "Cumulative compute inference duration in microseconds (does not "
+     "include cached requests)", "compute_infer", "compute_infer"),
+    ("nv_inference_compute_output_summary_us", "Cumulative inference compute output duration in microseconds (does "
+     "not include cached requests)", "compute_output", "compute_output"),
 )
 # a model whose answers the server caches: Triton's per-model cache counters
 _CACHE_COUNTERS = (
@@ -189,24 +229,32 @@ class TritonCollector(Collector):
         pending: Called at scrape time for (model, version, queued requests) of the models served now.
         cache: Called at scrape time for the response cache's counts; None (or a call returning None) where
             the server has no cache.
+        config: Which latency metrics to expose (``--metrics-config``): the counters, the summaries.
     """
 
     def __init__(self, stats: Callable[[], Iterable[ModelStats]],
                  pending: Callable[[], Iterable[tuple[str, str, int]]],
-                 cache: Callable[[], CacheCounts | None] | None = None) -> None:
+                 cache: Callable[[], CacheCounts | None] | None = None,
+                 config: MetricsConfig | None = None) -> None:
         self._stats = stats
         self._pending = pending
         self._cache = cache
+        self._config = config or MetricsConfig()
 
     def collect(self) -> Iterator[Metric]:
         """The metrics at scrape time, named, described and ordered as Triton 2.51 exposes them.
 
-        ``nv_inference_*`` counters (durations in microseconds; failures by ``reason``, every reason listed),
-        ``nv_cache_*_per_model`` for the models whose answers are cached, the pending-request gauge, and the
-        cache's own gauges where there is a cache; all from one snapshot of each model's statistics.
+        ``nv_inference_*`` counters (durations in microseconds unless ``counter_latencies`` is off; failures by
+        ``reason``, every reason listed), ``nv_cache_*_per_model`` for the models whose answers are cached, the
+        pending-request gauge, the cache's own gauges where there is a cache, and last the latency summaries
+        where ``summary_latencies`` is on; all from one snapshot of each model's statistics.
         """
-        snaps = [(s.name, s.version, s.caches_responses, s.snapshot()) for s in self._stats()]
+        config = self._config
+        quantiles = tuple(q for q, _ in config.summary_quantiles) if config.summary_latencies else ()
+        snaps = [(s.name, s.version, s.caches_responses, s.snapshot(quantiles)) for s in self._stats()]
         for name, doc, phase, which in _COUNTERS:
+            if which and not config.counter_latencies:
+                continue
             metric = _counter(name, doc)
             for model, version, _, snap in snaps:
                 if name == "nv_inference_request_failure":
@@ -231,3 +279,21 @@ class TritonCollector(Collector):
         if counts is not None:
             for name, doc, field in _CACHE_GAUGES:
                 yield GaugeMetricFamily(name, doc, value=getattr(counts, field))
+        if quantiles:
+            yield from self._summaries(snaps, quantiles)
+
+    @staticmethod
+    def _summaries(snaps: list[tuple[str, str, bool, dict[str, Any]]],
+                   quantiles: tuple[float, ...]) -> Iterator[Metric]:
+        """Triton's latency summaries: count and sum since start, and the recent quantiles (``quantile`` label)."""
+        for name, doc, window, phase in _SUMMARIES:
+            metric = Metric(name, doc, "summary")
+            for model, version, _, snap in snaps:
+                labels = {"model": model, "version": version}
+                count, ns = snap["phase"][phase]
+                metric.add_sample(f"{name}_count", labels, count)
+                metric.add_sample(f"{name}_sum", labels, ns // 1000)
+                for q, value in zip(quantiles, snap["summaries"].get(window, [math.nan] * len(quantiles)),
+                                    strict=True):
+                    metric.add_sample(name, {**labels, "quantile": f"{q:g}"}, value)
+            yield metric
