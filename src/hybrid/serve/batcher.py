@@ -231,7 +231,7 @@ class LoopBatcher(Generic[Item]):
         self.name = name
         self._ahead = not reorders  # a full batch may be joined while every runner is busy
         self._queue: deque[_Waiting[Item]] = deque()
-        self._at_level: dict[int, int] = {}  # priority level (> 0) -> requests of it queued
+        self._at_level: dict[int, int] = {}  # level -> queued requests of it that have a rank (a level, or delayed)
         self._jobs: queue.SimpleQueue[_Task[Item] | None] = queue.SimpleQueue()
         self._tasks: set[_Task[Item]] = set()  # handed to the runners and not yet split (loop thread only)
         self._threads: list[threading.Thread] = []

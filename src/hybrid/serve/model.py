@@ -423,7 +423,7 @@ class ServedModel:
             return await self._queue(request, limit, level, policy, timeout)
         except QueueTimeout as e:
             raise ServingError("HYB-714", f"Request timeout expired: model {self.name!r} version {self.version}: "
-                               f"the request waited {e.seconds:g} s in the queue (default_queue_policy)",
+                               f"the request waited {e.seconds:g} s in the queue (its queue policy's timeout)",
                                "retry later, or raise default_timeout_microseconds") from None
         except RunError as e:
             if e.code == "HYB-412":

@@ -251,7 +251,7 @@ class HybridServer(uvicorn.Server):
                 await grpc_server.stop(self.state.options.drain_timeout)
             if poller is not None:  # no load begins now (draining); one under way ends before the models close
                 self.state.begin_drain()
-                await asyncio.get_running_loop().run_in_executor(None, poller.stop)
+                await asyncio.get_running_loop().run_in_executor(None, poller.stop, self.state.options.drain_timeout)
             await asyncio.get_running_loop().run_in_executor(None, self.state.close)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
