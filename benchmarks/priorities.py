@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from vs_triton import DELAY_S, MAX_BATCH, MODEL, build_model, start_pyasc, tr
+from vs_triton import DELAY_S, MAX_BATCH, MODEL, build_model, start_pyasc, tr, triton_repository
 
 LEVELS = "priority_levels: 2 default_priority_level: 2"
 
@@ -82,16 +82,8 @@ def main() -> None:
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="priorities-"))
     model, x = build_model(work)
-    triton_repo = work / "triton"
-    tr.write_model(triton_repo, MODEL, model, [tr.TritonSpec("x", "TYPE_FP32", [3, 96, 96])],
-                   [tr.TritonSpec("probs", "TYPE_FP32", [5])], max_batch_size=MAX_BATCH,
-                   queue_delay_us=round(DELAY_S * 1e6), threads=args.threads)
-    config = triton_repo / MODEL / "config.pbtxt"
-    config.write_text(config.read_text().replace("dynamic_batching { max_queue_delay_microseconds: "
-                                                 f"{round(DELAY_S * 1e6)} }}",
-                                                 f"dynamic_batching {{ max_queue_delay_microseconds: "
-                                                 f"{round(DELAY_S * 1e6)} {LEVELS} }}"))
-    assert LEVELS in config.read_text()
+    triton_repo = triton_repository(work / "triton", model, args.threads, LEVELS)
+    assert LEVELS in (triton_repo / MODEL / "config.pbtxt").read_text()
     pyasc_repo = work / "pyasc"
     (pyasc_repo / MODEL / "1").mkdir(parents=True)
     (pyasc_repo / MODEL / "1" / "model.onnx").write_bytes(model.read_bytes())

@@ -128,6 +128,18 @@ def images(x: np.ndarray) -> list[np.ndarray]:
     return out
 
 
+def triton_repository(folder: Path, model: Path, threads: int, batching: str = "") -> Path:
+    """Triton's repository: ``model`` as ``cls`` in a Python-backend model.py running ONNX Runtime with ``threads``,
+    with the benchmark's batching and ``batching`` added inside its ``dynamic_batching { }``."""
+    tr.write_model(folder, MODEL, model, [tr.TritonSpec("x", "TYPE_FP32", [3, 96, 96])],
+                   [tr.TritonSpec("probs", "TYPE_FP32", [5])], max_batch_size=MAX_BATCH,
+                   queue_delay_us=round(DELAY_S * 1e6), threads=threads)
+    if batching:
+        config = folder / MODEL / "config.pbtxt"
+        config.write_text(config.read_text().replace("dynamic_batching { ", f"dynamic_batching {{ {batching} ", 1))
+    return folder
+
+
 def pyasc_repository(folder: Path, model: Path) -> Path:
     """A repository serving ``model`` as ``cls`` with the benchmark's batching and the response cache on."""
     (folder / MODEL / "1").mkdir(parents=True)
@@ -408,10 +420,7 @@ def main() -> None:
     names = args.servers.split(",")
     work = Path(tempfile.mkdtemp(prefix="vs-triton-"))
     model, x = build_model(work)
-    repo = work / "triton"
-    tr.write_model(repo, MODEL, model, [tr.TritonSpec("x", "TYPE_FP32", [3, 96, 96])],
-                   [tr.TritonSpec("probs", "TYPE_FP32", [5])], max_batch_size=MAX_BATCH,
-                   queue_delay_us=round(DELAY_S * 1e6), threads=args.threads)
+    repo = triton_repository(work / "triton", model, args.threads)
     caching: list[str] = []
     served = model
     if args.cache:
