@@ -196,6 +196,20 @@ def test_a_model_not_served_answers_as_triton_s(servers, path, says) -> None:
         assert all(words in e.message() for e in stats.values()), stats
 
 
+def test_load_and_unload_without_model_control_answer_as_triton_s(servers) -> None:
+    # tritonserver's default (--model-control-mode none) and pyasc's (no --model-control): refused, 503 / UNAVAILABLE
+    for action in ("load", "unload"):
+        got = _both(servers, "POST", f"/v2/repository/models/tiny/{action}", {})
+        assert got["pyasc"][0] == got["triton"][0] == 503, (action, got)
+        for name, (_, data, _) in got.items():
+            assert isinstance(json.loads(data).get("error"), str), (name, data)
+    refused = _grpc(servers, lambda c: c.unload_model("tiny"))
+    assert all(isinstance(e, InferenceServerException) for e in refused.values()), refused
+    assert refused["pyasc"].status() == refused["triton"].status() == "StatusCode.UNAVAILABLE"
+    ready = _grpc(servers, lambda c: c.is_model_ready("tiny"))
+    assert ready == {"triton": True, "pyasc": True}  # still served
+
+
 def test_good_inference_json_and_binary_match(servers) -> None:
     want = tiny_expected(X, SCALE)
     got = _both(servers, "POST", "/v2/models/tiny/infer", {"inputs": GOOD})
@@ -1215,7 +1229,6 @@ def test_poll_mode_serves_what_the_repository_holds_as_triton_s(tmp_path) -> Non
         got = _both(servers, "GET", "/v2/models/first/ready")
         assert got["pyasc"][0] == got["triton"][0] == 400  # "Model version not ready"
         got = _both(servers, "POST", "/v2/repository/models/second/unload", {})  # no explicit control
-        # Triton answers 503, pyasc 403 HYB-709 (a setting of the server, not a passing state), in Triton's words
-        assert got["triton"][0] == 503 and got["pyasc"][0] == 403, got
+        assert got["triton"][0] == got["pyasc"][0] == 503, got
         for _, data, _ in got.values():
             assert "explicit model load / unload is not allowed if polling is enabled" in json.loads(data)["error"]

@@ -210,8 +210,10 @@ CATALOG: dict[str, ErrorInfo] = {
                          "The server failed on a request in a way no check foresaw (HTTP 500). The response "
                          "names the exception type only; the server's log has the traceback."),
     "HYB-709": ErrorInfo("model control is off",
-                         "The server was not started with --model-control, so the repository load and unload "
-                         "endpoints (HTTP and gRPC) are refused; restart it with the flag to use them."),
+                         "The server was not started with --model-control (or it polls its repositories: "
+                         "--model-control-mode poll), so the repository load and unload endpoints (HTTP and gRPC) "
+                         "are refused (HTTP 503, gRPC UNAVAILABLE, as Triton answers); restart it with the flag to "
+                         "use them."),
     "HYB-710": ErrorInfo("port in use",
                          "pyasc serve could not bind its HTTP or gRPC port (another process listens there, or the "
                          "address is not this machine's); it checks both before loading any model."),

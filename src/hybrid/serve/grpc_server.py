@@ -478,7 +478,7 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
                                   context: Any) -> pb.RepositoryModelLoadResponse:
         """Answer ``RepositoryModelLoad``: load (or reload) every version of the model from the repositories.
 
-        The load runs in a worker thread. Refused with FAILED_PRECONDITION (HYB-709) unless the server runs
+        The load runs in a worker thread. Refused with UNAVAILABLE (HYB-709, as Triton answers) unless the server runs
         with model control; the ``config`` parameter (a ``ModelConfig`` as JSON, tritonclient's
         ``load_model(name, config=...)``) stands for the model's ``config.pbtxt`` for this load, and ``file:<path>``
         parameters (bytes; ``load_model(..., files=...)``) carry the model's files, served from a folder of their
@@ -496,7 +496,7 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
                                     context: Any) -> pb.RepositoryModelUnloadResponse:
         """Answer ``RepositoryModelUnload``: stop serving every version of the model; queued requests are answered.
 
-        Refused with FAILED_PRECONDITION (HYB-709) unless the server runs with model control; a model not
+        Refused with UNAVAILABLE (HYB-709, as Triton answers) unless the server runs with model control; a model not
         served is NOT_FOUND (HYB-701).
         """
         self._control()
