@@ -1028,6 +1028,45 @@ def test_latency_summaries_as_triton_s(tmp_path) -> None:
     assert not any(n.endswith("_duration_us") for n in after["triton"])
 
 
+def test_metrics_of_an_unloaded_and_reloaded_model_as_triton_s(tmp_path) -> None:
+    if _REASON:
+        pytest.skip(_REASON)
+    tiny = tiny_model(tmp_path / "tiny.onnx")
+    folders = {name: tmp_path / name for name in ("triton", "pyasc")}
+    for folder in folders.values():
+        tr.write_model(folder, "tiny", tiny, [tr.TritonSpec("x", "TYPE_FP32", [4]),
+                                              tr.TritonSpec("scale", "TYPE_FP32", [1])],
+                       [tr.TritonSpec("y", "TYPE_FP32", [3]), tr.TritonSpec("s", "TYPE_FP32", [1])], threads=1)
+    registry = build_registry([folders["pyasc"]], target="onnxruntime")
+    app = create_app(registry, ServeOptions(model_control=True))
+    flags = ["--allow-metrics", "true", "--model-control-mode", "explicit", "--load-model", "tiny"]
+    with tr.TritonServer(folders["triton"], extra_args=flags) as triton, BackgroundServer(app) as pyasc:
+        servers = _urls(triton, pyasc)
+
+        def successes() -> dict[str, list[float]]:
+            texts = {"triton": _http(f"127.0.0.1:{triton.metrics_port}", "GET", "/metrics")[1].decode(),
+                     "pyasc": _http(pyasc.url, "GET", "/metrics")[1].decode()}
+            return {name: [v for labels, v in _families(text).get("nv_inference_request_success",
+                                                                   ("", "", {}))[2].items()
+                           if ("model", "tiny") in labels] for name, text in texts.items()}
+
+        for _ in range(2):
+            assert {k: v[0] for k, v in _both(servers, "POST", "/v2/models/tiny/infer",
+                                              {"inputs": GOOD}).items()} == {"triton": 200, "pyasc": 200}
+        assert successes() == {"triton": [2.0], "pyasc": [2.0]}
+        for action in ("unload", "load"):
+            got = _both(servers, "POST", f"/v2/repository/models/tiny/{action}", {})
+            assert got["pyasc"][0] == got["triton"][0] == 200, got
+            if action == "unload":  # gone from the metrics and from the statistics of every model
+                deadline = time.monotonic() + 30  # Triton unloads in the background
+                while successes() != {"triton": [], "pyasc": []}:
+                    assert time.monotonic() < deadline, successes()
+                    time.sleep(0.2)
+                stats = _both(servers, "GET", "/v2/models/stats")
+                assert [json.loads(v[1])["model_stats"] for v in stats.values()] == [[], []]
+        assert successes() == {"triton": [0.0], "pyasc": [0.0]}  # loaded again: from 0
+
+
 def test_version_policies_serve_the_versions_triton_serves(tmp_path) -> None:
     if _REASON:
         pytest.skip(_REASON)

@@ -97,6 +97,7 @@ class ServerMetrics:
                                     buckets=_BATCH_BUCKETS, registry=self.registry)
         self.grpc_errors = Counter("pyasc_grpc_errors", "Error statuses of any gRPC method, by error code",
                                    ["code"], registry=self.registry)
+        self._models = models
         self._stats: dict[tuple[str, str], ModelStats] = {}
         self._stats_lock = threading.Lock()
         self._children: dict[tuple[str, str], tuple[Any, Any]] = {}
@@ -115,19 +116,32 @@ class ServerMetrics:
         return found
 
     def _all_stats(self) -> list[ModelStats]:
+        """The statistics of the models served now: an unloaded model's metrics are gone, as in Triton."""
+        served = {(m.name, m.version) for m in self._models}
         with self._stats_lock:  # a batcher thread may add a model's entry meanwhile
-            return list(self._stats.values())
+            return [s for key, s in self._stats.items() if key in served]
 
     def stats(self, model: ServedModel) -> ModelStats:
-        """The Triton statistics of ``model`` (kept after an unload, as Triton's counters are)."""
+        """The Triton statistics of ``model``, made at its first use."""
         key = (model.name, model.version)
         found = self._stats.get(key)
         if found is None:
             with self._stats_lock:
-                found = self._stats.setdefault(key, ModelStats(*key, summaries=self.config.summary_latencies,
-                                                               max_age_s=self.config.max_age_s))
-            found.caches_responses = self._cache is not None and model.caches_responses
+                found = self._stats.setdefault(key, self._new_stats(model))
         return found
+
+    def loaded(self, model: ServedModel) -> ModelStats:
+        """A model version (re)loaded: its Triton statistics start again from 0, as Triton's do after a load."""
+        fresh = self._new_stats(model)
+        with self._stats_lock:
+            self._stats[(model.name, model.version)] = fresh
+        return fresh
+
+    def _new_stats(self, model: ServedModel) -> ModelStats:
+        stats = ModelStats(model.name, model.version, summaries=self.config.summary_latencies,
+                           max_age_s=self.config.max_age_s)
+        stats.caches_responses = self._cache is not None and model.caches_responses
+        return stats
 
     def request_done(self, model: ServedModel, ok: bool, seconds: float, rows: int = 1, input_s: float = 0.0,
                      output_s: float = 0.0, cached: bool = False, reason: str = "OTHER") -> None:

@@ -74,7 +74,7 @@ def add_triton_routes(app: FastAPI, state: ServerState) -> None:
     """Add the routes (before the core ones, so ``/v2/models/stats`` is not taken for a model name)."""
     registry, metrics = state.registry, state.metrics
     registry.observer = metrics.observe_batch  # the models a load adds report their batches too
-    registry.on_load = metrics.stats  # and have Triton's metrics at 0 at once, as Triton lists a model it loads
+    registry.on_load = metrics.loaded  # and have Triton's metrics from 0 at once, as Triton lists a model it loads
 
     control = state.check_model_control
 
