@@ -930,6 +930,17 @@ def _families(text: str) -> dict[str, tuple[str, str, dict[tuple[tuple[str, str]
             if m.name.startswith("nv_") and not m.name.startswith(_HOST_ONLY)}
 
 
+def _tiny_in_both(tmp_path: Path) -> dict[str, Path]:
+    """One repository per server holding ``tiny`` as a Triton folder (pyasc serves the same config.pbtxt)."""
+    tiny = tiny_model(tmp_path / "tiny.onnx")
+    folders = {name: tmp_path / name for name in ("triton", "pyasc")}
+    for folder in folders.values():
+        tr.write_model(folder, "tiny", tiny, [tr.TritonSpec("x", "TYPE_FP32", [4]),
+                                              tr.TritonSpec("scale", "TYPE_FP32", [1])],
+                       [tr.TritonSpec("y", "TYPE_FP32", [3]), tr.TritonSpec("s", "TYPE_FP32", [1])], threads=1)
+    return folders
+
+
 def test_prometheus_metrics_as_triton_s(tmp_path) -> None:
     if _REASON:
         pytest.skip(_REASON)
@@ -987,12 +998,7 @@ def test_latency_summaries_as_triton_s(tmp_path) -> None:
     from hybrid.serve.latency_summary import MetricsConfig
 
     settings = ["summary_latencies=true", "counter_latencies=false", "summary_quantiles=0.5:0.05,0.99:0.001"]
-    tiny = tiny_model(tmp_path / "tiny.onnx")
-    folders = {name: tmp_path / name for name in ("triton", "pyasc")}
-    for folder in folders.values():
-        tr.write_model(folder, "tiny", tiny, [tr.TritonSpec("x", "TYPE_FP32", [4]),
-                                              tr.TritonSpec("scale", "TYPE_FP32", [1])],
-                       [tr.TritonSpec("y", "TYPE_FP32", [3]), tr.TritonSpec("s", "TYPE_FP32", [1])], threads=1)
+    folders = _tiny_in_both(tmp_path)
     registry = build_registry([folders["pyasc"]], target="onnxruntime")
     app = create_app(registry, ServeOptions(metrics=MetricsConfig.from_options(settings)))
     flags = ["--allow-metrics", "true", *(a for s in settings for a in ("--metrics-config", s))]
@@ -1031,12 +1037,7 @@ def test_latency_summaries_as_triton_s(tmp_path) -> None:
 def test_metrics_of_an_unloaded_and_reloaded_model_as_triton_s(tmp_path) -> None:
     if _REASON:
         pytest.skip(_REASON)
-    tiny = tiny_model(tmp_path / "tiny.onnx")
-    folders = {name: tmp_path / name for name in ("triton", "pyasc")}
-    for folder in folders.values():
-        tr.write_model(folder, "tiny", tiny, [tr.TritonSpec("x", "TYPE_FP32", [4]),
-                                              tr.TritonSpec("scale", "TYPE_FP32", [1])],
-                       [tr.TritonSpec("y", "TYPE_FP32", [3]), tr.TritonSpec("s", "TYPE_FP32", [1])], threads=1)
+    folders = _tiny_in_both(tmp_path)
     registry = build_registry([folders["pyasc"]], target="onnxruntime")
     app = create_app(registry, ServeOptions(model_control=True))
     flags = ["--allow-metrics", "true", "--model-control-mode", "explicit", "--load-model", "tiny"]
