@@ -1202,11 +1202,12 @@ def _order_of_runs(tmp_path: Path, batching: str, hold: float,
 def test_priority_levels_order_the_runs_as_triton_s(tmp_path) -> None:
     if _REASON:
         pytest.skip(_REASON)
-    # the first request is held 2 s; the others arrive 0.1 s apart at levels 2, default (2), 1, 0 (default),
-    # 1 and 7 (no such level: the default); both servers run level 1 first, then level 2, each in arrival order
-    sends = [(1.0, 2, 0.3), (2.0, None, 0.4), (3.0, 1, 0.5), (4.0, 0, 0.6), (5.0, 1, 0.7), (6.0, 7, 0.8)]
+    # the first request is held 3 s; the others arrive 0.2 s apart (an arrival order that holds on a busy machine)
+    # at levels 2, default (2), 1, 0 (default), 1 and 7 (no such level: the default); both servers run level 1
+    # first, then level 2, each in arrival order
+    sends = [(1.0, 2, 0.3), (2.0, None, 0.5), (3.0, 1, 0.7), (4.0, 0, 0.9), (5.0, 1, 1.1), (6.0, 7, 1.3)]
     order, reported = _order_of_runs(tmp_path, "priority_levels: 2 default_priority_level: 2 priority_queue_policy "
-                                           "{ key: 1 value { max_queue_size: 4 } }", 2.0, sends)
+                                           "{ key: 1 value { max_queue_size: 4 } }", 3.0, sends)
     assert order["pyasc"] == order["triton"] == [0.0, 3.0, 5.0, 1.0, 2.0, 4.0, 6.0], order
     batching = {name: {k: v for k, v in doc.items() if "priority" in k or "queue_policy" in k}
                 for name, (doc, _) in reported.items()}
@@ -1217,10 +1218,11 @@ def test_priority_levels_order_the_runs_as_triton_s(tmp_path) -> None:
 def test_a_delayed_request_runs_after_those_in_time_as_in_triton(tmp_path) -> None:
     if _REASON:
         pytest.skip(_REASON)
-    # held 4 s; request 1 arrives at 0.3 s and is late from 2.3 s (DELAY: not rejected); request 2 arrives at
-    # 2.8 s and is still in time (until 4.8 s) when the first run ends: both servers run 2 before 1
-    order, reported = _order_of_runs(tmp_path, "default_queue_policy { default_timeout_microseconds: 2000000 "
-                                               "timeout_action: DELAY }", 4.0, [(1.0, None, 0.3), (2.0, None, 2.8)])
+    # held 6 s; request 1 arrives at 0.3 s and is late from 3.3 s (DELAY: not rejected); request 2 arrives at
+    # 4.3 s and is still in time (until 7.3 s) when the first run ends: both servers run 2 before 1 (margins of a
+    # second either side, for a busy machine)
+    order, reported = _order_of_runs(tmp_path, "default_queue_policy { default_timeout_microseconds: 3000000 "
+                                               "timeout_action: DELAY }", 6.0, [(1.0, None, 0.3), (2.0, None, 4.3)])
     assert reported["pyasc"][0]["default_queue_policy"] == reported["triton"][0]["default_queue_policy"]
     assert order["pyasc"] == order["triton"] == [0.0, 2.0, 1.0], order
 

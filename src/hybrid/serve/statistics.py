@@ -67,12 +67,10 @@ class ModelStats:
         entry[0] += count
         entry[1] += round(seconds * _NS)
 
-    def _observe(self, phase: str, seconds: float, times: int = 1) -> None:
-        windows = self._windows
-        if windows is not None:
-            window = windows["request" if phase == "success" else phase]
-            for _ in range(times):
-                window.add(seconds * 1e6)
+    def _observe(self, windows: dict[str, Window], **seconds: float) -> None:
+        """Add one observation to each named window (called only where the windows are kept)."""
+        for phase, value in seconds.items():
+            windows[phase].add(value * 1e6)
 
     def request(self, ok: bool, seconds: float, rows: int = 1, input_s: float = 0.0, output_s: float = 0.0,
                 cached: bool = False, reason: str = "OTHER") -> None:
@@ -85,16 +83,15 @@ class ModelStats:
             if ok and cached:
                 self._add("success", 1, seconds)
                 self._add("queue", 1, 0.0)
-                self._observe("success", seconds)
-                self._observe("queue", 0.0)
+                if self._windows is not None:
+                    self._observe(self._windows, request=seconds, queue=0.0)
                 self.last_inference_ms = int(time.time() * 1000)
             elif ok:
                 self._add("success", 1, seconds)
                 self._add("compute_input", 1, input_s)
                 self._add("compute_output", 1, output_s)
-                self._observe("success", seconds)
-                self._observe("compute_input", input_s)
-                self._observe("compute_output", output_s)
+                if self._windows is not None:
+                    self._observe(self._windows, request=seconds, compute_input=input_s, compute_output=output_s)
                 self.inference_count += rows
                 self.last_inference_ms = int(time.time() * 1000)
             else:
@@ -113,9 +110,11 @@ class ModelStats:
             self.execution_count += 1
             self._add("queue", len(waits), sum(waits))
             self._add("compute_infer", size, run_s * size)
-            for w in waits:
-                self._observe("queue", w)
-            self._observe("compute_infer", run_s, size)
+            if self._windows is not None:  # each request of the batch: its wait, and the batch's run
+                for w in waits:
+                    self._observe(self._windows, queue=w)
+                for _ in range(size):
+                    self._observe(self._windows, compute_infer=run_s)
             entry = self._batches.setdefault(size, [0, 0])
             entry[0] += 1
             entry[1] += round(run_s * _NS)
