@@ -377,6 +377,13 @@ def decision_of(http: str) -> str:
     return json.dumps(keep)[:800]
 
 
+def counts_of(http: str) -> tuple[int, int]:
+    """A server's (inferences, executions) of the model so far, from its statistics (Triton's fields)."""
+    with urllib.request.urlopen(f"{http}/v2/models/{MODEL}/stats", timeout=10) as r:
+        stats = (json.loads(r.read()).get("model_stats") or [{}])[0]
+    return int(stats.get("inference_count", 0)), int(stats.get("execution_count", 0))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
@@ -429,6 +436,7 @@ def main() -> None:
         config.write_text(config.read_text() + "response_cache { enable: true }\n")
         served = pyasc_repository(work / "pyasc", model)
     servers: dict[str, str] = {}
+    https: dict[str, str] = {}  # each server's HTTP address, for its statistics
     pids: dict[str, int] = {}
     stops = []
     try:
@@ -453,6 +461,7 @@ def main() -> None:
             stops.append(triton.stop)
             servers["triton"] = triton.grpc_url if args.protocol.startswith("grpc") else triton.http_url
             pids["triton"] = triton.process.pid if triton.process is not None else 0
+            https["triton"] = f"http://{triton.http_url}"
         chosen: dict[str, str] = {}
         if args.baseline is not None and "pyasc-ort-base" not in names:
             names.append("pyasc-ort-base")
@@ -466,6 +475,7 @@ def main() -> None:
                 stops.append(lambda p=proc: (p.terminate(), p.wait(60)))
                 servers[name] = url if args.protocol.startswith("grpc") else http
                 chosen[name] = http
+                https[name] = http
                 pids[name] = proc.pid
         for name, http in chosen.items():  # what each pyasc server decided (its model statistics)
             print(f"{name}: {decision_of(http)}", flush=True)
@@ -473,13 +483,18 @@ def main() -> None:
             load(url, x, 4, 2.0, args.protocol)
         results: dict[tuple[str, int], list[tuple[float, float]]] = {}
         cpu: dict[tuple[str, int], list[tuple[float, float, float]]] = {}
+        batch: dict[tuple[str, int], list[float]] = {}  # mean rows per model execution in a block
         for r in range(args.rounds):
             for n in counts:
                 order = list(servers) if r % 2 == 0 else list(reversed(servers))
                 for name in order:
+                    runs = counts_of(https[name])
                     before, mine = cpu_by_role(pids.get(name)), os.times()
                     rate, p99 = load(servers[name], x, n, args.seconds, args.protocol)
                     after, mine_after = cpu_by_role(pids.get(name)), os.times()
+                    runs_after = counts_of(https[name])
+                    if runs_after[1] > runs[1]:
+                        batch.setdefault((name, n), []).append((runs_after[0] - runs[0]) / (runs_after[1] - runs[1]))
                     results.setdefault((name, n), []).append((rate, p99))
                     if before and after and rate > 0:  # microseconds of CPU per inference
                         per = 1e6 / (rate * args.seconds)
@@ -507,13 +522,14 @@ def main() -> None:
             print("| " + " | ".join(row) + " |")
         if cpu:
             print()
-            print("| clients | server | front end us/inf | compute us/inf | load generator us/inf |")
-            print("|---|---|---|---|---|")
+            print("| clients | server | front end us/inf | compute us/inf | load generator us/inf | rows per run |")
+            print("|---|---|---|---|---|---|")
             for n in counts:
                 for s in servers:
                     if (s, n) in cpu:
                         front, compute, client = (statistics.median(v[i] for v in cpu[(s, n)]) for i in range(3))
-                        print(f"| {n} | {s} | {front:.0f} | {compute:.0f} | {client:.0f} |")
+                        rows = statistics.median(batch[(s, n)]) if (s, n) in batch else float("nan")
+                        print(f"| {n} | {s} | {front:.0f} | {compute:.0f} | {client:.0f} | {rows:.2f} |")
         if "pyasc-ort-base" in servers and "pyasc-ort" in servers:
             print()
             for n in counts:  # the change measured against its baseline, paired within each block
