@@ -55,10 +55,16 @@ CONNECTIONS = 16  # gRPC channels the arrivals are spread over (users on connect
 
 
 def open_loop(url: str, x: np.ndarray, rate: float, seconds: float,
-              seed: int) -> tuple[list[float], float, int, list[float]]:
+              seed: int, protocol: str = "grpc") -> tuple[list[float], float, int, list[float]]:
     """Poisson arrivals at ``rate`` per second for ``seconds``: each answered request's latency from its arrival
     (seconds), the rate answered, the number of failed requests, and how late each request was sent (seconds
-    after its arrival: the load generator's own lag)."""
+    after its arrival: the load generator's own lag).
+
+    ``protocol`` 'grpc': ``tritonclient.grpc``'s ``async_infer`` over ``CONNECTIONS`` channels; 'http':
+    ``tritonclient.http`` (binary tensors) from ``HTTP_WORKERS`` threads with a client each, fed in arrival order.
+    """
+    if protocol == "http":
+        return _open_loop_http(url, x, rate, seconds, seed)
     import tritonclient.grpc as grpcclient
 
     clients = [grpcclient.InferenceServerClient(url) for _ in range(CONNECTIONS)]
@@ -111,6 +117,72 @@ def open_loop(url: str, x: np.ndarray, rate: float, seconds: float,
     return lat, len(lat) / elapsed, failed[0], lags
 
 
+HTTP_WORKERS = 64  # requests in flight at most over HTTP (tritonclient.http's infer blocks its thread)
+
+
+def _open_loop_http(url: str, x: np.ndarray, rate: float, seconds: float,
+                    seed: int) -> tuple[list[float], float, int, list[float]]:
+    import queue
+
+    import tritonclient.http as httpclient
+
+    due_times: queue.SimpleQueue[tuple[float, str] | None] = queue.SimpleQueue()
+    lat: list[float] = []
+    lags: list[float] = []
+    failed = [0]
+    lock = threading.Lock()
+    times = CLIENT_TIMES.setdefault(url, {})
+    ready = threading.Barrier(HTTP_WORKERS + 1)
+
+    def worker() -> None:
+        c = httpclient.InferenceServerClient(url.removeprefix("http://"))
+        inp = httpclient.InferInput("x", list(x.shape), "FP32")
+        inp.set_data_from_numpy(x)
+        out = httpclient.InferRequestedOutput("probs", binary_data=True)
+        c.infer(vt.MODEL, [inp], outputs=[out])  # connect
+        ready.wait()
+        while (job := due_times.get()) is not None:
+            due, rid = job
+            sent = time.perf_counter()
+            sent_ns = time.monotonic_ns()
+            try:
+                c.infer(vt.MODEL, [inp], outputs=[out], request_id=rid)
+                ok = True
+            except Exception:  # counted, as the gRPC callback counts an error
+                ok = False
+            now = time.perf_counter()
+            times[rid] = (sent_ns, time.monotonic_ns())
+            with lock:
+                lags.append(max(0.0, sent - due))
+                if ok:
+                    lat.append(now - due)
+                else:
+                    failed[0] += 1
+        c.close()
+
+    threads = [threading.Thread(target=worker) for _ in range(HTTP_WORKERS)]
+    for t in threads:
+        t.start()
+    ready.wait()
+    gaps = np.random.default_rng(seed).exponential(1.0 / rate, size=int(rate * seconds * 2) + 16)
+    start = time.perf_counter()
+    due = start
+    for sent, gap in enumerate(gaps):
+        due += gap
+        if due >= start + seconds:
+            break
+        wait = due - time.perf_counter()
+        if wait > 0:
+            time.sleep(wait)
+        due_times.put((due, f"{seed}-{sent}"))
+    for _ in threads:
+        due_times.put(None)
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - start
+    return lat, len(lat) / elapsed, failed[0], lags
+
+
 def stretches(path: Path, client: dict[str, tuple[int, int]]) -> str:
     """The median of each stretch between consecutive timestamps of the traced requests in a trace file.
 
@@ -152,6 +224,9 @@ def main() -> None:
                     help="the src folder of another checkout: adds pyasc-ort-base, --target onnxruntime from it")
     ap.add_argument("--variant", action="append", default=[], metavar="NAME=SRC",
                     help="another pyasc-ort, from the src folder SRC of another checkout, named NAME (repeatable)")
+    ap.add_argument("--protocol", choices=("grpc", "http"), default="grpc",
+                    help="tritonclient.grpc (async_infer) or tritonclient.http (binary tensors, a thread per "
+                         "request in flight)")
     ap.add_argument("--trace-rate", type=int, default=0,
                     help="every server traces one request in N (Triton's --trace-config level=TIMESTAMPS, to a file); "
                          "the median of each stretch between the timestamps is printed per server at the end")
@@ -164,7 +239,7 @@ def main() -> None:
         sources["pyasc-ort-base"] = args.baseline
     work = Path(tempfile.mkdtemp(prefix="open-loop-"))
     model, x = vt.build_model(work)
-    grpc: dict[str, str] = {}
+    target: dict[str, str] = {}  # where each server is loaded: its gRPC or its HTTP address
     http: dict[str, str] = {}
     stops = []
 
@@ -179,33 +254,35 @@ def main() -> None:
             triton = tr.TritonServer(vt.triton_repository(work / "triton", model, args.threads),
                                      extra_args=tracing("triton")).start()
             stops.append(triton.stop)
-            grpc["triton"], http["triton"] = triton.grpc_url, f"http://{triton.http_url}"
+            http["triton"] = f"http://{triton.http_url}"
+            target["triton"] = triton.grpc_url if args.protocol == "grpc" else http["triton"]
         servers = [("pyasc-ort", "onnxruntime", 0, None), ("pyasc-auto", None, 200, None)]
         servers += [(name, "onnxruntime", 0, source) for name, source in sources.items()]
-        for name, target, warm, source in servers:
+        for name, runtime, warm, source in servers:
             if name in names or source is not None:
-                proc, url, _, address = vt.start_pyasc(model, target, warm, tuple(tracing(name)), source)
+                proc, url, _, address = vt.start_pyasc(model, runtime, warm, tuple(tracing(name)), source)
                 stops.append(lambda p=proc: (p.terminate(), p.wait(60)))
-                grpc[name], http[name] = url, address
-        for url in grpc.values():  # first calls: connections, sessions, allocators
-            vt.load(url, x, 4, 2.0)
-        for name in grpc:  # what each pyasc server runs the model on (its statistics)
+                target[name], http[name] = (url if args.protocol == "grpc" else address), address
+        for url in target.values():  # first calls: connections, sessions, allocators
+            vt.load(url, x, 4, 2.0, args.protocol)
+        for name in target:  # what each pyasc server runs the model on (its statistics)
             if name != "triton":
                 print(f"{name}: {vt.decision_of(http[name])}", flush=True)
         if args.rates:
             rates = [float(r) for r in args.rates.split(",")]
         else:
-            capacity = vt.load(grpc[names[0]], x, 16, 4.0)[0]
+            capacity = vt.load(target[names[0]], x, 16, 4.0, args.protocol)[0]
             rates = [round(float(f) * capacity) for f in args.fractions.split(",")]
-            print(f"{names[0]} closed loop, 16 clients: {capacity:.0f} inf/s; offered rates {rates}", flush=True)
+            print(f"{names[0]} closed loop, 16 {args.protocol} clients: {capacity:.0f} inf/s; offered rates {rates}",
+                  flush=True)
         rows: dict[tuple[str, float], list[tuple[float, float, float, float, float, int]]] = {}
         for r in range(args.rounds):
             for rate in rates:
-                order = list(grpc) if r % 2 == 0 else list(reversed(grpc))
+                order = list(target) if r % 2 == 0 else list(reversed(target))
                 for name in order:
                     before = stats_of(http[name])
-                    lat, answered, failed, lags = open_loop(grpc[name], x, rate, args.seconds,
-                                                            seed=1000 * r + int(rate))
+                    lat, answered, failed, lags = open_loop(target[name], x, rate, args.seconds,
+                                                            seed=1000 * r + int(rate), protocol=args.protocol)
                     after = stats_of(http[name])
                     batch = (after["runs"][0] - before["runs"][0]) / max(after["runs"][1] - before["runs"][1], 1)
                     phases = "  ".join(  # mean ms per request of each of Triton's durations
@@ -217,7 +294,7 @@ def main() -> None:
                     print(f"round {r} rate {rate:6.0f} {name:14s} answered {answered:7.1f}/s  p50 {p50:6.2f}  "
                           f"p90 {p90:6.2f}  p99 {p99:6.2f} ms  rows/run {batch:4.2f}  failed {failed}  "
                           f"sent late p50/p99 {late} ms  server ms per request: {phases}", flush=True)
-        for name in grpc:  # again after the load: per batch size, what the default target decided
+        for name in target:  # again after the load: per batch size, what the default target decided
             if name != "triton":
                 print(f"{name} after the rounds: {vt.decision_of(http[name])}", flush=True)
         print()
@@ -225,11 +302,11 @@ def main() -> None:
               "(rounds) | rows per run | failed |")
         print("|---|---|---|---|---|---|---|---|---|---|")
         for rate in rates:
-            for name in grpc:
+            for name in target:
                 mine = rows[(name, rate)]
                 med = [statistics.median(v[i] for v in mine) for i in range(5)]
                 p50_ratio = p99_ratio = ""
-                if "triton" in grpc and name != "triton":  # paired within each round
+                if "triton" in target and name != "triton":  # paired within each round
                     base = rows[("triton", rate)]
                     p50_ratio = f"x{statistics.median(a[1] / b[1] for a, b in zip(mine, base, strict=True)):.2f}"
                     p99_ratio = vt.paired([a[3] / b[3] for a, b in zip(mine, base, strict=True)])
@@ -239,9 +316,9 @@ def main() -> None:
         for stop in reversed(stops):
             stop()
     if args.trace_rate:
-        for name in grpc:
+        for name in target:
             print(f"{name}: median ms of each stretch: "
-                  f"{stretches(work / f'{name}-trace.json', CLIENT_TIMES.get(grpc[name], {}))}")
+                  f"{stretches(work / f'{name}-trace.json', CLIENT_TIMES.get(target[name], {}))}")
 
 
 if __name__ == "__main__":
