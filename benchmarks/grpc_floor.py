@@ -5,7 +5,9 @@ server costs per request when the handler does nothing: a ``ModelInfer`` service
 ``ModelInferResponse`` after ``--delay-ms`` (an ``asyncio.sleep``, no CPU: it stands in for the model, so the
 request rate matches a real server's; the per-request cost of a Python gRPC server grows as the rate falls, each
 request paying its own wake-ups), in a child process, loaded by the same unmodified ``tritonclient.grpc`` closed
-loop as ``vs_triton.py``. Also grpcio's thread-pool server (``--kinds sync``) with ``time.sleep``. Reported:
+loop as ``vs_triton.py``. Also grpcio's thread-pool server (``--kinds sync``) with ``time.sleep``, and the asyncio
+server with the method behind a generic handler alone (``aio-generic``: grpcio's generated ``add_..._to_server``
+also registers every method with the core, and its accepting loop then waits on one pending call per method). Reported:
 requests per second and the server's CPU per request (``/proc``, Linux), per kind, interleaved over
 ``--rounds``. Compare with the ``front end us/inf`` column of ``vs_triton.py`` at the same rate.
 
@@ -67,7 +69,14 @@ def serve(kind: str, port: int, delay_s: float, ready: mp.synchronize.Event) -> 
 
     async def main() -> None:
         server = grpc.aio.server()
-        pb_grpc.add_GRPCInferenceServiceServicer_to_server(Aio(), server)
+        if kind == "aio-generic":  # the method through a generic handler alone, none registered with the core
+            handler = grpc.unary_unary_rpc_method_handler(
+                Aio().ModelInfer, request_deserializer=pb.ModelInferRequest.FromString,
+                response_serializer=pb.ModelInferResponse.SerializeToString)
+            server.add_generic_rpc_handlers(
+                (grpc.method_handlers_generic_handler("inference.GRPCInferenceService", {"ModelInfer": handler}),))
+        else:
+            pb_grpc.add_GRPCInferenceServiceServicer_to_server(Aio(), server)
         server.add_insecure_port(address)
         await server.start()
         ready.set()
