@@ -7,11 +7,13 @@ server does not set, and what they see is the latency at that rate. This is perf
 
 Each request's latency counts from the time it was due (its arrival), not from when the load generator got round
 to sending it, so a generator running late charges the server it was loading rather than hiding its queue (no
-coordinated omission). The rates are fractions of Triton's closed-loop throughput at 16 gRPC clients, measured at
-the start of the run (or ``--rates``). Each (round, rate) block runs every server for ``--seconds`` in an order
-that alternates between rounds; the table reports medians over the rounds of p50/p90/p99 latency, the rate
-answered, and the mean rows per model execution (from each server's statistics). Same model, repository and
-server settings as ``vs_triton.py``.
+coordinated omission). The rates are fractions of the first server's (Triton's) closed-loop throughput at 16
+clients of the same protocol, measured at the start of the run (or ``--rates``). Each (round, rate) block runs every
+server for ``--seconds`` in an order that alternates between rounds; the table reports medians over the rounds of
+p50/p90/p99 latency, their ratios to Triton's paired per round, the rate answered, the mean rows per model execution
+(from each server's statistics) and the failed requests. Same model, repository and server settings as
+``vs_triton.py``. ``--trace-rate`` adds where the time goes: the median of each stretch between the servers' trace
+timestamps, with the client's send and answer beside them.
 
     flock /tmp/coord/bench.lock python benchmarks/open_loop.py --rounds 3 --seconds 8
 """
@@ -50,6 +52,8 @@ def stats_of(http: str) -> dict[str, tuple[int, int]]:
 
 
 CLIENT_TIMES: dict[str, dict[str, tuple[int, int]]] = {}  # url -> request id -> (sent, answered), monotonic ns
+
+ANSWER_WAIT_S = 120.0  # after the last arrival, the longest wait for the answers still owed
 
 CONNECTIONS = 16  # gRPC channels the arrivals are spread over (users on connections of their own)
 
@@ -109,8 +113,10 @@ def open_loop(url: str, x: np.ndarray, rate: float, seconds: float,
         clients[sent % CONNECTIONS].async_infer(vt.MODEL, [inp], answered(due, rid, time.monotonic_ns()),
                                                 outputs=[out], request_id=rid)
         sent += 1
-    for _ in range(sent):
-        done.acquire()
+    answers_due = time.perf_counter() + ANSWER_WAIT_S
+    missing = sum(not done.acquire(timeout=max(0.0, answers_due - time.perf_counter())) for _ in range(sent))
+    with lock:
+        failed[0] += missing  # (no answer within ANSWER_WAIT_S: counted as failed, not waited for)
     elapsed = time.perf_counter() - start
     for c in clients:
         c.close()
@@ -132,7 +138,7 @@ def _open_loop_http(url: str, x: np.ndarray, rate: float, seconds: float,
     failed = [0]
     lock = threading.Lock()
     times = CLIENT_TIMES.setdefault(url, {})
-    ready = threading.Barrier(HTTP_WORKERS + 1)
+    ready = threading.Barrier(HTTP_WORKERS + 1, timeout=60)  # a worker that cannot connect breaks it: no hang
 
     def worker() -> None:
         c = httpclient.InferenceServerClient(url.removeprefix("http://"))
@@ -203,9 +209,9 @@ def stretches(path: Path, client: dict[str, tuple[int, int]]) -> str:
     for tid, rid in rids.items():  # the client's send and answer on the same clock (CLOCK_MONOTONIC)
         if rid in client and tid in stamps:
             stamps[tid]["CLIENT_SEND"], stamps[tid]["CLIENT_ANSWERED"] = client[rid]
-            stamps[tid].pop("GRPC_WAITREAD_START", None)
     gaps: dict[str, list[float]] = {}
     for one in stamps.values():
+        one.pop("GRPC_WAITREAD_START", None)
         ordered = sorted(one.items(), key=lambda kv: kv[1])
         for (a, ta), (b, tb) in itertools.pairwise(ordered):
             gaps.setdefault(f"{a}->{b}", []).append((tb - ta) / 1e6)
