@@ -29,6 +29,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +59,21 @@ ANSWER_WAIT_S = 120.0  # after the last arrival, the longest wait for the answer
 CONNECTIONS = 16  # gRPC channels the arrivals are spread over (users on connections of their own)
 
 
+def arrivals(rate: float, seconds: float, seed: int, start: float) -> Iterator[tuple[int, float]]:
+    """A Poisson process of ``rate`` per second from ``start`` (``time.perf_counter``) for ``seconds``: yields each
+    arrival's number and due time once it is due (sleeping until then; at once when the caller runs late)."""
+    gaps = np.random.default_rng(seed).exponential(1.0 / rate, size=int(rate * seconds * 2) + 16)
+    due = start
+    for k, gap in enumerate(gaps):
+        due += gap
+        if due >= start + seconds:
+            return
+        wait = due - time.perf_counter()
+        if wait > 0:
+            time.sleep(wait)
+        yield k, due
+
+
 def open_loop(url: str, x: np.ndarray, rate: float, seconds: float,
               seed: int, protocol: str = "grpc") -> tuple[list[float], float, int, list[float]]:
     """Poisson arrivals at ``rate`` per second for ``seconds``: each answered request's latency from its arrival
@@ -77,8 +93,6 @@ def open_loop(url: str, x: np.ndarray, rate: float, seconds: float,
     out = grpcclient.InferRequestedOutput("probs")
     for c in clients:  # connect
         c.infer(vt.MODEL, [inp], outputs=[out])
-    rng = np.random.default_rng(seed)
-    gaps = rng.exponential(1.0 / rate, size=int(rate * seconds * 2) + 16)
     lat: list[float] = []
     lags: list[float] = []
     failed = [0]
@@ -100,19 +114,12 @@ def open_loop(url: str, x: np.ndarray, rate: float, seconds: float,
         return callback
 
     start = time.perf_counter()
-    due, sent = start, 0
-    for gap in gaps:
-        due += gap
-        if due >= start + seconds:
-            break
-        wait = due - time.perf_counter()
-        if wait > 0:
-            time.sleep(wait)
+    for k, due in arrivals(rate, seconds, seed, start):
         lags.append(max(0.0, time.perf_counter() - due))
-        rid = f"{seed}-{sent}"
-        clients[sent % CONNECTIONS].async_infer(vt.MODEL, [inp], answered(due, rid, time.monotonic_ns()),
-                                                outputs=[out], request_id=rid)
-        sent += 1
+        rid = f"{seed}-{k}"
+        clients[k % CONNECTIONS].async_infer(vt.MODEL, [inp], answered(due, rid, time.monotonic_ns()),
+                                             outputs=[out], request_id=rid)
+    sent = len(lags)  # one per request sent
     answers_due = time.perf_counter() + ANSWER_WAIT_S
     missing = sum(not done.acquire(timeout=max(0.0, answers_due - time.perf_counter())) for _ in range(sent))
     with lock:
@@ -170,17 +177,9 @@ def _open_loop_http(url: str, x: np.ndarray, rate: float, seconds: float,
     for t in threads:
         t.start()
     ready.wait()
-    gaps = np.random.default_rng(seed).exponential(1.0 / rate, size=int(rate * seconds * 2) + 16)
     start = time.perf_counter()
-    due = start
-    for sent, gap in enumerate(gaps):
-        due += gap
-        if due >= start + seconds:
-            break
-        wait = due - time.perf_counter()
-        if wait > 0:
-            time.sleep(wait)
-        due_times.put((due, f"{seed}-{sent}"))
+    for k, due in arrivals(rate, seconds, seed, start):
+        due_times.put((due, f"{seed}-{k}"))
     for _ in threads:
         due_times.put(None)
     for t in threads:
