@@ -80,7 +80,8 @@ def open_loop(url: str, x: np.ndarray, rate: float, seconds: float,
     (seconds), the rate answered, the number of failed requests, and how late each request was sent (seconds
     after its arrival: the load generator's own lag).
 
-    ``protocol`` 'grpc': ``tritonclient.grpc``'s ``async_infer`` over ``CONNECTIONS`` channels; 'http':
+    ``protocol`` 'grpc': ``tritonclient.grpc``'s ``async_infer`` over ``CONNECTIONS`` channels; 'grpc-stream': one
+    ``ModelStreamInfer`` stream on each of them (``async_stream_infer``, perf_analyzer's ``--streaming``); 'http':
     ``tritonclient.http`` (binary tensors) from ``HTTP_WORKERS`` threads with a client each, fed in arrival order.
     """
     if protocol == "http":
@@ -113,12 +114,31 @@ def open_loop(url: str, x: np.ndarray, rate: float, seconds: float,
             done.release()
         return callback
 
+    pending: dict[str, tuple[float, int]] = {}  # on a stream: request id -> (due, sent), until its answer
+
+    def on_stream(result: Any, error: Any) -> None:
+        rid = result.get_response().id if error is None and result is not None else None
+        if rid is None or rid not in pending:
+            with lock:
+                failed[0] += 1
+            done.release()
+            return
+        due, sent_ns = pending.pop(rid)
+        answered(due, rid, sent_ns)(result, None)
+
+    if protocol == "grpc-stream":
+        for c in clients:
+            c.start_stream(callback=on_stream)
     start = time.perf_counter()
     for k, due in arrivals(rate, seconds, seed, start):
         lags.append(max(0.0, time.perf_counter() - due))
         rid = f"{seed}-{k}"
-        clients[k % CONNECTIONS].async_infer(vt.MODEL, [inp], answered(due, rid, time.monotonic_ns()),
-                                             outputs=[out], request_id=rid)
+        if protocol == "grpc-stream":
+            pending[rid] = (due, time.monotonic_ns())
+            clients[k % CONNECTIONS].async_stream_infer(vt.MODEL, [inp], outputs=[out], request_id=rid)
+        else:
+            clients[k % CONNECTIONS].async_infer(vt.MODEL, [inp], answered(due, rid, time.monotonic_ns()),
+                                                 outputs=[out], request_id=rid)
     sent = len(lags)  # one per request sent
     answers_due = time.perf_counter() + ANSWER_WAIT_S
     missing = sum(not done.acquire(timeout=max(0.0, answers_due - time.perf_counter())) for _ in range(sent))
@@ -126,6 +146,8 @@ def open_loop(url: str, x: np.ndarray, rate: float, seconds: float,
         failed[0] += missing  # (no answer within ANSWER_WAIT_S: counted as failed, not waited for)
     elapsed = time.perf_counter() - start
     for c in clients:
+        if protocol == "grpc-stream":
+            c.stop_stream()
         c.close()
     return lat, len(lat) / elapsed, failed[0], lags
 
@@ -229,9 +251,9 @@ def main() -> None:
                     help="the src folder of another checkout: adds pyasc-ort-base, --target onnxruntime from it")
     ap.add_argument("--variant", action="append", default=[], metavar="NAME=SRC",
                     help="another pyasc-ort, from the src folder SRC of another checkout, named NAME (repeatable)")
-    ap.add_argument("--protocol", choices=("grpc", "http"), default="grpc",
-                    help="tritonclient.grpc (async_infer) or tritonclient.http (binary tensors, a thread per "
-                         "request in flight)")
+    ap.add_argument("--protocol", choices=("grpc", "grpc-stream", "http"), default="grpc",
+                    help="tritonclient.grpc (async_infer), tritonclient.grpc over one stream per connection "
+                         "(async_stream_infer), or tritonclient.http (binary tensors, a thread per request in flight)")
     ap.add_argument("--trace-rate", type=int, default=0,
                     help="every server traces one request in N (Triton's --trace-config level=TIMESTAMPS, to a file); "
                          "the median of each stretch between the timestamps is printed per server at the end")
@@ -260,14 +282,14 @@ def main() -> None:
                                      extra_args=tracing("triton")).start()
             stops.append(triton.stop)
             http["triton"] = f"http://{triton.http_url}"
-            target["triton"] = triton.grpc_url if args.protocol == "grpc" else http["triton"]
+            target["triton"] = triton.grpc_url if args.protocol.startswith("grpc") else http["triton"]
         servers = [("pyasc-ort", "onnxruntime", 0, None), ("pyasc-auto", None, 200, None)]
         servers += [(name, "onnxruntime", 0, source) for name, source in sources.items()]
         for name, runtime, warm, source in servers:
             if name in names or source is not None:
                 proc, url, _, address = vt.start_pyasc(model, runtime, warm, tuple(tracing(name)), source)
                 stops.append(lambda p=proc: (p.terminate(), p.wait(60)))
-                target[name], http[name] = (url if args.protocol == "grpc" else address), address
+                target[name], http[name] = (url if args.protocol.startswith("grpc") else address), address
         for url in target.values():  # first calls: connections, sessions, allocators
             vt.load(url, x, 4, 2.0, args.protocol)
         for name in target:  # what each pyasc server runs the model on (its statistics)
