@@ -210,6 +210,14 @@ def error_of(body: bytes) -> str:
     return doc["code"]
 
 
+def wait_for(condition: Any, what: str, limit: float = 60.0, every: float = 0.002) -> None:
+    """Wait until ``condition()`` holds, looking every ``every`` seconds; fail naming ``what`` after ``limit``."""
+    deadline = time.monotonic() + limit
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(every)
+
+
 @dataclass
 class Span:
     """One exported span, in a form both OTLP encodings give alike (ids in hex, times in ns)."""

@@ -16,7 +16,7 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper
-from tests._serve_support import request, tiny_expected, tiny_model
+from tests._serve_support import request, tiny_expected, tiny_model, wait_for
 
 from hybrid.runtime.batching import Batcher
 from hybrid.runtime.compiler import compile_model
@@ -42,13 +42,6 @@ def served(path, **settings):
 
 async def infer_all(model, requests):
     return await asyncio.gather(*(model.infer(r) for r in requests))
-
-
-def wait_for(condition, what, limit=60.0):
-    deadline = time.monotonic() + limit
-    while not condition():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.002)
 
 
 async def infer_while_busy(model, requests):

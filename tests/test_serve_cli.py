@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from _serve_support import request, tiny_model
+from _serve_support import request, tiny_model, wait_for
 from _triton_real import free_port
 
 from hybrid.serve import build_registry
@@ -213,12 +213,6 @@ def test_tritonserver_s_poll_mode_serves_what_the_repository_holds(tmp_path: Pat
     tiny_model(repo / "first" / "1" / "model.onnx")
     http = free_port()
 
-    def until(condition: Any, what: str) -> None:
-        deadline = time.monotonic() + 60
-        while not condition():
-            assert time.monotonic() < deadline, f"timed out waiting for {what}"
-            time.sleep(0.1)
-
     def ready(client: Any, name: str) -> bool:
         try:
             return client.is_model_ready(name)
@@ -232,9 +226,9 @@ def test_tritonserver_s_poll_mode_serves_what_the_repository_holds(tmp_path: Pat
         (staged / "1").mkdir(parents=True)
         tiny_model(staged / "1" / "model.onnx")
         staged.rename(repo / "second")
-        until(lambda: ready(client, "second"), "the added model to be served")
+        wait_for(lambda: ready(client, "second"), "the added model to be served", every=0.1)
         shutil.rmtree(repo / "first")
-        until(lambda: not ready(client, "first"), "the removed model to be unloaded")
+        wait_for(lambda: not ready(client, "first"), "the removed model to be unloaded", every=0.1)
         with pytest.raises(InferenceServerException, match="HYB-709"):
             client.load_model("first")
 
