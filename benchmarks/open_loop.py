@@ -28,7 +28,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -45,10 +44,9 @@ PHASES = ("success", "queue", "compute_infer")  # Triton's inference_stats durat
 
 def stats_of(http: str) -> dict[str, tuple[int, int]]:
     """A server's (count, ns) so far of each of ``PHASES``, and ('runs', (inferences, executions))."""
-    with urllib.request.urlopen(f"{http}/v2/models/{vt.MODEL}/stats", timeout=10) as r:
-        stats = (json.loads(r.read()).get("model_stats") or [{}])[0]
+    stats = vt.model_stats(http)
     out = {k: (int(stats["inference_stats"][k]["count"]), int(stats["inference_stats"][k]["ns"])) for k in PHASES}
-    out["runs"] = (int(stats.get("inference_count", 0)), int(stats.get("execution_count", 0)))
+    out["runs"] = vt.runs_in(stats)
     return out
 
 

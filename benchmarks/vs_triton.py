@@ -367,21 +367,28 @@ def cpu_by_role(root: int | None) -> dict[str, float]:
     return out
 
 
+def model_stats(http: str) -> dict[str, Any]:
+    """The model's entry of a server's statistics (``GET /v2/models/cls/stats``, Triton's fields); {} if none."""
+    with urllib.request.urlopen(f"{http}/v2/models/{MODEL}/stats", timeout=10) as r:
+        return (json.loads(r.read()).get("model_stats") or [{}])[0]
+
+
 def decision_of(http: str) -> str:
     """What a pyasc server runs the model on, from its statistics (backend, precision, accuracy where given)."""
-    with urllib.request.urlopen(f"{http}/v2/models/{MODEL}/stats", timeout=10) as r:
-        doc = json.loads(r.read())
-    report = (doc.get("model_stats") or [{}])[0].get("pyasc", {})
+    report = model_stats(http).get("pyasc", {})
     keep = {k: report.get(k) for k in ("backend", "device", "precision", "accuracy")}
     keep["tuning"] = [{k: t.get(k) for k in ("state", "serving", "decided_after_s")} for t in report.get("tuning", [])]
     return json.dumps(keep)[:800]
 
 
+def runs_in(stats: dict[str, Any]) -> tuple[int, int]:
+    """(inferences, executions) in a model's statistics entry (:func:`model_stats`)."""
+    return int(stats.get("inference_count", 0)), int(stats.get("execution_count", 0))
+
+
 def counts_of(http: str) -> tuple[int, int]:
     """A server's (inferences, executions) of the model so far, from its statistics (Triton's fields)."""
-    with urllib.request.urlopen(f"{http}/v2/models/{MODEL}/stats", timeout=10) as r:
-        stats = (json.loads(r.read()).get("model_stats") or [{}])[0]
-    return int(stats.get("inference_count", 0)), int(stats.get("execution_count", 0))
+    return runs_in(model_stats(http))
 
 
 def main() -> None:
