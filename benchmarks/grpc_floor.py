@@ -48,6 +48,7 @@ def serve(kind: str, port: int, delay_s: float, ready: mp.synchronize.Event) -> 
     answer.outputs.add(name="probs", datatype="FP32", shape=[1, 5])
     answer.raw_output_contents.append(np.zeros((1, 5), np.float32).tobytes())
     address = f"127.0.0.1:{port}"
+    kind = kind.split("+")[0]  # "+name" parts were gRPC experiments, set in the environment (main)
     if kind == "sync":
         class Sync(pb_grpc.GRPCInferenceServiceServicer):
             def ModelInfer(self, request, context):
@@ -79,8 +80,41 @@ def serve(kind: str, port: int, delay_s: float, ready: mp.synchronize.Event) -> 
             pb_grpc.add_GRPCInferenceServiceServicer_to_server(Aio(), server)
         server.add_insecure_port(address)
         await server.start()
+        if kind.startswith("aio-accept"):  # more calls of ModelInfer accepted ahead (aio-acceptN: N in all)
+            extra_accepts(server, int(kind[len("aio-accept"):]) - 1)
         ready.set()
         await server.wait_for_termination()
+
+    def extra_accepts(server, n: int) -> None:
+        from grpc._cython import cygrpc
+
+        core = server._server
+        method = "/inference.GRPCInferenceService/ModelInfer"
+        handler = grpc.unary_unary_rpc_method_handler(
+            Aio().ModelInfer, request_deserializer=pb.ModelInferRequest.FromString,
+            response_serializer=pb.ModelInferResponse.SerializeToString)
+        resolver = cygrpc._MethodResolver([], {method: handler})
+        loop = asyncio.get_running_loop()
+        tasks = set()
+
+        def arm() -> None:
+            core._make_request_call_future(method.encode()).add_done_callback(accepted)
+
+        def accepted(fut) -> None:
+            if fut.cancelled() or fut.exception() is not None:
+                if core.is_running():
+                    arm()
+                return
+            state = fut.result()
+            coro = cygrpc._handle_rpc(method, resolver, (), state, loop, False)
+            task = loop.create_task(cygrpc._schedule_rpc_coro(coro, state, loop, method))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+            if core.is_running():
+                arm()
+
+        for _ in range(n):
+            arm()
 
     import uvloop
 
@@ -96,7 +130,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--clients", type=int, default=16)
     ap.add_argument("--delay-ms", type=float, default=8.0, help="the handler's wait (no CPU) before it answers")
-    ap.add_argument("--kinds", default="aio,sync")
+    ap.add_argument("--kinds", default="aio,sync",
+                    help="aio, aio-generic, sync; a kind followed by +NAME (repeatable) runs with the gRPC core "
+                         "experiment NAME (GRPC_EXPERIMENTS; -NAME turns a default one off)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=5.0)
     args = ap.parse_args()
@@ -105,9 +141,19 @@ def main() -> None:
     procs, urls = {}, {}
     try:
         for kind in kinds:
-            port, ready = tr.free_port(), mp.Event()
-            procs[kind] = mp.Process(target=serve, args=(kind, port, args.delay_ms / 1e3, ready), daemon=True)
-            procs[kind].start()
+            spawn = mp.get_context("spawn")  # a fresh gRPC core, which reads GRPC_EXPERIMENTS when it starts
+            port, ready = tr.free_port(), spawn.Event()
+            procs[kind] = spawn.Process(target=serve, args=(kind, port, args.delay_ms / 1e3, ready), daemon=True)
+            experiments = ",".join(kind.split("+")[1:])
+            saved = os.environ.get("GRPC_EXPERIMENTS")
+            if experiments:
+                os.environ["GRPC_EXPERIMENTS"] = experiments
+            try:
+                procs[kind].start()
+            finally:
+                os.environ.pop("GRPC_EXPERIMENTS", None)
+                if saved is not None:
+                    os.environ["GRPC_EXPERIMENTS"] = saved
             if not ready.wait(60):
                 raise RuntimeError(f"the {kind} server did not start")
             urls[kind] = f"127.0.0.1:{port}"
@@ -119,7 +165,7 @@ def main() -> None:
                 rate, _ = load(urls[kind], x, args.clients, args.seconds)
                 per = (cpu_s(procs[kind].pid) - before) / (rate * args.seconds) * 1e6
                 seen[kind].append((rate, per))
-                print(f"round {r} {kind:5s} {rate:7.0f} req/s  server CPU {per:5.0f} us/request", flush=True)
+                print(f"round {r} {kind:24s} {rate:7.0f} req/s  server CPU {per:5.0f} us/request", flush=True)
         print()
         head = f"server ({args.clients} clients, handler waits {args.delay_ms:g} ms)"
         print(f"| {head} | req/s | server CPU us/request |")

@@ -38,6 +38,7 @@ from tritonclient.grpc import service_pb2_grpc as pb_grpc
 from hybrid._version import __version__
 from hybrid.errors import ConfigError, HybridError, ServingError
 from hybrid.serve.classification import CLASSIFICATION, class_count, top_classes
+from hybrid.serve.grpc_accept import accept_ahead
 from hybrid.serve.protocol import DATATYPES, Limits, binary_of, datatype_of
 from hybrid.serve.sequences import SequenceFlags, sequence_flags
 from hybrid.serve.shared_memory import BYTE_SIZE, OFFSET, REGION, SharedMemoryRegions, Span, regions_for, span_of
@@ -61,6 +62,7 @@ _BY_HTTP = {400: grpc.StatusCode.INVALID_ARGUMENT, 401: grpc.StatusCode.UNAUTHEN
 _TYPED = {"BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents",
           "INT64": "int64_contents", "UINT8": "uint_contents", "UINT16": "uint_contents", "UINT32": "uint_contents",
           "UINT64": "uint64_contents", "FP32": "fp32_contents", "FP64": "fp64_contents", "BYTES": "bytes_contents"}
+INFER_METHOD = "/inference.GRPCInferenceService/ModelInfer"  # its calls are accepted ahead (grpc_accept)
 _HINT = "build requests with tritonclient.grpc (InferInput.set_data_from_numpy)"
 
 
@@ -703,13 +705,17 @@ async def start_grpc(state: ServerState, address: str) -> tuple[grpc.aio.Server,
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", limit),
                                       ("grpc.max_send_message_length", -1),
                                       ("grpc.so_reuseport", 0)])
-    pb_grpc.add_GRPCInferenceServiceServicer_to_server(GrpcService(state), server)
+    service = GrpcService(state)
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(service, server)
     try:
         port = server.add_insecure_port(address)
     except RuntimeError as e:
         raise ConfigError("HYB-102", f"cannot listen for gRPC on {address}: {e}",
                           "choose another --grpc-port (0 turns gRPC off)") from e
     await server.start()
+    accept_ahead(server, {INFER_METHOD: grpc.unary_unary_rpc_method_handler(
+        service.ModelInfer, request_deserializer=pb.ModelInferRequest.FromString,
+        response_serializer=pb.ModelInferResponse.SerializeToString)})
     logger.info("gRPC (KServe v2 / Triton) listening on %s", address.rpartition(":")[0] + f":{port}")
     return server, port
 
