@@ -7,7 +7,10 @@ request rate matches a real server's; the per-request cost of a Python gRPC serv
 request paying its own wake-ups), in a child process, loaded by the same unmodified ``tritonclient.grpc`` closed
 loop as ``vs_triton.py``. Also grpcio's thread-pool server (``--kinds sync``) with ``time.sleep``, and the asyncio
 server with the method behind a generic handler alone (``aio-generic``: grpcio's generated ``add_..._to_server``
-also registers every method with the core, and its accepting loop then waits on one pending call per method). Reported:
+also registers every method with the core, and its accepting loop then waits on one pending call per method), and
+the asyncio server with N more asks for ``ModelInfer`` calls outstanding, as ``pyasc serve`` keeps
+(``aio-aheadN``, :mod:`hybrid.serve.grpc_accept`). A kind followed by ``+NAME`` runs with the gRPC core experiment
+NAME (``GRPC_EXPERIMENTS``; each server is a fresh process, started with ``spawn``). Reported:
 requests per second and the server's CPU per request (``/proc``, Linux), per kind, interleaved over
 ``--rounds``. Compare with the ``front end us/inf`` column of ``vs_triton.py`` at the same rate.
 
@@ -80,41 +83,15 @@ def serve(kind: str, port: int, delay_s: float, ready: mp.synchronize.Event) -> 
             pb_grpc.add_GRPCInferenceServiceServicer_to_server(Aio(), server)
         server.add_insecure_port(address)
         await server.start()
-        if kind.startswith("aio-accept"):  # more calls of ModelInfer accepted ahead (aio-acceptN: N in all)
-            extra_accepts(server, int(kind[len("aio-accept"):]) - 1)
+        if kind.startswith("aio-ahead"):  # N more asks for ModelInfer calls, as pyasc serve keeps (aio-aheadN)
+            from hybrid.serve.grpc_accept import accept_ahead
+
+            handler = grpc.unary_unary_rpc_method_handler(
+                Aio().ModelInfer, request_deserializer=pb.ModelInferRequest.FromString,
+                response_serializer=pb.ModelInferResponse.SerializeToString)
+            accept_ahead(server, {"/inference.GRPCInferenceService/ModelInfer": handler}, int(kind[len("aio-ahead"):]))
         ready.set()
         await server.wait_for_termination()
-
-    def extra_accepts(server, n: int) -> None:
-        from grpc._cython import cygrpc
-
-        core = server._server
-        method = "/inference.GRPCInferenceService/ModelInfer"
-        handler = grpc.unary_unary_rpc_method_handler(
-            Aio().ModelInfer, request_deserializer=pb.ModelInferRequest.FromString,
-            response_serializer=pb.ModelInferResponse.SerializeToString)
-        resolver = cygrpc._MethodResolver([], {method: handler})
-        loop = asyncio.get_running_loop()
-        tasks = set()
-
-        def arm() -> None:
-            core._make_request_call_future(method.encode()).add_done_callback(accepted)
-
-        def accepted(fut) -> None:
-            if fut.cancelled() or fut.exception() is not None:
-                if core.is_running():
-                    arm()
-                return
-            state = fut.result()
-            coro = cygrpc._handle_rpc(method, resolver, (), state, loop, False)
-            task = loop.create_task(cygrpc._schedule_rpc_coro(coro, state, loop, method))
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
-            if core.is_running():
-                arm()
-
-        for _ in range(n):
-            arm()
 
     import uvloop
 
