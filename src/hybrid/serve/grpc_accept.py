@@ -17,6 +17,7 @@ debug log, and the server accepts calls as grpcio does.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -56,6 +57,30 @@ class AheadAsks:
 
 
 _INTERNALS = ("_MethodResolver", "_RequestCallError", "_handle_rpc", "_schedule_rpc_coro")
+_PARAMETERS = {  # the functions called, with the parameters they are called with (grpcio 1.6x-1.8x)
+    "_handle_rpc": ("method_name", "method_resolver", "interceptors", "rpc_state", "loop", "concurrency_exceeded"),
+    "_schedule_rpc_coro": ("rpc_coro", "rpc_state", "loop", "method_name"),
+}
+
+
+def _internals_fit(cygrpc: Any, core: Any) -> bool:
+    """Whether this grpcio has the internals :func:`accept_ahead` calls, taking the parameters it passes.
+
+    A call accepted here and then not handled would hang until its deadline, so a release whose functions take
+    other parameters is not used at all.
+    """
+    if core is None or not all(hasattr(cygrpc, name) for name in _INTERNALS):
+        return False
+    if not (hasattr(core, "_make_request_call_future") and hasattr(core, "is_running")):
+        return False
+    for name, parameters in _PARAMETERS.items():
+        try:
+            found = tuple(inspect.signature(getattr(cygrpc, name)).parameters)
+        except (TypeError, ValueError):  # no signature to read
+            return False
+        if found != parameters:
+            return False
+    return True
 
 
 def accept_ahead(server: grpc.aio.Server, handlers: Mapping[str, grpc.RpcMethodHandler],
@@ -80,8 +105,7 @@ def accept_ahead(server: grpc.aio.Server, handlers: Mapping[str, grpc.RpcMethodH
     core = getattr(server, "_server", None)
     if n <= 0 or not handlers:
         return None
-    if (core is None or not all(hasattr(cygrpc, name) for name in _INTERNALS)
-            or not hasattr(core, "_make_request_call_future") or not hasattr(core, "is_running")):
+    if not _internals_fit(cygrpc, core):
         logger.debug("grpcio %s has no internals to accept calls ahead with; it accepts them one at a time",
                      grpc.__version__)
         return None
