@@ -103,26 +103,19 @@ def test_a_burst_is_answered_in_full_partly_through_the_asks_and_the_server_stop
     assert pending == [] and errors == []
 
 
-def test_nothing_changes_where_grpcio_lacks_the_internals(monkeypatch):
-    # a release without one of the functions (deleting a real one would break grpcio's own accepting task)
+def _without_a_function(monkeypatch):  # a release without one of them (deleting a real one breaks grpcio's own)
     monkeypatch.setattr(grpc_accept, "_INTERNALS", (*grpc_accept._INTERNALS, "_not_in_this_release"))
-    service = Echo()
-
-    async def main():
-        server, port = await started(service)
-        try:
-            return grpc_accept.accept_ahead(server, handlers(service)), await burst(port, 16)
-        finally:
-            await server.stop(grace=1)
-
-    (asks, (ids, live)), errors = run_collecting_loop_errors(main)
-    assert asks is None and ids == [str(i) for i in range(16)] and live and errors == []
 
 
-def test_nothing_changes_where_grpcio_s_functions_take_other_parameters(monkeypatch):
+def _with_other_parameters(monkeypatch):  # as a release before the concurrency limit
     parameters = dict(grpc_accept._PARAMETERS)
-    parameters["_handle_rpc"] = parameters["_handle_rpc"][:-1]  # as a release before the concurrency limit
+    parameters["_handle_rpc"] = parameters["_handle_rpc"][:-1]
     monkeypatch.setattr(grpc_accept, "_PARAMETERS", parameters)
+
+
+@pytest.mark.parametrize("release", [_without_a_function, _with_other_parameters])
+def test_nothing_changes_where_grpcio_s_internals_are_not_the_ones_called(monkeypatch, release):
+    release(monkeypatch)
     service = Echo()
 
     async def main():
