@@ -4,9 +4,9 @@ grpcio's asyncio server asks the gRPC core for one call of each method at a time
 next call, starts a task for it and only then asks for the one after. Every ask is answered through grpcio's poller
 thread and a turn of the event loop, so a burst of ``ModelInfer`` calls waits in the core to be accepted one loop
 turn after another, each turn behind whatever else the loop is doing (and, on a loaded machine, behind the wait
-for a core). A C++ server keeps several asks outstanding; this keeps :data:`ACCEPT_AHEAD` more asks outstanding
-for the methods that carry the load, each re-armed from its own completion callback, so calls that arrive
-together are handed over together and start at the loop's next turn.
+for a core). This keeps :data:`ACCEPT_AHEAD` more asks outstanding for the methods that carry the load, each
+re-armed from its own completion callback, so calls that arrive together are handed over together and start at the
+loop's next turn.
 
 It drives the same grpcio functions the server's own accepting task calls (``AioServer._make_request_call_future``,
 ``cygrpc._handle_rpc``, ``cygrpc._schedule_rpc_coro``, ``cygrpc._MethodResolver``). They are not public: where
@@ -33,12 +33,11 @@ ACCEPT_AHEAD = 8
 """How many more calls of a method the core may hand over before the event loop asks again.
 
 An ask costs only its bookkeeping (one pending call state) until a call arrives; a burst larger than this is still
-accepted, at grpcio's own pace for the rest. With any of 2, 8 or 32 the server's front end cost the same per call
-(``benchmarks/vs_triton.py --cache 64``, 16 clients, every answer from the response cache: 10-30 % less CPU per
-call than grpcio's one ask, benchmarks/RESULTS.md); eight leaves room for a full batch of the usual
-``max_batch_size`` arriving at once.
+accepted, at grpcio's own pace for the rest. Against grpcio's one ask, eight took 10 % (a model's load) to 30 %
+(every answer from the response cache) off the front end's CPU per call at 16 clients, and 2, 8 or 32 cost the same
+(``benchmarks/vs_triton.py``, benchmarks/RESULTS.md): most of the gain is the second ask. Eight leaves room for a
+full batch of the usual ``max_batch_size`` arriving at once.
 """
-
 
 
 @dataclass
