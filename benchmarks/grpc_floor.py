@@ -108,8 +108,9 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=16)
     ap.add_argument("--delay-ms", type=float, default=8.0, help="the handler's wait (no CPU) before it answers")
     ap.add_argument("--kinds", default="aio,sync",
-                    help="aio, aio-generic, sync; a kind followed by +NAME (repeatable) runs with the gRPC core "
-                         "experiment NAME (GRPC_EXPERIMENTS; -NAME turns a default one off)")
+                    help="aio, aio-generic, aio-aheadN (N more asks for ModelInfer calls), sync; a kind followed "
+                         "by +NAME (repeatable) runs with the gRPC core experiment NAME (GRPC_EXPERIMENTS; -NAME "
+                         "turns a default one off)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=5.0)
     args = ap.parse_args()
