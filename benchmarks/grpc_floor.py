@@ -73,22 +73,20 @@ def serve(kind: str, port: int, delay_s: float, ready: mp.synchronize.Event) -> 
 
     async def main() -> None:
         server = grpc.aio.server()
+        servicer = Aio()
+        handler = grpc.unary_unary_rpc_method_handler(  # ModelInfer's, as the generated code builds it
+            servicer.ModelInfer, request_deserializer=pb.ModelInferRequest.FromString,
+            response_serializer=pb.ModelInferResponse.SerializeToString)
         if kind == "aio-generic":  # the method through a generic handler alone, none registered with the core
-            handler = grpc.unary_unary_rpc_method_handler(
-                Aio().ModelInfer, request_deserializer=pb.ModelInferRequest.FromString,
-                response_serializer=pb.ModelInferResponse.SerializeToString)
             server.add_generic_rpc_handlers(
                 (grpc.method_handlers_generic_handler("inference.GRPCInferenceService", {"ModelInfer": handler}),))
         else:
-            pb_grpc.add_GRPCInferenceServiceServicer_to_server(Aio(), server)
+            pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
         server.add_insecure_port(address)
         await server.start()
         if kind.startswith("aio-ahead"):  # N more asks for ModelInfer calls, as pyasc serve keeps (aio-aheadN)
             from hybrid.serve.grpc_accept import accept_ahead
 
-            handler = grpc.unary_unary_rpc_method_handler(
-                Aio().ModelInfer, request_deserializer=pb.ModelInferRequest.FromString,
-                response_serializer=pb.ModelInferResponse.SerializeToString)
             accept_ahead(server, {"/inference.GRPCInferenceService/ModelInfer": handler}, int(kind[len("aio-ahead"):]))
         ready.set()
         await server.wait_for_termination()
