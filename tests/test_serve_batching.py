@@ -80,6 +80,27 @@ def test_requests_join_by_inner_shape_and_split_by_their_own_rows(tmp_path, rng)
         model.close()
 
 
+def test_answers_that_are_their_batch_input_keep_their_values_when_the_next_batch_is_joined(tmp_path, rng):
+    # the reference backend answers an Identity graph with its input array itself: the joined block is the answer
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3])
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "same", [x], [y])
+    path = tmp_path / "same.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+    model = ServedModel("m", "1", compile_model(path, target="reference"),
+                        BatchSettings(max_batch=4, batch_timeout=0.5))
+    try:
+        rounds = []
+        for _ in range(3):
+            reqs = [{"x": rng.standard_normal((1 + i % 2, 3)).astype(np.float32)} for i in range(5)]
+            rounds.append((reqs, asyncio.run(infer_while_busy(model, reqs))))
+        for reqs, outs in rounds:  # earlier rounds' answers too, after later batches were joined
+            for r, out in zip(reqs, outs, strict=True):
+                np.testing.assert_array_equal(out["y"], r["x"])
+    finally:
+        model.close()
+
+
 def test_static_batch_model_runs_a_batch_request_by_request(tmp_path, rng):
     model, batches = served(relu_model(tmp_path / "relu1.onnx", [1, 3]), max_batch=4, batch_timeout=0.5)
     try:

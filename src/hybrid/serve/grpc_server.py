@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 import numpy as np
+from google.protobuf import message_factory
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
@@ -39,6 +40,7 @@ from hybrid._version import __version__
 from hybrid.errors import ConfigError, HybridError, ServingError
 from hybrid.serve.classification import CLASSIFICATION, class_count, top_classes
 from hybrid.serve.grpc_accept import accept_ahead
+from hybrid.serve.grpc_wire import ReceivedInfer, read_infer_request
 from hybrid.serve.protocol import DATATYPES, Limits, binary_of, datatype_of
 from hybrid.serve.sequences import SequenceFlags, sequence_flags
 from hybrid.serve.shared_memory import BYTE_SIZE, OFFSET, REGION, SharedMemoryRegions, Span, regions_for, span_of
@@ -50,7 +52,8 @@ if TYPE_CHECKING:
     from hybrid.serve.model import ServedModel
     from hybrid.serve.trace import Trace
 
-__all__ = ["GrpcService", "decode_inputs", "encode_outputs", "grpc_status", "requested_outputs", "start_grpc"]
+__all__ = ["GrpcService", "decode_inputs", "encode_outputs", "grpc_status", "method_handlers", "requested_outputs",
+           "start_grpc"]
 
 logger = logging.getLogger("hybrid.serve")
 
@@ -62,7 +65,8 @@ _BY_HTTP = {400: grpc.StatusCode.INVALID_ARGUMENT, 401: grpc.StatusCode.UNAUTHEN
 _TYPED = {"BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents",
           "INT64": "int64_contents", "UINT8": "uint_contents", "UINT16": "uint_contents", "UINT32": "uint_contents",
           "UINT64": "uint64_contents", "FP32": "fp32_contents", "FP64": "fp64_contents", "BYTES": "bytes_contents"}
-INFER_METHOD = "/inference.GRPCInferenceService/ModelInfer"  # its calls are accepted ahead (grpc_accept)
+SERVICE = "inference.GRPCInferenceService"
+INFER_METHOD = f"/{SERVICE}/ModelInfer"  # its calls are accepted ahead (grpc_accept)
 _HINT = "build requests with tritonclient.grpc (InferInput.set_data_from_numpy)"
 
 
@@ -95,7 +99,7 @@ def _shape(name: str, dims: Any, itemsize: int, limits: Limits) -> tuple[tuple[i
     return tuple(dims), count
 
 
-def _bytes_elements(name: str, raw: bytes, count: int) -> np.ndarray:
+def _bytes_elements(name: str, raw: bytes | memoryview, count: int) -> np.ndarray:
     if 4 * count > len(raw):
         raise _bad(f"input {name!r}: {count} BYTES elements need at least {4 * count} bytes, the tensor has "
                    f"{len(raw)}")
@@ -116,7 +120,7 @@ def _bytes_elements(name: str, raw: bytes, count: int) -> np.ndarray:
     return out
 
 
-def _from_raw(name: str, datatype: str, shape: tuple[int, ...], count: int, raw: bytes,
+def _from_raw(name: str, datatype: str, shape: tuple[int, ...], count: int, raw: bytes | memoryview,
               field: str = "raw_input_contents") -> np.ndarray:
     if datatype == "BYTES":
         return _bytes_elements(name, raw, count).reshape(shape)
@@ -126,7 +130,7 @@ def _from_raw(name: str, datatype: str, shape: tuple[int, ...], count: int, raw:
                    f"needs {count * dtype.itemsize}")
     if datatype == "BOOL" and count and np.frombuffer(raw, np.uint8).max() > 1:
         raise _bad(f"input {name!r}: BOOL data must be bytes 0 or 1")
-    return np.frombuffer(raw, dtype=dtype, count=count).reshape(shape)  # bytes objects are aligned
+    return np.frombuffer(raw, dtype=dtype, count=count).reshape(shape)  # a view: the model's run aligns it
 
 
 def _from_typed(name: str, datatype: str, shape: tuple[int, ...], count: int, contents: Any) -> np.ndarray:
@@ -172,18 +176,20 @@ def _span(tensor: str, parameters: Any) -> Span | None:
                    *(_value(parameters[k]) if k in parameters else None for k in (BYTE_SIZE, OFFSET)))
 
 
-def decode_inputs(request: pb.ModelInferRequest, limits: Limits,
-                  shared_memory: SharedMemoryRegions | None = None) -> dict[str, np.ndarray]:
+def decode_inputs(request: pb.ModelInferRequest, limits: Limits, shared_memory: SharedMemoryRegions | None = None,
+                  raw: list[memoryview] | None = None) -> dict[str, np.ndarray]:
     """The input arrays of a ModelInferRequest, every size checked before anything is allocated.
 
     An input whose parameters name a shared memory region is copied out of that region (``shared_memory``);
-    ``raw_input_contents`` then hold the other inputs, in order, as tritonclient sends them.
+    ``raw_input_contents`` then hold the other inputs, in order, as tritonclient sends them. ``raw``: those
+    contents where they were read apart from the message (:class:`ReceivedInfer`); the arrays are views of them.
 
     Raises:
         ServingError: HYB-702 naming the tensor and what is wrong with it; HYB-711 / HYB-712 for a shared
             memory span that is not inside a registered region.
     """
-    raw = list(request.raw_input_contents)  # protobuf makes a bytes object per access: take each once
+    if raw is None:
+        raw = [memoryview(b) for b in request.raw_input_contents]  # protobuf copies at each access: once each
     spans = [_span(f"input {t.name!r}", t.parameters) if len(t.parameters) else None for t in request.inputs]
     carried = len(spans) - sum(s is not None for s in spans)
     if len(raw) and len(raw) != carried:
@@ -578,8 +584,8 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
                                                  for k, v in settings.items()})
 
     # ------------------------------------------------------------------ inference
-    async def _infer(self, request: pb.ModelInferRequest, context: Any,
-                     trace: Trace | None) -> pb.ModelInferResponse:
+    async def _infer(self, call: ReceivedInfer, context: Any, trace: Trace | None) -> pb.ModelInferResponse:
+        request, raw = call.message, call.raw
         model = self.state.model(request.model_name, request.model_version or None)
         limits, shared_memory = self.state.options.limits, self.state.shared_memory
 
@@ -593,12 +599,12 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
             names = tuple(w[0] for w in wanted)
             # raw contents become arrays without a copy (numpy views of the message's bytes): only typed
             # contents and BYTES elements cost work proportional to their size, and only those leave the loop
-            costly = not request.raw_input_contents or any(t.datatype == "BYTES" for t in request.inputs)
-            if costly and request.ByteSize() > _OFFLOAD:  # ByteSize walks the message: only when it may matter
+            costly = not raw or any(t.datatype == "BYTES" for t in request.inputs)
+            if costly and request.ByteSize() + sum(map(len, raw)) > _OFFLOAD:  # ByteSize walks the message
                 loop = asyncio.get_running_loop()
-                return loop.run_in_executor(None, lambda: Decoded(decode_inputs(request, limits, shared_memory),
+                return loop.run_in_executor(None, lambda: Decoded(decode_inputs(request, limits, shared_memory, raw),
                                                                   timeout, sequence, names, priority))
-            return Decoded(decode_inputs(request, limits, shared_memory), timeout, sequence, names, priority)
+            return Decoded(decode_inputs(request, limits, shared_memory, raw), timeout, sequence, names, priority)
 
         return await infer(self.state, model, decode,
                            lambda outputs: encode_outputs(model, request, outputs, shared_memory, wanted), trace)
@@ -616,22 +622,26 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
         return trace
 
     @_rpc()
-    async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
+    async def ModelInfer(self, request: ReceivedInfer | pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
         """Answer ``ModelInfer``: run one request through the model's batcher; outputs as raw contents.
+
+        ``request`` as :func:`hybrid.serve.grpc_wire.read_infer_request` reads it (this service's own server), or
+        parsed whole by protobuf (Ray Serve's gRPC proxy).
 
         The errors map through :func:`grpc_status`: a malformed request INVALID_ARGUMENT (HYB-702, HYB-401..407),
         an unknown model NOT_FOUND (HYB-701), a full queue or a draining server UNAVAILABLE (HYB-705,
         HYB-706), no result within the timeout DEADLINE_EXCEEDED (HYB-411).
         """
-        trace = self._sample(request, context)
+        call = _received(request)
+        trace = self._sample(call.message, context)
         if trace is None:
-            return await self._infer(request, context, None)
+            return await self._infer(call, context, None)
         context.add_done_callback(lambda _: _sent(trace))  # the call has ended: its answer (or status) is sent
-        answer = await self._infer(request, context, trace)
+        answer = await self._infer(call, context, trace)
         trace.stamp("GRPC_SEND_START")
         return answer
 
-    async def ModelStreamInfer(self, request_iterator: AsyncIterator[pb.ModelInferRequest],
+    async def ModelStreamInfer(self, request_iterator: AsyncIterator[ReceivedInfer | pb.ModelInferRequest],
                                context: Any) -> AsyncIterator[pb.ModelStreamInferResponse]:
         """Answer ``ModelStreamInfer``: the requests of one stream run concurrently (so they batch).
 
@@ -646,10 +656,12 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
         answers: asyncio.Queue[tuple[pb.ModelStreamInferResponse, Trace | None] | None] = asyncio.Queue()
         tasks: set[asyncio.Task[None]] = set()
 
-        async def one(request: pb.ModelInferRequest) -> None:
+        async def one(received: ReceivedInfer | pb.ModelInferRequest) -> None:
+            call = _received(received)
+            request = call.message
             trace = self._sample(request, context)
             try:
-                answer = pb.ModelStreamInferResponse(infer_response=await self._infer(request, context, trace))
+                answer = pb.ModelStreamInferResponse(infer_response=await self._infer(call, context, trace))
             except HybridError as e:
                 self.state.metrics.grpc_errors.labels(e.code).inc()
                 text = f"[{e.code}] {e.message}" + (f" (hint: {e.hint})" if e.hint else "")
@@ -685,6 +697,32 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
                 task.cancel()
 
 
+def _received(request: ReceivedInfer | pb.ModelInferRequest) -> ReceivedInfer:
+    """The request as read apart from its raw contents (a request protobuf parsed whole keeps them, read as views)."""
+    if isinstance(request, ReceivedInfer):
+        return request
+    return ReceivedInfer(request, [memoryview(b) for b in request.raw_input_contents])
+
+
+def method_handlers(service: GrpcService) -> dict[str, grpc.RpcMethodHandler]:
+    """The handlers of ``inference.GRPCInferenceService``'s methods on ``service``, by method name.
+
+    Each reads and writes its messages with the generated protobuf types, as tritonclient's
+    ``add_GRPCInferenceServiceServicer_to_server`` registers them, except that ``ModelInfer`` and
+    ``ModelStreamInfer`` read their requests with :func:`hybrid.serve.grpc_wire.read_infer_request`: the tensors'
+    bytes are not copied out of the received message.
+    """
+    kinds = {(False, False): grpc.unary_unary_rpc_method_handler, (False, True): grpc.unary_stream_rpc_method_handler,
+             (True, False): grpc.stream_unary_rpc_method_handler, (True, True): grpc.stream_stream_rpc_method_handler}
+    handlers = {}
+    for method in pb.DESCRIPTOR.services_by_name[SERVICE.rpartition(".")[2]].methods:
+        request, response = (message_factory.GetMessageClass(t) for t in (method.input_type, method.output_type))
+        read = read_infer_request if request is pb.ModelInferRequest else request.FromString
+        handlers[method.name] = kinds[method.client_streaming, method.server_streaming](
+            getattr(service, method.name), request_deserializer=read, response_serializer=response.SerializeToString)
+    return handlers
+
+
 def _sent(trace: Trace | None) -> None:
     """A traced answer has been sent (or its call has ended): stamp ``GRPC_SEND_END``, hand the trace on."""
     if trace is not None:
@@ -705,17 +743,16 @@ async def start_grpc(state: ServerState, address: str) -> tuple[grpc.aio.Server,
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", limit),
                                       ("grpc.max_send_message_length", -1),
                                       ("grpc.so_reuseport", 0)])
-    service = GrpcService(state)
-    pb_grpc.add_GRPCInferenceServiceServicer_to_server(service, server)
+    handlers = method_handlers(GrpcService(state))
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+    server.add_registered_method_handlers(SERVICE, handlers)
     try:
         port = server.add_insecure_port(address)
     except RuntimeError as e:
         raise ConfigError("HYB-102", f"cannot listen for gRPC on {address}: {e}",
                           "choose another --grpc-port (0 turns gRPC off)") from e
     await server.start()
-    accept_ahead(server, {INFER_METHOD: grpc.unary_unary_rpc_method_handler(
-        service.ModelInfer, request_deserializer=pb.ModelInferRequest.FromString,
-        response_serializer=pb.ModelInferResponse.SerializeToString)})
+    accept_ahead(server, {INFER_METHOD: handlers["ModelInfer"]})
     logger.info("gRPC (KServe v2 / Triton) listening on %s", address.rpartition(":")[0] + f":{port}")
     return server, port
 

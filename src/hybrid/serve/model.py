@@ -25,6 +25,7 @@ from pydantic import Field
 from hybrid.config import ConfigSection
 from hybrid.errors import ConfigError, HybridError, RunError, ServingError
 from hybrid.runtime.validate import InputValidator
+from hybrid.serve.batch_buffers import BatchBuffers
 from hybrid.serve.batcher import LoopBatcher, QueueTimeout
 from hybrid.serve.schedule import QueuePolicy, SchedulePolicy
 from hybrid.serve.sequences import Sequences, visible_signature
@@ -117,6 +118,13 @@ class _Group:
 
 class _Each(list):  # type: ignore[type-arg]
     """One result per request of a group (its joined run failed, or broke the rows apart)."""
+
+
+def _aligned(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """``feeds`` with each array aligned for its datatype: a request's tensors may be views at any byte of its body."""
+    if all(v.flags.aligned for v in feeds.values()):
+        return feeds
+    return {k: v if v.flags.aligned else v.copy() for k, v in feeds.items()}
 
 
 def _stamp_run(trace: Trace, started: float, finished: float, outputs: Any) -> None:
@@ -221,6 +229,7 @@ class ServedModel:
         self._watchers: tuple[Callable[[dict[str, np.ndarray]], None], ...] = ()  # (watch_requests)
         self._closed = False
         self._batcher: LoopBatcher[CheckedRequest] | None = None
+        self._buffers = BatchBuffers(keep=settings.concurrency + 2)  # batches in flight at once, and one ending
         if settings.max_batch > 0:
             self._batcher = LoopBatcher(self._join, self._execute, self._split, max_batch=settings.max_batch,
                                         max_delay=settings.batch_timeout, max_queue=settings.max_queue,
@@ -478,7 +487,7 @@ class ServedModel:
     def _run_alone(self, feeds: dict[str, np.ndarray], enqueued: float, trace: Trace | None) -> dict[str, np.ndarray]:
         t0 = time.monotonic()
         try:
-            out = self.compiled.run_checked(feeds)
+            out = self.compiled.run_checked(_aligned(feeds))
         except HybridError:
             raise
         except Exception as e:  # HYB-408, as a batch's failure is
@@ -494,16 +503,26 @@ class ServedModel:
     # the batcher's three steps (hybrid.serve.batcher): join and split on the event loop, execute in a runner
     # thread, which needs the GIL only to call the model and to post the batch back
     def _join(self, items: list[_Item]) -> list[_Group]:
-        """The batch's groups (requests that concatenate: same inputs and inner shapes), each with its feeds."""
-        job = []
-        for idx in self._groups(items):
-            members = [items[i] for i in idx]
-            if len(idx) == 1:
-                job.append(_Group(idx, members, members[0].feeds))
-            else:
-                names = list(members[0].feeds)
-                job.append(_Group(idx, members, {k: np.concatenate([m.feeds[k] for m in members], axis=0)
-                                                 for k in names}))
+        """The batch's groups (requests that concatenate: same inputs and inner shapes), each with its feeds.
+
+        A group of several requests is joined into blocks kept from earlier batches (:class:`BatchBuffers`), given
+        back when the batch is split.
+        """
+        job: list[_Group] = []
+        try:
+            for idx in self._groups(items):
+                members = [items[i] for i in idx]
+                if len(idx) == 1:
+                    job.append(_Group(idx, members, members[0].feeds))
+                else:
+                    feeds: dict[str, np.ndarray] = {}
+                    job.append(_Group(idx, members, feeds))
+                    for k in members[0].feeds:
+                        feeds[k] = self._buffers.join([m.feeds[k] for m in members])
+        except BaseException:
+            for group in job:
+                self._buffers.give_back(group.feeds.values(), ())
+            raise
         return job
 
     def _execute(self, job: list[_Group]) -> list[dict[str, np.ndarray] | _Each]:
@@ -512,7 +531,7 @@ class ServedModel:
 
     def _run_group(self, group: _Group) -> dict[str, np.ndarray] | _Each:
         try:
-            outs = self.compiled.run_checked(group.feeds)
+            outs = self.compiled.run_checked(_aligned(group.feeds))
         except Exception as e:
             return self._isolate(group.members, e)
         if len(group.members) > 1:
@@ -547,6 +566,9 @@ class ServedModel:
                 trace = items[i].trace
                 if trace is not None:
                     _stamp_run(trace, started, started + run_s, part)
+            if len(group.members) > 1:  # its joined feeds go back to be joined into again
+                answers = [v for p in parts if isinstance(p, dict) for v in p.values()]
+                self._buffers.give_back(group.feeds.values(), answers)
         if self.observer is not None:
             self.observer(self, len(items), [started - item.enqueued for item in items], run_s)
         return results
@@ -564,7 +586,7 @@ class ServedModel:
         outs = _Each()
         for item in group:
             try:
-                outs.append(self.compiled.run_checked(item.feeds))
+                outs.append(self.compiled.run_checked(_aligned(item.feeds)))
             except Exception as e:
                 outs.append(self._error_for_one(e, 1))
         return outs
