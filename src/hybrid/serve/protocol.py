@@ -320,10 +320,8 @@ def _from_binary(name: str, datatype: str, dtype: np.dtype, shape: tuple[int, ..
         return _bytes_elements(name, raw, count).reshape(shape)
     if datatype == "BOOL" and count and np.frombuffer(raw, np.uint8).max() > 1:
         raise _bad(f"input {name!r}: BOOL data must be bytes 0 or 1")
-    arr = np.frombuffer(raw, dtype=dtype, count=count)
-    if not arr.flags.aligned:  # a view at an odd offset in the body or a region: give kernels aligned memory
-        arr = arr.copy()
-    return arr.reshape(shape)
+    # a view of the body (or of a region's copy), at any offset: the model's run gives kernels aligned memory
+    return np.frombuffer(raw, dtype=dtype, count=count).reshape(shape)
 
 
 def placeholder(dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
