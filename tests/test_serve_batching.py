@@ -101,6 +101,19 @@ def test_answers_that_are_their_batch_input_keep_their_values_when_the_next_batc
         model.close()
 
 
+def test_a_run_gets_its_arrays_aligned_and_other_feeds_as_they_are():
+    from hybrid.serve.model import _aligned
+
+    values = np.arange(6, dtype=np.float32)
+    view = np.frombuffer(b"\x00" + values.tobytes(), np.float32, 6, offset=1)  # a tensor at an odd offset of a body
+    aligned, words = values.reshape(2, 3), ["a", "b"]
+    feeds = {"x": aligned, "s": words}
+    assert _aligned(feeds) is feeds  # nothing to copy
+    out = _aligned({"x": view, "y": aligned, "s": words})
+    assert out["x"].flags.aligned and out["y"] is aligned and out["s"] is words
+    np.testing.assert_array_equal(out["x"], values)
+
+
 def test_static_batch_model_runs_a_batch_request_by_request(tmp_path, rng):
     model, batches = served(relu_model(tmp_path / "relu1.onnx", [1, 3]), max_batch=4, batch_timeout=0.5)
     try:

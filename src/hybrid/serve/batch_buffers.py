@@ -9,6 +9,9 @@ the next batches into them.
 A block is taken back only when no output of its run shares memory with it (a backend may answer with its input,
 as an Identity graph does): an answer never changes under its reader. Used from one thread, the event loop's, where
 batches are joined and split.
+
+The memory kept is bounded: at most ``keep`` free blocks per dtype and inner shape, each as large as the largest
+batch joined so far; it stays with the model until the model is unloaded (as a pool of buffers does in Triton).
 """
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ other fields. The result is the message protobuf would have parsed, less its ``r
 beside it in order. Whatever the walk does not expect (a field that runs past the end, a malformed varint, a group)
 goes to protobuf whole, which parses or refuses it exactly as before.
 
-The views may start at any byte: an array over one may be unaligned for its datatype. The model's batch join gives
-every run aligned inputs (:meth:`hybrid.serve.model.ServedModel.run`).
+The views may start at any byte: an array over one may be unaligned for its datatype. A served model gives its
+backend aligned inputs (its batch join copies them; a request run alone is copied where unaligned).
 """
 
 from __future__ import annotations

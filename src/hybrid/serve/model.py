@@ -120,11 +120,11 @@ class _Each(list):  # type: ignore[type-arg]
     """One result per request of a group (its joined run failed, or broke the rows apart)."""
 
 
-def _aligned(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def _aligned(feeds: dict[str, Any]) -> dict[str, Any]:
     """``feeds`` with each array aligned for its datatype: a request's tensors may be views at any byte of its body."""
-    if all(v.flags.aligned for v in feeds.values()):
+    if all(not isinstance(v, np.ndarray) or v.flags.aligned for v in feeds.values()):
         return feeds
-    return {k: v if v.flags.aligned else v.copy() for k, v in feeds.items()}
+    return {k: v.copy() if isinstance(v, np.ndarray) and not v.flags.aligned else v for k, v in feeds.items()}
 
 
 def _stamp_run(trace: Trace, started: float, finished: float, outputs: Any) -> None:
