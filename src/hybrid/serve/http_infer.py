@@ -18,7 +18,8 @@ request's path and answers it itself, with the same behaviour as any route of th
 
 Only the work proportional to a request's size leaves the event loop: a JSON part (or the elements of BYTES
 tensors) above 64 KiB is decoded in a worker thread; binary tensors become arrays over the body, decoded inline
-however large (never copied: the model's run aligns a tensor at an odd offset, its batch join copies it anyway).
+however large, and not copied here (the model's run aligns a tensor at an odd offset; a batch's join copies it
+anyway).
 """
 
 from __future__ import annotations
