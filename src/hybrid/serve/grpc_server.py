@@ -189,7 +189,7 @@ def decode_inputs(request: pb.ModelInferRequest, limits: Limits, shared_memory: 
             memory span that is not inside a registered region.
     """
     if raw is None:
-        raw = [memoryview(b) for b in request.raw_input_contents]  # protobuf copies at each access: once each
+        raw = ReceivedInfer.parsed(request).raw
     spans = [_span(f"input {t.name!r}", t.parameters) if len(t.parameters) else None for t in request.inputs]
     carried = len(spans) - sum(s is not None for s in spans)
     if len(raw) and len(raw) != carried:
@@ -698,10 +698,8 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
 
 
 def _received(request: ReceivedInfer | pb.ModelInferRequest) -> ReceivedInfer:
-    """The request as read apart from its raw contents (a request protobuf parsed whole keeps them, read as views)."""
-    if isinstance(request, ReceivedInfer):
-        return request
-    return ReceivedInfer(request, [memoryview(b) for b in request.raw_input_contents])
+    """The request as read apart from its raw contents (one protobuf parsed whole, from Ray Serve's proxy, too)."""
+    return request if isinstance(request, ReceivedInfer) else ReceivedInfer.parsed(request)
 
 
 def method_handlers(service: GrpcService) -> dict[str, grpc.RpcMethodHandler]:

@@ -43,6 +43,11 @@ class ReceivedInfer:
     message: pb.ModelInferRequest
     raw: list[memoryview] = field(default_factory=list)
 
+    @classmethod
+    def parsed(cls, message: pb.ModelInferRequest) -> ReceivedInfer:
+        """A request protobuf parsed whole, raw contents kept (each read once: protobuf copies per access)."""
+        return cls(message, [memoryview(b) for b in message.raw_input_contents])
+
 
 def _varint(data: bytes, pos: int) -> tuple[int, int]:
     """The varint at ``pos`` and the position after it."""
@@ -106,10 +111,9 @@ def read_infer_request(body: bytes) -> ReceivedInfer:
     try:
         others, raw = _spans(body)
     except _Unexpected:
-        whole = pb.ModelInferRequest.FromString(body)
-        contents = [memoryview(b) for b in whole.raw_input_contents]
-        del whole.raw_input_contents[:]
-        return ReceivedInfer(whole, contents)
+        received = ReceivedInfer.parsed(pb.ModelInferRequest.FromString(body))
+        del received.message.raw_input_contents[:]  # the views keep the contents: the message need not
+        return received
     if not raw:
         return ReceivedInfer(pb.ModelInferRequest.FromString(body))
     view = memoryview(body)
