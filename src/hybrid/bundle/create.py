@@ -100,7 +100,7 @@ def _write(path: str | os.PathLike, model: Model, profile: PlatformProfile, cm: 
            task: str | None, optimize_level: str | None, optimized: bool, external_data_bytes: int,
            task_options: Mapping[str, Any] | None = None, serving: Mapping[str, Any] | None = None,
            shapes: Mapping[str, Any] | None = None) -> Manifest:
-    vision = declarations(task, task_options, model.signature, name or model.name)  # HYB-502 before writing
+    vision = declarations(task, task_options, model, name or model.name)  # HYB-502 before writing
     serving_entry = _serving_entry(serving)
     shapes_entry = _shapes_entry(model, shapes)
     writer = BundleWriter()

@@ -1,13 +1,16 @@
-"""Checking task declarations against a model's signature, and what ``create_bundle`` writes for them.
+"""Checking task declarations against a model, and what ``create_bundle`` writes for them.
 
 Used when a bundle is written (:func:`declarations`) and when a TaskModel is built (on load): a
 declaration that does not fit the model fails with HYB-502 naming the key, before anything runs.
+What the declarations leave open is resolved here from the model itself, once: whether the scores
+need a softmax (:func:`scores_activation`) and how many labels an answer carries by default.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from hybrid.errors import BundleError
@@ -16,21 +19,82 @@ from hybrid.vision.spec import ClassificationPostprocess, Postprocess, Preproces
 from hybrid.vision.yolo import num_classes
 
 if TYPE_CHECKING:
-    from hybrid.ir import Signature
+    from hybrid.ir import Model
 
-__all__ = ["check_declarations", "declarations"]
+__all__ = ["DEFAULT_TOP_K", "TaskFit", "check_declarations", "declarations", "scores_activation"]
 
 logger = logging.getLogger("hybrid")
 
+DEFAULT_TOP_K = 5
+"""Labels per classification answer when neither the bundle nor the call says (fewer classes: all of them)."""
 
-def check_declarations(signature: Signature, preprocess: Preprocess, postprocess: Postprocess,
-                       name: str) -> tuple[ImageInput, str]:
-    """Check task declarations against a model's signature; return its image input and answer output.
+# ops that pass a tensor's values through unchanged (reshaping, renaming): a Softmax before them still makes
+# the output probabilities
+_PASS_THROUGH = frozenset({"Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Cast", "CastLike"})
+_SCORE_OPS = frozenset({"Softmax", "Sigmoid"})
+
+
+@dataclass(frozen=True, slots=True)
+class TaskFit:
+    """What the declarations resolve to on one model.
+
+    Attributes:
+        input: The image input (size, layout, dtype, max_batch).
+        output: The output holding the answers.
+        classes: Classes of that output when its shape says (else None).
+        softmax: Classification: whether answers apply a softmax to the output (False for detection).
+        top_k: Classification: labels per answer by default; None: min(5, classes), read from each output.
+    """
+
+    input: ImageInput
+    output: str
+    classes: int | None
+    softmax: bool
+    top_k: int | None
+
+
+def scores_activation(model: Model, output: str) -> str | None:
+    """'Softmax' or 'Sigmoid' when ``output`` comes out of one (through reshapes and casts), else None.
+
+    A classifier exported with its final Softmax (torchvision's weights with a softmax head, most
+    PaddleClas and Keras exports) already outputs probabilities: a second softmax would flatten them
+    (0.9997 -> 0.731 on 1000 classes).
+    """
+    values = {v.name: v for v in model.graph.outputs}
+    value = values.get(output)
+    for _ in range(64):  # a bounded walk: a chain of reshapes is short
+        node = value.producer() if value is not None else None
+        if node is None:
+            return None
+        if node.op_type in _SCORE_OPS and node.domain in ("", "ai.onnx"):
+            return node.op_type
+        if node.op_type not in _PASS_THROUGH or not node.inputs:
+            return None
+        value = node.inputs[0]
+    return None
+
+
+def _softmax(model: Model, post: ClassificationPostprocess, output: str, name: str) -> bool:
+    found = scores_activation(model, output)
+    if post.softmax is None:
+        return found is None
+    if post.softmax and found is not None:
+        raise BundleError("HYB-502", f"softmax=true was declared, but output {output!r} of {name!r} comes out of a "
+                          f"{found}: its scores are probabilities already, and a second softmax would flatten "
+                          "them", "leave softmax out (it is read from the graph) or declare softmax=false")
+    return post.softmax
+
+
+def check_declarations(model: Model, preprocess: Preprocess, postprocess: Postprocess,
+                       name: str) -> TaskFit:
+    """Check task declarations against a model; return what they resolve to on it.
 
     Raises:
-        BundleError: HYB-502 naming what does not fit (inputs, output name, sizes, class count).
+        BundleError: HYB-502 naming what does not fit (inputs, output name, sizes, class count, a
+            softmax declared on probabilities).
     """
     task = postprocess.task
+    signature = model.signature
     if len(signature.inputs) != 1:
         raise BundleError("HYB-502", f"task {task!r} needs a model with one image input; {name!r} has "
                           f"{len(signature.inputs)} ({signature})", "export the model with the image as its only input")
@@ -53,10 +117,17 @@ def check_declarations(signature: Signature, preprocess: Preprocess, postprocess
     if found is not None and declared and found != declared:
         raise BundleError("HYB-502", f"{declared} class names declared, but output {output!r} of shape {shape} "
                           f"has {found} classes", "give one name per class, in class-id order")
-    return inp, output
+    classes = found if found is not None else (declared or None)
+    if not isinstance(postprocess, ClassificationPostprocess):
+        return TaskFit(inp, output, classes, softmax=False, top_k=None)
+    if postprocess.top_k is not None and classes is not None and postprocess.top_k > classes:
+        raise BundleError("HYB-502", f"top_k {postprocess.top_k} exceeds the {classes} classes of output {output!r}",
+                          f"declare top_k between 1 and {classes}, or leave it out (min({DEFAULT_TOP_K}, classes))")
+    top_k = postprocess.top_k or (min(DEFAULT_TOP_K, classes) if classes is not None else None)
+    return TaskFit(inp, output, classes, _softmax(model, postprocess, output, name), top_k)
 
 
-def declarations(task: str | None, options: Mapping[str, Any] | None, signature: Signature,
+def declarations(task: str | None, options: Mapping[str, Any] | None, model: Model,
                  name: str) -> dict[str, Any]:
     """The manifest's ``preprocess`` / ``postprocess`` fields for a task and its flat options.
 
@@ -72,7 +143,7 @@ def declarations(task: str | None, options: Mapping[str, Any] | None, signature:
         decl = declare(task, options)
         if decl is None:
             return {}
-        check_declarations(signature, *decl, name)
+        check_declarations(model, *decl, name)
     except BundleError as e:
         if options:
             raise

@@ -113,21 +113,25 @@ class ClassificationPostprocess(_Strict):
 
     Attributes:
         class_names: Names by class id; None: the ids as text.
-        top_k: How many labels each answer carries (a call may ask for another number).
-        softmax: Apply a softmax (the output is logits); False when it holds probabilities already.
+        top_k: How many labels each answer carries (a call may ask for another number); None: 5, or
+            every class when the model has fewer.
+        softmax: Apply a softmax to the output (it holds logits); False: it holds scores already. None
+            (the default): read from the graph, applied unless the output comes out of a Softmax or a
+            Sigmoid (:func:`hybrid.vision.checks.scores_activation`), so probabilities are never
+            softmaxed twice.
         output: The output holding the scores; None: the first.
     """
 
     task: Literal["classification"] = "classification"
     class_names: list[Annotated[str, Field(max_length=256)]] | None = Field(default=None, min_length=1,
                                                                             max_length=MAX_CLASSES)
-    top_k: int = Field(default=5, ge=1, le=MAX_CLASSES)
-    softmax: bool = True
+    top_k: int | None = Field(default=None, ge=1, le=MAX_CLASSES)
+    softmax: bool | None = None
     output: str | None = Field(default=None, max_length=4096)
 
     @model_validator(mode="after")
     def _top_k_fits(self) -> ClassificationPostprocess:
-        if self.class_names is not None and self.top_k > len(self.class_names):
+        if self.class_names is not None and self.top_k is not None and self.top_k > len(self.class_names):
             raise ValueError(f"top_k {self.top_k} exceeds the {len(self.class_names)} class names")
         return self
 

@@ -24,7 +24,7 @@ import numpy as np
 
 from hybrid.errors import BundleError, ConfigError, RunError
 from hybrid.runtime.compiled import CompiledModel
-from hybrid.vision.checks import check_declarations, declarations
+from hybrid.vision.checks import DEFAULT_TOP_K, TaskFit, check_declarations, declarations
 from hybrid.vision.preprocess import ImageInput, Placement, as_frames, input_shape, prepare, prepare_crops
 from hybrid.vision.results import Classification, Detections
 from hybrid.vision.spec import (
@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from hybrid.runtime.plan import Plan
 
 # declarations: re-exported for create_bundle
-__all__ = ["Prepared", "TaskModel", "check_declarations", "declarations", "task_model"]
+__all__ = ["Prepared", "TaskFit", "TaskModel", "check_declarations", "declarations", "task_model"]
 
 _STAGES = ("preprocess", "run", "postprocess")
 
@@ -137,6 +137,8 @@ class TaskModel(CompiledModel):
         task: 'detection' or 'classification'.
         preprocess, postprocess: The declarations (see :mod:`hybrid.vision.spec`).
         input: The image input they resolve to (size, layout, dtype, max_batch).
+        fit: What the declarations resolve to on this model (:class:`~hybrid.vision.checks.TaskFit`):
+            the answer output, its classes, whether a softmax is applied, the default top_k.
         class_names: Names by class id (empty when none are declared).
 
     Raises:
@@ -149,10 +151,9 @@ class TaskModel(CompiledModel):
         self.preprocess = preprocess
         self.postprocess = postprocess
         self.task = postprocess.task
-        self.input: ImageInput
-        self.output: str
-        self.input, self.output = check_declarations(compiled.signature, preprocess, postprocess,
-                                                     compiled.model.name)
+        self.fit = check_declarations(compiled.model, preprocess, postprocess, compiled.model.name)
+        self.input: ImageInput = self.fit.input
+        self.output: str = self.fit.output
         self.class_names: tuple[str, ...] = tuple(postprocess.class_names or ())
         self._times = _StageTimes()
         self._buffers = _Buffers()
@@ -242,10 +243,33 @@ class TaskModel(CompiledModel):
     def target(self, value: str) -> None:
         self.compiled.target = value
 
-    # ------------------------------------------------------------------ raw
+    @property
+    def tunes_online(self) -> bool:
+        """Whether the compiled model decides its shape buckets on its calls (``target='auto'``)."""
+        return self.compiled.tunes_online
+
+    @property
+    def tuning(self) -> tuple[Any, ...]:
+        """The compiled model's per-bucket tuning records."""
+        return self.compiled.tuning
+
+    # ------------------------------------------------------------------ raw tensors: the compiled model's calls
+    # Every tensor-level call of CompiledModel is forwarded, so code written for a CompiledModel (the server's
+    # batcher calls run_checked, a deployment script calls tune) runs a TaskModel's raw model unchanged.
     def run(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
         """The raw model: input name -> array in, output name -> array out (no pre/postprocessing)."""
         return self.compiled.run(feeds)
+
+    def run_checked(self, feeds: dict[str, Any]) -> dict[str, Any]:
+        """The raw model on feeds already checked against :attr:`signature` (what the server runs)."""
+        return self.compiled.run_checked(feeds)
+
+    def tune(self, samples: Any, timeout_s: float | None = None) -> tuple[Any, ...]:
+        """Decide the raw model's shape buckets on these input samples (see ``CompiledModel.tune``)."""
+        return self.compiled.tune(samples, timeout_s)
+
+    def _execute(self, feeds: dict[str, Any]) -> dict[str, Any]:
+        return self.compiled._execute(feeds)
 
     @property
     def max_batch(self) -> int:
@@ -337,11 +361,11 @@ class TaskModel(CompiledModel):
         if not isinstance(post, ClassificationPostprocess):
             raise ConfigError("HYB-102", f"top_k applies to classification; {self.compiled.model.name!r} is a "
                               f"{self.task} model", "call a classification model with top_k")
-        k = post.top_k if top_k is None else top_k
+        scores = np.asarray(out, np.float32).reshape(len(out), -1)
+        k = top_k if top_k is not None else self.fit.top_k or min(DEFAULT_TOP_K, scores.shape[1])
         if not isinstance(k, int) or isinstance(k, bool) or k < 1:
             raise ConfigError("HYB-102", f"top_k: expected a positive int, got {k!r}")
-        scores = np.asarray(out, np.float32).reshape(len(out), -1)
-        if post.softmax:
+        if self.fit.softmax:
             scores = np.exp(scores - scores.max(axis=1, keepdims=True))
             scores /= scores.sum(axis=1, keepdims=True)
         order = np.argsort(-scores, axis=1, kind="stable")[:, :k]
