@@ -155,6 +155,13 @@ CATALOG: dict[str, ErrorInfo] = {
                          "--shapes (or compile(shapes=...)), no --input file and no declared shape. hybrid "
                          "never makes a size up. The message names the dynamic dims and shows a --shapes line "
                          "to fill in."),
+    "HYB-418": ErrorInfo("input value out of range",
+                         "An integer input indexes a table of the model (token ids into an embedding, class ids "
+                         "into a lookup) and holds a value outside it. Backends disagree on such values: some "
+                         "raise, some return normal-looking numbers from whatever memory lies beyond the "
+                         "table, so hybrid checks them before any backend runs. The message names the input, "
+                         "the offending value and the valid range [-N, N) (negative values count from the "
+                         "end, as ONNX Gather defines)."),
     # 5xx bundle
     "HYB-501": ErrorInfo("not a hybrid bundle",
                          "The file is not a readable .hybrid bundle (not a zip, or truncated)."),
@@ -296,6 +303,8 @@ FIXES: dict[str, str] = {
     "HYB-416": "Free each block once, with the pool that allocated it, and ask for sizes > 0.",
     "HYB-417": ("Give the sizes you run: --shapes x:1x3x480x640 (the message's line, with the capitals replaced), a "
               "--min-shapes/--opt-shapes/--max-shapes range, or an input file (-i x=image.npy)."),
+    "HYB-418": ("Keep the values inside the range the message gives: for token ids, use the tokenizer that belongs "
+                "to the model (its vocabulary size is the embedding's row count)."),
     "HYB-501": ("Check that the file is a complete .hybrid (re-copy it); `pyasc bundle verify FILE` says what is "
               "wrong."),
     "HYB-502": "Re-create the bundle with pyasc bundle create; do not edit manifest.json by hand.",
