@@ -13,10 +13,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from hybrid.errors import BundleError
-from hybrid.vision.preprocess import ImageInput, image_input
-from hybrid.vision.spec import ClassificationPostprocess, Postprocess, Preprocess, declare
-from hybrid.vision.yolo import num_classes
+import numpy as np
+
+from hybrid.errors import BundleError, HybridError
+from hybrid.vision.preprocess import ImageInput, image_input, prepare
+from hybrid.vision.spec import ClassificationPostprocess, DetectionPostprocess, Postprocess, Preprocess, declare
+from hybrid.vision.yolo import OTHER_FORMAT, candidates, num_classes
 
 if TYPE_CHECKING:
     from hybrid.ir import Model
@@ -111,8 +113,9 @@ def check_declarations(model: Model, preprocess: Preprocess, postprocess: Postpr
     else:
         found = num_classes(shape, postprocess.format)
         if found is not None and found < 1:
+            other = OTHER_FORMAT[postprocess.format]
             raise BundleError("HYB-502", f"output {output!r} of shape {shape} is not a {postprocess.format} output "
-                              "(no class scores)", "declare the right format (yolov5 or yolov8)")
+                              "(no class scores)", f"declare the output's format (--format {other}?)")
     declared = len(postprocess.class_names or ())
     if found is not None and declared and found != declared:
         raise BundleError("HYB-502", f"{declared} class names declared, but output {output!r} of shape {shape} "
@@ -143,11 +146,44 @@ def declarations(task: str | None, options: Mapping[str, Any] | None, model: Mod
         decl = declare(task, options)
         if decl is None:
             return {}
-        check_declarations(model, *decl, name)
+        fit = check_declarations(model, *decl, name)
     except BundleError as e:
         if options:
             raise
         logger.warning("task %r of %r is recorded as a label only: %s (pass task options to declare its "
                        "processing)", task, name, e.message)
         return {}
+    if isinstance(decl[1], DetectionPostprocess):
+        _probe_detection(model, fit, decl[1], name)
     return {"preprocess": decl[0], "postprocess": decl[1]}
+
+
+def _probe_detection(model: Model, fit: TaskFit, post: DetectionPostprocess, name: str) -> None:
+    """Run the detector once on a gray frame and check its output reads as the declared format.
+
+    A shape cannot tell the two YOLO layouts apart (both are rank 3, and the box count is often
+    dynamic); the values can: read in the wrong layout, pixel coordinates land where the scores
+    (probabilities) should be. A model that does not run here (a platform's own operators) is
+    written unchecked, with a warning; the same check runs on every answer.
+
+    Raises:
+        BundleError: HYB-502 when the output is not in the declared format.
+    """
+    from hybrid.runtime.compiler import compile_model  # only a bundle's creation compiles here
+
+    inp = fit.input
+    frame = np.full((inp.height, inp.width, inp.channels), 114, np.uint8)
+    try:
+        cm = compile_model(model, target="cpu")
+        try:
+            x, _ = prepare([frame], inp)
+            if inp.static_batch is not None and inp.static_batch > 1:
+                x = np.concatenate([x] * inp.static_batch)
+            out = np.asarray(cm.run({inp.name: x})[fit.output])
+        finally:
+            cm.close()
+    except HybridError as e:
+        logger.warning("could not run %r here to check that its output is %s (%s); it is written unchecked, and "
+                       "every answer checks its scores", name, post.format, e.message)
+        return
+    candidates(out, post.format, post.conf_threshold)  # HYB-502 when the scores are not probabilities

@@ -17,11 +17,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hybrid.errors import RunError
+from hybrid.errors import BundleError, RunError
 from hybrid.vision.nms import nms
 from hybrid.vision.spec import DetectionPostprocess
 
-__all__ = ["RawDetections", "candidates", "decode", "num_classes"]
+__all__ = ["OTHER_FORMAT", "SCORE_SLACK", "RawDetections", "candidates", "check_scores", "decode", "num_classes"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +41,34 @@ def num_classes(shape: tuple[int | str, ...] | None, fmt: str) -> int | None:
     if not isinstance(dim, int):
         return None
     return dim - (5 if fmt == "yolov5" else 4)
+
+
+SCORE_SLACK = 1e-3
+"""How far outside [0, 1] a score may read (float rounding of a sigmoid) before the format is called wrong."""
+
+OTHER_FORMAT = {"yolov5": "yolov8", "yolov8": "yolov5"}
+"""The format a YOLO output may be when it is not the declared one (what an error's hint suggests)."""
+
+
+def check_scores(scores: np.ndarray, output_shape: tuple[int, ...], fmt: str) -> None:
+    """Refuse scores that are not probabilities: the output is not in the declared format.
+
+    Read in the wrong layout, a YOLO output's box coordinates (input pixels) land where the scores
+    should be: a yolov8 output read as yolov5 answers class '754' with score 13804. Both layouts hold
+    probabilities there, so one min and max over the scores tells.
+
+    Raises:
+        BundleError: HYB-502 naming the range found and the format to declare.
+    """
+    if scores.size == 0:
+        return
+    low, high = float(np.nanmin(scores)), float(np.nanmax(scores))
+    if low >= -SCORE_SLACK and high <= 1.0 + SCORE_SLACK:
+        return
+    raise BundleError("HYB-502", f"output of shape {tuple(output_shape)} read as {fmt} gives scores from {low:.4g} "
+                      f"to {high:.4g}; {fmt} scores are probabilities in [0, 1]: this is not a {fmt} output",
+                      f"declare the output's format (--format {OTHER_FORMAT.get(fmt, fmt)}?), and export the detect "
+                      "head with its sigmoid and box decoding (Ultralytics' ONNX export does both)")
 
 
 def _rows(output: np.ndarray, fmt: str) -> np.ndarray:
@@ -70,6 +98,7 @@ def candidates(output: np.ndarray, fmt: str, conf_threshold: float) -> list[RawD
         cls = rows[..., 4:]
         best = cls.argmax(axis=-1)
         score = np.take_along_axis(cls, best[..., None], axis=-1)[..., 0].astype(np.float32)
+    check_scores(score, np.shape(output), fmt)
     keep = score > conf_threshold
     out = []
     for i in range(rows.shape[0]):
