@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -16,13 +16,12 @@ from hybrid.cli._inputs import load_inputs
 __all__ = ["register"]
 
 
-def _note_inputs(trace: Path, shapes: dict[str, list[int]]) -> None:
-    """The shapes run, in the trace's ``otherData`` (Perfetto shows it as the trace's metadata)."""
-    from hybrid.ir import atomic_write_bytes
+def _task_shapes(cm: Any, given: dict[str, Any] | None, batch: int | None) -> dict[str, tuple[int, ...]] | None:
+    """A task bundle's image input at its declared size (``bundle create --input-size``), unless given as a file."""
+    from hybrid.runtime.profiler import task_input_shapes
 
-    doc = json.loads(trace.read_text(encoding="utf-8"))
-    doc.setdefault("otherData", {})["inputs"] = shapes
-    atomic_write_bytes(trace, json.dumps(doc).encode("utf-8"))
+    found = {k: v for k, v in (task_input_shapes(cm, batch or 1) or {}).items() if k not in (given or {})}
+    return found or None
 
 
 def profile(
@@ -50,7 +49,9 @@ def profile(
 
     Node spans come from --node-runs runs with the backend's profiler on; then --duration seconds of plain
     runs give the latency and throughput. The trace is bounded in size. A dynamic input needs --shapes or
-    --input (HYB-417): no size is made up; the shapes run are printed.
+    --input (HYB-417), unless a bundle declares its shapes or a task bundle its input size: no size is made
+    up; the shapes run are printed. Under --target auto, the profiled shape is decided first and every
+    figure is of the candidate serving it.
     """
     from hybrid.cli._inputs import bundle_shapes, declared_shapes, load_compiled, load_model, model_path, resolve_inputs
     from hybrid.runtime.profiler import check_arguments
@@ -63,16 +64,20 @@ def profile(
         model = model_path(model)
         source = load_model(model)
         given = load_inputs(inputs)
-        feeds = resolve_inputs(source, given, declared or bundle_shapes(model, given), batch=batch,
-                               command=f"profile {model}", has_batch=True)
-        with progress(f"compiling {model.name} for {target}"):
-            cm = load_compiled(model, target, precision, feeds.compile_shapes, source)
+        cm = None
+        if model.suffix == ".hybrid":  # a bundle loads as it is, whatever the shapes run (and says its own)
+            with progress(f"loading {model.name} for {target}"):
+                cm = load_compiled(model, target, precision, None, source)
+            declared = declared or bundle_shapes(model, given) or _task_shapes(cm, given, batch)
+        feeds = resolve_inputs(source, given, declared, batch=batch, command=f"profile {model}", has_batch=True)
+        if cm is None:
+            with progress(f"compiling {model.name} for {target}"):
+                cm = load_compiled(model, target, precision, feeds.compile_shapes, source)
         first = next(iter(feeds.feeds.values()), None)
         items = int(first.shape[0]) if first is not None and first.ndim else 1
         with progress(f"profiling {model.name} for {duration:g} s"):
             report = run_profile(cm, duration=duration, output=output, target=target, inputs=feeds.feeds,
                                  batch=items, warmup=warmup, node_runs=node_runs, quiet=True)
-        _note_inputs(output, feeds.shapes)
     if as_json:
         typer.echo(json.dumps({**asdict(report), "inputs": feeds.shapes, "input_sources": feeds.sources},
                               indent=2))

@@ -21,7 +21,7 @@ import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,7 @@ from hybrid.errors import ConfigError, ModelError, RunError
 from hybrid.hal.backend import MACHINE_OPTIONS, Executable, NodeSpan
 from hybrid.runtime.compiled import CompiledModel
 
-__all__ = ["OpStat", "ProfileReport", "check_arguments", "profile", "sample_inputs"]
+__all__ = ["OpStat", "ProfileReport", "check_arguments", "profile", "sample_inputs", "task_input_shapes"]
 
 logger = logging.getLogger("hybrid")
 
@@ -64,7 +64,8 @@ class ProfileReport:
         items_per_s: ``throughput`` times the batch size.
         top_ops: Operator types by total time; top_nodes: single nodes by total time.
         output: Path of the trace written (None if none); events: how many events it holds.
-        notes: What could not be measured and why.
+        notes: What could not be measured and why (and, under ``target='auto'``, which candidate was profiled).
+        inputs: The shape of each input run.
     """
 
     model: str
@@ -81,6 +82,7 @@ class ProfileReport:
     output: str | None
     events: int
     notes: tuple[str, ...] = ()
+    inputs: dict[str, list[int]] = field(default_factory=dict)
 
     def summary(self, top: int = 10) -> str:
         """A text summary: latency, throughput and the ``top`` operators and nodes."""
@@ -172,6 +174,66 @@ def sample_inputs(model: Any, batch: int = 1, seed: int = 0,
         raise RunError("HYB-406", f"model {source.name!r}: cannot generate inputs for its signature "
                        f"{source.signature}", "pass the inputs (inputs=... or --input NAME=FILE.npy)")
     return {k: np.asarray(v) for k, v in feeds.items()}
+
+
+def task_input_shapes(model: Any, batch: int = 1) -> dict[str, tuple[int, ...]] | None:
+    """The input shape a task model declares (``bundle create --input-size``), for a batch of ``batch`` images.
+
+    A task-aware wrapper (``hybrid.vision.TaskModel``, a layer above this one) names its image input's size and
+    layout in ``model.input``; a model whose height and width are dynamic is profiled, benched and run at that
+    size, as it is served. None for any other model.
+
+    Args:
+        model: What was given to profile: a task model, or anything else (None then).
+        batch: Images per run, where the input's batch dim is dynamic.
+    """
+    inp = getattr(model, "input", None)
+    if not all(hasattr(inp, a) for a in ("name", "height", "width", "channels", "layout")):
+        return None
+    n = getattr(inp, "static_batch", None) or batch
+    hw = (int(inp.height), int(inp.width))
+    shape = (n, int(inp.channels), *hw) if inp.layout == "NCHW" else (n, *hw, int(inp.channels))
+    return {str(inp.name): shape}
+
+
+def _one_candidate(cm: CompiledModel, feeds: Mapping[str, Any]) -> tuple[CompiledModel, list[str]]:
+    """The single candidate every figure of a profile comes from.
+
+    A model compiled with ``target='auto'`` that tunes online routes each call by its shape bucket, and races
+    candidates in turns while it decides (and on later re-checks): timed through it, the latencies would mix
+    backends, and its ``backend`` names the most-called bucket's, not necessarily the profiled one's. So the
+    profiled shape's bucket is decided first (``cm.tune``), then the candidate serving it is profiled on its own:
+    node table, header and latencies all of it. Any other model is profiled as it is.
+
+    Raises:
+        RunError: HYB-411 when the bucket is not decided within the tuning policy's bound.
+    """
+    if not cm.tunes_online:
+        return cm, []
+    from hybrid.runtime.auto import OnlineTuner, bucket_of
+    from hybrid.runtime.auto.search import single_plan
+    from hybrid.runtime.auto.status import bucket_label
+
+    tuner = cm.executable
+    if not isinstance(tuner, OnlineTuner):  # another LiveView: what it serves cannot be pinned here
+        return cm, [f"{cm.backend} serves this shape now; target='auto' may switch candidates during the runs"]
+    key = bucket_of(cm.signature, feeds)
+    if not any(s.key == key and s.state == "decided" for s in cm.tuning):
+        cm.tune([feeds])  # a decided bucket is not called again: its counts stay the callers'
+    route = tuner.router.route(key)
+    if route is None:  # (tune called the bucket, so it has a route)
+        return cm, [f"{cm.backend} serves this shape now; target='auto' may switch candidates during the runs"]
+    label = route.serving.label
+    trial = tuner.lab.trials.get(label)
+    if trial is None:  # compiled for the fallback only: the lab compiles (or shares) it by label
+        tuner.lab.lane(label, None)
+        trial = tuner.lab.trials[label]
+    note = (f"target='auto' serves {bucket_label(key)} with {label} (decided before profiling); every figure is "
+            "of that candidate")
+    plan = single_plan(cm.model, trial, (*cm.plan.notes, note), "chosen online for the profiled shape")
+    pinned = CompiledModel(cm.model, route.serving.executable, plan, trial.backend, trial.device, trial.options,
+                           cm.target)
+    return pinned, [note]
 
 
 def _resolve(model_or_path: Any, target: str) -> CompiledModel:
@@ -288,7 +350,9 @@ def profile(model_or_path: Any, duration: float = 10.0, output: str | os.PathLik
     "profiled runs" track), then ``duration`` seconds of plain runs, which give the latency percentiles
     and throughput (a profiler slows the runs it watches). The trace stays bounded: node spans come
     from the profiled runs only (at most :data:`MAX_NODE_EVENTS`), run and subgraph spans from the first
-    :data:`MAX_RUN_SPANS` plain runs; every plain run counts in the statistics.
+    :data:`MAX_RUN_SPANS` plain runs; every plain run counts in the statistics. Under ``target='auto'``
+    with online tuning, the profiled shape's bucket is decided first and the candidate serving it is
+    profiled alone, so the node table, the header and the latencies are all of one backend (a note names it).
 
     Args:
         model_or_path: A CompiledModel or a model (path, bytes, proto, hybrid.Model); a .hybrid bundle
@@ -297,7 +361,8 @@ def profile(model_or_path: Any, duration: float = 10.0, output: str | os.PathLik
         output: Trace file (Chrome trace JSON, written atomically; its folder must exist); None writes none.
         target: Target for models ('auto' by default).
         inputs: Feeds; generated from the signature (symbolic dims = ``batch``) as target='auto' does
-            (:func:`sample_inputs`) when not given.
+            (:func:`sample_inputs`) when not given, a task model's image input at its declared size
+            (:func:`task_input_shapes`).
         batch: Size of symbolic dimensions in generated inputs, and the items per inference.
         warmup: Untimed runs first (continued until 5% of ``duration`` has passed, at most 3 s; 0: none).
         node_runs: How many runs get node spans (0: none, and the backend's profiler is not turned on).
@@ -306,18 +371,22 @@ def profile(model_or_path: Any, duration: float = 10.0, output: str | os.PathLik
     Raises:
         ConfigError: HYB-102 for a bad duration, batch, warmup or node_runs, or an output folder that
             does not exist.
+        RunError: HYB-411 when auto's online tuning does not decide the profiled shape within its bound.
         HybridError: whatever loading, compiling or running the model raises.
     """
     check_arguments(duration, batch, warmup, node_runs, output)
     base = _resolve(model_or_path, target)
-    feeds = dict(inputs) if inputs is not None else sample_inputs(base.model, batch)
-    notes: list[str] = []
+    feeds = dict(inputs) if inputs is not None else \
+        sample_inputs(base.model, batch, shapes=task_input_shapes(model_or_path, batch))
+    base, notes = _one_candidate(base, feeds)
     nodes: list[dict[str, Any]] = []
     profiled: list[tuple[int, int]] = []
+    why: list[str] = []  # why the backend's profiler could not be turned on
     t_base = time.perf_counter_ns()
     if node_runs:
         with tempfile.TemporaryDirectory(prefix="hybrid-profile-") as tmp:
-            cm, notes = _profiling_model(base, tmp)
+            cm, why = _profiling_model(base, tmp)
+            notes += why
             if cm is not base:
                 t_base, profiled, nodes = _node_phase(cm, feeds, warmup, node_runs)
                 cm.executable.close()
@@ -352,7 +421,7 @@ def profile(model_or_path: Any, duration: float = 10.0, output: str | os.PathLik
     if len(lat_ns) > len(runs):
         notes.append(f"the trace draws the first {len(runs)} of {len(lat_ns)} runs; the statistics use all")
     return _finish(base, lat_ns, runs, timed.spans, profiled, nodes, counters, t_base, wall,
-                   len(profiled) if nodes else 0, batch, output, notes, quiet)
+                   len(profiled) if nodes else 0, batch, output, notes, quiet, feeds, bool(why))
 
 
 def _node_phase(cm: CompiledModel, feeds: Mapping[str, Any], warmup: int,
@@ -380,7 +449,7 @@ def _node_phase(cm: CompiledModel, feeds: Mapping[str, Any], warmup: int,
 def _finish(cm: CompiledModel, lat_ns: list[int], runs: list[tuple[int, int]], subgraphs: list[tuple[int, int]],
             profiled: list[tuple[int, int]], nodes: list[dict[str, Any]], counters: list[dict[str, Any]],
             t_base: int, wall: float, node_runs: int, batch: int, output: str | os.PathLike | None,
-            notes: list[str], quiet: bool) -> ProfileReport:
+            notes: list[str], quiet: bool, feeds: Mapping[str, Any], unprofiled: bool) -> ProfileReport:
     lat = np.asarray(lat_ns, dtype=np.float64) / 1e6
     latency = {"p50": float(np.percentile(lat, 50)), "p90": float(np.percentile(lat, 90)),
                "p99": float(np.percentile(lat, 99)), "mean": float(lat.mean()), "min": float(lat.min()),
@@ -400,18 +469,19 @@ def _finish(cm: CompiledModel, lat_ns: list[int], runs: list[tuple[int, int]], s
     events += [{"name": label, "cat": "subgraph", "ph": "X", "pid": 1, "tid": _SUBGRAPH,
                 "ts": round((s - t_base) / 1e3, 3), "dur": round((e - s) / 1e3, 3)} for s, e in subgraphs]
     events += nodes + counters
-    if not nodes and not notes and node_runs:
+    shapes = {k: [int(n) for n in np.shape(v)] for k, v in feeds.items()}
+    if not nodes and not unprofiled and node_runs:
         notes.append(f"{cm.backend} reported no node timings")
     report = ProfileReport(cm.model.name, cm.backend, cm.device, len(lat), node_runs, wall, latency, throughput,
                            throughput * batch, _stats(nodes, "op", node_runs), _stats(nodes, "node", node_runs)[:50],
-                           None if output is None else str(output), len(events), tuple(notes))
+                           None if output is None else str(output), len(events), tuple(notes), shapes)
     if output is not None:
         from hybrid.ir import atomic_write_bytes
 
         doc = {"traceEvents": events, "displayTimeUnit": "ms",
                "otherData": {"model": cm.model.name, "backend": cm.backend, "device": cm.device, "runs": len(lat),
                              "node_runs": node_runs, "latency_ms": latency, "throughput": throughput,
-                             "batch": batch, "notes": list(notes)}}
+                             "batch": batch, "inputs": shapes, "notes": list(notes)}}
         atomic_write_bytes(Path(output), json.dumps(doc).encode("utf-8"))
     if not quiet:
         print(report.summary())
