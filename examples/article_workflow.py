@@ -40,7 +40,7 @@ import hybrid
 from hybrid.bundle import create_bundle
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from video_analytics import build_detector, squares_frames  # noqa: E402  (the detector of the other example)
+from video_analytics import build_detector, squares_frames  # the detector of the other example
 
 CLASSES = ["red", "green", "blue", "yellow"]
 DETECTOR_CLASSES = ["box", "tile", "patch"]
@@ -253,7 +253,7 @@ def load_and_run(work: Path, det_path: Path, cls_path: Path, size: int, report: 
     pipeline.add_stage(detector, device="cpu")
     pipeline.add_stage(lambda dets: [len(d) for d in dets], device="cpu")
     direct = [len(d) for d in detector(frames)]
-    via_pipeline = list(pipeline.run([frames]))[0]
+    via_pipeline = next(iter(pipeline.run([frames])))
     pipeline.close()
     report.equal("pipeline", "detections per frame, Pipeline vs direct", via_pipeline, direct)
 
