@@ -62,7 +62,7 @@ class CompiledModel:
         self._options: dict[str, Any] = dict(options or {})
         self._live: LiveView | None = executable if hasattr(executable, "view") else None  # type: ignore[assignment]
         self.target = target
-        self._validator = InputValidator(self.signature)
+        self._validator = InputValidator(self.signature, model)  # index inputs checked against their tables
         self._output_names = self.signature.output_names
         self._exec_run = executable.run
 

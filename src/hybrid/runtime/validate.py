@@ -1,21 +1,28 @@
-"""Input validation before any backend runs: names, types, dtypes, ranks, dims.
+"""Input validation before any backend runs: names, types, dtypes, ranks, dims, and index ranges.
 
 The checks are prepared once per compiled model (one small closure per input) so that a call pays a
-few attribute reads per input, well under the 20 µs per call budget.
+few attribute reads per input, well under the 20 µs per call budget. An integer input that indexes a
+table of the model (token ids into an embedding) also pays one min and one max: backends disagree on an
+index outside its table (ONNX Runtime and torch raise, OpenVINO reads past it), so it is refused here,
+alike for every backend (:func:`index_bounds` finds such inputs once, from the graph).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from hybrid.errors import RunError
 from hybrid.hal.interop import host_array
 from hybrid.ir.signature import UNKNOWN_DIM, Signature, TensorSpec
+from hybrid.runtime.index_bounds import IndexBound, index_bounds
 
-__all__ = ["InputValidator", "to_array"]
+if TYPE_CHECKING:
+    from hybrid.ir import Model
+
+__all__ = ["IndexBound", "InputValidator", "index_bounds", "to_array"]
 
 MAX_PASSED = 1024  # combinations of input shapes remembered as checked (more are checked each call)
 
@@ -83,18 +90,43 @@ def _check_container(spec: TensorSpec) -> Callable[[Any, dict[str, int]], Any]:
     return check
 
 
+def _check_range(name: str, bound: IndexBound, arr: np.ndarray) -> None:
+    """Refuse an index outside ``[-size, size)`` of the table it reads: one min and one max of the array."""
+    if arr.size == 0:
+        return
+    size = bound.size
+    low, high = arr.min(), arr.max()
+    if low >= -size and high < size:
+        return
+    value = high if high >= size else low
+    where = np.unravel_index(int(np.argmax(arr == value)), arr.shape) if arr.ndim else ()
+    at = f" at {tuple(int(i) for i in where)}" if arr.ndim else ""
+    raise RunError("HYB-418", f"input {name!r} holds {int(value)}{at}, outside the range [-{size}, {size}) of "
+                   f"{bound.table} it indexes", f"keep every value of {name!r} in [-{size}, {size}) (the table has "
+                   f"{size} rows); for token ids, use the tokenizer that belongs to the model")
+
+
 class InputValidator:
-    """Validates and normalizes feeds for one signature."""
+    """Validates and normalizes feeds for one signature.
 
-    __slots__ = ("_checks", "_names", "_order", "_passed", "_required")
+    Args:
+        signature: The inputs to check feeds against.
+        model: The model, when known: its integer inputs that index a table (:func:`index_bounds`) are
+            checked against the table's size on every call.
+    """
 
-    def __init__(self, signature: Signature) -> None:
+    __slots__ = ("_bounds", "_checks", "_names", "_order", "_passed", "_required")
+
+    def __init__(self, signature: Signature, model: Model | None = None) -> None:
         self._order = [s.name for s in signature.inputs]
         self._names = set(self._order)
         self._checks = {s.name: (_check_tensor(s) if s.kind == "tensor" else _check_container(s))
                         for s in signature.inputs}
         self._required = [s.name for s in signature.inputs if s.kind != "optional"]
         self._passed: set[tuple[Any, ...]] = set()  # (name, dtype, shape) per input of feeds that passed
+        # inputs checked by value too (what an index reads is not a function of the shape: never cached)
+        found = index_bounds(model) if model is not None else {}
+        self._bounds = tuple((name, bound) for name, bound in found.items() if name in self._names)
 
     def feeds(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
         """Check a name -> value mapping; return the normalized feeds.
@@ -103,7 +135,8 @@ class InputValidator:
         they check is a function of those alone): a model called in a loop pays one lookup.
 
         Raises:
-            RunError: HYB-401..406 naming the input, what was expected and what was given.
+            RunError: HYB-401..406 naming the input, what was expected and what was given; HYB-418 for an
+                index input holding a value outside the table it reads.
         """
         # the usual call (a dict of every input, nothing else) needs no per-key checks
         if type(feeds) is not dict or feeds.keys() != self._names:
@@ -112,13 +145,23 @@ class InputValidator:
         else:
             key = tuple([(k, v.dtype, v.shape) if type(v) is np.ndarray else None for k, v in feeds.items()])
             if key in self._passed:
+                if self._bounds:
+                    self._check_ranges(feeds)
                 return dict(feeds)
         dims: dict[str, int] = {}
         checks = self._checks
         out = {k: checks[k](v, dims) for k, v in feeds.items()}
+        if self._bounds:
+            self._check_ranges(out)
         if key is not None and None not in key and len(self._passed) < MAX_PASSED:
             self._passed.add(key)
         return out
+
+    def _check_ranges(self, feeds: Mapping[str, Any]) -> None:
+        for name, bound in self._bounds:
+            value = feeds.get(name)
+            if type(value) is np.ndarray and value.dtype.kind in "iu":
+                _check_range(name, bound, value)
 
     def _check_names(self, feeds: Any) -> None:
         if not isinstance(feeds, Mapping):

@@ -5,10 +5,11 @@ Each request is checked once (:meth:`ServedModel.check`: names, dtypes, ranks, s
 batches run with no further check (``CompiledModel.run_checked``). Errors name what the model expects the
 way Triton does (``Expected [-1,3,224,224], got [2,3,224,225]``; -1 for a dynamic dim).
 
-When the model's inputs and outputs share a symbolic first dimension, the batcher
-concatenates the requests of a batch along it (grouped by their other dims), runs the model once per
-group, and splits the outputs back by each request's own row count. Models with a static batch run each
-request of a batch in turn.
+A model batches as Triton batches with ``max_batch_size > 0``: when every input and output has a dynamic
+first dimension (whatever each names it), that dimension is the batch. The batcher concatenates the
+requests of a batch along it (grouped by their other dims), runs the model once per group, and splits the
+outputs back by each request's own row count; an output whose first dim is not the group's rows fails its
+requests (HYB-413) rather than being sliced. Models with a static batch run each request of a batch in turn.
 """
 
 from __future__ import annotations
@@ -161,16 +162,18 @@ def _dims(shape: Any) -> list[int]:
 
 
 def _batch_symbol(compiled: CompiledModel) -> str | None:
-    """The symbolic first dim shared by every input and output, or None when the model cannot batch."""
+    """The batch dim's name (the first input's), or None when the model cannot batch.
+
+    Triton's rule for ``max_batch_size > 0``: the first dim of every input and output is the batch. So a model
+    batches when each of its inputs and outputs is a tensor of known rank whose first dim is dynamic, whatever
+    the names (an exporter often names an output's batch dim apart from the input's: 'batch' in, 'N' or
+    'unk__0' out). That the sizes agree is checked on each request's inputs and on each run's outputs.
+    """
     sig = compiled.signature
     specs = [*sig.inputs, *sig.outputs]
-    if not sig.inputs or any(s.kind != "tensor" or not s.shape for s in specs):
+    if not sig.inputs or any(s.kind != "tensor" or not s.shape or isinstance(s.shape[0], int) for s in specs):
         return None
-    firsts = {s.shape[0] for s in specs}
-    if len(firsts) != 1:
-        return None
-    (first,) = firsts
-    return first if isinstance(first, str) else None
+    return str(sig.inputs[0].shape[0])  # type: ignore[index]  # (a known shape, checked above)
 
 
 class Stoppable(Protocol):
@@ -215,7 +218,7 @@ class ServedModel:
         self.schedule = schedule  # None: pyasc's own timeouts (a model without a configuration)
         # class labels by output name (config.pbtxt's label_filename): the classification extension's answers
         self.labels: dict[str, tuple[str, ...]] = {}
-        self._validator = InputValidator(self.signature)
+        self._validator = InputValidator(self.signature, getattr(compiled, "model", None))
         self._specs = {spec.name: spec for spec in self.signature.inputs}
         # string inputs: the protocols carry BYTES elements, the runtimes take str elements (ONNX strings)
         self._text = [s.name for s in self.signature.inputs if s.kind == "tensor" and s.dtype == np.dtype(object)]
@@ -237,7 +240,7 @@ class ServedModel:
                                         reorders=schedule is not None and schedule.reorders)
         self._sequences = Sequences(sequences, name, self.max_batch_size > 0) if sequences is not None else None
         if settings.max_batch > 1 and self.batch_symbol is None:
-            logger.warning("model %s:%s has no symbolic batch dimension shared by its inputs and outputs; its "
+            logger.warning("model %s:%s has an input or output without a dynamic first (batch) dimension; its "
                            "batches run request by request", name, version)
 
     @property
@@ -363,14 +366,27 @@ class ServedModel:
                 checked[name] = _as_text(name, checked[name])
         rows = 1
         if self.batch_symbol is not None and checked:
-            first = next(iter(checked.values()))
-            rows = int(first.shape[0]) if first.ndim else 1
+            rows = self._rows(checked)
             limit = self._max_rows if self._max_rows is not None else self.max_batch_size
             if limit and rows > limit:
                 raise RunError("HYB-405", f"inference request batch-size must be <= {limit} for {self.name!r} "
                                f"(the request has {rows} rows)",
                                f"split the request into requests of at most {limit} rows")
         return checked, rows
+
+    def _rows(self, checked: Mapping[str, np.ndarray]) -> int:
+        """A batching request's rows: its inputs' first dim, the same in every input (Triton's batch size).
+
+        Inputs whose batch dims the model names apart are not tied by the validator's named-dim check.
+        """
+        (first_name, first), *rest = checked.items()
+        rows = int(first.shape[0]) if first.ndim else 1
+        for name, value in rest:
+            if value.ndim and int(value.shape[0]) != rows:
+                raise RunError("HYB-405", f"input {name!r} batch size does not match other inputs for {self.name!r}: "
+                               f"{int(value.shape[0])} rows, {first_name!r} has {rows}",
+                               "send every input with the same first (batch) dimension")
+        return rows
 
     def _triton_wording(self, e: RunError, feeds: Mapping[str, np.ndarray]) -> RunError:
         """A shape or dtype error worded as Triton's, naming the expected dims (-1 for a dynamic one)."""
@@ -492,6 +508,10 @@ class ServedModel:
             raise
         except Exception as e:  # HYB-408, as a batch's failure is
             raise self._error_for_one(e, 1) from e
+        if self.batch_symbol is not None and self.max_batch_size > 0:  # (config.pbtxt without dynamic_batching)
+            error = self._unbatched_output(out, self._rows(feeds), 1)
+            if error is not None:
+                raise error
         t1 = time.monotonic()
         if self.observer is not None:
             self.observer(self, 1, [t0 - enqueued], t1 - t0)
@@ -534,14 +554,32 @@ class ServedModel:
             outs = self.compiled.run_checked(_aligned(group.feeds))
         except Exception as e:
             return self._isolate(group.members, e)
-        if len(group.members) > 1:
-            total = sum(m.rows for m in group.members)
-            if any(np.ndim(v) == 0 or len(v) != total for v in outs.values()):
-                # the graph does not keep rows independent after all: fall back to one run per request
-                logger.warning("model %s:%s returned outputs without the batch of %d rows; running requests one "
-                               "by one", self.name, self.version, total)
-                return self._isolate(group.members, None)
+        if self.batch_symbol is not None:
+            error = self._unbatched_output(outs, sum(m.rows for m in group.members), len(group.members))
+            if error is not None:
+                return _Each([self._error_for_one(error, 1) for _ in group.members])
         return outs
+
+    def _unbatched_output(self, outs: Mapping[str, Any], total: int, requests: int) -> RunError | None:
+        """HYB-413 when an output's first dim is not the ``total`` rows of the run (None when every output has them).
+
+        With ``max_batch_size > 0`` every output's first dim is the batch (Triton's rule); an output without the
+        batch's rows cannot be given back row by row, and slicing it would hand requests other rows than theirs.
+        """
+        for name, value in outs.items():
+            rows = len(value) if np.ndim(value) else None
+            if rows == total:
+                continue
+            logger.warning("model %s:%s: output %r has %s rows for a batch of %d", self.name, self.version, name,
+                           rows, total)
+            found = "no batch dimension" if rows is None else f"{rows} rows"
+            return RunError("HYB-413", f"model {self.name!r}: output {name!r} has {found} for a batch of {total} "
+                            f"rows ({requests} request{'s' if requests > 1 else ''}); with max_batch_size "
+                            f"{self.max_batch_size} > 0 the first dim of every output is the batch, as Triton reads it",
+                            "if that output's first dim is not the batch, serve the model without batching "
+                            "(max_batch_size: 0 in its config.pbtxt, or --max-batch 0); else export it so that "
+                            "every output keeps the batch first")
+        return None
 
     def _split(self, items: list[_Item], job: list[_Group], raw: list[Any] | Exception, started: float,
                run_s: float) -> list[dict[str, np.ndarray] | Exception]:

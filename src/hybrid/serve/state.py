@@ -45,7 +45,7 @@ and ``trace`` only where its :class:`ServeOptions` allow them (:attr:`ServerStat
 _STATUS = {"HYB-701": 404, "HYB-702": 400, "HYB-703": 401, "HYB-704": 413, "HYB-705": 503, "HYB-706": 503,
            "HYB-707": 400, "HYB-709": 503, "HYB-711": 400, "HYB-712": 404, "HYB-713": 400, "HYB-714": 503,
            "HYB-715": 400, "HYB-411": 504, "HYB-412": 503, "HYB-414": 503, "HYB-415": 503}
-_INPUT_CODES = {f"HYB-40{i}" for i in range(1, 8)}
+_INPUT_CODES = {*(f"HYB-40{i}" for i in range(1, 8)), "HYB-418"}  # HYB-418: an index outside its table
 T = TypeVar("T")
 
 

@@ -1,0 +1,175 @@
+"""Issue 55, runtime items: index inputs checked against their table on every backend (a), per-request
+isolation in @dynamic_batch (b), and the memory pool's scope said at init and in memory_summary (c)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import hybrid
+from hybrid.errors import RunError
+from hybrid.hal import backend_status
+
+VOCAB, HIDDEN, TYPES, SEQ = 30, 8, 2, 6
+
+
+def bert_like(path=None) -> onnx.ModelProto:
+    """BERT's embedding block: word, token-type and position embeddings gathered from initializer tables.
+
+    ``input_ids`` feeds its Gather directly (as nn.Embedding exports), ``token_type_ids`` comes in as int32 and
+    reaches its Gather through Cast and Unsqueeze/Reshape; ``position_ids`` feeds a Gather and, through a
+    Slice, a second (larger) one, so only the direct table bounds it. ``mask`` is an int input no Gather reads.
+    """
+    rng = np.random.default_rng(0)
+    words = numpy_helper.from_array(rng.standard_normal((VOCAB, HIDDEN)).astype(np.float32), "word_embeddings")
+    types = numpy_helper.from_array(rng.standard_normal((TYPES, HIDDEN)).astype(np.float32), "type_embeddings")
+    pos = numpy_helper.from_array(rng.standard_normal((SEQ, HIDDEN)).astype(np.float32), "position_embeddings")
+    first = numpy_helper.from_array(rng.standard_normal((1, HIDDEN)).astype(np.float32), "first_position")
+    shape = numpy_helper.from_array(np.array([-1, SEQ], np.int64), "ids_shape")
+    axis1 = numpy_helper.from_array(np.array([1], np.int64), "axis1")
+    start = numpy_helper.from_array(np.array([0], np.int64), "start")
+    stop = numpy_helper.from_array(np.array([1], np.int64), "stop")
+    inputs = [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", SEQ]),
+              helper.make_tensor_value_info("token_type_ids", TensorProto.INT32, ["batch", SEQ]),
+              helper.make_tensor_value_info("position_ids", TensorProto.INT64, [1, SEQ]),
+              helper.make_tensor_value_info("mask", TensorProto.INT64, ["batch", SEQ])]
+    nodes = [
+        helper.make_node("Gather", ["word_embeddings", "input_ids"], ["w"], axis=0),
+        helper.make_node("Cast", ["token_type_ids"], ["tt64"], to=TensorProto.INT64),
+        helper.make_node("Unsqueeze", ["tt64", "axis1"], ["tt3"]),
+        helper.make_node("Reshape", ["tt3", "ids_shape"], ["tt"]),
+        helper.make_node("Gather", ["type_embeddings", "tt"], ["t"], axis=0),
+        helper.make_node("Gather", ["position_embeddings", "position_ids"], ["p"], axis=0),
+        # position 0 alone (a Slice drops the rest) reads a one-row table: that table bounds no other position
+        helper.make_node("Slice", ["position_ids", "start", "stop", "axis1"], ["p0"]),
+        helper.make_node("Gather", ["first_position", "p0"], ["pw"], axis=0),
+        helper.make_node("Add", ["w", "t"], ["wt"]),
+        helper.make_node("Add", ["wt", "p"], ["wtp"]),
+        helper.make_node("Add", ["wtp", "pw"], ["emb"]),
+        helper.make_node("Cast", ["mask"], ["maskf"], to=TensorProto.FLOAT),
+        helper.make_node("Unsqueeze", ["maskf", "axis_last"], ["mask3"]),
+        helper.make_node("Mul", ["emb", "mask3"], ["out"]),
+    ]
+    axis_last = numpy_helper.from_array(np.array([-1], np.int64), "axis_last")
+    out = helper.make_tensor_value_info("out", TensorProto.FLOAT, ["batch", SEQ, HIDDEN])
+    graph = helper.make_graph(nodes, "bert_embeddings", inputs, [out],
+                              [words, types, pos, first, shape, axis1, start, stop, axis_last])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.checker.check_model(model)
+    if path is not None:
+        onnx.save(model, path)
+    return model
+
+
+def feeds(batch: int = 2) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(1)
+    return {"input_ids": rng.integers(0, VOCAB, (batch, SEQ)).astype(np.int64),
+            "token_type_ids": rng.integers(0, TYPES, (batch, SEQ)).astype(np.int32),
+            "position_ids": np.arange(SEQ, dtype=np.int64)[None],
+            "mask": np.ones((batch, SEQ), np.int64)}
+
+
+def available(name: str) -> bool:
+    return backend_status(name).available
+
+
+TARGETS = [pytest.param(t, marks=pytest.mark.skipif(not available(t), reason=f"{t} not installed"))
+           for t in ("reference", "onnxruntime", "openvino", "torch")]
+
+
+# ------------------------------------------------------------------------------------------------ (a)
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("target", TARGETS)
+def test_out_of_vocabulary_ids_raise_418_on_every_backend(target):
+    cm = hybrid.compile(bert_like(), target=target)
+    good = feeds()
+    expected = hybrid.compile(bert_like(), target="reference").run(good)["out"]
+    np.testing.assert_allclose(cm.run(good)["out"], expected, rtol=1e-5, atol=1e-5)
+
+    for name, value, table in [("input_ids", VOCAB, VOCAB), ("input_ids", -VOCAB - 1, VOCAB),
+                               ("token_type_ids", TYPES, TYPES), ("position_ids", SEQ, SEQ)]:
+        bad = {k: v.copy() for k, v in good.items()}
+        bad[name][0, 3] = value
+        with pytest.raises(RunError) as info:
+            cm.run(bad)
+        e = info.value
+        assert e.code == "HYB-418", (target, name, e)
+        assert repr(name) in e.message and str(value) in e.message and f"[-{table}, {table})" in e.message
+        with pytest.raises(RunError, match="HYB-418"):  # the positional call is checked alike
+            cm(*bad.values())
+
+
+@pytest.mark.timeout(120)
+def test_index_check_rejects_once_a_shape_has_passed_and_leaves_other_ints_alone():
+    cm = hybrid.compile(bert_like(), target="reference")
+    good = feeds()
+    cm.run(good)  # the shapes are now known good: the range check must still run
+    bad = dict(good, input_ids=np.full_like(good["input_ids"], VOCAB + 5))
+    with pytest.raises(RunError, match=r"HYB-418.*'input_ids'.*35"):
+        cm.run(bad)
+    # negative ids count from the end (ONNX Gather); a mask no Gather reads may hold anything
+    ok = dict(good, input_ids=np.full_like(good["input_ids"], -VOCAB), mask=np.full_like(good["mask"], 10**6))
+    cm.run(ok)
+    # empty inputs pass (no min/max of nothing)
+    cm.run(dict(good, input_ids=np.zeros((0, SEQ), np.int64), token_type_ids=np.zeros((0, SEQ), np.int32),
+                mask=np.zeros((0, SEQ), np.int64)))
+
+
+@pytest.mark.timeout(120)
+def test_index_bounds_found_once_from_the_graph():
+    from hybrid.runtime.validate import index_bounds
+
+    bounds = index_bounds(hybrid.Model.load(bert_like()))
+    assert {name: b.size for name, b in bounds.items()} == {"input_ids": VOCAB, "token_type_ids": TYPES,
+                                                           "position_ids": SEQ}
+    assert "word_embeddings" in bounds["input_ids"].table
+
+
+@pytest.mark.timeout(300)
+def test_bert_from_a_config_refuses_an_out_of_vocabulary_id_on_openvino():
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    if not available("openvino"):
+        pytest.skip("openvino not installed")
+    from hybrid.runtime.validate import index_bounds
+
+    torch.manual_seed(0)
+    config = transformers.BertConfig(vocab_size=100, num_hidden_layers=2, hidden_size=32, num_attention_heads=2,
+                                     intermediate_size=64, max_position_embeddings=64)
+    example = torch.ones(1, 8, dtype=torch.int64)
+    model = hybrid.export(transformers.BertModel(config).eval(), input_shape=[example, example],
+                          dynamic_axes={"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "seq"}})
+    assert index_bounds(model)["input_ids"].size == 100
+    cm = hybrid.compile(model, target="openvino")
+    mask = np.ones((1, 8), np.int64)
+    cm.run({"input_ids": np.full((1, 8), 99, np.int64), "attention_mask": mask})
+    with pytest.raises(RunError, match=r"HYB-418.*'input_ids' holds 100"):
+        cm.run({"input_ids": np.full((1, 8), 100, np.int64), "attention_mask": mask})
+
+
+@pytest.mark.timeout(300)
+def test_server_answers_418_as_a_400(tmp_path):
+    from _serve_support import request, serving
+
+    path = tmp_path / "emb.onnx"
+    bert_like(path)
+    bad = feeds(1)
+    bad["input_ids"][0, 0] = VOCAB + 1
+    with serving([path]) as srv:
+        status, _, body = request(srv.url, "POST", "/v2/models/emb/infer", _json_body(bad))
+        assert status == 400, body
+        doc = json.loads(body)
+        assert doc["code"] == "HYB-418" and "input_ids" in doc["error"] and str(VOCAB + 1) in doc["error"]
+        status, _, body = request(srv.url, "POST", "/v2/models/emb/infer", _json_body(feeds(1)))
+        assert status == 200, body
+
+
+def _json_body(arrays: dict[str, np.ndarray]) -> bytes:
+    dt = {np.dtype(np.int64): "INT64", np.dtype(np.int32): "INT32"}
+    doc = {"inputs": [{"name": k, "shape": list(v.shape), "datatype": dt[v.dtype], "data": v.reshape(-1).tolist()}
+                      for k, v in arrays.items()]}
+    return json.dumps(doc).encode()
