@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from hybrid.config import get_config
 from hybrid.errors import BackendError
+from hybrid.hal.backend import ProbedDevice
 from hybrid.hal.device import Device, parse_device
 from hybrid.hal.registry import BackendStatus, backend_names, backend_status
 
@@ -38,6 +39,10 @@ def statuses() -> list[BackendStatus]:
     return [backend_status(n) for n in backend_names()]
 
 
+def _device_order(d: Device | ProbedDevice) -> tuple[int, int]:
+    return _KIND_ORDER.get(d.kind, 5), d.index
+
+
 def devices() -> list[Device]:
     """Every device present on this machine, with the available backends that use it."""
     found: dict[str, dict] = {}
@@ -49,7 +54,7 @@ def devices() -> list[Device]:
             if d.native:
                 entry["props"][f"{st.name}.device"] = d.native
     out = [Device(name, e["kind"], e["index"], tuple(e["backends"]), e["props"]) for name, e in found.items()]
-    return sorted(out, key=lambda d: (_KIND_ORDER.get(d.kind, 5), d.index))
+    return sorted(out, key=_device_order)
 
 
 def _available_targets(devs: list[Device]) -> str:
@@ -57,7 +62,7 @@ def _available_targets(devs: list[Device]) -> str:
     return ", ".join(names)
 
 
-def _match(dev: Device, kind: str, index: int | None) -> bool:
+def _match(dev: Device | ProbedDevice, kind: str, index: int | None) -> bool:
     kinds = ("cuda", "gpu") if kind == "gpu" else (kind,)
     return dev.kind in kinds and (index is None or dev.index == index)
 
@@ -128,31 +133,10 @@ def resolve_target(target: str) -> list[Candidate]:
     if not isinstance(target, str) or not target.strip():
         raise BackendError("HYB-301", f"expected a target string such as 'auto' or 'cpu', got {target!r}")
     text = target.strip().lower()
-    devs = devices()
     backend_part, _, device_part = text.partition(":")
-    known_backends = backend_names()
-    if backend_part in known_backends:
-        st = backend_status(backend_part)
-        if not st.available:
-            from hybrid.hal.registry import get_backend
-
-            get_backend(backend_part)  # raises HYB-302 with the reason and install hint
-        own = [d for d in devs if backend_part in d.backends]
-        if device_part:
-            parsed = parse_device(device_part)
-            if parsed is None:
-                raise BackendError("HYB-301", f"target {target!r}: {device_part!r} is not a device name; "
-                                   f"{backend_part} has: {', '.join(d.name for d in own)}")
-            chosen = [d for d in own if _match(d, *parsed)]
-            if not chosen:
-                if not any(_match(d, *parsed) for d in devs):  # absent from the machine: fallback policy
-                    chosen = [d for d in _fallback(device_part, devs) if backend_part in d.backends]
-                if not chosen:
-                    raise BackendError("HYB-303", f"backend {backend_part!r} cannot use device "
-                                       f"{device_part!r}; it has: {', '.join(d.name for d in own)}",
-                                       "pick one of those devices or another backend")
-            own = chosen
-        return [Candidate(backend_part, d.name) for d in own]
+    if backend_part in backend_names():
+        return _pinned(target, backend_part, device_part)
+    devs = devices()
     if text == "auto":
         return [Candidate(b, d.name) for d in devs for b in d.backends]
     parsed = parse_device(text)
@@ -166,3 +150,34 @@ def resolve_target(target: str) -> list[Candidate]:
     if parsed[1] is None and chosen:
         chosen = [d for d in chosen if d.index == chosen[0].index and d.kind == chosen[0].kind]
     return [Candidate(b, d.name) for d in chosen for b in d.backends]
+
+
+def _pinned(target: str, backend: str, device_part: str) -> list[Candidate]:
+    """The candidates of a target that names a backend, probing only that backend.
+
+    Pinning a backend must not import the others' libraries (torch, OpenVINO: hundreds of MB of memory, issue
+    55); every backend is probed only when the device named is not the pinned backend's, to tell a device
+    absent from the machine (the fallback policy) from one this backend cannot use (HYB-303).
+    """
+    st = backend_status(backend)
+    if not st.available:
+        from hybrid.hal.registry import get_backend
+
+        get_backend(backend)  # raises HYB-302 with the reason and install hint
+    own = sorted(st.devices, key=_device_order)
+    if device_part:
+        parsed = parse_device(device_part)
+        if parsed is None:
+            raise BackendError("HYB-301", f"target {target!r}: {device_part!r} is not a device name; "
+                               f"{backend} has: {', '.join(d.name for d in own)}")
+        chosen = [d.name for d in own if _match(d, *parsed)]
+        if not chosen:
+            devs = devices()
+            if not any(_match(d, *parsed) for d in devs):  # absent from the machine: fallback policy
+                chosen = [d.name for d in _fallback(device_part, devs) if backend in d.backends]
+            if not chosen:
+                raise BackendError("HYB-303", f"backend {backend!r} cannot use device "
+                                   f"{device_part!r}; it has: {', '.join(d.name for d in own)}",
+                                   "pick one of those devices or another backend")
+        return [Candidate(backend, name) for name in chosen]
+    return [Candidate(backend, d.name) for d in own]

@@ -1,0 +1,81 @@
+"""Issue 55 item 4: pinning a backend imports only that backend; the check worker goes when idle.
+
+``hybrid.compile(path, target='onnxruntime')`` used to probe every registered backend while resolving the
+target, which imported torch and OpenVINO (RSS 25 -> 343 MB before any model).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytest.importorskip("onnxruntime")
+pytest.importorskip("torch")  # the zoo builds its models with torch
+
+
+@pytest.fixture(scope="module")
+def zoo_model(tmp_path_factory):
+    from hybrid import zoo
+
+    return zoo.build("external_data", folder=tmp_path_factory.mktemp("zoo"))
+
+
+def _modules_after(code: str, tmp_path) -> dict:
+    """Run ``code`` in a fresh interpreter; it must print one JSON line last."""
+    env = {**os.environ, "HYBRID_CACHE_DIR": str(tmp_path / "cache")}
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=env,
+                          timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_a_pinned_onnxruntime_target_imports_neither_torch_nor_openvino(zoo_model, tmp_path):
+    feeds_path = tmp_path / "feeds.npz"
+    import numpy as np
+
+    np.savez(feeds_path, **zoo_model.feeds(seed=0))
+    found = _modules_after(f"""
+        import json, sys
+        import numpy as np
+        import hybrid
+        feeds = dict(np.load({str(feeds_path)!r}))
+        cm = hybrid.compile({str(zoo_model.path)!r}, target='onnxruntime')
+        out = cm.run(feeds)
+        import onnxruntime as ort
+        raw = ort.InferenceSession({str(zoo_model.path)!r}, providers=['CPUExecutionProvider']).run(None, feeds)
+        same = all(np.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(out.values(), raw))
+        print(json.dumps({{"backend": cm.backend, "same": bool(same),
+                          "mods": sorted(m for m in ("torch", "openvino", "tensorrt") if m in sys.modules)}}))
+    """, tmp_path)
+    assert found["backend"] == "onnxruntime"
+    assert found["same"]
+    assert found["mods"] == []
+
+
+def test_a_pinned_backend_with_a_device_probes_only_that_backend(zoo_model, tmp_path):
+    found = _modules_after(f"""
+        import json, sys
+        import hybrid
+        cm = hybrid.compile({str(zoo_model.path)!r}, target='onnxruntime:cpu')
+        print(json.dumps({{"device": cm.device,
+                          "mods": sorted(m for m in ("torch", "openvino", "tensorrt") if m in sys.modules)}}))
+    """, tmp_path)
+    assert found == {"device": "cpu", "mods": []}
+
+
+def test_devices_still_discover_every_backend_after_a_pinned_compile(zoo_model, tmp_path):
+    found = _modules_after(f"""
+        import json
+        import hybrid
+        hybrid.compile({str(zoo_model.path)!r}, target='onnxruntime')
+        print(json.dumps(sorted({{b for d in hybrid.devices() for b in d.backends}})))
+    """, tmp_path)
+    from hybrid.hal import backend_status
+
+    expected = sorted(n for n in ("reference", "onnxruntime", "openvino", "torch") if backend_status(n).available)
+    assert set(expected) <= set(found)
