@@ -46,9 +46,10 @@ def quantize(model_or_path: Any, quant_config: Mapping[str, Any] | None = None, 
             calibrated activation ranges), 'fp16' or 'bf16'. Default: 'static' with a
             calibration_dataset, else 'dynamic'.
         activation_dtype / weight_dtype: 'int8' (default) or 'uint8'; activation_dtype 'auto' (the
-            default) is int8, except with an accuracy budget in static QDQ mode, where uint8 and int8
-            (asymmetric and symmetric) are measured. Dynamic mode's run-time activations are uint8
-            whatever this says (ONNX's DynamicQuantizeLinear).
+            default) is int8 (uint8 with uint8 weights), except with an accuracy budget in static QDQ
+            mode, where uint8 and int8 (asymmetric and symmetric) are measured. Dynamic mode's
+            run-time activations are uint8 (ONNX's DynamicQuantizeLinear): activation_dtype 'int8'
+            with quant_mode 'dynamic' is refused (HYB-601), as is int8 activations with uint8 weights.
         per_channel: Per-output-channel weight scales (default True: more accurate, slightly slower).
         calibration_dataset: Any iterable of samples (dicts ``{input: array}``, arrays, torch tensors,
             tuples with one array per input; a torch DataLoader works, trailing labels are dropped).
@@ -69,6 +70,11 @@ def quantize(model_or_path: Any, quant_config: Mapping[str, Any] | None = None, 
         preprocess: Run ORT's quantization pre-processing first (default True).
         progress: Progress bars (default: only on a terminal).
 
+    A model below opset 13 (the article exports at 11) is upgraded to 13 with ONNX's version converter
+    for int8 and bf16 (per-channel Q/DQ and bfloat16 need it), checked against the original; when the
+    converter fails, static QDQ falls back to per-tensor weights. The report's ``opset_conversion``
+    says which.
+
     Returns:
         A new model; its report is ``model.metadata['quantization_report']`` (a
         :class:`QuantizationReport`) and, as JSON, the ONNX metadata entry ``hybrid.quantization``.
@@ -83,7 +89,9 @@ def quantize(model_or_path: Any, quant_config: Mapping[str, Any] | None = None, 
     fp32 = model.to_bytes()
     budget = cfg.accuracy
     with workdir() as scratch:
-        engine = Engine(model.to_onnx(), cfg, samples.calibration, scratch)
+        check_feed = next(iter((*samples.calibration, *samples.evaluation)), None)
+        engine = Engine(model.to_onnx(), cfg, samples.calibration, scratch, check_feed)
+        cfg = engine.cfg  # per-tensor after an opset fallback (engine.opset_note says why)
         evaluator = _evaluator(model, samples)
         if budget is not None and evaluator is None:
             raise QuantizationError("HYB-601", "quant_config['accuracy'] needs samples to measure against, and none "
@@ -105,7 +113,7 @@ def quantize(model_or_path: Any, quant_config: Mapping[str, Any] | None = None, 
         budget_met=None if budget is None else not budget_failures(outputs, budget),
         fp32_bytes=len(fp32), quantized_bytes=len(data), result="quantized" if outcome.model is not None else "float",
         note=outcome.note, float_groups=outcome.float_groups, recipes=outcome.recipes, speedup=outcome.speedup,
-        trials=outcome.trials)
+        trials=outcome.trials, opset_conversion=engine.opset_note)
     result = Model.load(data)
     result.name = f"{model.name}-{cfg.quant_mode if outcome.model is not None else 'float'}"
     _annotate(result, report)
@@ -188,7 +196,7 @@ def _annotate(model: Model, report: QuantizationReport) -> None:
     model.metadata["quantization_report"] = report
     summary = {"mode": report.mode, "scheme": report.scheme, "eval_samples": report.eval_samples,
                "eval_source": report.eval_source, "kept_float": list(report.kept_float), "result": report.result,
-               "speedup": report.speedup, "note": report.note,
+               "speedup": report.speedup, "note": report.note, "opset_conversion": report.opset_conversion,
                "outputs": [{"name": o.name, "cosine_min": o.cosine_min, "snr_db": o.snr_db,
                             "max_abs_error": o.max_abs_error, "top1_agreement": o.top1_agreement}
                            for o in report.outputs]}

@@ -8,7 +8,7 @@ from typing import Any
 
 from hybrid.errors import QuantizationError
 
-__all__ = ["MODES", "Budget", "QuantConfig", "parse_config"]
+__all__ = ["MODES", "Budget", "QuantConfig", "auto_activation", "parse_config"]
 
 MODES = ("dynamic", "static", "fp16", "bf16")
 INT_DTYPES = ("int8", "uint8")
@@ -129,6 +129,29 @@ def _budget(value: Any) -> Budget | None:
     return Budget(**nums, outputs=tuple(outputs) if outputs is not None else None, on_unmet=on_unmet)
 
 
+def _check_dtypes(mode: str, activation: str, weight: str) -> None:
+    """Refuse activation dtypes ONNX Runtime's quantizer cannot give, rather than quietly use another."""
+    if mode == "dynamic" and activation == "int8":
+        # quantize_dynamic hard-codes uint8 (DynamicQuantizeLinear has no int8 form); its int8 path
+        # through ONNXQuantizer outputs zeros on ORT 1.32 and OpenVINO alike
+        raise QuantizationError("HYB-601", "quant_config['activation_dtype']: 'int8' cannot be honoured with "
+                                "quant_mode 'dynamic': activations quantized at run time are uint8 "
+                                "(ONNX's DynamicQuantizeLinear)",
+                                "for int8 activations use quant_mode 'static' with a calibration_dataset (calibrated "
+                                "ranges); to stay dynamic, leave activation_dtype out (or 'uint8')")
+    if mode in ("static", "dynamic") and activation == "int8" and weight == "uint8":
+        raise QuantizationError("HYB-601", "quant_config: activation_dtype 'int8' with weight_dtype 'uint8' is not a "
+                                "combination ONNX Runtime's quantizer supports",
+                                "use weight_dtype 'int8' (the default), or activation_dtype 'uint8' with uint8 weights")
+
+
+def auto_activation(cfg: QuantConfig) -> str:
+    """The activation dtype of a plain quantization: the one asked for, else int8 (uint8 with uint8 weights)."""
+    if cfg.activation_dtype != "auto":
+        return cfg.activation_dtype
+    return "uint8" if cfg.weight_dtype == "uint8" else "int8"
+
+
 _KEYS = ("quant_mode", "activation_dtype", "weight_dtype", "per_channel", "calibration_dataset",
          "calibration_method", "num_calibration_samples", "num_eval_samples", "quant_format", "reduce_range",
          "op_types", "nodes_to_exclude", "accuracy", "preprocess", "progress", "extra_options", "speed_check")
@@ -159,10 +182,13 @@ def parse_config(config: Mapping[str, Any] | None) -> QuantConfig:
     if not isinstance(extra, Mapping):
         raise _err("extra_options", "a mapping passed to onnxruntime.quantization", extra)
     budget = _budget(cfg.get("accuracy"))
+    activation = _choice(cfg, "activation_dtype", ACTIVATION_DTYPES, "auto")
+    weight = _choice(cfg, "weight_dtype", INT_DTYPES, "int8")
+    _check_dtypes(mode, activation, weight)
     return QuantConfig(
         quant_mode=mode,
-        activation_dtype=_choice(cfg, "activation_dtype", ACTIVATION_DTYPES, "auto"),
-        weight_dtype=_choice(cfg, "weight_dtype", INT_DTYPES, "int8"),
+        activation_dtype=activation,
+        weight_dtype=weight,
         per_channel=bool(_flag(cfg, "per_channel", True)),
         calibration_dataset=data,
         calibration_method=_choice(cfg, "calibration_method", CALIBRATION_CHOICES, "auto"),

@@ -23,8 +23,9 @@ import onnx
 from onnx import numpy_helper
 
 from hybrid.errors import QuantizationError
-from hybrid.passes.quantize.config import QuantConfig
+from hybrid.passes.quantize.config import QuantConfig, auto_activation
 from hybrid.passes.quantize.data import Feed, progress
+from hybrid.passes.quantize.opset import failure_hint, fit_opset
 
 __all__ = ["DYNAMIC_OP_TYPES", "Engine"]
 
@@ -43,15 +44,26 @@ _BF16_MIN_ELEMENTS = 16  # small tensors (shapes, scalars, biases of tiny layers
 class Engine:
     """Quantizes one prepared model with a config, any number of times, keeping chosen nodes in float."""
 
-    def __init__(self, model: onnx.ModelProto, cfg: QuantConfig, calibration: Sequence[Feed], workdir: str) -> None:
+    def __init__(self, model: onnx.ModelProto, cfg: QuantConfig, calibration: Sequence[Feed], workdir: str,
+                 check_feed: Feed | None = None) -> None:
+        """Fit the model's opset to the mode (``opset.fit_opset``, checked on ``check_feed``) and pre-process it.
+
+        ``self.cfg`` is the config the quantizations use (per-channel off after an opset fallback) and
+        ``self.opset_note`` says what was done to the opset.
+        """
+        fit = fit_opset(model, cfg, check_feed)
+        if fit.note:
+            logger.info("quantize: %s", fit.note)
+        cfg = fit.cfg
         self.cfg = cfg
+        self.opset_note = fit.note
         self.workdir = Path(workdir)
         self.calibration = list(calibration)
-        self.proto = _named_nodes(_prepare(model, cfg, self.workdir) if cfg.preprocess else model)
+        self.proto = _named_nodes(_prepare(fit.model, cfg, self.workdir) if cfg.preprocess else fit.model)
         self.source = self.workdir / "float.onnx"
         onnx.save_model(self.proto, str(self.source), save_as_external_data=self.proto.ByteSize() > 1_800_000_000)
         self.method = "minmax" if cfg.calibration_method == "auto" else cfg.calibration_method
-        self.activation = "int8" if cfg.activation_dtype == "auto" else cfg.activation_dtype
+        self.activation = auto_activation(cfg)
         self.extra: dict[str, Any] = dict(cfg.extra_options)
         self._runs = 0
 
@@ -116,7 +128,8 @@ class Engine:
         except Exception as e:
             first = str(e).strip().splitlines()[0][:400] if str(e).strip() else type(e).__name__
             raise QuantizationError("HYB-606", f"{mode} quantization failed: {type(e).__name__}: {first}",
-                                    "exclude the node it names with nodes_to_exclude, or try another quant_mode") from e
+                                    failure_hint(first, "exclude the node it names with nodes_to_exclude, or try "
+                                                 "another quant_mode")) from e
 
     def _dtype(self, name: str) -> Any:
         from onnxruntime.quantization import QuantType

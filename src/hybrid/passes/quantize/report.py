@@ -17,6 +17,7 @@ import numpy as np
 
 from hybrid.errors import QuantizationError
 from hybrid.passes.quantize.config import Budget
+from hybrid.passes.quantize.opset import failure_hint
 
 __all__ = ["Evaluator", "FloatGroup", "OutputAccuracy", "QuantizationReport", "budget_failures", "worst_cosine"]
 
@@ -89,6 +90,8 @@ class QuantizationReport:
         result: 'quantized', or 'float' when the float model was returned (no int8 model met the
             budget, or none was faster than fp32: ``note`` says which, with the figures).
         note: Why the result is what it is, in words (empty when nothing needs saying).
+        opset_conversion: What was done to the model's opset before quantizing (an upgrade to 13 with
+            onnx.version_converter, or why it was kept and what that changed); empty when nothing was.
         float_groups: The quantizable op groups kept in float, with the reason and speed cost of each.
         recipes: ``(recipe, min cosine of the fully quantized model)`` for each recipe measured
             (calibration method, symmetric or not), best first; the search starts from the first.
@@ -114,6 +117,7 @@ class QuantizationReport:
     recipes: tuple[tuple[str, float], ...] = ()
     speedup: float | None = None
     trials: int = 0
+    opset_conversion: str = ""
 
     @property
     def cosine_min(self) -> float:
@@ -134,6 +138,7 @@ class QuantizationReport:
     def __str__(self) -> str:
         lines = [f"quantization: {self.mode} ({self.scheme}); size {self.fp32_bytes / 1e6:.2f} MB -> "
                  f"{self.quantized_bytes / 1e6:.2f} MB",
+                 *([self.opset_conversion] if self.opset_conversion else []),
                  f"accuracy against fp32 on {self.eval_samples} {self.eval_source} samples:"]
         lines += [f"  {o.line()}" for o in self.outputs]
         if self.budget is not None:
@@ -202,7 +207,7 @@ class Evaluator:
         except Exception as e:
             first = str(e).strip().splitlines()[0][:400] if str(e).strip() else type(e).__name__
             raise QuantizationError("HYB-606", f"onnxruntime cannot load {what} for the accuracy check: {first}",
-                                    "report this model; try another quant_mode meanwhile") from e
+                                    failure_hint(first, "report this model; try another quant_mode meanwhile")) from e
 
     def evaluate(self, model_bytes: bytes) -> tuple[OutputAccuracy, ...]:
         """Compare a candidate with fp32 on every evaluation sample."""

@@ -29,7 +29,7 @@ import onnx
 
 from hybrid.errors import QuantizationError
 from hybrid.passes.quantize import speed
-from hybrid.passes.quantize.config import CALIBRATION_METHODS, QuantConfig
+from hybrid.passes.quantize.config import CALIBRATION_METHODS, QuantConfig, auto_activation
 from hybrid.passes.quantize.data import progress
 from hybrid.passes.quantize.engine import Engine
 from hybrid.passes.quantize.groups import Group, group_nodes, neighbours, quantized_nodes, smooth
@@ -125,7 +125,9 @@ class _Search:
 def recipes(cfg: QuantConfig) -> list[Recipe]:
     """The plain recipes to measure first (see the module docstring)."""
     methods = CALIBRATION_METHODS if cfg.calibration_method == "auto" else (cfg.calibration_method,)
-    dtypes = ("uint8", "int8") if cfg.activation_dtype == "auto" else (cfg.activation_dtype,)
+    # uint8 weights pair with uint8 activations only (ONNX Runtime's quantizer refuses int8 with them)
+    both = cfg.activation_dtype == "auto" and cfg.weight_dtype == "int8"
+    dtypes = ("uint8", "int8") if both else (auto_activation(cfg),)
     out = []
     for method in methods:
         for dtype in dtypes:
