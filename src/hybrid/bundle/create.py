@@ -5,6 +5,11 @@ model carries (``cm.task_declarations()``: a ``hybrid.vision.TaskModel``'s pre- 
 ``create_bundle`` starts from a model and a platform profile: it optimizes the model at the requested
 level, compiles it here when this machine can run the platform (same OS and architecture) so the bundle
 carries a cache for it, and otherwise ships the IR alone, which the target compiles on first load.
+
+A bundle never changes the model's inputs unless asked: a profile's preferred layout (NHWC on Ascend) is
+said, not applied; ``layout='NHWC'`` (``--layout nhwc``) converts the image inputs and says so. What the
+bundle cannot give its platform (runtimes its wheels lack, another Python) is logged as a warning and
+written to the manifest's ``warnings``.
 """
 
 from __future__ import annotations
@@ -13,7 +18,6 @@ import datetime
 import logging
 import os
 import platform as _platform
-import sys
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -43,6 +47,7 @@ from hybrid.bundle.select import available_pairs, merged_options, profile_layer,
 from hybrid.errors import BackendError, BundleError, ConfigError, HybridError
 from hybrid.ir import Model, TensorSpec
 from hybrid.passes import optimize
+from hybrid.passes.layout import LAYOUT_KEY, channels_last_candidates
 from hybrid.runtime.auto import normalize_shapes
 from hybrid.runtime.compiled import CompiledModel
 from hybrid.runtime.compiler import compile_model
@@ -99,7 +104,7 @@ def _write(path: str | os.PathLike, model: Model, profile: PlatformProfile, cm: 
            caches: bool, calibration: Any, libs: tuple[LibsEntry, list[Path]] | None, name: str | None,
            task: str | None, optimize_level: str | None, optimized: bool, external_data_bytes: int,
            task_options: Mapping[str, Any] | None = None, serving: Mapping[str, Any] | None = None,
-           shapes: Mapping[str, Any] | None = None) -> Manifest:
+           shapes: Mapping[str, Any] | None = None, warnings: Sequence[str] = ()) -> Manifest:
     vision = declarations(task, task_options, model, name or model.name)  # HYB-502 before writing
     serving_entry = _serving_entry(serving)
     shapes_entry = _shapes_entry(model, shapes)
@@ -138,21 +143,27 @@ def _write(path: str | os.PathLike, model: Model, profile: PlatformProfile, cm: 
             timespec="seconds"), name=name or model.name, task=task, **vision, serving=serving_entry,
         shapes=shapes_entry,
         model=ModelEntry(path=MODEL_PATH, sha256=model.sha256, opset=model.opset, external_data=external,
-                         inputs=inputs, outputs=outputs),
+                         inputs=inputs, outputs=outputs,
+                         layout="NHWC" if model.ir.metadata_props.get(LAYOUT_KEY) == "NHWC" else None),
         platform=profile, optimize_level=optimize_level, optimized=optimized, compile=compile_entry,
-        caches=cache_entries, calibration=calibration_entry, libs=libs_entry, members=writer.members())
+        caches=cache_entries, calibration=calibration_entry, libs=libs_entry, warnings=list(warnings),
+        members=writer.members())
     writer.write(path, manifest)
+    for warning in manifest.warnings:
+        logger.warning("%s: %s", Path(path).name, warning)
     logger.info("wrote bundle %s (%d members)", path, len(manifest.members) + 1)
     return manifest
 
 
 def _libs_for(profile: PlatformProfile, include_libs: bool, python_version: str | None,
               requirements: Sequence[str] | None, wheels: Sequence[str | os.PathLike], include_hybrid: bool,
-              workdir: Path) -> tuple[LibsEntry, list[Path]] | None:
+              workdir: Path) -> tuple[tuple[LibsEntry, list[Path]] | None, list[str]]:
+    """The vendored wheels (None without ``include_libs``) and what they cannot give the platform."""
     if not include_libs:
-        return None
-    version = python_version or profile.python or f"{sys.version_info.major}.{sys.version_info.minor}"
-    return _libs.vendor(profile, version, requirements, wheels, include_hybrid, workdir)
+        return None, []
+    version = _libs.wheels_python(profile, python_version)
+    entry, paths = _libs.vendor(profile, version, requirements, wheels, include_hybrid, workdir)
+    return (entry, paths), _libs.platform_warnings(profile, entry, python_version)
 
 
 def _shapes_entry(model: Model, shapes: Mapping[str, Any] | None) -> dict[str, Any] | None:
@@ -218,20 +229,65 @@ def save_bundle(cm: CompiledModel, path: str | os.PathLike, *, platform: str | P
             task, task_options = declared
     profile = get_platform(platform)
     with tempfile.TemporaryDirectory(prefix="hybrid-libs-") as tmp:
-        libs = _libs_for(profile, include_libs, python_version, requirements, wheels, include_hybrid, Path(tmp))
+        libs, warnings = _libs_for(profile, include_libs, python_version, requirements, wheels, include_hybrid,
+                                   Path(tmp))
         return _write(path, cm.model, profile, cm, caches=caches, calibration=calibration, libs=libs, name=name,
                       task=task, optimize_level=None, optimized=False, external_data_bytes=external_data_bytes,
-                      task_options=task_options, serving=serving, shapes=shapes)
+                      task_options=task_options, serving=serving, shapes=shapes, warnings=warnings)
 
 
-def _optimize(model: Model, level: str | None, layout: str) -> tuple[Model, bool]:
-    """``hybrid.optimize`` at ``level``; the profile's layout (NHWC on Ascend) applies at O3."""
+def _requested_layout(layout: str | None, level: str | None) -> str | None:
+    """'NHWC' when the interface is to be made channels-last, None to keep the model's.
+
+    Raises:
+        ConfigError: HYB-102 for a layout other than NCHW/NHWC, or NHWC below level O3.
+    """
+    if layout is None:
+        return None
+    name = layout.upper() if isinstance(layout, str) else layout
+    if name not in ("NCHW", "NHWC"):
+        raise ConfigError("HYB-102", f"layout: expected 'NCHW' (keep the model's inputs) or 'NHWC', got {layout!r}",
+                          "--layout nhwc makes the image inputs channels-last; leave it out to keep them")
+    if name == "NHWC" and level != "O3":
+        raise ConfigError("HYB-102", f"layout 'NHWC' is converted by the O3 pass list; the optimize level given is "
+                          f"{level or 'none'}", "add --optimize-level O3 (O3 keeps the numerics)")
+    return None if name == "NCHW" else name
+
+
+def _optimize(model: Model, level: str | None, layout: str | None) -> tuple[Model, bool]:
+    """``hybrid.optimize`` at ``level``; ``layout='NHWC'`` makes the image inputs channels-last."""
     if level is None or level == "O0":
         return model, False
     if level not in _LEVELS:
         raise ConfigError("HYB-102", f"optimize level: expected one of {_LEVELS}, got {level!r}")
+    return optimize(model, level=level, config={"layout": layout} if layout else None), True
 
-    return optimize(model, level=level, config={"layout": layout} if layout != "NCHW" else None), True
+
+def _dims(spec: TensorSpec) -> str:
+    return "?" if spec.shape is None else str(list(spec.shape))
+
+
+def _layout_warnings(source: Model, bundled: Model, requested: str | None, profile: PlatformProfile) -> list[str]:
+    """What a requested NHWC conversion changed, or the profile's layout preference that was not applied."""
+    if requested == "NHWC":
+        before = {s.name: s for s in (*source.signature.inputs, *source.signature.outputs)}
+        changed = [(s, before[s.name]) for s in (*bundled.signature.inputs, *bundled.signature.outputs)
+                   if s.name in before and s.shape != before[s.name].shape]
+        if not changed:
+            return [f"layout NHWC was asked for and changed nothing: no rank-4 input of {bundled.name!r} feeds a "
+                    "channels-first operator (Conv, pooling, normalization)"]
+        said = ", ".join(f"{'input' if s in bundled.signature.inputs else 'output'} {s.name!r} is {_dims(s)} "
+                         f"(the source model's: {_dims(old)})" for s, old in changed)
+        return [f"layout NHWC (asked for): the model's interface is channels-last now: {said}; callers must send "
+                "NHWC arrays under the same names"]
+    if profile.layout == "NHWC":
+        kept = channels_last_candidates(bundled.ir)
+        if kept:
+            inputs = {s.name: s for s in bundled.signature.inputs}
+            said = ", ".join(f"{n!r} {_dims(inputs[n])}" for n in kept if n in inputs)
+            return [f"platform {profile.name} prefers NHWC inputs; the bundle keeps the model's NCHW input {said} "
+                    "unchanged: pass --layout nhwc (layout='NHWC') with --optimize-level O3 to make it channels-last"]
+    return []
 
 
 def _compile_here(model: Model, profile: PlatformProfile, target: str | None, precision: str | None,
@@ -278,7 +334,8 @@ def create_bundle(model: Any, output: str | os.PathLike, *, platform: str | Plat
                   platforms_file: str | os.PathLike | None = None,
                   external_data_bytes: int = EXTERNAL_DATA_MODEL_BYTES,
                   task_options: Mapping[str, Any] | None = None,
-                  serving: Mapping[str, Any] | None = None, shapes: Mapping[str, Any] | None = None) -> Manifest:
+                  serving: Mapping[str, Any] | None = None, shapes: Mapping[str, Any] | None = None,
+                  layout: str | None = None) -> Manifest:
     """Build a bundle for a platform (``pyasc bundle create``).
 
     Args:
@@ -289,10 +346,14 @@ def create_bundle(model: Any, output: str | os.PathLike, *, platform: str | Plat
         precision: Override the profile's precision.
         config: Backend options for compiling here, as for ``hybrid.compile``.
         optimize_level: 'O0'..'O3', applied with ``hybrid.optimize`` before bundling.
+        layout: 'NHWC' makes the model's rank-4 image inputs (and image outputs) channels-last under the
+            same names (needs level O3), said in a warning and in the manifest. None or 'NCHW' (the default)
+            keeps the model's interface, whatever layout the profile prefers.
         caches: Compile here and include the artifact when this machine can run the platform.
         calibration: Calibration samples: an .npz path or a mapping name -> array.
         include_libs: Vendor the wheels the target needs (fetched with pip for its platform and Python).
-        python_version: Target Python 'X.Y' for the wheels (default: the profile's, else this one).
+        python_version: Target Python 'X.Y' for the wheels (default: the platform's own when hybrid runs on
+            it, else this interpreter's; a difference from the platform's Python is warned about).
         requirements: Packages to fetch (default: the profile's runtimes, pinned to the versions here).
         wheels: Local wheel files to add (their dependencies are fetched too).
         include_hybrid: Add a wheel of hybrid itself.
@@ -310,18 +371,25 @@ def create_bundle(model: Any, output: str | os.PathLike, *, platform: str | Plat
             ``shapes``, which ``pyasc run/bench/profile`` on the bundle and ``hybrid.load`` compiling its IR use.
 
     Raises:
-        BundleError: HYB-508 for an unknown platform, HYB-509 when fetching wheels fails, HYB-502 for
-            invalid task options.
+        BundleError: HYB-508 for an unknown platform, HYB-509 when fetching wheels fails or hybrid cannot
+            run on ``python_version``, HYB-502 for invalid task options.
+        ConfigError: HYB-102 for a bad ``layout``, ``optimize_level`` or ``python_version``.
         ModelError, BackendError: when the model does not load or (with ``target``) does not compile.
     """
     profile = get_platform(platform, platforms_file)
-    hmodel, optimized = _optimize(Model.load(model), optimize_level, profile.layout)
+    wanted_layout = _requested_layout(layout, optimize_level)
+    if include_libs:
+        _libs.wheels_python(profile, python_version)  # a Python hybrid cannot run on fails before any work
+    source = Model.load(model)
+    hmodel, optimized = _optimize(source, optimize_level, wanted_layout)
+    warnings = _layout_warnings(source, hmodel, wanted_layout, profile)
     if name is None and isinstance(model, (str, os.PathLike)):
         name = Path(model).stem
     cm = _compile_here(hmodel, profile, target, precision, config, shapes) if caches or target else None
     with tempfile.TemporaryDirectory(prefix="hybrid-libs-") as tmp:
-        libs = _libs_for(profile, include_libs, python_version, requirements, wheels, include_hybrid, Path(tmp))
+        libs, libs_warnings = _libs_for(profile, include_libs, python_version, requirements, wheels, include_hybrid,
+                                        Path(tmp))
         return _write(output, hmodel, profile, cm, caches=caches, calibration=calibration, libs=libs, name=name,
                       task=task, optimize_level=optimize_level, optimized=optimized,
                       external_data_bytes=external_data_bytes, task_options=task_options, serving=serving,
-                      shapes=shapes)
+                      shapes=shapes, warnings=[*warnings, *libs_warnings])

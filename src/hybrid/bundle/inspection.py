@@ -64,7 +64,7 @@ def inspect_bundle(source: Source, limits: Limits | None = None) -> dict[str, An
         "signature": _signature(m),
         "model": {"path": m.model.path, "sha256": m.model.sha256, "opset": m.model.opset,
                   "external_data": m.model.external_data, "optimize_level": m.optimize_level,
-                  "optimized": m.optimized},
+                  "optimized": m.optimized, "layout": m.model.layout},
         "platform": m.platform.model_dump(mode="json"),
         "compile": None if m.compile is None else m.compile.model_dump(mode="json"),
         "caches": caches,
@@ -72,8 +72,9 @@ def inspect_bundle(source: Source, limits: Limits | None = None) -> dict[str, An
                                                            "arrays": sorted(m.calibration.arrays)},
         "libs": None if m.libs is None else {
             "platform": m.libs.platform, "python_version": m.libs.python_version,
-            "pip_platforms": m.libs.pip_platforms,
+            "pip_platforms": m.libs.pip_platforms, "targets": m.libs.targets,
             "wheels": [w.model_dump(mode="json") for w in m.libs.wheels]},
+        "warnings": m.warnings,
         "members": members,
         "total_bytes": sum(x["size"] for x in members),
     }

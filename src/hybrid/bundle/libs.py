@@ -5,6 +5,10 @@ match the target's OS, architecture and Python, not this machine's. Each wheel i
 manifest's lock list (file, name, version, sha256, size). ``pyasc bundle install-libs`` checks every
 hash, writes the wheels to a temporary folder and runs ``pip install --no-index --find-links DIR
 --require-hashes``, so pip itself refuses any wheel that differs from the lock and never goes online.
+
+What the wheels cannot give the platform is said at create time (:func:`platform_warnings`): the profile's
+preferred targets whose runtimes are not among them (Jetson's TensorRT and CUDA, when only the CPU
+onnxruntime could be vendored), and a Python that differs from the platform's own, or is not known.
 """
 
 from __future__ import annotations
@@ -24,10 +28,10 @@ from pathlib import Path
 
 from hybrid.bundle.manifest import LibsEntry, LockEntry
 from hybrid.bundle.platforms import PlatformProfile, machine_arch
-from hybrid.errors import BundleError
+from hybrid.errors import BundleError, ConfigError
 
-__all__ = ["InstallReport", "default_requirements", "fetch_wheels", "hybrid_wheel", "install_libs", "lock_wheel",
-           "parse_wheel_name"]
+__all__ = ["InstallReport", "default_requirements", "fetch_wheels", "given_targets", "hybrid_python_floor",
+           "hybrid_wheel", "install_libs", "lock_wheel", "parse_wheel_name", "platform_warnings", "wheels_python"]
 
 logger = logging.getLogger("hybrid")
 
@@ -36,6 +40,7 @@ DISTRIBUTION = "pyasc"
 _WHEEL = re.compile(r"^(?P<name>[A-Za-z0-9_.]+)-(?P<version>[A-Za-z0-9_.!+]+)(-\d[A-Za-z0-9_]*)?"
                     r"-[A-Za-z0-9_.]+-[A-Za-z0-9_.]+-[A-Za-z0-9_.]+\.whl$")
 _PIP_TIMEOUT = 1800
+_PYTHON = re.compile(r"^3\.\d{1,2}$")
 
 
 def _normalize(name: str) -> str:
@@ -121,6 +126,115 @@ def default_requirements(profile: PlatformProfile) -> list[str]:
     return out
 
 
+def _version(text: str) -> tuple[int, int]:
+    major, minor = text.split(".")
+    return int(major), int(minor)
+
+
+def _here() -> str:
+    return f"{sys.version_info.major}.{sys.version_info.minor}"
+
+
+def hybrid_python_floor() -> str | None:
+    """The lowest Python hybrid runs on, read from its own ``Requires-Python`` (None: not known)."""
+    try:
+        spec = metadata.metadata(DISTRIBUTION).get("Requires-Python") or ""
+    except metadata.PackageNotFoundError:
+        return None
+    m = re.search(r">=\s*(3\.\d+)", spec)
+    return m.group(1) if m else None
+
+
+def wheels_python(profile: PlatformProfile, requested: str | None) -> str:
+    """The Python 'X.Y' the wheels are fetched for.
+
+    ``requested`` (``--python-version``), else the platform's own Python when hybrid runs on it, else this
+    interpreter's.
+
+    Raises:
+        ConfigError: HYB-102 when ``requested`` is not 'X.Y'.
+        BundleError: HYB-509 when hybrid cannot run on the requested Python (its wheels could not be
+            installed beside hybrid).
+    """
+    floor = hybrid_python_floor()
+    if requested is not None:
+        if not isinstance(requested, str) or not _PYTHON.match(requested):
+            raise ConfigError("HYB-102", f"python version: expected X.Y such as '3.11', got {requested!r}",
+                              "pass the target's Python as --python-version 3.11")
+        if floor is not None and _version(requested) < _version(floor):
+            raise BundleError("HYB-509", f"wheels for Python {requested} were asked for, but {DISTRIBUTION} needs "
+                              f"Python >={floor}: they could not be installed beside it",
+                              f"pass --python-version {floor} or later; a target whose Python is older needs a "
+                              f"second interpreter (conda, pyenv)")
+        return requested
+    own = profile.python
+    if own is not None and (floor is None or _version(own) >= _version(floor)):
+        return own
+    return _here()
+
+
+def given_targets(profile: PlatformProfile, names: Sequence[str]) -> list[str]:
+    """The profile's targets that wheels of these distributions give, best first (by distribution name)."""
+    have = {_normalize(n) for n in names}
+    out = []
+    for target in profile.targets:
+        needs = profile.runtime_requirements(target)
+        if needs is not None and all(any(_normalize(a) in have for a in need.split("|")) for need in needs):
+            out.append(target)
+    return out
+
+
+def _runtime_warning(profile: PlatformProfile, given: Sequence[str]) -> str | None:
+    """The targets the platform prefers over the best one the wheels give, with the packages they need."""
+    missing = []
+    for target in profile.targets:
+        if target in given:
+            break
+        needs = profile.runtime_requirements(target)
+        if needs is None:
+            logger.debug("no packages known for target %r: not checked against the vendored wheels", target)
+            continue
+        missing.append(f"{target} (needs {', '.join(n.replace('|', ' or ') for n in needs)})")
+    if not missing:
+        return None
+    if given:
+        text = (f"platform {profile.name}: the vendored wheels give {', '.join(given)}, not its preferred "
+                f"{'; '.join(missing)}: without those runtimes on the device the bundle runs on {given[0]}")
+    else:
+        text = (f"platform {profile.name}: the vendored wheels give none of its targets ({'; '.join(missing)}): "
+                "the device must provide a runtime")
+    return f"{text}. {profile.runtime_note}" if profile.runtime_note else text
+
+
+def _python_warning(profile: PlatformProfile, version: str, requested: str | None) -> str | None:
+    own, floor = profile.python, hybrid_python_floor()
+    if own is None:
+        if requested is not None:
+            return None  # the user named the target's Python
+        return (f"platform {profile.name}: its Python is not known; the wheels are for Python {version}, this "
+                f"interpreter's: check the target's Python, or pass --python-version X.Y")
+    if own == version:
+        return None
+    where = f"platform {profile.name}'s Python is {own} ({profile.description or profile.name})"
+    if floor is not None and _version(own) < _version(floor):
+        return (f"the wheels are for Python {version}, {where}, and {DISTRIBUTION} needs Python >={floor}: install "
+                f"Python {version} on the target (conda, pyenv) and run hybrid from it; packages built for its "
+                f"Python {own}, such as the system's accelerator bindings, do not import in it")
+    return f"the wheels are for Python {version}, {where}: pass --python-version {own} to fetch wheels for it"
+
+
+def platform_warnings(profile: PlatformProfile, libs: LibsEntry, requested: str | None = None) -> list[str]:
+    """What the vendored wheels cannot give the platform: preferred targets' runtimes, its Python.
+
+    Args:
+        profile: The platform.
+        libs: The vendored wheels (``libs.targets`` already computed).
+        requested: The Python asked for with ``--python-version`` (None: chosen by :func:`wheels_python`).
+    """
+    found = [_runtime_warning(profile, libs.targets), _python_warning(profile, libs.python_version, requested)]
+    return [w for w in found if w]
+
+
 def fetch_wheels(requirements: Sequence[str], profile: PlatformProfile, python_version: str, dest: Path) -> list[Path]:
     """Download wheels (and their dependencies) for the profile's platform and Python into ``dest``.
 
@@ -153,7 +267,8 @@ def vendor(profile: PlatformProfile, python_version: str, requirements: Sequence
     by_name: dict[str, Path] = {w.name: w for w in [*fetched, *local]}
     entries = [lock_wheel(p) for p in by_name.values()]
     return LibsEntry(platform=profile.name, pip_platforms=profile.pip_platforms, python_version=python_version,
-                     wheels=entries), list(by_name.values())
+                     wheels=entries, targets=given_targets(profile, [e.name for e in entries])), \
+        list(by_name.values())
 
 
 @dataclass(frozen=True, slots=True)

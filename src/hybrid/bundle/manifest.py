@@ -89,6 +89,9 @@ class ModelEntry(_Strict):
     external_data: list[str] = Field(default_factory=list)
     inputs: list[TensorEntry]
     outputs: list[TensorEntry]
+    # 'NHWC': the image inputs (and image outputs) were made channels-last on request (`--layout nhwc`);
+    # None: the interface is the source model's
+    layout: Literal["NHWC"] | None = None
 
 
 class CompileEntry(_Strict):
@@ -155,6 +158,7 @@ class LibsEntry(_Strict):
     pip_platforms: list[str]
     python_version: str = Field(pattern=r"^3\.\d+$")
     wheels: list[LockEntry]
+    targets: list[str] = Field(default_factory=list, description="the platform's targets the wheels give, by name")
 
 
 class ServingEntry(_Strict):
@@ -193,6 +197,8 @@ class Manifest(_Strict):
     caches: list[CacheEntry] = Field(default_factory=list)
     calibration: CalibrationEntry | None = None
     libs: LibsEntry | None = None
+    # what the bundle cannot give its platform, or changed on request, as said when it was created
+    warnings: list[Annotated[str, Field(max_length=4096)]] = Field(default_factory=list, max_length=64)
     members: dict[str, MemberEntry]
 
     def declared_shapes(self) -> dict[str, Any] | None:

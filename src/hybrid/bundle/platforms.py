@@ -12,6 +12,10 @@ Built-in profiles cover the article's platforms; users add their own in a TOML f
 
 ``pyasc platforms`` lists them. Only x86-64 is verified on this project's machines; the Jetson, NVIDIA
 GPU and Ascend profiles are written against the vendors' documented setups (JetPack 5/6, CANN).
+
+:data:`RUNTIME_PACKAGES` says which pip distributions give each target, so that ``--include-libs`` can
+tell which of a profile's targets its vendored wheels give the platform (a profile's ``runtimes``
+overrides or extends it).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import logging
 import os
 import platform as _platform
+import re
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -30,6 +35,7 @@ from hybrid.hal import backend_status
 
 __all__ = [
     "BUILTIN_PLATFORMS",
+    "RUNTIME_PACKAGES",
     "PlatformProfile",
     "detect_platform",
     "get_platform",
@@ -42,6 +48,7 @@ __all__ = [
 logger = logging.getLogger("hybrid")
 
 PLATFORMS_ENV = "HYBRID_PLATFORMS"
+_PACKAGE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,98}[A-Za-z0-9])?$")
 
 
 def json_safe(value: Any, depth: int = 0) -> Any:
@@ -67,13 +74,19 @@ class PlatformProfile(BaseModel):
         description: One line for ``pyasc platforms``.
         os, arch: Operating system and CPU architecture of the target ('linux', 'aarch64').
         glibc: The target's glibc version; wheels for ``--include-libs`` must be manylinux <= this.
-        python: The target's Python 'X.Y' for ``--include-libs`` (None: the Python creating the bundle).
+        python: The platform's own Python 'X.Y' where it is known (JetPack 5: 3.8), None where it is not.
+            ``--include-libs`` fetches wheels for it when hybrid runs on it, else for the Python creating
+            the bundle, and warns when the two differ.
         targets: Backend priority as hybrid targets, best first; the first one available is used.
         precision: Default precision ('fp16' on Jetson).
         layout: Preferred activation layout ('NHWC' on Ascend), applied by the layout pass at O3.
         backend_options: Compile options per backend (``hybrid.set_backend(name, config=...)``).
         compile_options: Vendor compile options kept verbatim (the article's ``ascend_config``).
         wheels: Runtime packages ``--include-libs`` vendors besides hybrid and its dependencies.
+        runtimes: Per target, the distributions that give it (over :data:`RUNTIME_PACKAGES`): each entry
+            one package needed, ``a|b`` for alternatives; ``[]``: nothing beyond hybrid.
+        runtime_note: Where the platform's accelerator runtimes come from when PyPI has no wheel of them
+            (JetPack, CANN); said when the vendored wheels lack them.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
@@ -90,6 +103,8 @@ class PlatformProfile(BaseModel):
     backend_options: dict[str, dict[str, Any]] = Field(default_factory=dict)
     compile_options: dict[str, Any] = Field(default_factory=dict)
     wheels: list[str] = Field(default_factory=list)
+    runtimes: dict[str, list[str]] = Field(default_factory=dict)
+    runtime_note: str = ""
 
     @field_validator("backend_options", "compile_options")
     @classmethod
@@ -103,6 +118,22 @@ class PlatformProfile(BaseModel):
             if not t or len(t) > 64 or not all(c.isalnum() or c in ":_-." for c in t):
                 raise ValueError(f"target {t!r} is not a hybrid target such as 'onnxruntime:cpu'")
         return value
+
+    @field_validator("runtimes")
+    @classmethod
+    def _check_runtimes(cls, value: dict[str, list[str]]) -> dict[str, list[str]]:
+        for target, packages in value.items():
+            for package in packages:
+                if not all(_PACKAGE.match(p) for p in package.split("|")):
+                    raise ValueError(f"runtimes[{target!r}]: {package!r} is not a package name (or 'a|b')")
+        return value
+
+    def runtime_requirements(self, target: str) -> list[str] | None:
+        """The packages ``target`` needs (``a|b``: either), or None when neither table names it."""
+        if target in self.runtimes:
+            return list(self.runtimes[target])
+        known = RUNTIME_PACKAGES.get(target)
+        return None if known is None else list(known)
 
     def options_for(self, backend: str) -> dict[str, Any]:
         """The profile's compile options for one backend."""
@@ -119,6 +150,28 @@ class PlatformProfile(BaseModel):
         return [*tags, f"manylinux2014_{self.arch}"]
 
 
+# Which pip distributions give a target, by name (a wheel's contents are not opened). One entry per package
+# needed, 'a|b' for alternatives; () for what hybrid itself gives. TensorRT's device buffers are torch's.
+RUNTIME_PACKAGES: dict[str, tuple[str, ...]] = {
+    "reference": (),
+    "onnxruntime:cpu": ("onnxruntime|onnxruntime-gpu|onnxruntime-openvino|onnxruntime-cann",),
+    "onnxruntime:cuda": ("onnxruntime-gpu",),
+    "onnxruntime:npu": ("onnxruntime-cann",),
+    "openvino:cpu": ("openvino",),
+    "openvino:gpu": ("openvino",),
+    "openvino:npu": ("openvino",),
+    "torch:cpu": ("torch",),
+    "torch:cuda": ("torch",),
+    "torch:npu": ("torch", "torch-npu"),
+    "tensorrt:cuda": ("tensorrt", "torch"),
+}
+
+_JETSON_RUNTIMES = ("JetPack installs CUDA, cuDNN and TensorRT with Python bindings for its own Python; "
+                    "onnxruntime-gpu and torch for Jetson are NVIDIA's wheels (Jetson Zoo), not on PyPI: "
+                    "add them with --wheel FILE, or install them on the device")
+_ASCEND_RUNTIMES = ("the CANN toolkit installs the NPU driver and runtime; onnxruntime-cann and torch-npu "
+                    "must match its version: name them with --requirement, or install them on the device")
+
 _TRT_SEED = {"fp16_mode": True, "max_workspace_size": 1 << 30}  # the article's set_backend('tensorrt', ...)
 _ORT_TRT = {"tensorrt": True, "fp16": True, "max_workspace_size": 1 << 30}
 _ASCEND_CONFIG = {"aoe_mode": "subgraph", "precision_mode": "force_fp16"}  # the article's ascend_config
@@ -132,32 +185,34 @@ BUILTIN_PLATFORMS: dict[str, PlatformProfile] = {p.name: p for p in (
                     arch="aarch64", glibc="2.28", targets=["onnxruntime:cpu", "openvino:cpu", "reference"],
                     wheels=["onnxruntime"]),
     PlatformProfile(name="jetson-xavier", description="NVIDIA Jetson AGX/NX Xavier, JetPack 5 (CUDA 11.4, TRT 8.5)",
-                    arch="aarch64", glibc="2.31", targets=_CUDA_TARGETS, precision="fp16",
+                    arch="aarch64", glibc="2.31", python="3.8", targets=_CUDA_TARGETS, precision="fp16",
                     backend_options={"tensorrt": _TRT_SEED, "onnxruntime": _ORT_TRT},
-                    wheels=["onnxruntime"]),
+                    wheels=["onnxruntime"], runtime_note=_JETSON_RUNTIMES),
     PlatformProfile(name="jetson-orin", description="NVIDIA Jetson AGX/NX/Nano Orin, JetPack 6 (CUDA 12, TRT 8.6+)",
-                    arch="aarch64", glibc="2.35", targets=_CUDA_TARGETS, precision="fp16",
+                    arch="aarch64", glibc="2.35", python="3.10", targets=_CUDA_TARGETS, precision="fp16",
                     backend_options={"tensorrt": _TRT_SEED, "onnxruntime": _ORT_TRT},
-                    wheels=["onnxruntime"]),
+                    wheels=["onnxruntime"], runtime_note=_JETSON_RUNTIMES),
     PlatformProfile(name="nvidia-gpu", description="x86-64 server with an NVIDIA GPU (CUDA 12, TensorRT)",
                     arch="x86_64", glibc="2.28",
                     targets=["tensorrt:cuda", "onnxruntime:cuda", "torch:cuda", "onnxruntime:cpu",
                              "openvino:cpu", "reference"],
                     backend_options={"tensorrt": {"fp16_mode": False, "max_workspace_size": 1 << 30},
                                      "onnxruntime": {"tensorrt": True, "max_workspace_size": 1 << 30}},
-                    wheels=["onnxruntime-gpu"]),
+                    wheels=["onnxruntime-gpu"],
+                    runtime_note="TensorRT comes as the tensorrt wheel (with a CUDA build of torch); the NVIDIA "
+                                 "driver and CUDA come with the system"),
     PlatformProfile(name="ascend-910b", description="Huawei Ascend 910B NPU (Atlas 800T A2, Kunpeng, CANN 8)",
                     arch="aarch64", glibc="2.34", targets=["onnxruntime:npu", "torch:npu", "onnxruntime:cpu",
                                                            "reference"],
                     precision="fp16", layout="NHWC",
                     backend_options={"onnxruntime": {"precision_mode": "force_fp16"}},
-                    compile_options=_ASCEND_CONFIG, wheels=["onnxruntime"]),
+                    compile_options=_ASCEND_CONFIG, wheels=["onnxruntime"], runtime_note=_ASCEND_RUNTIMES),
     PlatformProfile(name="ascend-310p", description="Huawei Ascend 310P NPU (Atlas 300I Pro/Duo inference card)",
                     arch="x86_64", glibc="2.28", targets=["onnxruntime:npu", "torch:npu", "onnxruntime:cpu",
                                                           "reference"],
                     precision="fp16", layout="NHWC",
                     backend_options={"onnxruntime": {"precision_mode": "force_fp16"}},
-                    compile_options=_ASCEND_CONFIG, wheels=["onnxruntime"]),
+                    compile_options=_ASCEND_CONFIG, wheels=["onnxruntime"], runtime_note=_ASCEND_RUNTIMES),
 )}
 
 

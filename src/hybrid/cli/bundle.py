@@ -53,10 +53,15 @@ def create(
                                                   "profile's).")] = None,
     optimize_level: Annotated[str | None, typer.Option("--optimize-level", "-O", help="O0..O3 graph "
                                                        "optimization before bundling.")] = None,
+    layout: Annotated[str | None, typer.Option("--layout", help="nhwc: make the model's image inputs "
+                                               "channels-last under the same names (with -O O3); by default "
+                                               "they stay as the model has them, whatever the profile "
+                                               "prefers.")] = None,
     include_libs: Annotated[bool, typer.Option("--include-libs", help="Vendor the wheels the target needs "
                                                "(fetched with pip for its platform and Python).")] = False,
-    python_version: Annotated[str | None, typer.Option("--python-version", help="Target Python X.Y for "
-                                                       "--include-libs.")] = None,
+    python_version: Annotated[str | None, typer.Option("--python-version", help="Python X.Y the "
+                                                       "--include-libs wheels are for (default: the platform's "
+                                                       "when hybrid runs on it, else this one).")] = None,
     requirement: Annotated[list[str] | None, typer.Option("--requirement", "-r", help="Package to vendor "
                                                           "instead of the profile's (repeatable).")] = None,
     wheel: Annotated[list[Path] | None, typer.Option("--wheel", help="Local wheel to vendor (repeatable).")] = None,
@@ -102,7 +107,7 @@ def create(
                 requirements=requirement or None, wheels=wheel or (), include_hybrid=not no_hybrid_wheel, name=name,
                 task=task, platforms_file=platforms_file, task_options=task_options,
                 serving=so.serving_settings(max_batch, batch_timeout, max_queue, request_timeout, concurrency,
-                                            zero_means_off=False) or None, shapes=declared)
+                                            zero_means_off=False) or None, shapes=declared, layout=layout)
     console.print(Text.assemble(f"wrote {out} ({_size(out.stat().st_size)}) for platform ",
                                 (manifest.platform.name, "bold")), soft_wrap=True)
     if declared:
@@ -117,9 +122,14 @@ def create(
             console.print(f"  compiled cache: {c.backend}:{c.device} {c.precision}, fingerprint {c.fingerprint}")
     else:
         console.print("  no compiled cache: the target compiles the IR on first load")
+    if manifest.model.layout:
+        console.print(f"  interface layout: {manifest.model.layout} (asked for)", soft_wrap=True)
     if manifest.libs:
         console.print(f"  {len(manifest.libs.wheels)} wheels for {manifest.libs.pip_platforms[0]}, Python "
-                      f"{manifest.libs.python_version}")
+                      f"{manifest.libs.python_version}; they give {', '.join(manifest.libs.targets) or 'no target'}",
+                      soft_wrap=True)
+    for warning in manifest.warnings:
+        console.print(styled("  warning: ", "yellow"), warning, sep="", soft_wrap=True)
 
 
 def _kv_table(title: str, rows: list[tuple[str, Any]]) -> Table:
@@ -155,14 +165,17 @@ def inspect(
         ("model", f"{doc['model']['path']} opset {doc['model']['opset']} sha256 {doc['model']['sha256'][:16]}..."
                   + (f" (+ {', '.join(doc['model']['external_data'])})" if doc["model"]["external_data"] else "")),
         ("optimize", f"{doc['model']['optimize_level'] or '-'}" + (" applied" if doc["model"]["optimized"] else "")),
+        *([("interface layout", f"{doc['model']['layout']} (converted on request)")] if doc["model"]["layout"]
+          else []),
         ("platform", f"{p['name']} ({p['os']}/{p['arch']}): {p['description']}"),
-        ("targets", ", ".join(p["targets"])), ("precision / layout", f"{p['precision']} / {p['layout']}"),
+        ("targets", ", ".join(p["targets"])), ("profile precision / layout", f"{p['precision']} / {p['layout']}"),
         ("backend options", p["backend_options"] or "-"), ("compile options", p["compile_options"] or "-"),
         ("compiled with", "-" if doc["compile"] is None else
          f"{doc['compile']['backend']}:{doc['compile']['device']} {doc['compile']['precision']} "
          f"{json.dumps(doc['compile']['options'])}"),
         ("calibration", "-" if doc["calibration"] is None else ", ".join(doc["calibration"]["arrays"])),
         ("serving", doc["serving"] or "server defaults"),
+        *[("warning", w) for w in doc["warnings"]],
     ]))
     if doc["caches"]:
         table = Table(title="compiled caches")
@@ -175,7 +188,8 @@ def inspect(
                           f"{info.get('cpu', '?')}, {c['backend']} {info.get('backend_version', '?')}")
         print_wide(table)
     if doc["libs"]:
-        table = Table(title=f"vendored wheels for {doc['libs']['platform']} (Python {doc['libs']['python_version']})")
+        table = Table(title=f"vendored wheels for {doc['libs']['platform']} (Python {doc['libs']['python_version']}; "
+                      f"they give {', '.join(doc['libs']['targets']) or 'no target'})")
         for col in ("name", "version", "size", "sha256"):
             table.add_column(col)
         for w in doc["libs"]["wheels"]:

@@ -10,6 +10,11 @@ transposed once inside the graph, and each rank-4 output produced by that part o
 transposed back to ``[N, H, W, C]``. Backends that prefer NHWC absorb the boundary transposes; inputs
 that are already consumed through ``Transpose(perm=[0, 3, 1, 2])`` are left alone. The model records
 ``hybrid.layout = NHWC`` in its metadata.
+
+The conversion changes the model's public contract: the inputs keep their names but take channels-last
+arrays, so callers that send NCHW arrays get a shape error. It runs only when asked for
+(``hybrid.optimize(level='O3', config={'layout': 'NHWC'})``, ``pyasc bundle create --layout nhwc``);
+:func:`channels_last_candidates` says which inputs it would convert, without converting them.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import onnx_ir as ir
 from hybrid.passes.base import HybridPass, PassResult
 from hybrid.passes.rewrite import Context, Rewrite, Rule, RuleRewritePass, rank_of
 
-__all__ = ["TRANSPOSE_RULES", "ConvertLayout", "cancel_transposes"]
+__all__ = ["TRANSPOSE_RULES", "ConvertLayout", "cancel_transposes", "channels_last_candidates"]
 
 TO_NCHW = (0, 3, 1, 2)
 TO_NHWC = (0, 2, 3, 1)
@@ -126,6 +131,19 @@ def _from_channels_first(value: ir.Value, depth: int = 4) -> bool:
         v is not None and _from_channels_first(v, depth - 1) for v in producer.inputs)
 
 
+def _convertible_inputs(graph: ir.Graph) -> list[ir.Value]:
+    return [v for v in graph.inputs
+            if v.shape is not None and len(v.shape) == 4 and v.const_value is None and not _already_nhwc(v)
+            and _feeds_channels_first(v)]
+
+
+def channels_last_candidates(model: ir.Model) -> list[str]:
+    """The inputs the NHWC conversion would make channels-last (none once the model is converted)."""
+    if model.metadata_props.get(LAYOUT_KEY) == "NHWC":
+        return []
+    return [v.name or "" for v in _convertible_inputs(model.graph)]
+
+
 class ConvertLayout(HybridPass):
     """Give a channels-first model a channels-last (NHWC) interface.
 
@@ -146,10 +164,7 @@ class ConvertLayout(HybridPass):
         graph = model.graph
         ctx = Context.of(model)
         modified = False
-        for value in list(graph.inputs):
-            if (value.shape is None or len(value.shape) != 4 or value.const_value is not None
-                    or _already_nhwc(value) or not _feeds_channels_first(value)):
-                continue
+        for value in _convertible_inputs(graph):
             self._convert_input(ctx, graph, value)
             modified = True
         for index, value in enumerate(list(graph.outputs)):

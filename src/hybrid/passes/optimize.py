@@ -7,8 +7,9 @@ Levels (each list is read top to bottom and repeated until no pass changes the g
   equal constants and equal nodes merge, constant subgraphs fold, dead code goes.
 - O2: O1 plus shape inference, shape-computation folding, operator fusion (Conv+BatchNormalization,
   Conv+per-channel Mul/Add, MatMul+Add -> Gemm, ...) and transpose cancellation.
-- O3: O2 plus precision-preserving algebraic rewrites and, when ``config['layout'] == 'NHWC'``, the
-  channels-last interface conversion.
+- O3: O2 plus precision-preserving algebraic rewrites and, only when ``config['layout'] == 'NHWC'``, the
+  channels-last interface conversion: the model's rank-4 image inputs then take NHWC arrays under the same
+  names (its compute stays NCHW, as ONNX's Conv is), a change of contract its callers must follow.
 
 ``config['dynamic_batch']`` runs ``make_batch_dynamic`` first, at any level. The result is standard ONNX
 at the model's own opset, so every backend runs it.
