@@ -11,7 +11,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import hybrid
-from hybrid.errors import RunError
+from hybrid.errors import HybridError, RunError
 from hybrid.hal import backend_status
 
 VOCAB, HIDDEN, TYPES, SEQ = 30, 8, 2, 6
@@ -173,3 +173,104 @@ def _json_body(arrays: dict[str, np.ndarray]) -> bytes:
     doc = {"inputs": [{"name": k, "shape": list(v.shape), "datatype": dt[v.dtype], "data": v.reshape(-1).tolist()}
                       for k, v in arrays.items()]}
     return json.dumps(doc).encode()
+
+
+# ------------------------------------------------------------------------------------------------ (b)
+def classifier():
+    """y = x @ W + b with x [N, 4] float32 (tests/_models.py's matmul_add), compiled on the reference backend."""
+    from _models import matmul_add
+
+    return hybrid.compile(matmul_add(), target="reference")
+
+
+def recorded(fn):
+    """``fn`` and the list of the batches it was called with."""
+    seen: list[list] = []
+
+    def batched(items):
+        seen.append(list(items))
+        return fn(items)
+
+    return batched, seen
+
+
+@pytest.mark.timeout(60)
+def test_a_malformed_request_fails_alone_its_batch_is_rerun_one_by_one():
+    model = classifier()
+    batched, seen = recorded(lambda images: model(np.concatenate(images)))
+    f = hybrid.dynamic_batch(batched, max_batch=8, timeout=5)  # the 8 submits below form one batch
+    rows = [np.full((1, 4), i, np.float32) for i in range(8)]
+    rows[5] = np.zeros((1, 5), np.float32)  # one feature too many: np.concatenate fails the batch
+    futures = [f.submit(r) for r in rows]
+    for i, fu in enumerate(futures):
+        if i == 5:
+            with pytest.raises(HybridError) as info:
+                fu.result(10)
+            assert info.value.code == "HYB-405"  # the model's own error for that request, not the batch's
+        else:
+            np.testing.assert_allclose(fu.result(10), model(rows[i])[0], rtol=1e-6)  # row i of the batch
+    f.close()
+    assert len(seen[0]) == 8 and all(len(b) == 1 for b in seen[1:])  # the batch, then each member alone
+    stats = f.stats()
+    assert stats.failed_batches == 1 and stats.retried_alone == 8
+
+
+@pytest.mark.timeout(60)
+def test_validate_with_the_model_refuses_a_bad_request_before_it_joins_a_batch():
+    model = classifier()
+    batched, seen = recorded(lambda images: model(np.concatenate(images)))
+    f = hybrid.dynamic_batch(batched, max_batch=4, timeout=0.05, validate=model)
+    good = np.ones((1, 4), np.float32)
+    for bad, code in [(np.ones((1, 4), np.float64), "HYB-403"), (np.ones((1, 5), np.float32), "HYB-405"),
+                      (np.ones((1, 1, 4), np.float32), "HYB-404"), ({"y": good}, "HYB-402"), ("text", "HYB-406")]:
+        with pytest.raises(HybridError) as info:
+            f.submit(bad)
+        assert info.value.code == code, (bad, info.value)
+    np.testing.assert_allclose(f(good, timeout=10), model(good)[0], rtol=1e-6)
+    assert all(len(b) == 1 for b in seen) and sum(len(b) for b in seen) == 1  # only the good one ran
+    f.close()
+
+
+@pytest.mark.timeout(60)
+def test_validate_with_the_model_takes_rows_without_the_batch_axis_and_named_inputs():
+    model = classifier()
+    f = hybrid.dynamic_batch(lambda reqs: model(np.stack([r["x"] for r in reqs])), max_batch=4, timeout=0.01,
+                             validate=model)
+    row = np.arange(4, dtype=np.float32)
+    np.testing.assert_allclose(f({"x": row}, timeout=10), model(row[None])[0], rtol=1e-6)
+    with pytest.raises(HybridError, match="HYB-405"):
+        f({"x": np.arange(3, dtype=np.float32)})
+    with pytest.raises(HybridError, match="HYB-401"):
+        f({})
+    f.close()
+
+
+@pytest.mark.timeout(60)
+def test_validate_takes_any_callable_and_rejects_what_is_neither():
+    def positive(x):
+        if x < 0:
+            raise RunError("HYB-406", f"expected a positive number, got {x}")
+
+    f = hybrid.dynamic_batch(lambda xs: [x * 2 for x in xs], max_batch=4, timeout=0.01, validate=positive)
+    assert f(3, timeout=10) == 6
+    with pytest.raises(RunError, match="positive"):
+        f(-1)
+    f.close()
+    with pytest.raises(hybrid.HybridError, match="HYB-102"):
+        hybrid.dynamic_batch(lambda xs: xs, validate=42)
+
+
+@pytest.mark.timeout(60)
+def test_isolate_false_keeps_the_whole_batch_failing():
+    def fn(items):
+        if "bad" in items:
+            raise ValueError("poisoned")
+        return items
+
+    f = hybrid.dynamic_batch(fn, max_batch=4, timeout=5, isolate=False)
+    futures = [f.submit(x) for x in ("a", "bad", "c", "d")]
+    for fu in futures:
+        with pytest.raises(RunError, match="HYB-408"):
+            fu.result(10)
+    assert f.stats().retried_alone == 0
+    f.close()

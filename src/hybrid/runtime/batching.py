@@ -12,8 +12,13 @@ caller of request ``i``.
 
 Contract of the wrapped function: take a list of requests, return a sequence of the same length
 (a list, a tuple, or an array whose first axis is the batch). An element that is an exception
-instance fails only its own caller. Anything else (a raise, a wrong length) fails that batch's callers
-only, with HYB-408 or HYB-413; the batcher itself goes on.
+instance fails only its own caller. When the function raises on a batch, each member is run again alone
+(``isolate``, default on), so only the requests that fail alone fail, each with its own error (a
+HybridError as raised, anything else as HYB-408); ``isolate=False`` fails the whole batch with HYB-408. A
+wrong length or type fails that batch's callers with HYB-413. The batcher itself goes on.
+
+Requests can also be checked before they join a batch (``validate``: a compiled model, or any callable
+that raises for a bad request): a bad one fails at once, in its caller's thread, and never reaches a batch.
 """
 
 from __future__ import annotations
@@ -33,7 +38,9 @@ from typing import Any
 
 import numpy as np
 
-from hybrid.errors import ConfigError, RunError, first_line
+from hybrid.errors import ConfigError, HybridError, RunError, first_line
+from hybrid.ir.signature import Signature
+from hybrid.runtime.validate import RequestValidator
 
 __all__ = ["BatchStats", "Batcher", "RequestFuture", "dynamic_batch"]
 
@@ -81,6 +88,7 @@ class BatchStats:
         max_queue_wait_s: Longest such wait.
         mean_batch_time_s: Mean time the wrapped function took per batch.
         failed_batches: Batches whose function raised or broke the contract.
+        retried_alone: Requests run again alone after their batch raised (``isolate``).
         rejected: Submits refused because the queue held ``max_queue`` requests (HYB-412).
         cancelled: Requests cancelled while queued (HYB-414), including timed-out ones.
         timed_out: Calls that gave up after their per-call timeout (HYB-411).
@@ -97,6 +105,7 @@ class BatchStats:
     max_queue_wait_s: float
     mean_batch_time_s: float
     failed_batches: int
+    retried_alone: int
     rejected: int
     cancelled: int
     timed_out: int
@@ -122,6 +131,19 @@ class _Request:
         self.enqueued = time.monotonic()
 
 
+def _request_check(validate: Any) -> Callable[[Any], Any] | None:
+    """The per-request check of ``validate``: a model's (anything with a Signature), or the callable itself."""
+    if validate is None:
+        return None
+    signature = getattr(validate, "signature", None)
+    if isinstance(signature, Signature):  # a CompiledModel or hybrid.Model (checked before callable: a model is one)
+        return RequestValidator(signature, getattr(validate, "model", validate))
+    if callable(validate):
+        return validate
+    raise ConfigError("HYB-102", f"dynamic_batch: validate must be a compiled model or a function that raises for a "
+                      f"bad request, got {type(validate).__name__}", "pass validate=model or validate=check_request")
+
+
 def _positive(name: str, value: Any, allow_none: bool = False) -> None:
     if value is None and allow_none:
         return
@@ -142,6 +164,12 @@ class Batcher:
         name: Used in thread names and messages; default: the function's name.
         dispatch_when_idle: Send what is queued as soon as a runner is idle instead of waiting for the
             batch to fill (``timeout`` stays the longest wait).
+        validate: Checks each request before it is queued, in the caller's thread: a compiled model (its
+            inputs' names, dtypes, shapes and index ranges; a request is a mapping, a tuple or one array,
+            with or without the batch axis: :class:`hybrid.runtime.validate.RequestValidator`) or a function
+            that raises for a bad request. None: no check.
+        isolate: When the function raises on a batch of several, run each member again alone, so that only
+            the requests that fail alone fail (the function must tolerate running a request twice).
 
     Raises:
         ConfigError: HYB-102 for a bad setting.
@@ -149,7 +177,7 @@ class Batcher:
 
     def __init__(self, fn: Callable[[list[Any]], Sequence[Any]], max_batch: int = 16, timeout: float = 0.1,
                  max_queue: int | None = None, max_concurrent_batches: int = 1, name: str | None = None,
-                 dispatch_when_idle: bool = False) -> None:
+                 dispatch_when_idle: bool = False, validate: Any = None, isolate: bool = True) -> None:
         if not callable(fn):
             raise ConfigError("HYB-102", f"dynamic_batch: expected a function, got {type(fn).__name__}")
         _positive("max_batch", max_batch)
@@ -159,6 +187,8 @@ class Batcher:
             raise ConfigError("HYB-102", f"dynamic_batch: timeout must be seconds >= 0, got {timeout!r}")
         functools.update_wrapper(self, fn)
         self.fn = fn
+        self._check = _request_check(validate)
+        self.isolate = bool(isolate)
         self.max_batch = max_batch
         self.timeout: float = float(timeout)
         self.max_queue = max_queue
@@ -174,8 +204,8 @@ class Batcher:
         self._batch_ready = threading.Condition()
         self._threads: list[threading.Thread] = []
         self._closing = False
-        self._counts = dict.fromkeys(("requests", "batches", "max_size", "failed", "rejected", "cancelled",
-                                      "timed_out", "running"), 0)
+        self._counts = dict.fromkeys(("requests", "batches", "max_size", "failed", "alone", "rejected",
+                                      "cancelled", "timed_out", "running"), 0)
         self._wait_sum = 0.0
         self._wait_max = 0.0
         self._waits: deque[float] = deque(maxlen=10_000)
@@ -187,7 +217,10 @@ class Batcher:
 
         Raises:
             RunError: HYB-412 when ``max_queue`` requests are already waiting, HYB-415 after ``close``.
+            HybridError: what ``validate`` raised for a bad request (HYB-401..407, HYB-418 for a model).
         """
+        if self._check is not None:
+            self._check(item)  # a bad request fails here, alone, before it can share a batch
         req = _Request(item)
         with self._cond:
             if self._closing:
@@ -354,32 +387,24 @@ class Batcher:
             finally:
                 self._slots.release()
 
+    def _call(self, items: list[Any]) -> Any:
+        out = self.fn(items)
+        return asyncio.run(out) if self._is_async else out
+
     def _run(self, batch: list[_Request]) -> None:
         t0 = time.monotonic()
         failed = True
         try:
             try:
-                out = self.fn([r.item for r in batch])
-                if self._is_async:
-                    out = asyncio.run(out)
+                out = self._call([r.item for r in batch])
             except Exception as e:
-                first = first_line(e)
-                self._fail(batch, "HYB-408", f"dynamic_batch {self.name!r}: the function raised "
-                           f"{type(e).__name__} on a batch of {len(batch)}: {first}",
-                           "return an exception instance at a request's position to fail only that request", e)
-                return
-            found = _mismatch(out, len(batch))
-            if found:
-                self._fail(batch, "HYB-413", f"dynamic_batch {self.name!r}: expected a list of {len(batch)} "
-                           f"results (one per request), got {found}",
-                           "return one result per request, in request order", None)
-                return
-            for req, value in zip(batch, out):
-                if isinstance(value, BaseException):
-                    req.future.set_exception(value)
+                if self.isolate and len(batch) > 1:
+                    self._run_alone(batch)
                 else:
-                    req.future.set_result(value)
-            failed = False
+                    self._fail_raised(batch, e)
+                return
+            if self._hand_out(batch, out):
+                failed = False
         except BaseException as e:  # never leave a caller waiting, whatever happened
             self._fail(batch, "HYB-408", f"dynamic_batch {self.name!r}: batch failed: {e!r}", None, e)
             if not isinstance(e, Exception):
@@ -392,6 +417,42 @@ class Batcher:
                 self._counts["failed"] += failed
                 self._counts["running"] -= 1
                 self._run_sum += time.monotonic() - t0
+
+    def _run_alone(self, batch: list[_Request]) -> None:
+        """Run each member of a batch that raised by itself: only the requests that fail alone fail."""
+        with self._cond:
+            self._counts["alone"] += len(batch)
+        for req in batch:
+            try:
+                out = self._call([req.item])
+            except Exception as e:
+                self._fail_raised([req], e)
+                continue
+            self._hand_out([req], out)
+
+    def _hand_out(self, batch: list[_Request], out: Any) -> bool:
+        """Give result ``i`` to the caller of request ``i``; False (and HYB-413 to all) for a wrong return."""
+        found = _mismatch(out, len(batch))
+        if found:
+            self._fail(batch, "HYB-413", f"dynamic_batch {self.name!r}: expected a list of {len(batch)} "
+                       f"results (one per request), got {found}", "return one result per request, in request order",
+                       None)
+            return False
+        for req, value in zip(batch, out):
+            if isinstance(value, BaseException):
+                req.future.set_exception(value)
+            else:
+                req.future.set_result(value)
+        return True
+
+    def _fail_raised(self, batch: list[_Request], error: Exception) -> None:
+        """The function raised on ``batch``: a lone request gets a HybridError as it is, anything else HYB-408."""
+        if len(batch) == 1 and isinstance(error, HybridError):
+            batch[0].future.set_exception(error)
+            return
+        self._fail(batch, "HYB-408", f"dynamic_batch {self.name!r}: the function raised {type(error).__name__} on a "
+                   f"batch of {len(batch)}: {first_line(error)}",
+                   "return an exception instance at a request's position to fail only that request", error)
 
     @staticmethod
     def _fail(batch: list[_Request], code: str, message: str, hint: str | None,
@@ -416,7 +477,7 @@ class Batcher:
                 mean_queue_wait_s=self._wait_sum / c["requests"] if c["requests"] else 0.0,
                 p99_queue_wait_s=p99, max_queue_wait_s=self._wait_max,
                 mean_batch_time_s=self._run_sum / c["batches"] if c["batches"] else 0.0,
-                failed_batches=c["failed"], rejected=c["rejected"], cancelled=c["cancelled"],
+                failed_batches=c["failed"], retried_alone=c["alone"], rejected=c["rejected"], cancelled=c["cancelled"],
                 timed_out=c["timed_out"], queued=len(self._queue), running=c["running"])
 
     def close(self, wait: bool = True, timeout: float | None = None) -> None:
@@ -449,15 +510,17 @@ class Batcher:
 
 def dynamic_batch(fn: Callable[[list[Any]], Sequence[Any]] | None = None, *, max_batch: int = 16,
                   timeout: float = 0.1, max_queue: int | None = None, max_concurrent_batches: int = 1,
-                  name: str | None = None) -> Any:
+                  name: str | None = None, validate: Any = None, isolate: bool = True) -> Any:
     """Turn ``fn(list_of_requests) -> list_of_results`` into a function of one request, batched across callers.
 
-    Use as ``@dynamic_batch`` or ``@dynamic_batch(max_batch=16, timeout=0.1, max_queue=None)``. The
-    result is a :class:`Batcher`: ``f(x)`` blocks for the result, ``f.submit(x)`` returns a future,
-    ``await f.acall(x)`` serves asyncio tasks, ``f.stats()`` reports, ``f.close()`` drains.
+    Use as ``@dynamic_batch`` or ``@dynamic_batch(max_batch=16, timeout=0.1, max_queue=None, validate=model)``.
+    The result is a :class:`Batcher`: ``f(x)`` blocks for the result, ``f.submit(x)`` returns a future,
+    ``await f.acall(x)`` serves asyncio tasks, ``f.stats()`` reports, ``f.close()`` drains. ``validate`` checks
+    each request before it joins a batch; ``isolate`` reruns the members of a batch that raised one by one.
     """
     def wrap(func: Callable[[list[Any]], Sequence[Any]]) -> Batcher:
         return Batcher(func, max_batch=max_batch, timeout=timeout, max_queue=max_queue,
-                       max_concurrent_batches=max_concurrent_batches, name=name)
+                       max_concurrent_batches=max_concurrent_batches, name=name, validate=validate,
+                       isolate=isolate)
 
     return wrap if fn is None else wrap(fn)

@@ -22,7 +22,7 @@ from hybrid.runtime.index_bounds import IndexBound, index_bounds
 if TYPE_CHECKING:
     from hybrid.ir import Model
 
-__all__ = ["IndexBound", "InputValidator", "index_bounds", "to_array"]
+__all__ = ["IndexBound", "InputValidator", "RequestValidator", "index_bounds", "to_array"]
 
 MAX_PASSED = 1024  # combinations of input shapes remembered as checked (more are checked each call)
 
@@ -189,3 +189,56 @@ class InputValidator:
                                "pass each input once")
             feeds[key] = value
         return self.feeds(feeds)
+
+
+class RequestValidator:
+    """Checks one request for a model before it joins a batch (``@dynamic_batch(validate=model)``).
+
+    A request is what one caller passes: a mapping of input name -> array, a tuple of arrays in signature
+    order, or one array (a one-input model). It may hold whole inputs (with the batch axis: the function
+    concatenates) or rows of a batch (without it: the function stacks); a request whose arrays lack the
+    leading symbolic dim of their inputs is checked as rows.
+
+    Args:
+        signature: The model's inputs.
+        model: The model, when known, for its index inputs' ranges (:class:`InputValidator`).
+    """
+
+    __slots__ = ("_batched", "_rows", "_specs")
+
+    def __init__(self, signature: Signature, model: Model | None = None) -> None:
+        self._batched = InputValidator(signature, model)
+        self._specs = {s.name: s for s in signature.inputs}
+        rows = tuple(_row_spec(s) for s in signature.inputs)
+        leading = any(r is not s for r, s in zip(rows, signature.inputs))
+        self._rows = InputValidator(Signature(rows, signature.outputs), model) if leading else None
+
+    def __call__(self, request: Any) -> None:
+        """Check ``request``.
+
+        Raises:
+            RunError: HYB-401..407 or HYB-418 naming the input, as a call of the model would.
+        """
+        if isinstance(request, Mapping):
+            values = tuple(request.get(name) for name in self._specs)
+        else:
+            values = request if isinstance(request, tuple) else (request,)
+        validator = self._rows if self._rows is not None and self._as_rows(values) else self._batched
+        if isinstance(request, Mapping):
+            validator.feeds(request)
+        else:
+            validator.positional(values, {})
+
+    def _as_rows(self, values: tuple[Any, ...]) -> bool:
+        """Whether an array lacks its input's leading symbolic dim (one row, to be stacked)."""
+        for spec, value in zip(self._specs.values(), values):
+            if spec.shape and isinstance(spec.shape[0], str) and getattr(value, "ndim", None) == len(spec.shape) - 1:
+                return True
+        return False
+
+
+def _row_spec(spec: TensorSpec) -> TensorSpec:
+    """``spec`` as one row of a batch: its leading symbolic dim dropped (the spec itself when it has none)."""
+    if spec.kind != "tensor" or not spec.shape or not isinstance(spec.shape[0], str):
+        return spec
+    return TensorSpec(spec.name, spec.dtype, spec.shape[1:], spec.kind)
