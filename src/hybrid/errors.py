@@ -142,7 +142,9 @@ CATALOG: dict[str, ErrorInfo] = {
                          "the queue grow. Retry later or raise max_queue."),
     "HYB-413": ErrorInfo("batched function broke its contract",
                          "A @dynamic_batch function must return a list with one result per request; it "
-                         "returned something else. Every caller of that batch gets this error."),
+                         "returned something else. Every caller of that batch gets this error. A served model "
+                         "that batches (max_batch_size > 0) must return every output with the batch's rows "
+                         "first, as Triton reads it; an output without them fails the requests of its run."),
     "HYB-414": ErrorInfo("cancelled",
                          "The request was cancelled before it ran."),
     "HYB-415": ErrorInfo("closed",
@@ -297,7 +299,8 @@ FIXES: dict[str, str] = {
     "HYB-410": "Raise the pool size (hybrid.init({'memory_pool': {...}})) or free tensors you hold.",
     "HYB-411": "Raise the timeout (request_timeout, --request-timeout) or the capacity (max_batch, concurrency).",
     "HYB-412": "Retry later, or raise max_queue (--max-queue) / add capacity.",
-    "HYB-413": "Return a list with exactly one result per request from the @dynamic_batch function.",
+    "HYB-413": ("Return a list with exactly one result per request from the @dynamic_batch function; serve a "
+                "model whose outputs do not keep the batch first with max_batch_size: 0 (--max-batch 0)."),
     "HYB-414": "Submit the request again if it is still wanted.",
     "HYB-415": "Create a new pipeline, stream or batcher; do not submit after close().",
     "HYB-416": "Free each block once, with the pool that allocated it, and ask for sizes > 0.",
