@@ -238,6 +238,9 @@ class OnnxRuntimeBackend(Backend):
     name = "onnxruntime"
     priority = 10
     install_hint = "pip install onnxruntime (or onnxruntime-gpu for CUDA/TensorRT)"
+    own_allocator = "ONNX Runtime's own arenas, per session"
+    memory_options = {"enable_cpu_mem_arena": True, "enable_mem_pattern": True, "gpu_mem_limit": None,
+                      "npu_mem_limit": None}
     options = {
         "intra_op_num_threads": Option((int,), doc="threads inside one operator (0: all cores)"),
         "inter_op_num_threads": Option((int,), doc="threads across operators (parallel mode)"),

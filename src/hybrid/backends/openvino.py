@@ -198,6 +198,7 @@ class OpenVINOBackend(Backend):
     name = "openvino"
     priority = 20
     install_hint = "pip install 'pyasc[openvino]'"
+    own_allocator = "OpenVINO's plugin allocators, per compiled model (it reports no usage figures)"
     options = {
         "performance_hint": Option((str,), "LATENCY", _HINTS, "OpenVINO PERFORMANCE_HINT"),
         "inference_precision": Option((str,), "f32", _PRECISIONS, "INFERENCE_PRECISION_HINT"),

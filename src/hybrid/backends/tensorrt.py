@@ -241,6 +241,9 @@ class TensorRTBackend(Backend):
     name = "tensorrt"
     priority = 5  # the fastest path on NVIDIA GPUs when installed; engines are cached after the first build
     install_hint = "pip install tensorrt (with a CUDA build of torch for the device buffers)"
+    memory_pools = {"pinned": "staging buffers of host-to-device input copies (pin_memory)"}
+    own_allocator = "TensorRT's builder and runtime allocators (device buffers from torch's CUDA caching allocator)"
+    memory_options = {"max_workspace_size": None, "pin_memory": True}
     options = {
         "fp16_mode": Option((bool,), False, doc="allow FP16 kernels (BuilderFlag.FP16)"),
         "bf16_mode": Option((bool,), False, doc="allow BF16 kernels (BuilderFlag.BF16, TensorRT >= 9)"),

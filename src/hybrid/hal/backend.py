@@ -148,6 +148,12 @@ class Backend(abc.ABC):
     every op (custom ops included) on the CPU with the kernels that define it (the reference backend).
     Such a backend is the yardstick ``target='auto'`` checks the others against, and the one that gets
     only what no other backend runs; the runtime asks :func:`hybrid.hal.is_fallback`, never a name.
+
+    ``memory_pools`` is the backend's use of the unified memory pool, declared by the backend itself: the
+    ``hybrid.init({'memory_pool': ...})`` arenas it draws from ('cpu', 'pinned', 'gpu', 'npu'), each with what
+    it keeps there. Whatever else it allocates comes from its library's allocators, which :meth:`own_memory`
+    describes (``own_allocator``, ``memory_options``); ``init`` and ``hybrid.utils.memory_summary`` report the
+    pool's scope from these, never from a backend's name.
     """
 
     name: ClassVar[str]
@@ -155,6 +161,23 @@ class Backend(abc.ABC):
     options: ClassVar[dict[str, Option]] = {}
     install_hint: ClassVar[str] = ""
     exact_and_complete: ClassVar[bool] = False
+    memory_pools: ClassVar[Mapping[str, str]] = {}
+    own_allocator: ClassVar[str] = "its library's own allocators"
+    memory_options: ClassVar[Mapping[str, Any]] = {}  # option -> the library's default (None: unset, no limit)
+
+    @classmethod
+    def own_memory(cls, options: Mapping[str, Any]) -> str:
+        """How the backend allocates what it does not take from hybrid's pools, in one line.
+
+        ``own_allocator``, then the value of each of ``memory_options`` (the options that shape that memory) in
+        ``options`` (``set_backend``, ``init``'s ``backends``), or its library's default. Imports no library.
+        """
+        settings = []
+        for key, default in cls.memory_options.items():
+            value = options.get(key, default)
+            shown = "unset" if value is None else str(value)
+            settings.append(f"{key}={shown}" + ("" if key in options else " (default)"))
+        return cls.own_allocator + (f": {', '.join(settings)}" if settings else "")
 
     # ---------------------------------------------------------------- options
     @classmethod

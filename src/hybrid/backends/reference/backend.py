@@ -123,6 +123,8 @@ class ReferenceBackend(Backend):
     priority = 90
     exact_and_complete = True  # the fallback: the defining kernels of every op (hybrid.hal.is_fallback)
     install_hint = "the reference backend needs only numpy and onnx"
+    memory_pools = {"cpu": "interpreter intermediates, freed after their last use"}
+    own_allocator = "numpy's allocator"
     options = {
         "conv_algorithm": Option((str,), "auto", ("auto", *ALGORITHMS),
                                  doc="Conv algorithm: 'auto' picks per shape (docs/reference-backend.md)"),

@@ -86,6 +86,9 @@ class TorchBackend(Backend):
     name = "torch"
     priority = 30
     install_hint = "pip install 'pyasc[torch]' (torch_npu for Ascend NPUs)"
+    memory_pools = {"pinned": "staging buffers of host-to-device input copies (pin_memory)"}
+    own_allocator = "torch's allocators (the CUDA caching allocator on GPUs; CPU inputs share the caller's arrays)"
+    memory_options = {"pin_memory": True}
     options = {
         "compile": Option((bool,), False, doc="wrap the module with torch.compile"),
         "compile_mode": Option((str,), "default", _COMPILE_MODES, "torch.compile mode"),
