@@ -187,8 +187,8 @@ def task_input_shapes(model: Any, batch: int = 1) -> dict[str, tuple[int, ...]] 
         model: What was given to profile: a task model, or anything else (None then).
         batch: Images per run, where the input's batch dim is dynamic.
     """
-    inp = getattr(model, "input", None)
-    if not all(hasattr(inp, a) for a in ("name", "height", "width", "channels", "layout")):
+    inp: Any = getattr(model, "input", None)
+    if inp is None or not all(hasattr(inp, a) for a in ("name", "height", "width", "channels", "layout")):
         return None
     n = getattr(inp, "static_batch", None) or batch
     hw = (int(inp.height), int(inp.width))

@@ -611,22 +611,24 @@ class ServedModel:
             self.observer(self, len(items), [started - item.enqueued for item in items], run_s)
         return results
 
-    def _isolate(self, group: list[_Item], error: Exception | None) -> _Each:
+    def _isolate(self, group: list[_Item], error: Exception) -> _Each:
         """After a joined run failed: run each request alone, so only the requests that fail on their own get an error.
 
         One bad request must not fail the requests it was batched with.
         """
-        if len(group) == 1 and error is not None:
+        if len(group) == 1:
             return _Each([self._error_for_one(error, 1)])
-        if error is not None:
-            logger.warning("model %s:%s failed on a batch of %d (%s); running its requests one by one", self.name,
-                           self.version, len(group), str(error).splitlines()[0][:200] if str(error) else type(error))
+        logger.warning("model %s:%s failed on a batch of %d (%s); running its requests one by one", self.name,
+                       self.version, len(group), str(error).splitlines()[0][:200] if str(error) else type(error))
         outs = _Each()
         for item in group:
             try:
-                outs.append(self.compiled.run_checked(_aligned(item.feeds)))
+                out = self.compiled.run_checked(_aligned(item.feeds))
             except Exception as e:
                 outs.append(self._error_for_one(e, 1))
+                continue
+            unbatched = self._unbatched_output(out, item.rows, 1) if self.batch_symbol is not None else None
+            outs.append(out if unbatched is None else unbatched)
         return outs
 
     def _error_for_one(self, e: Exception, size: int) -> Exception:
