@@ -4,6 +4,7 @@ isolation in @dynamic_batch (b), and the memory pool's scope said at init and in
 from __future__ import annotations
 
 import json
+import logging
 
 import numpy as np
 import onnx
@@ -274,3 +275,63 @@ def test_isolate_false_keeps_the_whole_batch_failing():
             fu.result(10)
     assert f.stats().retried_alone == 0
     f.close()
+
+
+# ------------------------------------------------------------------------------------------------ (c)
+@pytest.fixture()
+def no_pools():
+    from hybrid.hal import memory
+
+    memory.configure_pools({})
+    yield
+    memory.configure_pools({})
+
+
+def _pool_backend():
+    """A backend that declares it draws from the cpu pool: the capability, not its name, puts it in the scope."""
+    from hybrid.hal import Backend
+
+    class CpuPoolBackend(Backend):
+        name = "i55_pool_user"
+        memory_pools = {"cpu": "its test buffers"}
+
+        def _probe(self):
+            return []
+
+        def version(self):
+            return "0"
+
+        def _compile(self, model, device, options):
+            raise AssertionError("never compiled")
+
+    return CpuPoolBackend
+
+
+def test_init_says_which_backends_draw_from_the_pool(no_pools, caplog):
+    from _backends import backend_registered
+
+    with backend_registered(_pool_backend()), caplog.at_level(logging.INFO, logger="hybrid"):
+        hybrid.init({"memory_pool": {"cpu": "1MB"}})
+    (record,) = [r for r in caplog.records if "memory pool cpu" in r.getMessage()]
+    text = record.getMessage()
+    assert record.levelno == logging.WARNING  # some backends do not use it: the trap is said plainly
+    drawn, _, own = text.partition("manage their own memory")[0].partition("drawn from by ")[2].partition(";")
+    assert "reference" in drawn and "i55_pool_user" in drawn and "onnxruntime" not in drawn
+    for name in ("onnxruntime", "openvino"):
+        assert name in own, text
+
+
+def test_memory_summary_has_a_line_per_backend_that_manages_its_own_memory(no_pools, capsys):
+    hybrid.init({"memory_pool": {"cpu": "1MB"}, "backends": {"onnxruntime": {"enable_cpu_mem_arena": False}}})
+    try:
+        text = hybrid.utils.memory_summary("cpu")
+    finally:
+        hybrid.init({"backends": {"onnxruntime": {}}})
+    (drawn,) = [line for line in text.splitlines() if line.strip().startswith("drawn from by")]
+    assert "reference" in drawn and "onnxruntime" not in drawn
+    own = [line for line in text.splitlines() if "own memory" in line]
+    names = {line.split()[0] for line in own}
+    assert {"onnxruntime", "openvino"} <= names and "reference" not in names
+    ort = next(line for line in own if line.split()[0] == "onnxruntime")
+    assert "enable_cpu_mem_arena=False" in ort and "enable_mem_pattern=True (default)" in ort  # its settings
+    assert "0 B" in text  # the pool's own counters stay what they are: nothing faked

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from hybrid.config import get_config
 from hybrid.errors import BackendError
-from hybrid.hal.memory import format_bytes, get_pool, pool_kind, transfer_stats
+from hybrid.hal.memory import PoolScope, format_bytes, get_pool, pool_kind, pool_scope, transfer_stats
+from hybrid.hal.registry import backend_class
 
 __all__ = ["memory_summary"]
 
@@ -29,7 +31,9 @@ def memory_summary(device: str = "cpu") -> str:
 
     Lines: reserved, allocated (and live blocks), peak, free, largest free block, fragmentation
     (``1 - largest free / free``), transfers and bytes moved in and out of the device, and how many
-    arenas were reserved from the OS or driver.
+    arenas were reserved from the OS or driver. Then the pool's scope: who draws from it (as each backend
+    declares), and a line per backend that does not, saying how it allocates instead (its own allocators
+    and the options that shape them, as configured): their memory is not in the counters above.
 
     Args:
         device: 'cpu', 'pinned', 'gpu' (or 'cuda', 'cuda:0'), 'npu'.
@@ -63,6 +67,17 @@ def memory_summary(device: str = "cpu") -> str:
         ("arena allocations", str(stats.arena_allocations if stats else 0)),
     ]
     lines += [f"  {name:<20}{value}" for name, value in rows]
+    lines += _scope_lines(pool_scope(kind))
     text = "\n".join(lines)
     print(text)
     return text
+
+
+def _scope_lines(scope: PoolScope) -> list[str]:
+    """Who draws from the pool, then one line per backend that manages its own memory."""
+    lines = [f"  {'drawn from by':<20}{', '.join(f'{who} ({use})' for who, use in scope.drawn)}"]
+    configured = get_config().backends
+    for name in scope.own:
+        own = backend_class(name).own_memory(configured.get(name, {}))
+        lines.append(f"  {name:<20}own memory, not this pool: {own}")
+    return lines

@@ -10,6 +10,11 @@ logical handle: the pool's mapping table turns it into a physical offset, and ``
 Arenas: 'cpu' is a numpy ``uint8`` buffer; 'pinned' (page-locked host memory that stages copies to a
 GPU), 'gpu' and 'npu' are ``torch.empty`` buffers made when torch sees the device. A pool for a device
 that is absent is not created: the ``device_fallback`` policy decides between a warning and HYB-307.
+
+Who draws from a pool is each backend's own declaration (``Backend.memory_pools``); :func:`pool_scope`
+reads it, ``init`` logs it when it reserves an arena, and ``hybrid.utils.memory_summary`` prints it. A
+backend that declares nothing (ONNX Runtime, OpenVINO) keeps its own allocators; nothing here pretends
+otherwise.
 """
 
 from __future__ import annotations
@@ -26,11 +31,13 @@ import numpy as np
 from hybrid.config import get_config, pool_sizes
 from hybrid.errors import BackendError, ConfigError, first_line
 from hybrid.hal.pool import Block, MemoryPool, PoolStats, format_bytes
+from hybrid.hal.registry import backend_class, backend_names
 
 __all__ = [
     "POOL_KINDS",
     "Block",
     "MemoryPool",
+    "PoolScope",
     "PoolStats",
     "TransferStats",
     "Workspace",
@@ -39,6 +46,7 @@ __all__ = [
     "format_bytes",
     "get_pool",
     "pool_kind",
+    "pool_scope",
     "pools",
     "record_transfer",
     "snapshot",
@@ -149,6 +157,51 @@ def _reserve(kind: str, capacity: int, found: tuple[Any, str] | None) -> MemoryP
     return pool
 
 
+# what hybrid.Tensor keeps in each pool kind (hal/tensor.py): it is no backend, but it draws from every pool
+_TENSOR_USE = {"cpu": "its host copies", "pinned": "staging of its copies to a CUDA device",
+               "gpu": "its GPU copies", "npu": "its NPU copies"}
+
+
+@dataclass(frozen=True, slots=True)
+class PoolScope:
+    """Who draws from one pool kind, as the backends declare it (``Backend.memory_pools``).
+
+    Attributes:
+        kind: 'cpu', 'pinned', 'gpu' or 'npu'.
+        drawn: ``(who, what it keeps there)``: ``hybrid.Tensor`` and each backend that declares the kind.
+        own: The registered backends that do not draw from it: they allocate with their own library.
+    """
+
+    kind: str
+    drawn: tuple[tuple[str, str], ...]
+    own: tuple[str, ...]
+
+    def describe(self) -> str:
+        """One line: who draws from the pool, and who manages its own memory."""
+        drawn = ", ".join(f"{who} ({use})" for who, use in self.drawn)
+        text = f"drawn from by {drawn}"
+        if self.own:
+            text += (f"; {', '.join(self.own)} manage their own memory and do not use it "
+                     f"(hybrid.utils.memory_summary({self.kind!r}) shows what they report)")
+        return text
+
+
+def pool_scope(kind: str) -> PoolScope:
+    """Who draws from pool ``kind``: from each registered backend's ``memory_pools`` (its class; no library)."""
+    drawn = [("hybrid.Tensor", _TENSOR_USE[kind])]
+    own = []
+    for name in backend_names():
+        try:
+            use = backend_class(name).memory_pools.get(kind)
+        except BackendError:  # an unimportable plugin: discovery reports it, it draws from nothing here
+            continue
+        if use:
+            drawn.append((name, use))
+        else:
+            own.append(name)
+    return PoolScope(kind, tuple(drawn), tuple(own))
+
+
 def _present_devices() -> str:
     from hybrid.hal.target import devices
 
@@ -185,6 +238,7 @@ def configure_pools(sizes: Mapping[str, int]) -> dict[str, MemoryPool]:
                 raise BackendError("HYB-307", message + " and device_fallback is 'error'",
                                    "drop that pool from memory_pool or set device_fallback='warn'")
             logger.warning(message)
+    made: list[MemoryPool] = []
     with _POOLS_LOCK:
         for kind in list(_pools):
             if wanted.get(kind) != _pools[kind].requested:
@@ -193,8 +247,14 @@ def configure_pools(sizes: Mapping[str, int]) -> dict[str, MemoryPool]:
             if kind in _pools or (kind != "cpu" and found.get(kind) is None):
                 continue
             _pools[kind] = _reserve(kind, size, found.get(kind))
-            logger.info("memory pool %s: reserved %s on %s", kind, format_bytes(size), _pools[kind].device)
-        return dict(_pools)
+            made.append(_pools[kind])
+        current = dict(_pools)
+    for pool in made:  # the backends' classes are read outside the lock (it may import their modules)
+        scope = pool_scope(pool.kind)
+        # a warning when some backends do not use the pool: its bytes do nothing for a model they run
+        logger.log(logging.WARNING if scope.own else logging.INFO, "memory pool %s: reserved %s on %s; %s",
+                   pool.kind, format_bytes(pool.requested), pool.device, scope.describe())
+    return current
 
 
 def get_pool(device: str = "cpu") -> MemoryPool | None:
