@@ -50,7 +50,7 @@ def test_a_pinned_onnxruntime_target_imports_neither_torch_nor_openvino(zoo_mode
         raw = ort.InferenceSession({str(zoo_model.path)!r}, providers=['CPUExecutionProvider']).run(None, feeds)
         same = all(np.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(out.values(), raw))
         print(json.dumps({{"backend": cm.backend, "same": bool(same),
-                          "mods": sorted(m for m in ("torch", "openvino", "tensorrt") if m in sys.modules)}}))
+                          "mods": sorted(m for m in ("torch", "openvino", "tensorrt", "sympy") if m in sys.modules)}}))
     """, tmp_path)
     assert found["backend"] == "onnxruntime"
     assert found["same"]
@@ -79,3 +79,19 @@ def test_devices_still_discover_every_backend_after_a_pinned_compile(zoo_model, 
 
     expected = sorted(n for n in ("reference", "onnxruntime", "openvino", "torch") if backend_status(n).available)
     assert set(expected) <= set(found)
+
+
+def test_onnx_ir_imports_sympy_only_for_symbolic_arithmetic(tmp_path):
+    """onnx-ir >= 1.1 imports SymPy (about 32 MB) at import; under hybrid only its symbolic arithmetic does."""
+    found = _modules_after("""
+        import json, sys
+        import hybrid
+        import onnx_ir as ir
+        before = "sympy" in sys.modules
+        dim = ir.SymbolicDim("n") + 1
+        import sympy
+        print(json.dumps({"before": before, "value": dim.value, "real": type(sys.modules["sympy"]).__name__,
+                          "expr": isinstance(ir.SymbolicDim("2*n")._expr, sympy.Expr),
+                          "evaluated": ir.Shape([ir.SymbolicDim("n"), 3]).evaluate({"n": 4}).dims}))
+    """, tmp_path)
+    assert found == {"before": False, "value": "n + 1", "real": "module", "expr": True, "evaluated": [4, 3]}

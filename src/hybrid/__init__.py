@@ -8,7 +8,10 @@ one of them with its real type, so a type checker sees ``hybrid.compile`` as the
 
 from __future__ import annotations
 
+import builtins
 import importlib
+import sys
+import types
 from typing import TYPE_CHECKING, Any
 
 from hybrid._version import __version__
@@ -44,6 +47,71 @@ if TYPE_CHECKING:  # pragma: no cover - what the type checker sees; at run time 
     from hybrid.runtime.profiler import OpStat, ProfileReport
     from hybrid.runtime.stream import StreamContext, StreamResult
     from hybrid.vision.tasks import TaskModel
+
+# ---------------------------------------------------------------- sympy, deferred inside onnx-ir
+# onnx-ir >= 1.1 imports SymPy (about 32 MB of memory, 0.3 s) when it is imported, for the arithmetic of symbolic
+# dims, which hybrid never does: a process that pins ONNX Runtime would hold a fifth more memory than the runtime
+# itself for it (issue 55). onnx-ir's core module is therefore executed with an ``__import__`` of its own that gives
+# it a stand-in for ``sympy`` (and its package a stand-in for ``_symbolic_shapes``, which reads SymPy at import):
+# the real module is imported on the first attribute read, so symbolic arithmetic still works. Nothing else sees
+# the stand-ins: ``sys.modules`` never holds them, so every other ``import sympy``, in any thread, is the real one.
+class _Deferred(types.ModuleType):
+    """Stands in for module ``name`` inside onnx-ir; the real one is imported when an attribute is first read."""
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(importlib.import_module(self.__name__), attr)
+
+
+_SYMPY = _Deferred("sympy")
+
+
+def _import_for_onnx_ir(name: str, globals: Any = None, locals: Any = None, fromlist: Any = (),
+                        level: int = 0) -> Any:
+    if name == "sympy" and not fromlist and level == 0 and "sympy" not in sys.modules:
+        return _SYMPY
+    return builtins.__import__(name, globals, locals, fromlist, level)
+
+
+class _OnnxIrCoreLoader:
+    """Executes onnx-ir's core module with :func:`_import_for_onnx_ir`; anything else is the real loader's."""
+
+    def __init__(self, loader: Any) -> None:
+        self._loader = loader
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self._loader, attr)
+
+    def create_module(self, spec: Any) -> Any:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        package = sys.modules.get("onnx_ir")
+        if package is not None and "onnx_ir._symbolic_shapes" not in sys.modules:
+            package._symbolic_shapes = _Deferred("onnx_ir._symbolic_shapes")  # type: ignore[attr-defined]
+        module.__dict__["__builtins__"] = {**builtins.__dict__, "__import__": _import_for_onnx_ir}
+        self._loader.exec_module(module)
+
+
+class _DeferSympyInOnnxIr:
+    """A one-shot meta path finder: it wraps the loader of ``onnx_ir._core`` when SymPy is not imported yet."""
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname != "onnx_ir._core":
+            return None
+        sys.meta_path.remove(self)
+        if "sympy" in sys.modules:  # already paid for (torch imports it): nothing to spare
+            return None
+        from importlib.machinery import PathFinder
+
+        spec = PathFinder.find_spec(fullname, path, target)
+        if spec is not None and spec.loader is not None:
+            spec.loader = _OnnxIrCoreLoader(spec.loader)
+        return spec
+
+
+if "onnx_ir._core" not in sys.modules:
+    sys.meta_path.insert(0, _DeferSympyInOnnxIr())
+
 
 # public name -> "module:attribute" (or "module" for a subpackage); resolved on first access
 _LAZY = {
