@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 __all__ = ["IndexBound", "InputValidator", "RequestValidator", "index_bounds", "to_array"]
 
 MAX_PASSED = 1024  # combinations of input shapes remembered as checked (more are checked each call)
+_MIN, _MAX = np.minimum.reduce, np.maximum.reduce
 
 
 def to_array(name: str, value: Any) -> np.ndarray:
@@ -95,7 +96,7 @@ def _check_range(name: str, bound: IndexBound, arr: np.ndarray) -> None:
     if arr.size == 0:
         return
     size = bound.size
-    low, high = arr.min(), arr.max()
+    low, high = _MIN(arr, axis=None), _MAX(arr, axis=None)  # the ufuncs: half the cost of arr.min() on small arrays
     if low >= -size and high < size:
         return
     value = high if high >= size else low
@@ -158,9 +159,10 @@ class InputValidator:
         return out
 
     def _check_ranges(self, feeds: Mapping[str, Any]) -> None:
+        # a bounded input's dtype is an integer one (index_bounds) and the checks above held the array to it
         for name, bound in self._bounds:
             value = feeds.get(name)
-            if type(value) is np.ndarray and value.dtype.kind in "iu":
+            if type(value) is np.ndarray:
                 _check_range(name, bound, value)
 
     def _check_names(self, feeds: Any) -> None:
