@@ -8,6 +8,10 @@ dynamic (as ``torch.compile`` falls back to dynamic shapes), instead of tracing 
 
 Torch tensors in give torch tensors out (on the device of the first input); numpy arrays in give
 numpy arrays out.
+
+The export bakes the weights in: when a parameter or buffer the callable reads changes (in place, or
+its ``.data`` replaced; see ``_weights``), the next call drops every compiled model and traces again,
+saying so at INFO.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import numpy as np
 
 from hybrid.errors import HybridError, ModelError
 from hybrid.frontends._common import require_torch, unflatten
+from hybrid.frontends._weights import WeightWatch
 from hybrid.ir.signature import TensorSpec
 
 __all__ = ["JitCacheInfo", "JitFunction", "jit"]
@@ -122,6 +127,7 @@ class JitFunction:
         self._traces = 0
         self._hits = 0
         self._warned = False
+        self._watch: WeightWatch | None = None  # made at the first trace (it needs torch)
         functools.update_wrapper(self, fn, updated=())  # name and docstring; not a module's __dict__
 
     # ------------------------------------------------------------------ calling
@@ -132,6 +138,10 @@ class JitFunction:
         are torch tensors on the first such argument's device.
         """
         call = _Call.of(args, kwargs)
+        if self._watch is not None:
+            changed = self._watch.changed()
+            if changed:
+                self._drop_stale(changed)
         entry = self._memo.get(call.key)
         if entry is None:
             entry = self._find_or_trace(call)
@@ -159,6 +169,15 @@ class JitFunction:
             self._entries.append(entry)
             self._remember(call, entry)
             return entry
+
+    def _drop_stale(self, changed: list[str]) -> None:
+        with self._lock:
+            if self._watch is None or not self._watch.changed():
+                return  # another thread dropped them first
+            shown = ", ".join(changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
+            logger.info("hybrid.jit(%s): %s changed since the trace (in place or new data); tracing again",
+                        getattr(self.fn, "__name__", type(self.fn).__name__), shown)
+            self._clear()
 
     def _remember(self, call: _Call, entry: _Entry) -> None:
         if len(self._memo) < _MEMO_LIMIT:
@@ -204,6 +223,9 @@ class JitFunction:
             logger.info("export with a dynamic batch failed; exporting %s with static shapes", kwargs["name"])
             result = export_module(module, examples, **kwargs)
         self._traces += 1
+        if self._watch is None:
+            self._watch = WeightWatch(self.fn, torch)
+        self._watch.snapshot()  # the weights this export baked in
         model = _optimize(result.model, self.optimize_level)
         from hybrid.runtime.compiler import compile_model
 
@@ -225,12 +247,15 @@ class JitFunction:
     def cache_clear(self) -> None:
         """Drop every compiled model (the next call traces again)."""
         with self._lock:
-            for entry in (*self._entries, *self._dynamic):
-                entry.compiled.close()
-            self._entries.clear()
-            self._dynamic.clear()
-            self._memo.clear()
-            self._warned = False
+            self._clear()
+
+    def _clear(self) -> None:
+        for entry in (*self._entries, *self._dynamic):
+            entry.compiled.close()
+        self._entries.clear()
+        self._dynamic.clear()
+        self._memo.clear()
+        self._warned = False
 
     def __repr__(self) -> str:
         return f"<hybrid.jit {getattr(self.fn, '__name__', self.fn)!r} target={self.target!r} {self.cache_info()}>"

@@ -4,7 +4,9 @@ torch has two ONNX exporters. The dynamo one (``torch.export`` + onnxscript) is 
 covers the most models, but it emits opset 18 and newer only; the TorchScript-based one (deprecated
 by torch, still shipped) reaches opsets 7..20. ``exporter='auto'`` picks TorchScript when the
 requested opset is below 18 (or onnxscript is missing) and dynamo otherwise, and falls back to the
-other exporter when the first one fails, saying so in the log.
+other exporter when the first one fails, saying so in the log. A dynamo model is converted to an
+older opset asked for with ONNX's version converter (``_opset``); when that cannot be done, an
+explicit ``exporter='dynamo'`` is refused (HYB-210) and a fallback warns which opset it wrote.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import onnx
 
 from hybrid.errors import HybridError, ModelError, first_line
 from hybrid.frontends._common import describe_module, failing_module_path, flatten_outputs, quiet_torch, require_torch
+from hybrid.frontends._opset import honour_opset
 from hybrid.ir import Model
 
 __all__ = ["DYNAMO_MIN_OPSET", "ExportResult", "export", "export_module"]
@@ -122,8 +125,15 @@ def export_module(module: Any, input_shape: Any, *, opset_version: int | None = 
     finally:
         module.train(was_training)
     model_name = name or type(module).__name__
+    metadata = {"hybrid.exporter": which, "hybrid.source": f"torch {torch.__version__}"}
+    if which == "dynamo":
+        feed = {n: a.detach().cpu().numpy() for n, a in zip(in_names, args)}
+        outcome = honour_opset(proto, opset_version, feed, strict=exporter == "dynamo", name=model_name)
+        proto = outcome.model
+        if outcome.reason:
+            metadata["hybrid.opset_requested"] = str(opset_version)
     proto.graph.name = proto.graph.name or model_name
-    _set_metadata(proto, {"hybrid.exporter": which, "hybrid.source": f"torch {torch.__version__}"})
+    _set_metadata(proto, metadata)
     logger.info("exported %s with the %s exporter (opset %s)", model_name, which, _opset(proto))
     return ExportResult(Model(proto=proto, name=model_name), which, template)
 
@@ -249,13 +259,15 @@ def _exporter_order(exporter: str, opset: int | None) -> tuple[str, ...]:
         return ("dynamo",)
     if exporter == "torchscript":
         return ("torchscript",)
-    if opset is not None and opset < DYNAMO_MIN_OPSET:
-        return ("torchscript",)
     try:
         _require_onnxscript()
     except ModelError:
         logger.info("onnxscript is not installed; exporting with the TorchScript exporter")
         return ("torchscript",)
+    if opset is not None and opset < DYNAMO_MIN_OPSET:
+        # the dynamo exporter as the fallback: models the TorchScript tracer cannot run (transformers 5's
+        # BERT) still export, at the requested opset when it converts down, else with a warning
+        return ("torchscript", "dynamo")
     return ("dynamo", "torchscript")
 
 
