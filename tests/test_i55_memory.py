@@ -95,3 +95,30 @@ def test_onnx_ir_imports_sympy_only_for_symbolic_arithmetic(tmp_path):
                           "evaluated": ir.Shape([ir.SymbolicDim("n"), 3]).evaluate({"n": 4}).dims}))
     """, tmp_path)
     assert found == {"before": False, "value": "n + 1", "real": "module", "expr": True, "evaluated": [4, 3]}
+
+
+def _relu_model():
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "relu",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=onnx.IR_VERSION)
+
+
+def test_compiling_a_bundle_names_hybrid_load(tmp_path):
+    """``hybrid.compile('m.hybrid')`` said "the bytes do not parse"; it says it is a bundle and how to load it."""
+    import numpy as np
+
+    import hybrid
+
+    path = tmp_path / "m.hybrid"
+    hybrid.compile(_relu_model(), target="reference").save(path)
+    for source in (path, str(path), path.read_bytes()):
+        with pytest.raises(hybrid.ModelError) as e:
+            hybrid.compile(source, target="onnxruntime")
+        assert e.value.code == "HYB-203"
+        assert ".hybrid bundle" in e.value.message and "hybrid.load(" in e.value.hint
+    x = np.array([[-1.0, 2.0, -3.0], [4.0, -5.0, 6.0]], np.float32)
+    np.testing.assert_array_equal(hybrid.load(path, target="onnxruntime").run({"x": x})["y"], np.maximum(x, 0))

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from hybrid.config import expect_mapping, get_config
-from hybrid.errors import BackendError, ConfigError, HybridError
+from hybrid.errors import BackendError, ConfigError, HybridError, ModelError
 from hybrid.hal import Candidate, backend_names, get_backend, resolve_target, split_fallback
 from hybrid.ir import Model
 from hybrid.runtime import auto
@@ -21,6 +23,26 @@ __all__ = ["PRECISIONS", "compile_model", "split_config"]
 logger = logging.getLogger("hybrid")
 
 PRECISIONS = ("fp32", "fp16", "bf16")
+_ZIP_MAGIC = b"PK\x03\x04"  # a .hybrid bundle is a zip archive; a serialized ONNX model never starts so
+
+
+def _refuse_bundle(source: Any) -> None:
+    """Raise HYB-203 naming ``hybrid.load`` when ``source`` is a .hybrid bundle (a file or its bytes).
+
+    Without this the bundle reaches the ONNX parser, whose "the bytes do not parse" does not say what to do. A
+    bundle is not compiled here: it carries its own compiled choices, and ``hybrid.load`` may return a task model.
+    """
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        head, found, path = bytes(source[:4]), "these bytes are", "'model.hybrid'"
+    elif isinstance(source, (str, os.PathLike)) and Path(source).is_file():
+        with open(source, "rb") as f:
+            head = f.read(4)
+        found, path = f"{str(source)!r} is", repr(str(source))
+    else:
+        return
+    if head == _ZIP_MAGIC:
+        raise ModelError("HYB-203", f"hybrid.compile expects an ONNX model, but {found} a .hybrid bundle (a zip "
+                         "archive)", f"load a bundle with hybrid.load({path}, target=...), which compiles it")
 
 
 def split_config(config: Mapping[str, Any] | None, candidates: list[Candidate]) -> dict[str, dict[str, Any]]:
@@ -80,9 +102,10 @@ def compile_model(model_or_path: Any, target: str = "auto", precision: str = "fp
 
     Raises:
         ConfigError: HYB-101/102 for a bad precision or accuracy budget.
-        ModelError: 2xx when the model cannot be loaded.
+        ModelError: 2xx when the model cannot be loaded (HYB-203 for a .hybrid bundle: hybrid.load takes those).
         BackendError: 3xx for an unknown target, a missing backend or a failed compilation.
     """
+    _refuse_bundle(model_or_path)
     model = Model.load(model_or_path)
     if precision not in (*PRECISIONS, "auto"):
         raise ConfigError("HYB-102", f"precision: expected one of {(*PRECISIONS, 'auto')}, got {precision!r}")
