@@ -12,7 +12,7 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper
-from tests._serve_support import error_of, request
+from tests._serve_support import request
 from tests.test_serve_batching import infer_while_busy
 
 from hybrid.runtime.compiler import compile_model
@@ -93,8 +93,34 @@ def test_inputs_whose_first_dims_are_named_apart_must_agree_on_the_batch(tmp_pat
         model.close()
 
 
+def test_an_output_named_apart_that_does_not_keep_the_rows_is_served_request_by_request(tmp_path, rng, caplog):
+    """Without a configuration, two runs at load tell a batch named apart from an output that is not the batch
+    (boxes after NMS): such a model is served unbatched, each request getting the model's whole answer."""
+    with caplog.at_level("WARNING", logger="hybrid"):
+        model, runs = served(doubled(tmp_path / "doubled.onnx"), max_batch=8, batch_timeout=0.5)
+    try:
+        assert model.batch_symbol is None and model.max_batch_size == 0 and model_config(model).max_batch_size == 0
+        assert "served request by request" in caplog.text and "output 'y'" in caplog.text
+        reqs = [{"x": rng.standard_normal((rows, 3)).astype(np.float32)} for rows in (1, 2, 1)]
+
+        async def all_of():
+            return await asyncio.gather(*(model.infer(r) for r in reqs))
+
+        for r, out in zip(reqs, asyncio.run(all_of()), strict=True):
+            np.testing.assert_array_equal(out["y"], np.concatenate([r["x"], r["x"]]))
+        assert sorted(runs) == [1, 1, 2]  # one run per request
+    finally:
+        model.close()
+
+
 def test_an_output_without_the_batch_rows_fails_its_requests_instead_of_being_sliced(tmp_path, rng):
-    model, _ = served(doubled(tmp_path / "doubled.onnx"), max_batch=8, batch_timeout=0.5)
+    """A batch the configuration declares is trusted (Triton's rule); an output without its rows is HYB-413."""
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2 as mc
+
+    config = text_format.Parse("max_batch_size: 8 dynamic_batching { }", mc.ModelConfig())
+    model = ServedModel("m", "1", compile_model(doubled(tmp_path / "doubled.onnx"), target="onnxruntime"),
+                        BatchSettings(max_batch=8, batch_timeout=0.5), model_config=config)
     try:
         assert model.max_batch_size == 8
         reqs = [{"x": rng.standard_normal((rows, 3)).astype(np.float32)} for rows in (1, 2, 1)]
@@ -157,5 +183,8 @@ def test_the_server_answers_config_and_errors_as_triton(tmp_path, rng):
         status, _, body = request(srv.url, "POST", "/v2/models/relu/infer", json.dumps(doc).encode())
         assert status == 200
         assert np.allclose(json.loads(body)["outputs"][0]["data"], np.maximum(x, 0).ravel())
+        status, _, body = request(srv.url, "GET", "/v2/models/dbl/config")  # not the batch: served unbatched
+        assert status == 200 and json.loads(body)["max_batch_size"] == 0
         status, _, body = request(srv.url, "POST", "/v2/models/dbl/infer", json.dumps(doc).encode())
-        assert status == 500 and error_of(body) == "HYB-413"
+        assert status == 200
+        assert np.allclose(json.loads(body)["outputs"][0]["data"], np.concatenate([x, x]).ravel())

@@ -176,6 +176,32 @@ def _batch_symbol(compiled: CompiledModel) -> str | None:
     return str(sig.inputs[0].shape[0])  # type: ignore[index]  # (a known shape, checked above)
 
 
+def _names_one_batch(compiled: CompiledModel) -> bool:
+    """Whether every input and output names its first dim alike: the graph itself says it is one batch."""
+    sig = compiled.signature
+    return len({s.shape[0] for s in (*sig.inputs, *sig.outputs) if s.shape}) == 1
+
+
+def _rows_not_kept(model: ServedModel) -> str | None:
+    """Why ``model``'s outputs do not keep the rows of its inputs (None when they do at 1 and 2 rows).
+
+    An output whose first dim is named apart from the inputs' may be the batch (an exporter's own name for
+    it) or not (the boxes left after NMS); without a configuration that says so, two runs on random inputs
+    tell, before any request could be sliced into another request's rows.
+    """
+    from hybrid.serve.warmup import samples_of_rows
+
+    try:
+        for rows, sample in zip((1, 2), samples_of_rows(model, [1, 2])):
+            outs = model.compiled.run(sample)
+            for name, value in outs.items():
+                if not np.ndim(value) or len(value) != rows:
+                    return f"output {name!r} has shape {np.shape(value)} for an input of {rows} row(s)"
+    except HybridError as e:
+        return f"random inputs could not run it to check ({e.code}: {e.message[:200]})"
+    return None
+
+
 class Stoppable(Protocol):
     """A background task tied to a served model's life (:meth:`ServedModel.run_beside`)."""
 
@@ -213,6 +239,13 @@ class ServedModel:
         self.sequences = sequences
         self.signature = visible_signature(compiled.signature, sequences)  # what clients send and get
         self.batch_symbol = _batch_symbol(compiled)
+        if (self.batch_symbol is not None and settings.max_batch > 0 and model_config is None and sequences is None
+                and not _names_one_batch(compiled)):
+            why = _rows_not_kept(self)
+            if why is not None:  # Triton would batch it only when a config.pbtxt declares max_batch_size
+                logger.warning("model %s:%s is served request by request: its first dims are named apart and %s "
+                               "(a config.pbtxt with max_batch_size > 0 batches it as declared)", name, version, why)
+                self.batch_symbol = None
         self.observer = observer
         self.model_config = model_config
         self.schedule = schedule  # None: pyasc's own timeouts (a model without a configuration)
@@ -239,7 +272,7 @@ class ServedModel:
                                         runners=settings.concurrency, name=f"{name}:{version}",
                                         reorders=schedule is not None and schedule.reorders)
         self._sequences = Sequences(sequences, name, self.max_batch_size > 0) if sequences is not None else None
-        if settings.max_batch > 1 and self.batch_symbol is None:
+        if settings.max_batch > 1 and self.batch_symbol is None and _batch_symbol(compiled) is None:
             logger.warning("model %s:%s has an input or output without a dynamic first (batch) dimension; its "
                            "batches run request by request", name, version)
 
