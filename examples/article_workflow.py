@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 
 import hybrid
 from hybrid.bundle import create_bundle
@@ -178,6 +179,13 @@ def export_optimize_quantize(work: Path, size: int, report: Report) -> tuple[Any
                                             "calibration_dataset": loader})
     q_path = work / "classifier.int8.onnx"
     quantized.save(q_path)
+    proto = quantized.to_onnx()
+    consts = {t.name: t.data_type for t in proto.graph.initializer}
+    zero_points = [consts.get(n.input[2]) for n in proto.graph.node
+                   if n.op_type == "QuantizeLinear" and len(n.input) > 2]
+    report.equal("quantize", "activations quantized to int8 (QuantizeLinear zero points)",
+                 bool(zero_points) and set(zero_points) == {onnx.TensorProto.INT8}, True)
+    report.equal("quantize", "opset upgraded for per-channel int8", quantized.opset >= 13, True)
     raw_q = ort_run(q_path, {"input": x})[0]
     cm_q = hybrid.compile(q_path, target="onnxruntime")
     report.close("quantize", "hybrid int8 (onnxruntime) vs raw ORT int8", cm_q(x), raw_q)
