@@ -188,7 +188,7 @@ class Batcher:
         functools.update_wrapper(self, fn)
         self.fn = fn
         self._check = _request_check(validate)
-        self.isolate = bool(isolate)
+        self.isolate: bool = bool(isolate)
         self.max_batch = max_batch
         self.timeout: float = float(timeout)
         self.max_queue = max_queue
