@@ -177,7 +177,8 @@ class JitFunction:
             shown = ", ".join(changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
             logger.info("hybrid.jit(%s): %s changed since the trace (in place or new data); tracing again",
                         getattr(self.fn, "__name__", type(self.fn).__name__), shown)
-            self._clear()
+            # not closed: a call in another thread may still be running one; they go with their last reference
+            self._clear(close=False)
 
     def _remember(self, call: _Call, entry: _Entry) -> None:
         if len(self._memo) < _MEMO_LIMIT:
@@ -247,11 +248,12 @@ class JitFunction:
     def cache_clear(self) -> None:
         """Drop every compiled model (the next call traces again)."""
         with self._lock:
-            self._clear()
+            self._clear(close=True)
 
-    def _clear(self) -> None:
-        for entry in (*self._entries, *self._dynamic):
-            entry.compiled.close()
+    def _clear(self, *, close: bool) -> None:
+        if close:
+            for entry in (*self._entries, *self._dynamic):
+                entry.compiled.close()
         self._entries.clear()
         self._dynamic.clear()
         self._memo.clear()
