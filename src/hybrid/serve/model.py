@@ -28,6 +28,7 @@ from hybrid.errors import ConfigError, HybridError, RunError, ServingError
 from hybrid.runtime.validate import InputValidator
 from hybrid.serve.batch_buffers import BatchBuffers
 from hybrid.serve.batcher import LoopBatcher, QueueTimeout
+from hybrid.serve.random_inputs import samples_of_rows
 from hybrid.serve.schedule import QueuePolicy, SchedulePolicy
 from hybrid.serve.sequences import Sequences, visible_signature
 
@@ -189,8 +190,6 @@ def _rows_not_kept(model: ServedModel) -> str | None:
     it) or not (the boxes left after NMS); without a configuration that says so, two runs on random inputs
     tell, before any request could be sliced into another request's rows.
     """
-    from hybrid.serve.warmup import samples_of_rows
-
     try:
         for rows, sample in zip((1, 2), samples_of_rows(model, [1, 2])):
             outs = model.compiled.run(sample)

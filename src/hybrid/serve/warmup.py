@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from hybrid.errors import ServingError
+from hybrid.serve.random_inputs import random_array, samples_of_rows
 
 if TYPE_CHECKING:
     from hybrid.serve.model import ServedModel
@@ -26,42 +27,10 @@ _WARMUP_DIR = "warmup"
 _MAX_SAMPLE_BYTES = 1 << 30
 
 
-def _random(dtype: np.dtype, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
-    if dtype == np.dtype(object):
-        return np.full(shape, b"warmup", dtype=object)
-    if dtype.kind == "b":
-        return rng.integers(0, 2, shape).astype(bool)
-    if dtype.kind in "iu":
-        return rng.integers(0, 8, shape).astype(dtype)
-    return rng.standard_normal(shape).astype(dtype)
-
-
 def random_samples(model: ServedModel, count: int, seed: int = 0) -> list[dict[str, np.ndarray]]:
     """``count`` random samples at the model's declared input shapes (see the module docstring)."""
     top = max(1, model.max_batch_size)
     return samples_of_rows(model, [1 + i % top for i in range(count)], seed)
-
-
-def samples_of_rows(model: ServedModel, batch_sizes: list[int], seed: int = 0) -> list[dict[str, np.ndarray]]:
-    """One random sample per batch size at the model's declared input shapes (1 for other dynamic dims).
-
-    Raises:
-        ServingError: HYB-707 for an input without a declared dtype and shape.
-    """
-    rng = np.random.default_rng(seed)
-    samples = []
-    for rows in batch_sizes:
-        sample = {}
-        for spec in model.signature.inputs:
-            if spec.kind != "tensor" or spec.dtype is None or spec.shape is None:
-                raise ServingError("HYB-707", f"model {model.name!r}: input {spec.name!r} has no declared dtype and "
-                                   "shape to warm up with", "warm it up with model_warmup in config.pbtxt")
-            shape = tuple(d if isinstance(d, int) else 1 for d in spec.shape)
-            if model.batch_symbol is not None:
-                shape = (rows, *shape[1:])
-            sample[spec.name] = _random(spec.dtype, shape, rng)
-        samples.append(sample)
-    return samples
 
 
 def pbtxt_samples(model: ServedModel, model_dir: Path) -> list[dict[str, np.ndarray]]:
@@ -106,7 +75,7 @@ def pbtxt_samples(model: ServedModel, model_dir: Path) -> list[dict[str, np.ndar
                                        "write the tensor's raw little-endian bytes (BYTES inputs: random_data)")
                 sample[name] = np.frombuffer(data, dtype, int(np.prod(shape))).reshape(shape)
             elif which == "random_data":
-                sample[name] = _random(dtype, shape, rng)
+                sample[name] = random_array(dtype, shape, rng)
             else:
                 sample[name] = (np.full(shape, b"", dtype=object) if dtype == np.dtype(object)
                                 else np.zeros(shape, dtype))
