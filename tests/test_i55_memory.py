@@ -122,3 +122,66 @@ def test_compiling_a_bundle_names_hybrid_load(tmp_path):
         assert ".hybrid bundle" in e.value.message and "hybrid.load(" in e.value.hint
     x = np.array([[-1.0, 2.0, -3.0], [4.0, -5.0, 6.0]], np.float32)
     np.testing.assert_array_equal(hybrid.load(path, target="onnxruntime").run({"x": x})["y"], np.maximum(x, 0))
+
+
+# ---------------------------------------------------------------- the check process: what it imports, when it ends
+@pytest.fixture
+def fresh_worker(monkeypatch):
+    """The check process module with a scripted idle clock and no worker left over from another test."""
+    from hybrid.runtime.auto import worker
+
+    now = [1000.0]
+    monkeypatch.setattr(worker, "_clock", lambda: now[0])
+    worker.shutdown()
+    yield worker, now
+    worker.shutdown()
+
+
+def _relu_request(worker):
+    import numpy as np
+
+    from hybrid.ir import Model
+
+    x = np.array([[-1.0, 2.0, -3.0], [4.0, -5.0, 6.0]], np.float32)
+    return worker.CheckRequest(Model.load(_relu_model()).to_bytes(), "relu", ("onnxruntime:cpu", "reference:cpu"),
+                               {"onnxruntime:cpu": {}, "reference:cpu": {}}, 1e-3, {}, {"x": x})
+
+
+def _libraries_of(pid: int) -> str:
+    with open(f"/proc/{pid}/maps") as f:
+        return f.read()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the worker's memory map from /proc")
+def test_the_check_process_imports_only_the_candidates_it_checks(fresh_worker):
+    worker, _ = fresh_worker
+    w = worker._worker()
+    assert w.ask(("probe", ("onnxruntime", "reference"))) == "ok"
+    verdicts = worker.check_elsewhere(_relu_request(worker))
+    assert verdicts is not None and {label: why for label, why, *_ in verdicts.results} == {
+        "onnxruntime:cpu": None, "reference:cpu": None}
+    maps = _libraries_of(w.proc.pid)
+    assert "onnxruntime" in maps
+    assert "libtorch" not in maps and "libopenvino" not in maps
+
+
+def test_the_check_process_ends_when_idle_and_starts_again_on_demand(fresh_worker):
+    from hybrid.runtime.auto.policy import TuningPolicy
+
+    worker, now = fresh_worker
+    idle_s = TuningPolicy().check_idle_s
+    first = worker._worker()
+    assert first.ask(("probe", ("reference",))) == "ok"
+    now[0] += idle_s - 0.5
+    assert worker.reap_idle() == pytest.approx(0.5)  # not idle long enough yet
+    assert first.proc.poll() is None
+    with first.lock:  # answering a request: never ended, however long it takes
+        now[0] += 0.5
+        assert worker.reap_idle() == idle_s
+        assert first.proc.poll() is None
+    first.last_used = now[0] - idle_s
+    assert worker.reap_idle() is None  # idle for the policy's time: ended
+    assert first.proc.wait(timeout=10) is not None
+    verdicts = worker.check_elsewhere(_relu_request(worker))  # the next check starts a new one
+    assert verdicts is not None and all(why is None for _, why, *_ in verdicts.results)
+    assert worker._WORKER is not None and worker._WORKER.proc.pid != first.proc.pid

@@ -152,7 +152,7 @@ class RealLab:
             n.domain in ("", "ai.onnx", "ai.onnx.ml", "com.microsoft") for n in model.graph.all_nodes()) and all(
             is_installed_backend(c.backend) for c in order)
         if self._portable:
-            worker.prestart(check_share)
+            worker.prestart(check_share, tuple(dict.fromkeys(c.backend for c in order)))
 
     # ------------------------------------------------------------------ candidates
     def order(self) -> tuple[str, ...]:

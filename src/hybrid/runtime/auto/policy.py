@@ -61,6 +61,11 @@ class TuningPolicy:
             twice their time while it runs, ``max_tax`` of it keeps their tax near ``max_tax``. Paced for the
             first half of the bound at most (:data:`CHECK_PACED_SHARE`); what it cost the callers is measured and
             charged all the same (``max_tax``).
+        check_idle_s: The check process ends once it has had no request for this long, and starts again when a check
+            needs it (its start-up, the imports of the candidates' libraries, costs about a second of CPU). It holds
+            every candidate's runtime and what their checks allocated (hundreds of MB for a MiniLM-sized model); a
+            bucket is decided within ``decide_within_s`` of its first call, so a process idle that long has seen its
+            burst of checks end, and a new shape's check pays the start-up once.
     """
 
     decide_within_s: float = 30.0
@@ -73,6 +78,7 @@ class TuningPolicy:
     lead_share: float = 0.25
     recheck_after_s: float = 60.0
     check_share: float = 0.1
+    check_idle_s: float = 30.0
 
     @classmethod
     def from_settings(cls, settings: AutotuneSettings) -> TuningPolicy:

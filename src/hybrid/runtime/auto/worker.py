@@ -10,7 +10,9 @@ from outside in slices of :data:`SLICE_S` (:class:`_Pacer`), its start-up import
 included once a check waits; elsewhere it paces itself after each candidate (:func:`pacer`). No caller ever
 waits for it. The process is started when a model that tunes is compiled (:func:`prestart`), and imports at full
 speed until the first call asks for a check, so that its imports are done, or under way, before the first check.
-The worker runs one thread per session (it must not crowd the callers' cores).
+The worker runs one thread per session (it must not crowd the callers' cores). It imports only the libraries of
+the candidates it is asked about, and ends once it has been idle for the tuning policy's ``check_idle_s``
+(:func:`reap_idle`): the next check starts it again.
 
 The worker is ``python -c "from hybrid.runtime.auto.worker import serve; serve()"`` (``-m`` would run a
 second copy of this module, already imported by its package), spoken to with length-prefixed pickles over its
@@ -41,17 +43,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from hybrid.config import validated_update
-from hybrid.hal import Candidate, backend_names, devices, is_fallback
+from hybrid.config import autotune_config, validated_update
+from hybrid.hal import Candidate, backend_names, backend_status, is_fallback
 from hybrid.ir import Model
 from hybrid.runtime.auto import judge
+from hybrid.runtime.auto.policy import Clock, TuningPolicy, monotonic
 from hybrid.runtime.auto.timing import settle, warm_estimate
 from hybrid.runtime.auto.tolerance import OutputRule
 from hybrid.runtime.auto.trials import Search, check_trials
 
 logger = logging.getLogger("hybrid")
 
-__all__ = ["CheckRequest", "Verdicts", "check", "check_elsewhere", "pacer", "prestart", "serve", "shutdown"]
+__all__ = ["CheckRequest", "Verdicts", "check", "check_elsewhere", "pacer", "prestart", "reap_idle", "serve",
+           "shutdown"]
 
 _WORKER_MAIN = "from hybrid.runtime.auto.worker import serve; serve()"
 _PARENT_ENV = "HYBRID_CHECK_PARENT"  # the pid of the process the worker serves (it ends with it)
@@ -142,12 +146,13 @@ class _Pacer:
 
 
 class _Worker:
-    """The worker process and the lock that keeps one request at a time on its pipes."""
+    """The worker process, the lock that keeps one request at a time on its pipes, and when it last answered."""
 
     def __init__(self) -> None:
         self.proc = _spawn()
         self.lock = threading.Lock()
         self.paced = _Pacer.available(self.proc.pid)
+        self.last_used = _clock()  # handed out or answered (:func:`reap_idle` ends it this long after)
 
     def ask(self, request: CheckRequest | str, share: float = 1.0, until_a_check_waits: bool = False) -> Any:
         """Send ``request`` and return the answer; the process paced to ``share`` meanwhile where it can be.
@@ -157,9 +162,12 @@ class _Worker:
         with self.lock:
             assert self.proc.stdin is not None and self.proc.stdout is not None
             _send(self.proc.stdin, request)
-            if self.paced and share < 1.0:
-                _Pacer(self.proc.pid, share, until_a_check_waits).wait(self.proc.stdout.fileno())
-            return _receive(self.proc.stdout)
+            try:
+                if self.paced and share < 1.0:
+                    _Pacer(self.proc.pid, share, until_a_check_waits).wait(self.proc.stdout.fileno())
+                return _receive(self.proc.stdout)
+            finally:
+                self.last_used = _clock()
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
@@ -169,6 +177,8 @@ class _Worker:
 
 _WORKER: _Worker | None = None
 _WORKER_LOCK = threading.Lock()
+_REAPING = False  # whether the reaper thread (:func:`_reap_forever`) is running; under _WORKER_LOCK
+_clock: Clock = monotonic  # the idle time's clock (tests script it)
 _SPAWNER: queue.SimpleQueue[queue.SimpleQueue[Any]] | None = None
 _SPAWNER_LOCK = threading.Lock()  # not _WORKER_LOCK: _worker() holds that one while it starts the process
 
@@ -210,8 +220,8 @@ def _forget_spawner() -> None:
     Neither the spawner thread nor the worker is the child's (its exit must not kill the parent's worker), and a
     lock another thread held at the fork would never be released.
     """
-    global _SPAWNER, _WORKER, _SPAWNER_LOCK, _WORKER_LOCK
-    _SPAWNER, _WORKER = None, None
+    global _SPAWNER, _WORKER, _SPAWNER_LOCK, _WORKER_LOCK, _REAPING
+    _SPAWNER, _WORKER, _REAPING = None, None, False
     _SPAWNER_LOCK, _WORKER_LOCK = threading.Lock(), threading.Lock()
 
 
@@ -243,26 +253,76 @@ def shutdown() -> None:
 
 
 def _worker() -> _Worker:
-    global _WORKER
+    """The worker process, started (again) when there is none; handing it out counts as a use."""
+    global _WORKER, _REAPING
     with _WORKER_LOCK:
         if _WORKER is None or _WORKER.proc.poll() is not None:
             atexit.register(shutdown)  # registering twice is harmless
             _WORKER = _Worker()
+        _WORKER.last_used = _clock()
+        if not _REAPING:
+            _REAPING = True
+            threading.Thread(target=_reap_forever, name="hybrid-check-reaper", daemon=True).start()
         return _WORKER
 
 
-def prestart(share: float = 1.0) -> None:
-    """Start the worker process and let it import the backends' libraries, in a background thread.
+def _idle_s() -> float:
+    return TuningPolicy.from_settings(autotune_config()).check_idle_s
+
+
+def reap_idle() -> float | None:
+    """End the worker process if it has had no request for the tuning policy's ``check_idle_s``.
+
+    The next check starts a new one. A worker answering a request is never ended.
+
+    Returns:
+        None when no worker is left; else the seconds after which it may be idle long enough.
+    """
+    global _WORKER, _REAPING
+    idle_s = _idle_s()
+    with _WORKER_LOCK:
+        w = _WORKER
+        if w is None or w.proc.poll() is not None:
+            _WORKER, _REAPING = None, False  # the reaper thread ends; the next worker starts another
+            return None
+        left = w.last_used + idle_s - _clock()
+        if left > 0.0:
+            return left
+        if not w.lock.acquire(blocking=False):
+            return idle_s  # answering a request: idle that long after its answer at the earliest
+        _WORKER, _REAPING = None, False
+    try:
+        logger.debug("auto (online): the check process was idle for %.0f s; ending it", idle_s)
+        w.close()
+    finally:
+        w.lock.release()
+    return None
+
+
+def _reap_forever() -> None:
+    """The reaper thread: wakes when the worker may have become idle, until no worker is left."""
+    pause = threading.Event()  # never set: a wait that no scripted ``time`` of a test replaces
+    while (left := reap_idle()) is not None:
+        pause.wait(min(left, 60.0))
+
+
+def prestart(share: float = 1.0, backends: tuple[str, ...] | None = None) -> None:
+    """Start the worker process and let it import the candidates' libraries, in a background thread.
 
     Its first check then spends its time checking. The imports (over a second of CPU) run at full speed until
     the first call of a model that tunes asks for a check, and are paced to ``share`` from then on like the check
     (on Linux, where the parent paces the process; elsewhere they run unpaced): before any call, nothing waits
     for a core they take.
+
+    Args:
+        share: The share of the wall time the imports may run in CPU time once a check waits.
+        backends: The backends the checks will run (None: every registered one); only their libraries are imported.
     """
+    request = ("probe", tuple(backends) if backends is not None else None)
 
     def warm() -> None:
         with contextlib.suppress(Exception):
-            _worker().ask("probe", share, until_a_check_waits=True)
+            _worker().ask(request, share, until_a_check_waits=True)
 
     threading.Thread(target=warm, name="hybrid-check-prestart", daemon=True).start()
 
@@ -357,9 +417,11 @@ def check(request: CheckRequest) -> Verdicts | None:
     return Verdicts(tuple((t.label, t.rejected, warm.get(t.label), t.partitioned) for t in tried), tuple(search.notes))
 
 
-def _probe() -> str:
-    """Import every backend's library (what the first check would otherwise pay for)."""
-    devices()
+def _probe(backends: tuple[str, ...] | None) -> str:
+    """Import the libraries of ``backends`` (None: every registered one): what the first check would pay for."""
+    for name in backend_names() if backends is None else backends:
+        with contextlib.suppress(Exception):  # an unknown name is the check's to report
+            backend_status(name)
     return "ok"
 
 
@@ -392,7 +454,8 @@ def serve() -> None:
         except EOFError:
             return
         try:
-            answer: Any = _probe() if request == "probe" else check(request)
+            probing = isinstance(request, tuple) and request[:1] == ("probe",)
+            answer: Any = _probe(request[1]) if probing else check(request)
         except Exception as e:
             answer = f"{type(e).__name__}: {e}"
         _send(stdout, answer)
