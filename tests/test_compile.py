@@ -197,7 +197,9 @@ def test_light_models_match_shipped_outputs(name, backend):
     check_light_outputs(name, list(outputs))
     if len(outputs) == 2:
         other = next(b for b in CPU_BACKENDS if b != backend)
-        np.testing.assert_allclose(outputs[1], _light_outputs(name, other)[1], rtol=1e-5)
+        # fp32 logits of ~1e31 summed in another order (each runtime's own kernels, per CPU): VGG-19's last layers
+        # add up 25,088 and 4,096 terms, so any machine may differ by a few 1e-5 relative (6e-5 on an AMD EPYC)
+        np.testing.assert_allclose(outputs[1], _light_outputs(name, other)[1], rtol=1e-3)
 
 
 def test_import_is_light():

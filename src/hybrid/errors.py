@@ -77,7 +77,9 @@ CATALOG: dict[str, ErrorInfo] = {
                          "The model's batch dimension is baked into the graph in a way hybrid cannot "
                          "rewrite. The message names the node that pins the batch size."),
     "HYB-210": ErrorInfo("invalid export arguments",
-                         "hybrid.export was given arguments it cannot use (shapes, names, dynamic axes)."),
+                         "hybrid.export was given arguments it cannot use (shapes, names, dynamic axes), or an "
+                         "opset_version the exporter cannot write for this module (the dynamo exporter writes "
+                         "opset 18 and up; an older one is converted with onnx.version_converter where it can be)."),
     "HYB-211": ErrorInfo("unknown zoo model",
                          "hybrid.zoo.build was given a name the zoo does not have. The message lists the "
                          "names (hybrid.zoo.NAMES)."),
@@ -272,7 +274,8 @@ FIXES: dict[str, str] = {
     "HYB-209": ("Re-export the model with a dynamic batch axis (dynamic_axes / dynamic_shapes), or run it at its "
               "batch."),
     "HYB-210": ("Give example inputs matching the module's forward(), names that match them, and dynamic axes that "
-              "exist."),
+              "exist; for an opset the exporter cannot honour, ask for the lowest opset the message names, or "
+              "leave opset_version out."),
     "HYB-211": "Use one of hybrid.zoo.NAMES (the message lists them).",
     "HYB-301": "Use a target the message lists (`pyasc devices` shows this machine's), or 'auto'.",
     "HYB-302": ("Install the backend's package (pyasc devices says why it is unavailable), e.g. pip install "
