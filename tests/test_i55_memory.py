@@ -185,3 +185,26 @@ def test_the_check_process_ends_when_idle_and_starts_again_on_demand(fresh_worke
     verdicts = worker.check_elsewhere(_relu_request(worker))  # the next check starts a new one
     assert verdicts is not None and all(why is None for _, why, *_ in verdicts.results)
     assert worker._WORKER is not None and worker._WORKER.proc.pid != first.proc.pid
+
+
+def test_a_compile_from_a_file_keeps_no_parsed_copy_of_the_model(tmp_path):
+    """The backend holds the weights after a compile; hybrid kept the ModelProto and the onnx-ir model too."""
+    import numpy as np
+    import onnx
+
+    import hybrid
+
+    path = tmp_path / "relu.onnx"
+    onnx.save(_relu_model(), path)
+    x = np.array([[-1.0, 2.0, -3.0], [4.0, -5.0, 6.0]], np.float32)
+    cm = hybrid.compile(path, target="onnxruntime")
+    assert cm.model._proto is None and cm.model._ir is None  # the serialized bytes only (ONNX Runtime's own)
+    np.testing.assert_array_equal(cm.run({"x": x})["y"], np.maximum(x, 0))
+    assert [n.op_type for n in cm.model.graph] == ["Relu"] and cm.model.opset == 13  # parsed again on demand
+    cm.save(tmp_path / "m.hybrid")
+    np.testing.assert_array_equal(hybrid.load(tmp_path / "m.hybrid", target="onnxruntime").run({"x": x})["y"],
+                                  np.maximum(x, 0))
+    own = hybrid.Model.load(path)
+    graph = own.graph
+    hybrid.compile(own, target="onnxruntime")
+    assert own.graph is graph  # a model the caller holds is left as it was

@@ -105,8 +105,7 @@ class Model:
     def ir(self) -> ir.Model:
         """The onnx-ir model. Treat it as read-only; passes copy it before editing."""
         if self._ir is None:
-            assert self._proto is not None
-            self._ir = ir.serde.deserialize_model(self._proto)
+            self._ir = ir.serde.deserialize_model(self.to_onnx())
         return self._ir
 
     @property
@@ -134,7 +133,11 @@ class Model:
     def to_onnx(self) -> onnx.ModelProto:
         """Return the model as a standard ``onnx.ModelProto`` (shared, do not mutate)."""
         if self._proto is None:
-            self._proto = ir.serde.serialize_model(self.ir)
+            if self._ir is not None:
+                self._proto = ir.serde.serialize_model(self._ir)
+            else:  # released after a compile (release_parsed): the bytes are the model
+                assert self._bytes is not None
+                self._proto = onnx.ModelProto.FromString(self._bytes)
         return self._proto
 
     def to_bytes(self) -> bytes:
@@ -142,6 +145,16 @@ class Model:
         if self._bytes is None:
             self._bytes = self.to_onnx().SerializeToString()
         return self._bytes
+
+    def release_parsed(self) -> None:
+        """Drop the parsed forms (the ModelProto, the onnx-ir model) and keep the serialized bytes.
+
+        Once a backend has compiled the model it holds its own copy of the weights (ONNX Runtime keeps these very
+        bytes), so a parsed copy would be one more: 90 MB for a MiniLM (issue 55). What needs them later parses
+        the bytes again. A model that was never serialized keeps them.
+        """
+        if self._bytes is not None:
+            self._proto = self._ir = None
 
     @property
     def sha256(self) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 from collections.abc import Callable, Mapping
@@ -129,7 +130,13 @@ def compile_model(model_or_path: Any, target: str = "auto", precision: str = "fp
         parse_accuracy(accuracy, precision, model.signature.output_names)  # validated, then unused: no check
     if shapes is not None:
         normalize_shapes(model.signature, shapes)
-    return _first_that_compiles(model, target, candidates, options_of, precision, sample_inputs)
+    compiled = _first_that_compiles(model, target, candidates, options_of, precision, sample_inputs)
+    if not isinstance(model_or_path, Model):  # hybrid's own parse, which nothing else holds: the backend has the model
+        model.release_parsed()
+        # the onnx-ir graph is a web of reference cycles, freed only by a collection: one of the young generations
+        # (it was made by this compile; a few ms), not the next full one, which may be minutes away
+        gc.collect(1)
+    return compiled
 
 
 def _first_that_compiles(model: Model, target: str, candidates: list[Candidate],
