@@ -50,7 +50,8 @@ def test_a_pinned_onnxruntime_target_imports_neither_torch_nor_openvino(zoo_mode
         raw = ort.InferenceSession({str(zoo_model.path)!r}, providers=['CPUExecutionProvider']).run(None, feeds)
         same = all(np.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(out.values(), raw))
         print(json.dumps({{"backend": cm.backend, "same": bool(same),
-                          "mods": sorted(m for m in ("torch", "openvino", "tensorrt", "sympy") if m in sys.modules)}}))
+                          "mods": sorted(m for m in ("torch", "openvino", "tensorrt", "sympy", "hybrid.runtime.auto")
+                                         if m in sys.modules)}}))
     """, tmp_path)
     assert found["backend"] == "onnxruntime"
     assert found["same"]

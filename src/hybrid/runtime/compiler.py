@@ -13,9 +13,6 @@ from hybrid.config import expect_mapping, get_config
 from hybrid.errors import BackendError, ConfigError, HybridError, ModelError
 from hybrid.hal import Candidate, backend_names, get_backend, resolve_target, split_fallback
 from hybrid.ir import Model
-from hybrid.runtime import auto
-from hybrid.runtime.auto.accuracy import parse_accuracy
-from hybrid.runtime.auto.shapes import normalize_shapes
 from hybrid.runtime.compiled import CompiledModel
 from hybrid.runtime.plan import Plan, Segment
 
@@ -123,12 +120,19 @@ def compile_model(model_or_path: Any, target: str = "auto", precision: str = "fp
         return {**defaults.get(cand.backend, {}), **per_backend.get(cand.backend, {}),
                 **get_backend(cand.backend).precision_options(cand.device, prec)}
 
+    # target='auto' and its search are imported where used: a pinned target does not hold them (issue 55)
     if target.strip().lower() == "auto" or autotune or precision == "auto":
+        from hybrid.runtime import auto
+
         return auto.select(model, target, candidates, options_of, precision, accuracy, autotune, sample_inputs,
                            shapes)
     if accuracy is not None:
+        from hybrid.runtime.auto.accuracy import parse_accuracy
+
         parse_accuracy(accuracy, precision, model.signature.output_names)  # validated, then unused: no check
     if shapes is not None:
+        from hybrid.runtime.auto.shapes import normalize_shapes
+
         normalize_shapes(model.signature, shapes)
     compiled = _first_that_compiles(model, target, candidates, options_of, precision, sample_inputs)
     if not isinstance(model_or_path, Model):  # hybrid's own parse, which nothing else holds: the backend has the model
@@ -151,6 +155,8 @@ def _first_that_compiles(model: Model, target: str, candidates: list[Candidate],
     for k, cand in enumerate(accelerated + fallback):
         if k == len(accelerated) and accelerated and fallback and precision == "fp32":
             try:  # no accelerated backend runs it all: split the graph across them
+                from hybrid.runtime import auto
+
                 return auto.partition_compiled(model, target, candidates, options_of, sample_inputs)
             except HybridError as e:
                 errors.append(e)
