@@ -154,7 +154,8 @@ class _Worker:
         self.paced = _Pacer.available(self.proc.pid)
         self.last_used = _clock()  # handed out or answered (:func:`reap_idle` ends it this long after)
 
-    def ask(self, request: CheckRequest | str, share: float = 1.0, until_a_check_waits: bool = False) -> Any:
+    def ask(self, request: CheckRequest | tuple[str, tuple[str, ...] | None], share: float = 1.0,
+            until_a_check_waits: bool = False) -> Any:
         """Send ``request`` and return the answer; the process paced to ``share`` meanwhile where it can be.
 
         ``until_a_check_waits``: paced only while a check waits for the worker (:meth:`_Pacer.hold_s`).
