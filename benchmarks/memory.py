@@ -38,6 +38,8 @@ from pathlib import Path
 
 HEADING = "## Memory: RSS of hybrid vs the raw runtimes (issue 55) — `python benchmarks/memory.py`"
 CONTENDERS = ("ort", "hybrid:ort", "ov", "hybrid:ov", "hybrid:auto")
+WHY = {"unet": "the zoo's largest model in memory: raw ONNX Runtime's RSS at the shapes its users run",
+       "external_data": "the zoo's largest file"}
 PAIRS = (("hybrid:ort", "ort"), ("hybrid:ov", "ov"), ("hybrid:auto", "ort"))
 IDLE_WAIT_S = 60.0  # how long past the policy's check_idle_s the run waits for the check process to end: a check
 # still under way when the calls stop (paced to a share of the CPU) finishes first, and only then is it idle
@@ -199,7 +201,8 @@ def _section(models: list[tuple[str, str]], samples: dict, args: argparse.Namesp
              "first: `before`); `steady` is the RSS after the calls, `peak` the high-water mark; ratios are paired "
              "within a repetition. `hybrid:auto` counts its check process too (sampled every 50 ms).", ""]
     for model, size in models:
-        lines += [f"**{model}** ({size}):", "",
+        why = f"; {WHY[model]}" if model in WHY else ""
+        lines += [f"**{model}** ({size}{why}):", "",
                   "| contender | before MB | steady MB | peak MB | steady vs raw | peak vs raw |",
                   "|---|---|---|---|---|---|"]
         for mode in CONTENDERS:
