@@ -972,9 +972,17 @@ def test_prometheus_metrics_as_triton_s(tmp_path) -> None:
         assert all(isinstance(e, InferenceServerException) and "unexpected inference output 'nope'" in str(e)
                    for e in refused.values()), refused
         _grpc(servers, lambda client: client.infer("tiny", _grpc_inputs(X, SCALE)).as_numpy("y"))  # a hit
-        time.sleep(0.5)  # Triton refreshes its cache gauges every --metrics-interval-ms
-        texts = {"triton": _http(f"127.0.0.1:{triton.metrics_port}", "GET", "/metrics")[1].decode(),
-                 "pyasc": _http(pyasc.url, "GET", "/metrics")[1].decode()}
+        # Triton refreshes its cache gauges every --metrics-interval-ms, on a thread that a loaded machine may run
+        # late: read until they stop differing from pyasc's (current when read), for at most 15 s
+        deadline = time.monotonic() + 15.0
+        while True:
+            time.sleep(0.2)
+            texts = {"triton": _http(f"127.0.0.1:{triton.metrics_port}", "GET", "/metrics")[1].decode(),
+                     "pyasc": _http(pyasc.url, "GET", "/metrics")[1].decode()}
+            gauges = [{k: v[2] for k, v in _families(text).items() if k.startswith("nv_cache")}
+                      for text in texts.values()]
+            if gauges[0] == gauges[1] or time.monotonic() > deadline:
+                break
     families = {name: _families(text) for name, text in texts.items()}
     # the same families (CPU metrics where the machine tells them), types, descriptions and label sets
     assert set(families["pyasc"]) == set(families["triton"])
