@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Protocol
 
-from hybrid.errors import HybridError, RunError, first_line
+from hybrid.errors import ConfigError, HybridError, RunError, first_line
 from hybrid.runtime.validate import InputValidator
 
 if TYPE_CHECKING:
@@ -14,6 +16,16 @@ if TYPE_CHECKING:
     from hybrid.runtime.plan import Plan
 
 __all__ = ["CompiledModel", "LiveView"]
+
+
+def _settle(future: Future[Any], done: Any) -> None:
+    """Complete ``future`` with what a finished ``StreamResult`` holds (its device event waited on)."""
+    if not future.set_running_or_notify_cancel():
+        return
+    try:
+        future.set_result(done.result())
+    except BaseException as e:  # the work's error belongs to its future
+        future.set_exception(e)
 
 
 class LiveView(Protocol):
@@ -65,6 +77,9 @@ class CompiledModel:
         self._validator = InputValidator(self.signature, model)  # index inputs checked against their tables
         self._output_names = self.signature.output_names
         self._exec_run = executable.run
+        self._pool: ThreadPoolExecutor | None = None  # submit()'s workers, started by the first submit
+        self._pool_workers = 1
+        self._pool_lock = threading.Lock()
 
     # ------------------------------------------------------------------ what serves (read, never pushed)
     @property
@@ -165,6 +180,47 @@ class CompiledModel:
                            f"{first}", "check the inputs' values, or try another target") from e
         return dict(zip(self._output_names, outs))
 
+    def submit(self, feeds: Mapping[str, Any], *, stream: Any = None) -> Future[dict[str, Any]]:
+        """Run asynchronously: ``run(feeds)`` on a worker thread; return its ``concurrent.futures.Future``.
+
+        The inputs are checked here, in the caller (a bad request fails at once, not in a callback). The
+        future's ``add_done_callback`` is how a harness (LoadGen's system under test, a server) completes a
+        request without a thread of its own waiting on it. Work runs on :attr:`submit_workers` threads of
+        this model (1 by default: calls in submission order), or, with ``stream=``, queued on that
+        ``StreamContext`` behind its other work (the future then completes when the stream runs it).
+
+        Raises:
+            RunError: HYB-401..407 for bad inputs, HYB-415 after ``close`` (or on a closed stream). The
+                future holds HYB-408 when the backend fails.
+        """
+        checked = self._validator.feeds(feeds)
+        if stream is not None:
+            future: Future[dict[str, Any]] = Future()
+            stream.submit(self._execute, checked).add_done_callback(lambda done: _settle(future, done))
+            return future
+        with self._pool_lock:
+            if self._pool is None:
+                if self._pool_workers == 0:
+                    raise RunError("HYB-415", f"{self.model.name!r} is closed; it takes no more work",
+                                   "compile the model again")
+                self._pool = ThreadPoolExecutor(self._pool_workers, thread_name_prefix=f"hybrid-{self.model.name}")
+            return self._pool.submit(self._execute, checked)
+
+    @property
+    def submit_workers(self) -> int:
+        """Threads :meth:`submit` runs work on (callers at once into the backend); 1 keeps submission order."""
+        return self._pool_workers
+
+    @submit_workers.setter
+    def submit_workers(self, value: int) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError("HYB-102", f"submit_workers: expected a whole number >= 1, got {value!r}",
+                              "e.g. cm.submit_workers = 2")
+        with self._pool_lock:  # a new size takes effect on the next submit; queued work finishes where it is
+            old, self._pool, self._pool_workers = self._pool, None, value
+        if old is not None:
+            old.shutdown(wait=False)
+
     def __call__(self, *inputs: Any, stream: Any = None, **named: Any) -> Any:
         """Run with positional inputs (signature order) and/or named ones.
 
@@ -195,7 +251,11 @@ class CompiledModel:
         save_bundle(self, path)
 
     def close(self) -> None:
-        """Release the backend's native resources."""
+        """Finish the work :meth:`submit` queued, then release the backend's native resources."""
+        with self._pool_lock:
+            pool, self._pool, self._pool_workers = self._pool, None, 0
+        if pool is not None:
+            pool.shutdown(wait=True)
         self.executable.close()
 
     def __repr__(self) -> str:

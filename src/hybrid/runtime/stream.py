@@ -36,7 +36,7 @@ def _host(value: Any) -> Any:
 
 
 class StreamResult:
-    """The handle of one piece of work on a stream: ``result()``, ``numpy()``, ``done()``, ``await``."""
+    """The handle of one piece of work on a stream: ``result()``, ``numpy()``, ``done()``, ``await``, callbacks."""
 
     __slots__ = ("_future", "_stream")
 
@@ -72,6 +72,13 @@ class StreamResult:
     def exception(self, timeout: float | None = None) -> BaseException | None:
         """What the work raised, or None; waits up to ``timeout`` seconds, as ``Future.exception`` does."""
         return self._future.exception(timeout)
+
+    def add_done_callback(self, fn: Callable[[StreamResult], Any]) -> None:
+        """Call ``fn(self)`` when the work finishes or fails (at once if it has), as ``Future`` does.
+
+        It runs on the stream's thread: keep it short (hand the result on), as later work waits behind it.
+        """
+        self._future.add_done_callback(lambda _future: fn(self))
 
     def __await__(self) -> Generator[Any, None, Any]:
         yield from asyncio.wrap_future(self._future).__await__()
