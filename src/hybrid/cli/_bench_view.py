@@ -20,8 +20,8 @@ from rich.table import Table
 
 from hybrid.errors import ConfigError
 
-__all__ = ["COLUMNS", "Accuracy", "Tolerance", "header_lines", "markdown", "measure_accuracy", "report_doc",
-           "rich_table", "row_cells"]
+__all__ = ["COLUMNS", "LOADGEN_COLUMNS", "Accuracy", "Tolerance", "header_lines", "loadgen_cells", "loadgen_markdown",
+           "loadgen_table", "markdown", "measure_accuracy", "report_doc", "rich_table", "row_cells"]
 
 DEFAULT_TOLERANCE = {"fp32": (1e-3, 1e-4), "fp16": (1e-2, 1e-2), "bf16": (1e-2, 1e-2)}
 DEFAULT_MIN_COSINE = 0.999
@@ -211,3 +211,38 @@ def report_doc(model: str, reference: str, batch: int, timing: Any, rows: list[A
 
     return {"model": model, "reference": reference, "batch": batch, "timing": asdict(timing), **(header or {}),
             "rows": [row(r) for r in rows]}
+
+
+LOADGEN_COLUMNS = ("target", "precision", "scenario", "result", "metric", "value", "p50 ms", "p90 ms", "p99 ms",
+                   "samples/s", "compile s", "first call ms", "why INVALID / notes")
+
+
+def loadgen_cells(r: Any) -> list[str]:
+    """One LoadGen result (``hybrid.cli._loadgen.LoadgenResult``) as table cells."""
+    if r.status != "ok":
+        return [r.target, r.precision, r.scenario, "n/a", "", "-", "-", "-", "-", "-", "-", "-", r.note]
+    verdict = "VALID" if r.valid else "INVALID"
+    if r.scenario == "server" and r.metric:
+        verdict = f"{verdict} at {r.metric:.1f} QPS"
+    notes = "; ".join(filter(None, [r.reason, r.note,
+                                    f"short run ({r.duration_s:g} s < MLPerf's 600 s)" if r.short_run else ""]))
+    return [r.target, r.precision, r.scenario, verdict, r.metric_name, _num(r.metric, ".2f"), _num(r.p50_ms, ".3f"),
+            _num(r.p90_ms, ".3f"), _num(r.p99_ms, ".3f"), _num(r.samples_per_s, ".1f"), _num(r.compile_s, ".2f"),
+            _num(r.first_call_ms, ".1f"), notes]
+
+
+def loadgen_table(results: list[Any]) -> Table:
+    """LoadGen's results per contender, as a Rich table."""
+    table = Table(title="MLPerf LoadGen (performance mode)")
+    for name in LOADGEN_COLUMNS:
+        table.add_column(name, overflow="fold")
+    for r in results:
+        table.add_row(*loadgen_cells(r))
+    return table
+
+
+def loadgen_markdown(results: list[Any]) -> str:
+    """LoadGen's results per contender, as a Markdown table."""
+    lines = ["| " + " | ".join(LOADGEN_COLUMNS) + " |", "|" + "---|" * len(LOADGEN_COLUMNS)]
+    lines += ["| " + " | ".join(c.replace("|", "/") for c in loadgen_cells(r)) + " |" for r in results]
+    return "\n".join(lines)

@@ -334,6 +334,32 @@ def bench_command(
                                                 "file (every timed call included).")] = None,
     report: Annotated[Path | None, typer.Option("--report", help="Write a self-contained HTML report (plots "
                                                 "of latency and error; opens offline).")] = None,
+    scenario: Annotated[str | None, typer.Option("--scenario", help="Run MLPerf LoadGen's scenario instead of "
+                                                 "closed-loop blocks: singlestream (p90), multistream (p99 of "
+                                                 "8-sample queries), server (highest QPS with p99 under "
+                                                 "--latency-bound), offline (samples/s). Needs "
+                                                 "pyasc[bench].")] = None,
+    target_qps: Annotated[float | None, typer.Option("--target-qps", help="Server: the search's first QPS "
+                                                     "(default: from a warm call); Offline: expected "
+                                                     "samples/s.")] = None,
+    latency_bound: Annotated[float | None, typer.Option("--latency-bound", help="Server: the p99 bound in ms "
+                                                        "(default: 10x a warm call, stated).")] = None,
+    min_duration: Annotated[float, typer.Option("--min-duration", help="LoadGen's min_duration per run, in "
+                                                "seconds (MLPerf results need 600).")] = 10.0,
+    min_queries: Annotated[int, typer.Option("--min-queries", help="LoadGen's min_query_count.", min=1)] = 1,
+    mlperf_conf: Annotated[Path | None, typer.Option("--mlperf-conf", help="A LoadGen config file "
+                                                     "(user.conf syntax), read before the options "
+                                                     "above.")] = None,
+    offline_batch: Annotated[int, typer.Option("--offline-batch", help="Offline: samples per call, stacked on "
+                                               "dim 0 (the same for every contender; 1 where dim 0 is "
+                                               "fixed).", min=1)] = 8,
+    search_runs: Annotated[int, typer.Option("--search-runs", help="Server: LoadGen runs of the QPS search at "
+                                             "most.", min=1)] = 6,
+    workers: Annotated[int, typer.Option("--workers", help="LoadGen scenarios: calls at once into each "
+                                         "contender (CompiledModel.submit_workers).", min=1)] = 1,
+    samples_file: Annotated[Path | None, typer.Option("--samples", help="LoadGen scenarios: a .npz with one "
+                                                      "array per input, axis 0 indexing samples (default: the "
+                                                      "--input files, or 8 generated at --shapes).")] = None,
 ) -> None:
     """Benchmark every backend x device x precision here: latency, throughput, accuracy vs the reference.
 
@@ -364,6 +390,21 @@ def bench_command(
         given = load_inputs(inputs)
         feeds = resolve_inputs(model_obj, given, declared or bundle_shapes(model, given), batch=batch,
                                command=f"bench {model}", has_batch=True)
+        if scenario is not None:
+            if duration is not None or iterations is not None or concurrency > 1:
+                raise ConfigError("HYB-102", "--duration, --iterations and --concurrency time closed-loop blocks; "
+                                  "a --scenario run is sized by LoadGen", "use --min-duration, --min-queries "
+                                  "and --workers with --scenario")
+            from hybrid.cli._bench_loadgen import loadgen_command
+
+            loadgen_command(model, model_obj, target_list, precs, feeds, config, as_json, as_markdown, output,
+                            scenario=scenario.lower(), target_qps=target_qps, latency_bound_ms=latency_bound,
+                            min_duration_s=min_duration, min_queries=min_queries, mlperf_conf=mlperf_conf,
+                            offline_batch=offline_batch, search_runs=search_runs, workers=workers,
+                            samples_file=samples_file, regenerate=None if given else
+                            (lambda seed: resolve_inputs(model_obj, None, declared or bundle_shapes(model, None),
+                                                         batch=batch, seed=seed, command=f"bench {model}").feeds))
+            return
         with progress(f"benchmarking {model.name}") as update:
             rows, reference = bench(model_obj, target_list, precs, timing=timing, on_step=update,
                                     tolerance=tolerance, config=config, feeds=feeds)
