@@ -105,7 +105,7 @@ def test_a_failing_model_fails_the_run_instead_of_hanging() -> None:
         submit_workers = 1
         signature = type("S", (), {"inputs": ()})()
 
-        def submit(self, feeds):  # noqa: ANN001, ANN202
+        def submit(self, feeds):
             from concurrent.futures import Future
 
             f: Future = Future()

@@ -112,6 +112,7 @@ class LoadgenResult:
     first_call_ms: float | None = None
     short_run: bool = False
     note: str = ""
+    latency_bound_ms: float | None = None
     runs: tuple[tuple[float, bool, float | None], ...] = field(default=())
 
 
@@ -368,12 +369,14 @@ def run_scenario(cm: Any, samples: Sequence[Mapping[str, np.ndarray]], s: Loadge
     best, held, history = search_server(probe, start, s.search_runs)
     shown = kept[best] if best else kept[held] if held else kept[history[-1][0]]
     tried = ", ".join(f"{q:.1f}{'' if v else '*'}" for q, v, _ in history)
-    notes = [base.note, f"p99 bound {bound:g} ms (10x a warm call; --latency-bound to set)" if derived else "",
+    notes = [base.note, f"p99 bound {bound:g} ms (10x this contender's warm call, then the same for the others; "
+             "--latency-bound to set)" if derived else "",
              f"search QPS: {tried} (* INVALID)",
              f"{held:.1f} QPS held the bound in an INVALID run" if held > best else ""]
     # with no VALID run, the QPS that held the bound is shown, marked INVALID with LoadGen's reason
-    return replace(shown, metric=best or held, runs=tuple(history), note="; ".join(filter(None, notes)),
-                   valid=best > 0, reason="" if best else (shown.reason or "no run held the bound"))
+    return replace(shown, metric=best or held, runs=tuple(history), latency_bound_ms=bound,
+                   note="; ".join(filter(None, notes)), valid=best > 0,
+                   reason="" if best else (shown.reason or "no run held the bound"))
 
 
 def samples_from(feeds: Mapping[str, np.ndarray], npz: Path | None, regenerate: Callable[[int], Mapping[str, Any]]
@@ -498,6 +501,9 @@ def bench_loadgen(model: Any, targets: str | list[str], precisions: Sequence[str
             if target == "auto":
                 got = replace(got, note="; ".join(filter(None, [got.note, _decision(cm, compile_s)])))
             results.append(got)
+            if s.latency_bound_ms is None and got.latency_bound_ms is not None:
+                # derived from the first contender's warm call, then the same bound for every contender
+                s = replace(s, latency_bound_ms=got.latency_bound_ms)
         except HybridError as e:
             if e.code == "HYB-306":
                 raise  # a backend option the user gave is wrong: not a row
