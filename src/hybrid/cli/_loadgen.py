@@ -177,18 +177,36 @@ class _Sut:
         return complete
 
     def issue(self, queries: list[Any]) -> None:
-        step = self.batch if len(queries) > 1 else 1
-        for k in range(0, len(queries), step):
-            chunk = queries[k:k + step]
-            feeds = self.samples[chunk[0].index] if len(chunk) == 1 else {
-                name: np.concatenate([self.samples[q.index][name] for q in chunk]) for name in self.samples[0]}
-            try:
-                future = self.cm.submit(feeds)
-            except BaseException as e:  # a failed sample still completes, or LoadGen waits forever
-                self.errors.append(e)
-                self.lg.QuerySamplesComplete([self.lg.QuerySampleResponse(q.id, 0, 0) for q in chunk])
-                continue
-            future.add_done_callback(self._done([q.id for q in chunk]))
+        if len(queries) == 1 or self.batch == 1:
+            for q in queries:
+                self._submit([q], self.samples[q.index])
+            return
+        # Offline: batches are stacked as they are run, a few in flight (all stacked at once: gigabytes)
+        chunks = iter([queries[k:k + self.batch] for k in range(0, len(queries), self.batch)])
+        lock = threading.Lock()
+        for _ in range(self.cm.submit_workers + 1):
+            self._next(chunks, lock)
+
+    def _next(self, chunks: Any, lock: threading.Lock) -> None:
+        with lock:
+            chunk = next(chunks, None)
+        if chunk is not None:
+            feeds = {name: np.concatenate([self.samples[q.index][name] for q in chunk]) for name in self.samples[0]}
+            self._submit(chunk, feeds, lambda: self._next(chunks, lock))
+
+    def _submit(self, chunk: list[Any], feeds: Mapping[str, np.ndarray], then: Callable[[], None] | None = None
+                ) -> None:
+        ids = [q.id for q in chunk]
+        try:
+            future = self.cm.submit(feeds)
+        except BaseException as e:  # a failed sample still completes, or LoadGen waits forever
+            self.errors.append(e)
+            self.lg.QuerySamplesComplete([self.lg.QuerySampleResponse(i, 0, 0) for i in ids])
+            if then is not None:
+                then()
+            return
+        complete = self._done(ids)
+        future.add_done_callback(complete if then is None else lambda f: (complete(f), then()))
 
     def close(self) -> None:
         self.lg.DestroyQSL(self.qsl)
@@ -204,7 +222,8 @@ def _settings(lg: Any, s: LoadgenSettings, call_s: float, qps: float | None) -> 
     ts.mode = lg.TestMode.PerformanceOnly
     ts.min_duration_ms = int(s.min_duration_s * 1000)
     ts.min_query_count = s.min_queries
-    expected_ns = max(int(call_s * 1e9), 1000)
+    # half a warm call: LoadGen pre-generates min_duration / expected queries, too few ends the run short
+    expected_ns = max(int(call_s * 0.5e9), 1000)
     ts.single_stream_expected_latency_ns = expected_ns
     ts.multi_stream_expected_latency_ns = expected_ns * MULTISTREAM_SAMPLES
     ts.multi_stream_samples_per_query = MULTISTREAM_SAMPLES
@@ -357,8 +376,9 @@ def run_scenario(cm: Any, samples: Sequence[Mapping[str, np.ndarray]], s: Loadge
             broken = fields.get("Performance constraints satisfied", "").upper() == "NO" or \
                 (got.p99_ms is not None and got.p99_ms > bound)
             need = _more_queries(text)
-            # at most 4x the asked duration: a low rate is not run for minutes
-            if got.valid or broken or need is None or need > qps * 4 * s.min_duration_s or need <= run.min_queries:
+            # up to 4x the asked duration or 20 s: a low rate is not run for minutes
+            if got.valid or broken or need is None or need > qps * max(4 * s.min_duration_s, 20.0) \
+                    or need <= run.min_queries:
                 break
             run = replace(s, min_queries=need)
             step(f"LoadGen Server at {qps:.1f} QPS again, {need} queries (early stopping)")
