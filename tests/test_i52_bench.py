@@ -120,3 +120,15 @@ def test_a_failing_model_fails_the_run_instead_of_hanging() -> None:
     with pytest.raises(RuntimeError, match="boom"):
         run_scenario(Broken(), [{"x": np.zeros(1)}], LoadgenSettings("singlestream", min_duration_s=0.2),
                      LoadgenResult("t", "fp32", "singlestream"))
+
+
+def test_mlperf_conf_is_read_and_the_options_override_it(tmp_path) -> None:
+    import mlperf_loadgen as lg
+
+    from hybrid.cli._loadgen import _settings
+
+    conf = tmp_path / "user.conf"
+    conf.write_text("*.Server.target_latency_percentile = 97\n*.Server.target_qps = 3\n")
+    ts = _settings(lg, LoadgenSettings("server", mlperf_conf=conf, latency_bound_ms=5), 0.01, 10.0)
+    assert ts.server_target_latency_percentile == pytest.approx(0.97)  # from the file
+    assert ts.server_target_qps == 10.0 and ts.server_target_latency_ns == 5_000_000  # the options win

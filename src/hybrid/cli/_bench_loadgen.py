@@ -23,7 +23,7 @@ __all__ = ["loadgen_command", "loadgen_doc"]
 
 
 def _header(model: str, s: Any, feeds: Any, samples: int, backends: Sequence[str]) -> list[str]:
-    import mlperf_loadgen  # noqa: F401  (installed: the run got this far)
+    from importlib.metadata import version
 
     from hybrid._version import __version__
     from hybrid.hal import statuses
@@ -31,8 +31,6 @@ def _header(model: str, s: Any, feeds: Any, samples: int, backends: Sequence[str
 
     versions = {st.name: st.version for st in statuses()}
     used = ", ".join(f"{b} {versions.get(b, '?')}" for b in dict.fromkeys(backends) if b != "auto")
-    from importlib.metadata import version
-
     settings = [f"min duration {s.min_duration_s:g} s", f"min queries {s.min_queries}", f"workers {s.workers}"]
     if s.scenario == "server":
         settings += [f"p99 bound {s.latency_bound_ms:g} ms" if s.latency_bound_ms else "p99 bound: 10x a warm call",
