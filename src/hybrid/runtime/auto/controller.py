@@ -195,6 +195,8 @@ class Controller:
         self._refresh(b)
         paced_for_s = max(0.0, self._policy.check_paced_until(b.race_from) - self._clock())
         result = self._lab.check(b.sample or {}, lambda: self.closing, paced_for_s=paced_for_s)
+        if self.closing:  # stopping (online.stop_all): no compile starts, nothing is decided or cached
+            return
         self._compile(b, result)
 
     def _compile(self, b: BucketRecord, result: CheckResult) -> None:
@@ -211,6 +213,8 @@ class Controller:
         if b.incumbent not in passed:  # the start failed the check on the real input: replaced at once, by the first
             b.lanes.pop(b.incumbent, None)  # candidate that passed and compiles (before the others are compiled)
             for label in passed:
+                if self.closing:
+                    return
                 lane = self._lane(label, b.sample)
                 if lane is None:
                     b.results[label] = CandidateResult(label, None, "failed", "could not compile in this process")
@@ -226,6 +230,8 @@ class Controller:
         enter(b, Phase.COMPILING)
         self._refresh(b)
         for label in passed:
+            if self.closing:  # each compile is a native call the stop waits for: none starts once it is asked
+                return
             if label in b.lanes or label in b.results:
                 continue
             ratio = race.check_ratio(warm, label, b.incumbent)

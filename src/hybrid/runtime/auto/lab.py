@@ -205,6 +205,8 @@ class RealLab:
         paced_until = time.perf_counter() + paced_for_s
         verdicts = worker.check_elsewhere(self._request(sample), paced_until) if self._portable else None
         if verdicts is None or any(partitioned for *_, partitioned in verdicts.results):
+            if closing():  # the check process was ended by the stop (online.stop_all): nothing native starts here
+                return CheckResult(())
             verdicts = self._check_here(sample, closing, paced_until)
         passed = [(lb, warm) for lb, why, warm, _ in verdicts.results if why is None]
         accelerated = [(lb, w) for lb, w in passed if not is_fallback(lb.partition(":")[0])]

@@ -20,6 +20,7 @@ real call. No caller ever waits for the tuner.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import math
 import threading
@@ -31,15 +32,16 @@ from typing import Any
 from hybrid.errors import RunError
 from hybrid.hal.backend import Executable
 from hybrid.ir import Model
+from hybrid.runtime.auto import worker
 from hybrid.runtime.auto.controller import Controller
 from hybrid.runtime.auto.lab import Confirmation, RealLab, confirm_key
-from hybrid.runtime.auto.policy import Clock, TuningPolicy, monotonic
+from hybrid.runtime.auto.policy import STOP_WAIT_S, Clock, TuningPolicy, monotonic
 from hybrid.runtime.auto.router import Event, Lane, Router
 from hybrid.runtime.auto.shapes import bucket_of
 from hybrid.runtime.auto.status import BucketTuning
 from hybrid.runtime.auto.trials import Trial
 
-__all__ = ["CONFIRM_RATIO", "OnlineTuner"]
+__all__ = ["CONFIRM_RATIO", "OnlineTuner", "stop_all"]
 
 logger = logging.getLogger("hybrid")
 
@@ -87,6 +89,7 @@ class OnlineTuner(Executable):
             self._thread = threading.Thread(target=_loop, args=(weakref.ref(self), self._poke),
                                             name="hybrid-online-tuner", daemon=True)
             self._thread.start()
+            _track(self)
 
     @staticmethod
     def _start_note(lab: RealLab, confirm: Confirmation | None) -> str:
@@ -167,14 +170,24 @@ class OnlineTuner(Executable):
 
     # ------------------------------------------------------------------ lifetime
     def close(self) -> None:
-        """Stop the controller thread and close every compiled candidate."""
+        """Stop the controller thread (it ends the compile or check it is in first) and close every candidate."""
+        self._stop()
+        self._join(STOP_WAIT_S)
+        self.lab.close()
+
+    def _stop(self) -> None:
+        """Ask the controller to stop: it starts no check, compile or decision from now on (it never blocks)."""
         self._closed = True
         self.controller.closing = True
         self._poke.set()
+
+    def _join(self, wait_s: float) -> bool:
+        """Wait up to ``wait_s`` for the controller's thread to end; whether it has."""
         thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout=30)
-        self.lab.close()
+        if thread is None or thread is threading.current_thread():
+            return True
+        thread.join(timeout=max(0.0, wait_s))
+        return not thread.is_alive()
 
 
 def _loop(ref: weakref.ReferenceType[OnlineTuner], poke: threading.Event) -> None:
@@ -192,3 +205,55 @@ def _loop(ref: weakref.ReferenceType[OnlineTuner], poke: threading.Event) -> Non
         timeout = IDLE_POLL_S if wake == math.inf else max(0.0, min(IDLE_POLL_S, wake - tuner._clock()))
         del tuner
         poke.wait(timeout)
+
+
+_LIVE: weakref.WeakSet[OnlineTuner] = weakref.WeakSet()  # tuners with a controller thread (collected ones leave)
+_LIVE_LOCK = threading.Lock()
+
+
+def _track(tuner: OnlineTuner) -> None:
+    """Remember ``tuner`` for :func:`stop_all`, and make :func:`stop_all` the next exit handler to run.
+
+    ``atexit`` runs the last registered first: registered again after the imports of every candidate's library so
+    far, the stop runs before their own exit handlers (torch's among them) tear anything down.
+    """
+    with _LIVE_LOCK:
+        _LIVE.add(tuner)
+    atexit.unregister(stop_all)
+    atexit.register(stop_all)
+
+
+def stop_all(wait_s: float = STOP_WAIT_S) -> list[str]:
+    """Stop every online tuner of this process, in the order the native libraries accept (issue 54).
+
+    Run at interpreter exit (``atexit``: a normal return, ``sys.exit``, an uncaught exception, KeyboardInterrupt),
+    before the interpreter finalizes: a daemon thread that comes back from ONNX Runtime's or OpenVINO's C++ after
+    that is ended by ``pthread_exit`` through their frames, and libstdc++ aborts the process ("terminate called
+    without an active exception", status 134). The order:
+
+    1. every controller is told to stop: none starts a check, a compile or a decision from then on;
+    2. the check process is ended for good (a controller waiting for its answer returns at once, and checks
+       nothing in its own thread instead; no new one starts);
+    3. each controller's thread is joined, within ``wait_s`` (:data:`~.policy.STOP_WAIT_S`) for all: the native
+       call it is in (a candidate's compile or warm-up) ends while the interpreter still runs.
+
+    The candidates are not closed here (``cm.close()`` does that): the libraries release them in their own
+    teardown. Signals: hybrid installs no handler; SIGTERM's default ends the process at once with status -15
+    (143 in a shell), no Python code runs and nothing aborts; a program that turns SIGTERM into an exception
+    (``signal.signal(SIGTERM, lambda *_: sys.exit(0))``) gets this path and its own status. ``pyasc serve`` drains
+    and closes its models on SIGTERM, then exits 0.
+
+    Returns:
+        The names of the models whose controller was still busy when ``wait_s`` ran out (empty: all stopped).
+    """
+    with _LIVE_LOCK:
+        tuners = list(_LIVE)
+    for tuner in tuners:
+        tuner._stop()
+    worker.shutdown(for_good=True)
+    deadline = time.monotonic() + wait_s
+    busy = [t.model.name for t in tuners if not t._join(deadline - time.monotonic())]
+    if busy:
+        logger.warning("auto (online): at exit, the tuning of %s was still in a native call after %.0f s",
+                       ", ".join(busy), wait_s)
+    return busy

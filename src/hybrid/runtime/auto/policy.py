@@ -13,13 +13,19 @@ from dataclasses import dataclass
 
 from hybrid.config import AutotuneSettings
 
-__all__ = ["Clock", "TuningPolicy", "monotonic"]
+__all__ = ["STOP_WAIT_S", "Clock", "TuningPolicy", "monotonic"]
 
 Clock = Callable[[], float]  # seconds, monotonic: time.perf_counter in production, a script in tests
 
 CHECK_PACED_SHARE = 0.5  # the check is paced to ``check_share`` for at most this share of the bound in time from the
 # first call (``decide_within_s``), then runs unpaced: a check that needs more CPU than the pace allows (a large
 # model's reference run, a new process's imports) must leave the turns the rest of the bound
+
+STOP_WAIT_S = 30.0  # at interpreter exit and on ``cm.close()``, a controller's thread gets this long to end the native
+# call it is in (a candidate's compile, a check in its own thread) before the interpreter goes on without it. A daemon
+# thread that comes back from ONNX Runtime's or OpenVINO's C++ once the interpreter finalizes is ended by
+# ``pthread_exit`` through their frames, and libstdc++ aborts the process (issue 54): so the order is
+# :func:`hybrid.runtime.auto.online.stop_all`'s, the only place it is written
 
 
 monotonic: Clock = time.perf_counter  # the production clock (itself, not a wrapper: the router reads it twice a call)

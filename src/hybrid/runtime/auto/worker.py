@@ -179,6 +179,7 @@ class _Worker:
 _WORKER: _Worker | None = None
 _WORKER_LOCK = threading.Lock()
 _REAPING = False  # whether the reaper thread (:func:`_reap_forever`) is running; under _WORKER_LOCK
+_EXITING = False  # set by ``shutdown(for_good=True)``: no worker starts again; under _WORKER_LOCK
 _clock: Clock = monotonic  # the idle time's clock (tests script it)
 _SPAWNER: queue.SimpleQueue[queue.SimpleQueue[Any]] | None = None
 _SPAWNER_LOCK = threading.Lock()  # not _WORKER_LOCK: _worker() holds that one while it starts the process
@@ -221,8 +222,8 @@ def _forget_spawner() -> None:
     Neither the spawner thread nor the worker is the child's (its exit must not kill the parent's worker), and a
     lock another thread held at the fork would never be released.
     """
-    global _SPAWNER, _WORKER, _SPAWNER_LOCK, _WORKER_LOCK, _REAPING
-    _SPAWNER, _WORKER, _REAPING = None, None, False
+    global _SPAWNER, _WORKER, _SPAWNER_LOCK, _WORKER_LOCK, _REAPING, _EXITING
+    _SPAWNER, _WORKER, _REAPING, _EXITING = None, None, False, False
     _SPAWNER_LOCK, _WORKER_LOCK = threading.Lock(), threading.Lock()
 
 
@@ -244,11 +245,16 @@ def _receive(stream: Any) -> Any:
     return pickle.loads(stream.read(size))  # our own child process, over a private pipe
 
 
-def shutdown() -> None:
-    """Stop the worker process (at exit, or after it failed)."""
-    global _WORKER
+def shutdown(for_good: bool = False) -> None:
+    """Stop the worker process (at exit, or after it failed).
+
+    Args:
+        for_good: No worker starts again in this process (interpreter exit: a check asked for later is not run).
+    """
+    global _WORKER, _EXITING
     with _WORKER_LOCK:
         w, _WORKER = _WORKER, None
+        _EXITING = _EXITING or for_good
     if w is not None:
         w.close()
 
@@ -257,6 +263,8 @@ def _worker() -> _Worker:
     """The worker process, started (again) when there is none; handing it out counts as a use."""
     global _WORKER, _REAPING
     with _WORKER_LOCK:
+        if _EXITING:
+            raise RuntimeError("the process is exiting")
         if _WORKER is None or _WORKER.proc.poll() is not None:
             atexit.register(shutdown)  # registering twice is harmless
             _WORKER = _Worker()
