@@ -132,3 +132,21 @@ def test_mlperf_conf_is_read_and_the_options_override_it(tmp_path) -> None:
     ts = _settings(lg, LoadgenSettings("server", mlperf_conf=conf, latency_bound_ms=5), 0.01, 10.0)
     assert ts.server_target_latency_percentile == pytest.approx(0.97)  # from the file
     assert ts.server_target_qps == 10.0 and ts.server_target_latency_ns == 5_000_000  # the options win
+
+
+def test_offline_on_a_fixed_batch_model_runs_one_sample_per_call(tmp_path) -> None:
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "fixed",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "n"])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, "n"])])
+    path = tmp_path / "fixed.onnx"  # dim 0 fixed, dim 1 dynamic (the zoo detector's case)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    from hybrid.cli.main import app
+
+    got = CliRunner().invoke(app, ["bench", str(path), "-t", "onnxruntime", "-p", "fp32", "--scenario", "offline",
+                                   "--shapes", "x:1x4", "--min-duration", "0.3", "--json"])
+    assert got.exit_code == 0, got.output  # before: HYB-102, dim 0 widened to the batch of 8
+    (row,) = json.loads(got.stdout)["results"]
+    assert row["status"] == "ok" and row["metric"] > 0 and "batch" not in row["note"]
