@@ -62,6 +62,11 @@ while True:
         if any(p in ("racing", "decided") for p in phases) or time.monotonic() - t0 > 8:
             break
     # "forever": until a signal
+if spec.get("close"):  # cm.close() mid-tuning: each tuner stops as at exit, then its candidates are closed
+    for cm, _ in models:
+        cm.close()
+if spec.get("interrupt"):  # as a Ctrl-C that the program does not catch: the interpreter ends with SIGINT's status
+    raise KeyboardInterrupt
 sys.exit(spec.get("status", 0))
 '''
 
@@ -92,7 +97,8 @@ def _start(tmp_path: Path, run: int, models: list, **spec: object) -> subprocess
 MOMENTS = [  # (how it ends, where the checks run): about 6 s each on 2 cores
     ({"until": "now"}, False),
     ({"until": "now", "calls": 2}, False),
-    ({"until": "sleep", "sleep_s": 0.3}, False),
+    ({"until": "now", "close": True}, False),
+    ({"until": "sleep", "sleep_s": 0.3, "interrupt": True, "status": -signal.SIGINT}, False),
     ({"until": "sleep", "sleep_s": 1.0}, False),
     ({"until": "switch"}, False),
     ({"until": "now", "status": 3}, False),  # the program's own status survives too
@@ -100,7 +106,7 @@ MOMENTS = [  # (how it ends, where the checks run): about 6 s each on 2 cores
 ]
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(480)
 def test_exit_at_any_moment_of_tuning_is_clean(zoo_models: list, tmp_path: Path) -> None:
     failures = []
     for run, (spec, in_process) in enumerate(MOMENTS):
