@@ -146,6 +146,7 @@ def test_every_tensor_level_call_of_a_compiled_model_works_on_a_loaded_task_bund
     np.testing.assert_allclose(cls.run_checked({"image": x})["scores"], want, rtol=1e-5)
     np.testing.assert_allclose(cls.run({"image": x})["scores"], want, rtol=1e-5)
     assert cls.tune({"image": x}) == () and cls.tuning == () and cls.tunes_online is False
+    np.testing.assert_allclose(cls.submit({"image": x}).result(timeout=60)["scores"], want, rtol=1e-5)
     for name in dir(CompiledModel):  # nothing of CompiledModel's is left unreachable on a TaskModel
         if not name.startswith("__"):
             getattr(cls, name)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -263,6 +264,19 @@ class TaskModel(CompiledModel):
     def run_checked(self, feeds: dict[str, Any]) -> dict[str, Any]:
         """The raw model on feeds already checked against :attr:`signature` (what the server runs)."""
         return self.compiled.run_checked(feeds)
+
+    def submit(self, feeds: Mapping[str, Any], *, stream: Any = None) -> Future[dict[str, Any]]:
+        """The raw model, asynchronously (see ``CompiledModel.submit``): a future of its outputs."""
+        return self.compiled.submit(feeds, stream=stream)
+
+    @property
+    def submit_workers(self) -> int:
+        """Threads the compiled model's :meth:`submit` runs work on."""
+        return self.compiled.submit_workers
+
+    @submit_workers.setter
+    def submit_workers(self, value: int) -> None:
+        self.compiled.submit_workers = value
 
     def tune(self, samples: Any, timeout_s: float | None = None) -> tuple[Any, ...]:
         """Decide the raw model's shape buckets on these input samples (see ``CompiledModel.tune``)."""
