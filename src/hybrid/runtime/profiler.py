@@ -179,21 +179,16 @@ def sample_inputs(model: Any, batch: int = 1, seed: int = 0,
 def task_input_shapes(model: Any, batch: int = 1) -> dict[str, tuple[int, ...]] | None:
     """The input shape a task model declares (``bundle create --input-size``), for a batch of ``batch`` images.
 
-    A task-aware wrapper (``hybrid.vision.TaskModel``, a layer above this one) names its image input's size and
-    layout in ``model.input``; a model whose height and width are dynamic is profiled, benched and run at that
+    A task-aware wrapper (``hybrid.vision.TaskModel``, a layer above this one) says it through its
+    ``image_input_shapes(batch)``; a model whose height and width are dynamic is profiled, benched and run at that
     size, as it is served. None for any other model.
 
     Args:
         model: What was given to profile: a task model, or anything else (None then).
         batch: Images per run, where the input's batch dim is dynamic.
     """
-    inp: Any = getattr(model, "input", None)
-    if inp is None or not all(hasattr(inp, a) for a in ("name", "height", "width", "channels", "layout")):
-        return None
-    n = getattr(inp, "static_batch", None) or batch
-    hw = (int(inp.height), int(inp.width))
-    shape = (n, int(inp.channels), *hw) if inp.layout == "NCHW" else (n, *hw, int(inp.channels))
-    return {str(inp.name): shape}
+    shapes_of = getattr(model, "image_input_shapes", None)
+    return shapes_of(batch) if callable(shapes_of) else None
 
 
 def _one_candidate(cm: CompiledModel, feeds: Mapping[str, Any]) -> tuple[CompiledModel, list[str]]:

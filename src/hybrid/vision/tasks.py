@@ -285,6 +285,13 @@ class TaskModel(CompiledModel):
     def _execute(self, feeds: dict[str, Any]) -> dict[str, Any]:
         return self.compiled._execute(feeds)
 
+    def image_input_shapes(self, batch: int = 1) -> dict[str, tuple[int, ...]]:
+        """The image input's shape for ``batch`` images at the declared size (a fixed batch stays fixed).
+
+        What a tool that makes its own inputs runs this model at (``hybrid.profile``, ``pyasc profile``).
+        """
+        return {self.input.name: input_shape(self.input.static_batch or batch, self.input)}
+
     @property
     def max_batch(self) -> int:
         """Most images in one run of the model."""
