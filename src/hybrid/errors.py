@@ -249,6 +249,10 @@ CATALOG: dict[str, ErrorInfo] = {
                          "A readiness or statistics request names a model or version the server does not serve "
                          "(HTTP 400, gRPC INVALID_ARGUMENT, as Triton answers them; metadata, config and inference "
                          "answer HYB-701, 404)."),
+    "HYB-716": ErrorInfo("server unreachable",
+                         "A client of pyasc (pyasc bench --url) could not reach the server at the URL given: "
+                         "nothing listens there, the host does not resolve, or the server did not answer its "
+                         "liveness request (GET /v2/health/live, gRPC ServerLive) in time."),
 }
 
 
@@ -348,6 +352,8 @@ FIXES: dict[str, str] = {
     "HYB-714": ("Retry later, raise default_timeout_microseconds in the model's default_queue_policy, or add "
                 "capacity (instance_group count, a smaller max_queue_delay_microseconds)."),
     "HYB-715": "Ask for a model and version the server lists (GET /v2/models/<name>, POST /v2/repository/index).",
+    "HYB-716": ("Start the server first (pyasc serve MODEL, or tritonserver), and give its address with the protocol "
+                "and port it listens on: --url http://HOST:8000 or --url grpc://HOST:8001."),
 }
 
 

@@ -28,6 +28,7 @@ import numpy as np
 import typer
 
 from hybrid.cli import _options as opt
+from hybrid.cli import _remote_options as ro
 from hybrid.cli._bench_view import Tolerance, header_lines, markdown, measure_accuracy, report_doc, rich_table
 from hybrid.cli._console import console, err_console, print_wide, progress, report_errors, styled
 from hybrid.cli._inputs import Inputs
@@ -286,7 +287,8 @@ def _positive(name: str, value: float | None, integer: bool = False) -> None:
 
 
 def bench_command(
-    model: Annotated[Path, typer.Argument(help="An .onnx model or a .hybrid bundle (or a folder holding one).")],
+    model: Annotated[Path | None, typer.Argument(help="An .onnx model or a .hybrid bundle (or a folder holding "
+                                                 "one); leave out with --url.")] = None,
     targets: Annotated[str, typer.Option("--targets", "-t", help="'all', or targets separated by commas "
                                          "(onnxruntime,openvino:cpu).")] = "all",
     precisions: Annotated[str, typer.Option("--precisions", "-p", help="'all' or some of fp32,fp16,bf16.")] = "all",
@@ -360,6 +362,19 @@ def bench_command(
     samples_file: Annotated[Path | None, typer.Option("--samples", help="LoadGen scenarios: a .npz with one "
                                                       "array per input, axis 0 indexing samples (default: the "
                                                       "--input files, or 8 generated at --shapes).")] = None,
+    url: ro.Url = None,
+    served_model: ro.ServedModel = None,
+    model_version: ro.ModelVersion = "",
+    concurrency_range: ro.ConcurrencyRange = None,
+    request_rate_range: ro.RequestRateRange = None,
+    request_distribution: ro.RequestDistribution = "constant",
+    measurement_interval: ro.MeasurementInterval = 5000.0,
+    stability_percentage: ro.StabilityPercentage = 10.0,
+    max_trials: ro.MaxTrials = 10,
+    percentile: ro.Percentile = None,
+    latency_threshold: ro.LatencyThreshold = None,
+    max_threads: ro.MaxThreads = 16,
+    csv_path: ro.CsvPath = None,
 ) -> None:
     """Benchmark every backend x device x precision here: latency, throughput, accuracy vs the reference.
 
@@ -372,6 +387,19 @@ def bench_command(
     from hybrid.ir import atomic_write_bytes
 
     with report_errors(as_json):
+        if url is not None:
+            ro.run_remote(url, served_model, model_version, shapes, batch, inputs, scenario, concurrency,
+                          concurrency_range, request_rate_range, request_distribution, measurement_interval,
+                          stability_percentage, max_trials, percentile, latency_threshold, max_threads,
+                          as_json=as_json, as_markdown=as_markdown, output=output, csv_path=csv_path,
+                          report=report, loadgen={"target_qps": target_qps, "latency_bound_ms": latency_bound,
+                                                  "min_duration_s": min_duration, "min_queries": min_queries,
+                                                  "mlperf_conf": mlperf_conf, "search_runs": search_runs,
+                                                  "workers": workers, "offline_batch": offline_batch})
+            return
+        if model is None:
+            raise ConfigError("HYB-102", "pyasc bench needs a MODEL file, or --url and --model for a served one",
+                              "pyasc bench model.onnx, or pyasc bench --url http://127.0.0.1:8000 --model NAME")
         opt.apply_device_fallback(device_fallback)
         _positive("--duration", duration)
         _positive("--iterations", iterations, integer=True)
