@@ -9,7 +9,7 @@ loop as ``vs_triton.py``. Also grpcio's thread-pool server (``--kinds sync``) wi
 server with the method behind a generic handler alone (``aio-generic``: grpcio's generated ``add_..._to_server``
 also registers every method with the core, and its accepting loop then waits on one pending call per method), and
 the asyncio server with N more asks for ``ModelInfer`` calls outstanding, as ``pyasc serve`` keeps
-(``aio-aheadN``, :mod:`hybrid.serve.grpc_accept`). A kind followed by ``+NAME`` runs with the gRPC core experiment
+(``aio-aheadN``, :mod:`hybrid.serve.grpc.accept`). A kind followed by ``+NAME`` runs with the gRPC core experiment
 NAME (``GRPC_EXPERIMENTS``; each server is a fresh process, started with ``spawn``). Reported:
 requests per second and the server's CPU per request (``/proc``, Linux), per kind, interleaved over
 ``--rounds``. Compare with the ``front end us/inf`` column of ``vs_triton.py`` at the same rate.
@@ -85,7 +85,7 @@ def serve(kind: str, port: int, delay_s: float, ready: mp.synchronize.Event) -> 
         server.add_insecure_port(address)
         await server.start()
         if kind.startswith("aio-ahead"):  # N more asks for ModelInfer calls, as pyasc serve keeps (aio-aheadN)
-            from hybrid.serve.grpc_accept import accept_ahead
+            from hybrid.serve.grpc.accept import accept_ahead
 
             accept_ahead(server, {"/inference.GRPCInferenceService/ModelInfer": handler}, int(kind[len("aio-ahead"):]))
         ready.set()

@@ -46,7 +46,7 @@ from tests._serve_ray_cluster import LocalCluster, free_port  # noqa: E402
 from tests._serve_support import dynamic_squeezenet  # noqa: E402
 
 import hybrid  # noqa: E402
-from hybrid.serve import ray as ray_serve  # noqa: E402
+from hybrid.serve.ray import deployment as ray_serve  # noqa: E402
 
 APP = "bench"
 ORT_ONE_THREAD = {"onnxruntime": {"intra_op_num_threads": 1, "inter_op_num_threads": 1}}
@@ -208,7 +208,7 @@ def make_images(batch: dict) -> dict:
 
 
 def data(model: Path, reps: int) -> None:
-    from hybrid.serve.ray_data import batch_predict, consume
+    from hybrid.serve.ray.data import batch_predict, consume
 
     ray.data.DataContext.get_current().enable_progress_bars = False
     local = hybrid.compile(str(model), target="onnxruntime")

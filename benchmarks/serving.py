@@ -183,7 +183,7 @@ def mean_batch(url: str, name: str) -> float:
 def runtime_per_image(model: Path, case: Case) -> list[float]:
     """ms per image of the compiled model itself at batch 1, 4, 16 (the servers' runtime settings)."""
     import hybrid
-    from hybrid.serve.repository import configure_backends
+    from hybrid.serve.core.repository import configure_backends
 
     configure_backends(None)
     cm = hybrid.compile(model, target="onnxruntime")

@@ -58,7 +58,7 @@ import logging, sys
 import onnx
 from hybrid.samples import light_model_batch_dynamic
 from hybrid.serve import build_registry, create_app
-from hybrid.serve.repository import configure_backends
+from hybrid.serve.core.repository import configure_backends
 import hybrid.serve.server as server
 from hybrid.serve.server import ConnectionLimits, run
 

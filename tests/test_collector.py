@@ -10,7 +10,7 @@ from tests._serve_support import tiny_model
 from hybrid.errors import ConfigError
 from hybrid.runtime import collector
 from hybrid.runtime.collector import CollectorPolicy, policy_from_env
-from hybrid.serve.repository import build_registry
+from hybrid.serve.core.repository import build_registry
 
 
 @pytest.fixture(autouse=True)

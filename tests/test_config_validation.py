@@ -62,7 +62,7 @@ def test_backend_sections_check_the_shape_only():
 
 
 def test_serve_backend_config_goes_through_the_same_models():
-    from hybrid.serve.repository import configure_backends
+    from hybrid.serve.core.repository import configure_backends
 
     with pytest.raises(ConfigError) as e:
         configure_backends({"onnxruntime": "fast"})  # type: ignore[dict-item]

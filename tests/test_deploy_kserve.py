@@ -140,7 +140,7 @@ def test_container_command_serves_mnt_models(tmp_path, layout):
 
 def test_folder_layouts_and_their_errors(tmp_path):
     from hybrid.errors import HybridError
-    from hybrid.serve.repository import build_registry, discover
+    from hybrid.serve.core.repository import build_registry, discover
 
     with pytest.raises(HybridError) as e:
         discover([tmp_path])

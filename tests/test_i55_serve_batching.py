@@ -17,7 +17,7 @@ from tests.test_serve_batching import infer_while_busy
 
 from hybrid.runtime.compiler import compile_model
 from hybrid.serve import BackgroundServer, BatchSettings, ServedModel, build_registry, create_app
-from hybrid.serve.triton_config import model_config
+from hybrid.serve.triton.config import model_config
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -148,7 +148,7 @@ def test_a_config_with_max_batch_size_and_no_dynamic_batching_checks_the_same(tm
     from google.protobuf import text_format
     from tritonclient.grpc import model_config_pb2 as mc
 
-    from hybrid.serve.triton_config import check_signature
+    from hybrid.serve.triton.config import check_signature
 
     config = text_format.Parse("max_batch_size: 4", mc.ModelConfig())
     cases = ((relu(tmp_path / "relu.onnx", ["batch", 3], ["N", 3]), True), (doubled(tmp_path / "d.onnx"), False))

@@ -99,7 +99,7 @@ def test_load_info_carries_the_verified_manifest(tmp_path):
 
 
 def test_serve_reads_the_manifest_only_through_the_verified_reader(tmp_path):
-    import hybrid.serve.repository as repo
+    import hybrid.serve.core.repository as repo
 
     assert "zipfile" not in inspect.getsource(repo)  # no second, unverified read of the archive
     assert inspect.signature(repo._manifest_serving).parameters["manifest"].annotation == "Manifest"

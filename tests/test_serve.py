@@ -288,7 +288,7 @@ def test_cli_help_and_errors(tmp_path):
 
 def test_server_backend_defaults_turn_spinning_off_unless_asked():
     from hybrid.config import get_config
-    from hybrid.serve.repository import configure_backends
+    from hybrid.serve.core.repository import configure_backends
 
     configure_backends(None)
     assert get_config().backends["onnxruntime"]["allow_spinning"] is False

@@ -1,10 +1,10 @@
-"""Joined batches in memory used again (hybrid.serve.batch_buffers)."""
+"""Joined batches in memory used again (hybrid.serve.core.batch_buffers)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from hybrid.serve.batch_buffers import BatchBuffers
+from hybrid.serve.core.batch_buffers import BatchBuffers
 
 
 def _parts(rows: list[int], seed: int = 0, inner: tuple[int, ...] = (3, 4)) -> list[np.ndarray]:

@@ -102,7 +102,7 @@ def test_answers_that_are_their_batch_input_keep_their_values_when_the_next_batc
 
 
 def test_a_run_gets_its_arrays_aligned_and_other_feeds_as_they_are():
-    from hybrid.serve.model import _aligned
+    from hybrid.serve.core.model import _aligned
 
     values = np.arange(6, dtype=np.float32)
     view = np.frombuffer(b"\x00" + values.tobytes(), np.float32, 6, offset=1)  # a tensor at an odd offset of a body
@@ -190,7 +190,7 @@ def test_batching_settings_come_from_the_bundle_manifest(tmp_path):
     import hybrid
     from hybrid.bundle import save_bundle
     from hybrid.errors import BundleError
-    from hybrid.serve.repository import discover, load_model
+    from hybrid.serve.core.repository import discover, load_model
 
     cm = hybrid.compile(matmul_add(), target="onnxruntime")
     path = tmp_path / "mm.hybrid"
@@ -260,7 +260,7 @@ def test_without_dispatch_when_idle_a_batch_waits_to_fill():
 
 # ---------------------------------------------------------------------------- the server's batcher (serve/batcher.py)
 def loop_batcher(execute, **kw):
-    from hybrid.serve.batcher import LoopBatcher
+    from hybrid.serve.core.batcher import LoopBatcher
 
     seen = []
 
@@ -395,7 +395,7 @@ def _may_set_batch_policy() -> bool:
 
 
 def _compute_nice():
-    from hybrid.serve.batcher import COMPUTE_NICE
+    from hybrid.serve.core.batcher import COMPUTE_NICE
 
     return min(19, os.getpriority(os.PRIO_PROCESS, os.getpid()) + COMPUTE_NICE)
 
@@ -413,7 +413,7 @@ def test_a_model_loaded_from_the_batch_policy_front_end_builds_in_the_models_sch
     """What in_compute_policy runs (a model load) and the threads it starts are in the normal policy, COMPUTE_NICE
     below the process, even when called from a SCHED_BATCH thread (the front end); its errors reach the caller,
     and the caller's own scheduling is unchanged."""
-    from hybrid.serve.batcher import COMPUTE_THREAD_NAME, in_compute_policy
+    from hybrid.serve.core.batcher import COMPUTE_THREAD_NAME, in_compute_policy
 
     seen = {}
     names = {}

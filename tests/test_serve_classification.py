@@ -11,7 +11,7 @@ from tests._serve_support import serving, tiny_expected, tiny_model
 
 from hybrid.errors import ServingError
 from hybrid.serve import build_registry
-from hybrid.serve.classification import class_count, top_classes
+from hybrid.serve.triton.classification import class_count, top_classes
 
 tg = pytest.importorskip("tritonclient.grpc")
 import tritonclient.http as th  # noqa: E402

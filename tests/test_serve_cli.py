@@ -21,8 +21,8 @@ from _serve_support import request, tiny_model, wait_for
 from _triton_real import free_port
 
 from hybrid.serve import build_registry
-from hybrid.serve.repository import compile_request
-from hybrid.serve.warmup import pbtxt_samples, random_samples
+from hybrid.serve.core.repository import compile_request
+from hybrid.serve.core.warmup import pbtxt_samples, random_samples
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -131,7 +131,7 @@ def test_precision_and_min_cosine_reach_the_compile_and_the_statistics(tmp_path:
 
 
 def test_a_folder_config_json_asks_for_its_own_precision(tmp_path: Path) -> None:
-    from hybrid.serve.repository import discover
+    from hybrid.serve.core.repository import discover
 
     repo = tmp_path / "repo"
     (repo / "tiny" / "1").mkdir(parents=True)

@@ -1,4 +1,4 @@
-"""Triton's generate extension (hybrid.serve.generate): a model called with its inputs as named JSON fields.
+"""Triton's generate extension (hybrid.serve.http.generate): a model called with its inputs as named JSON fields.
 
 What must hold on any machine: the answers equal the model's outputs for the same inputs, the shapes the values
 take, the refusals and their codes; ``tests/test_serve_vs_triton.py`` compares the answers with the real Triton's.

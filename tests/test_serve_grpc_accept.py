@@ -1,4 +1,4 @@
-"""Calls of ModelInfer accepted ahead on grpcio's asyncio server (:mod:`hybrid.serve.grpc_accept`).
+"""Calls of ModelInfer accepted ahead on grpcio's asyncio server (:mod:`hybrid.serve.grpc.accept`).
 
 A burst of calls is answered in full and in part through the asks kept ahead; other methods are still accepted by
 grpcio's own task; the server stops cleanly with asks outstanding (nothing left pending, no error reported by the
@@ -20,7 +20,8 @@ import tritonclient.grpc.aio as tga  # noqa: E402
 from tritonclient.grpc import service_pb2 as pb  # noqa: E402
 from tritonclient.grpc import service_pb2_grpc as pb_grpc  # noqa: E402
 
-from hybrid.serve import grpc_accept, grpc_server  # noqa: E402
+from hybrid.serve.grpc import accept as grpc_accept  # noqa: E402
+from hybrid.serve.grpc import server as grpc_server  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
 

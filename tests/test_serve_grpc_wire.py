@@ -1,4 +1,4 @@
-"""ModelInferRequest read with its raw contents left in the received bytes (hybrid.serve.grpc_wire)."""
+"""ModelInferRequest read with its raw contents left in the received bytes (hybrid.serve.grpc.wire)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2 as pb
 
-from hybrid.serve.grpc_wire import read_infer_request
+from hybrid.serve.grpc.wire import read_infer_request
 
 
 def _request(**fields) -> pb.ModelInferRequest:

@@ -22,7 +22,7 @@ import pytest
 from tests._serve_support import connection, error_of, request, tiny_expected, tiny_model, v2_json
 
 from hybrid.serve import BackgroundServer, ConnectionLimits, ServeOptions, build_registry, create_app
-from hybrid.serve.protocol import Limits, parse_request
+from hybrid.serve.core.protocol import Limits, parse_request
 
 pytestmark = pytest.mark.timeout(240)
 

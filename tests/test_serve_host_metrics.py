@@ -1,11 +1,11 @@
-"""Triton's CPU metrics (hybrid.serve.host_metrics): read from /proc as Triton reads them, on scripted texts."""
+"""Triton's CPU metrics (hybrid.serve.observe.host_metrics): read from /proc as Triton reads them, on scripted texts."""
 
 from __future__ import annotations
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from hybrid.serve.host_metrics import HostCollector, cpu_times, memory_bytes
+from hybrid.serve.observe.host_metrics import HostCollector, cpu_times, memory_bytes
 
 pytestmark = pytest.mark.timeout(60)
 

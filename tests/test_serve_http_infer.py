@@ -1,4 +1,4 @@
-"""The HTTP inference route answered below FastAPI (hybrid.serve.http_infer, issue 25).
+"""The HTTP inference route answered below FastAPI (hybrid.serve.http.infer, issue 25).
 
 What it must keep: the route's answers and errors as the app gives them, its place inside the token check, the
 header of a binary request parsed once, and only size-proportional decoding sent to a worker thread.
@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 from _serve_support import connection, error_of, request, tiny_expected, tiny_model, v2_json
 
-import hybrid.serve.http_infer as http_infer
-import hybrid.serve.protocol as protocol
+import hybrid.serve.core.protocol as protocol
+import hybrid.serve.http.infer as http_infer
 from hybrid.serve import BackgroundServer, ServeOptions, build_registry, create_app
-from hybrid.serve.http_infer import PARSE_INLINE, _costly, _disconnected, infer_target
-from hybrid.serve.model import BatchSettings
+from hybrid.serve.core.model import BatchSettings
+from hybrid.serve.http.infer import PARSE_INLINE, _costly, _disconnected, infer_target
 
 
 def _scope(path: str, method: str = "POST", root: str = "") -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Idle tuning (hybrid.serve.idle_tuning): a served model that tunes online decides its batch-size buckets on
+"""Idle tuning (hybrid.serve.core.idle_tuning): a served model that tunes online decides its batch-size buckets on
 random inputs while it has no requests. The rule on scripted time with a stand-in model; which models it runs on;
 then the real thing: a registry whose model is decided before any request, and answers right afterwards."""
 
@@ -18,14 +18,14 @@ import hybrid
 from hybrid.errors import RunError
 from hybrid.runtime.auto.shapes import bucket_of
 from hybrid.serve import build_registry
-from hybrid.serve.idle_tuning import (
+from hybrid.serve.core.idle_tuning import (
     IdleTuner,
     IdleTuningPolicy,
     idle_samples,
     learned_samples,
     start_idle_tuning,
 )
-from hybrid.serve.model import BatchSettings, ServedModel
+from hybrid.serve.core.model import BatchSettings, ServedModel
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -409,7 +409,7 @@ def test_pyasc_serve_tunes_while_idle_unless_told_not_to(tmp_path: Path, monkeyp
         seen.append(idle_tuning)
         raise ConfigError("HYB-102", "recorded; nothing loads in this test")
 
-    monkeypatch.setattr("hybrid.serve.repository.build_registry", build)
+    monkeypatch.setattr("hybrid.serve.core.repository.build_registry", build)
     app = typer.Typer()
     app.callback()(lambda: None)
     register(app)

@@ -9,8 +9,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from hybrid.errors import ConfigError
-from hybrid.serve.latency_summary import DEFAULT_QUANTILES, MetricsConfig, Window
-from hybrid.serve.statistics import ModelStats, TritonCollector
+from hybrid.serve.observe.latency_summary import DEFAULT_QUANTILES, MetricsConfig, Window
+from hybrid.serve.observe.statistics import ModelStats, TritonCollector
 
 
 class _Clock:

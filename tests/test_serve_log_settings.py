@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from tests._serve_support import serving, tiny_repo
 
 from hybrid.errors import ServingError
-from hybrid.serve.log_settings import LogSettings
+from hybrid.serve.triton.log_settings import LogSettings
 
 tg = pytest.importorskip("tritonclient.grpc")
 import tritonclient.http as th  # noqa: E402

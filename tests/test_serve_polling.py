@@ -1,4 +1,4 @@
-"""``--model-control-mode poll`` (:mod:`hybrid.serve.polling`): each poll is called directly, on a real
+"""``--model-control-mode poll`` (:mod:`hybrid.serve.core.polling`): each poll is called directly, on a real
 repository, so that nothing waits on the interval."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from _serve_support import tiny_model
 
 from hybrid.errors import ServingError
 from hybrid.serve import build_registry
-from hybrid.serve.polling import RepositoryPoller
+from hybrid.serve.core.polling import RepositoryPoller
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -24,8 +24,8 @@ from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from hybrid.errors import ServingError
 from hybrid.serve import BackgroundServer, ServeOptions, build_registry, create_app
-from hybrid.serve.schedule import QueuePolicy, SchedulePolicy
-from hybrid.serve.triton_config import schedule_policy, settings_of
+from hybrid.serve.triton.config import schedule_policy, settings_of
+from hybrid.serve.triton.schedule import QueuePolicy, SchedulePolicy
 
 pytestmark = pytest.mark.timeout(120)
 

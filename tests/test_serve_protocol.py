@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hybrid.errors import ServingError
-from hybrid.serve.protocol import (
+from hybrid.serve.core.protocol import (
     InferRequest,
     Limits,
     RequestedOutput,

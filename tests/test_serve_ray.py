@@ -31,7 +31,7 @@ def free_port() -> int:
 def test_two_replicas_on_ray_serve_answer_tritonclient(tmp_path, light, monkeypatch):
     from ray import serve
 
-    from hybrid.serve.ray import deploy, shutdown
+    from hybrid.serve.ray.deployment import deploy, shutdown
 
     tiny = tiny_model(tmp_path / "tiny.onnx")
     squeezenet = dynamic_squeezenet(tmp_path / "squeezenet.onnx")

@@ -111,7 +111,7 @@ def _replicas() -> list[dict]:
 @pytest.mark.timeout(300)
 def test_two_raylets_replicas_restart_without_the_driver_files_and_sigterm_drains(tmp_path):
     caches = {node: tmp_path / f"cache-{node}" for node in ("head", "worker")}
-    proxy = {"RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH": "hybrid.serve.ray_proxy:middlewares"}
+    proxy = {"RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH": "hybrid.serve.ray.proxy:middlewares"}
     cluster = LocalCluster(tmp_path, {node: {"PYASC_RAY_CACHE": str(path), **proxy} for node, path in caches.items()})
     serve_proc = None
     previous_sigterm = signal.getsignal(signal.SIGTERM)

@@ -42,7 +42,7 @@ def _rows(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_map_batches_numpy_two_actors_decisions_and_progress(tmp_path, local_ray):
-    from hybrid.serve.ray_data import RUNTIME_COLUMN, batch_predict, consume
+    from hybrid.serve.ray.data import RUNTIME_COLUMN, batch_predict, consume
 
     model = tiny_model(tmp_path / "tiny.onnx")
     x, scale = _rows(96)
@@ -67,7 +67,7 @@ def test_map_batches_numpy_two_actors_decisions_and_progress(tmp_path, local_ray
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_map_batches_pandas_and_column_mapping(tmp_path, local_ray):
-    from hybrid.serve.ray_data import batch_predict, consume
+    from hybrid.serve.ray.data import batch_predict, consume
 
     model = tiny_model(tmp_path / "tiny.onnx")
     x, scale = _rows(40, seed=1)
@@ -83,7 +83,7 @@ def test_map_batches_pandas_and_column_mapping(tmp_path, local_ray):
 
 def test_predictor_in_process_and_its_errors(tmp_path):
     """The class itself, without Ray: the same answers, and a batch without the model's inputs refused."""
-    from hybrid.serve.ray_data import HybridPredictor, batch_predict
+    from hybrid.serve.ray.data import HybridPredictor, batch_predict
 
     predictor = HybridPredictor(str(tiny_model(tmp_path / "tiny.onnx")), target="onnxruntime")
     x, scale = _rows(5)

@@ -19,8 +19,8 @@ from hybrid.errors import HybridError
 pytest.importorskip("ray.serve")
 pytest.importorskip("tritonclient.grpc")
 
-from hybrid.serve.ray_models import ModelPackage, cache_dir, materialize, pack
-from hybrid.serve.repository import build_registry, discover
+from hybrid.serve.core.repository import build_registry, discover
+from hybrid.serve.ray.models import ModelPackage, cache_dir, materialize, pack
 
 
 def test_packages_carry_the_bytes_and_replicas_check_and_cache_them_by_digest(tmp_path):
@@ -85,7 +85,7 @@ def test_a_repository_travels_with_its_settings(tmp_path):
 
 
 def test_health_probe_warm_up_and_check(tmp_path):
-    from hybrid.serve.ray_health import ReplicaHealth, probe_feeds
+    from hybrid.serve.ray.health import ReplicaHealth, probe_feeds
 
     registry = build_registry([tiny_model(tmp_path / "tiny.onnx")], target="onnxruntime")
     try:
@@ -126,8 +126,8 @@ def test_grpc_methods_answer_and_map_errors_on_serves_context(tmp_path):
     from tritonclient.grpc import service_pb2 as pb
 
     from hybrid.serve.app import ServeOptions, create_app
-    from hybrid.serve.grpc_server import GrpcService
-    from hybrid.serve.ray_grpc import UNARY_METHODS, GrpcMethods
+    from hybrid.serve.grpc.server import GrpcService
+    from hybrid.serve.ray.grpc_methods import UNARY_METHODS, GrpcMethods
 
     registry = build_registry([tiny_model(tmp_path / "tiny.onnx")], target="onnxruntime")
     app = create_app(registry, ServeOptions(auth_token="s3cret"))
@@ -163,14 +163,14 @@ def test_grpc_methods_answer_and_map_errors_on_serves_context(tmp_path):
 def test_requests_pickle_by_a_module_name_that_resolves():
     from tritonclient.grpc import service_pb2 as pb
 
-    import hybrid.serve.ray_servicer  # noqa: F401  (makes 'grpc_service_pb2' importable)
+    import hybrid.serve.ray.servicer  # noqa: F401  (makes 'grpc_service_pb2' importable)
 
     request = pb.ModelInferRequest(model_name="m")
     assert pickle.loads(pickle.dumps(request)) == request
 
 
 def test_app_builder_refuses_unknown_arguments_and_builds_an_application(tmp_path):
-    from hybrid.serve.ray import app_builder
+    from hybrid.serve.ray.deployment import app_builder
 
     with pytest.raises(HybridError) as e:
         app_builder({"models": [str(tmp_path)], "replica": 2})
@@ -189,7 +189,7 @@ def test_app_builder_refuses_unknown_arguments_and_builds_an_application(tmp_pat
 
 
 def test_connect_passes_the_cluster_token_to_ray(monkeypatch):
-    import hybrid.serve.ray as ray_serve
+    import hybrid.serve.ray.deployment as ray_serve
 
     seen = {}
     monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)
@@ -220,7 +220,7 @@ def _asgi(status: int, body: bytes, ctype: bytes):
 
 
 def _call(app) -> tuple[int, dict, bytes]:
-    from hybrid.serve.ray_proxy import ServeErrorsAsHyb
+    from hybrid.serve.ray.proxy import ServeErrorsAsHyb
 
     sent = []
 
@@ -262,7 +262,7 @@ def test_models_by_uri_are_read_by_each_node_and_checked(tmp_path):
     import http.server
     import threading
 
-    from hybrid.serve.ray_models import is_uri, package_uri
+    from hybrid.serve.ray.models import is_uri, package_uri
 
     tiny = tiny_model(tmp_path / "tiny.onnx")
     digest = hashlib.sha256(tiny.read_bytes()).hexdigest()
@@ -299,7 +299,7 @@ def test_models_by_uri_are_read_by_each_node_and_checked(tmp_path):
 
 
 def test_app_builder_takes_uris(tmp_path):
-    from hybrid.serve.ray import app_builder
+    from hybrid.serve.ray.deployment import app_builder
 
     tiny = tiny_model(tmp_path / "tiny.onnx")
     built = app_builder({"models": [f"web={tiny.as_uri()}", str(tiny)]})
@@ -308,7 +308,7 @@ def test_app_builder_takes_uris(tmp_path):
 
 
 def _run_proxy(app, messages):
-    from hybrid.serve.ray_proxy import ServeErrorsAsHyb
+    from hybrid.serve.ray.proxy import ServeErrorsAsHyb
 
     sent, incoming = [], list(messages)
 
@@ -342,7 +342,7 @@ def test_a_request_whose_replica_died_is_sent_again():
 def test_retries_are_bounded_and_a_gone_client_is_not_retried():
     import json
 
-    from hybrid.serve.ray_proxy import RETRIES
+    from hybrid.serve.ray.proxy import RETRIES
 
     calls = []
 

@@ -1,4 +1,4 @@
-"""Triton's response cache (hybrid.serve.response_cache): answers kept by inputs, for the models that enable it.
+"""Triton's response cache (hybrid.serve.triton.response_cache): answers kept by inputs, for the models that enable it.
 
 What must hold on any machine: a cached answer equals the model's, hits and misses are counted as Triton counts
 them, the cache keeps within its size (least recently used answers dropped first), and models that do not
@@ -19,7 +19,7 @@ from tests._serve_support import request, serving, stateful_repo, tiny_expected,
 from typer.testing import CliRunner
 
 from hybrid.errors import ConfigError
-from hybrid.serve.response_cache import ResponseCache, cache_size
+from hybrid.serve.triton.response_cache import ResponseCache, cache_size
 
 pytestmark = pytest.mark.timeout(120)
 

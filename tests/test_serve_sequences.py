@@ -1,4 +1,4 @@
-"""Sequence batching (hybrid.serve.sequences): stateful models served as Triton serves them.
+"""Sequence batching (hybrid.serve.triton.sequences): stateful models served as Triton serves them.
 
 The settings are read from ``config.pbtxt`` and checked against the model; the sequences' order, controls, state
 and idle release run on a scripted clock; end to end, HTTP, gRPC and a gRPC stream carry sequences whose answers
@@ -24,7 +24,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from hybrid.errors import ServingError
 from hybrid.runtime.compiler import compile_model
 from hybrid.serve import build_registry
-from hybrid.serve.sequences import Control, SequenceFlags, Sequences, SequenceSettings, sequence_flags
+from hybrid.serve.triton.sequences import Control, SequenceFlags, Sequences, SequenceSettings, sequence_flags
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -334,7 +334,7 @@ def test_the_pbtxt_lists_only_what_clients_send(tmp_path):
 
 def test_a_ray_deployment_refuses_a_stateful_model(tmp_path):
     from hybrid.serve import discover
-    from hybrid.serve.ray_models import pack
+    from hybrid.serve.ray.models import pack
 
     with pytest.raises(ServingError, match="sequence batching") as info:
         pack(discover([stateful_repo(tmp_path)]))

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from tests._serve_support import serving, shared_memory_objects, shared_memory_request, tiny_expected, tiny_repo
 
 from hybrid.errors import ServingError
-from hybrid.serve.protocol import Limits, encode_response, parse_request
-from hybrid.serve.shared_memory import SHM_ROOT, SharedMemoryRegions, Span
+from hybrid.serve.core.protocol import Limits, encode_response, parse_request
+from hybrid.serve.triton.shared_memory import SHM_ROOT, SharedMemoryRegions, Span
 
 tg = pytest.importorskip("tritonclient.grpc")
 import tritonclient.http as th  # noqa: E402
@@ -258,7 +258,7 @@ def test_a_server_without_shared_memory_says_so_and_refuses_regions(tmp_path):
 def test_grpc_inputs_are_copied_out_of_their_region_and_raw_contents_hold_the_others(regions, tmp_path):
     from tritonclient.grpc import service_pb2 as pb
 
-    from hybrid.serve.grpc_server import decode_inputs
+    from hybrid.serve.grpc.server import decode_inputs
 
     (tmp_path / "obj").write_bytes(X.tobytes())
     regions.register("in", "/obj", 0, X.nbytes)

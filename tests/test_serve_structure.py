@@ -27,12 +27,12 @@ def test_no_import_cycle_inside_hybrid_serve() -> None:
               if b.startswith("hybrid.serve.") and b != a and graph.chain_exists(importer=b, imported=a)]
     assert cycles == []
     # the transports share serve.state and never import each other
-    for transport, other in [("hybrid.serve.grpc_server", "hybrid.serve.app"),
-                             ("hybrid.serve.app", "hybrid.serve.grpc_server"),
-                             ("hybrid.serve.triton_http", "hybrid.serve.app"),
-                             ("hybrid.serve.http_infer", "hybrid.serve.app"),
-                             ("hybrid.serve.http_infer", "hybrid.serve.grpc_server"),
-                             ("hybrid.serve.grpc_server", "hybrid.serve.http_infer")]:
+    for transport, other in [("hybrid.serve.grpc.server", "hybrid.serve.app"),
+                             ("hybrid.serve.app", "hybrid.serve.grpc.server"),
+                             ("hybrid.serve.http.extensions", "hybrid.serve.app"),
+                             ("hybrid.serve.http.infer", "hybrid.serve.app"),
+                             ("hybrid.serve.http.infer", "hybrid.serve.grpc.server"),
+                             ("hybrid.serve.grpc.server", "hybrid.serve.http.infer")]:
         assert not graph.chain_exists(importer=transport, imported=other), (transport, other)
 
 

@@ -1,4 +1,4 @@
-"""Triton's trace extension (hybrid.serve.trace): settings, sampling, the trace file, and traced requests end to end.
+"""Triton's trace extension (serve.observe.trace): settings, sampling, the trace file, and traced requests end to end.
 
 The settings and the sampling run on a scripted clock; the end-to-end tests check what must hold of any traced
 request on any machine: its entries, the order of its timestamps, and its tensors equal to what was sent and
@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 
 from hybrid.errors import ConfigError, ServingError
 from hybrid.serve import BackgroundServer, ServeOptions, build_registry, create_app
-from hybrid.serve.trace import Trace, TraceConfig, Tracer
+from hybrid.serve.observe.trace import Trace, TraceConfig, Tracer
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -18,7 +18,7 @@ pytest.importorskip("tritonclient.grpc")
 import tritonclient.http as th
 from tritonclient.grpc import model_config_pb2 as mc
 
-from hybrid.serve.triton_config import model_config, settings_of, unmapped_fields
+from hybrid.serve.triton.config import model_config, settings_of, unmapped_fields
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -182,7 +182,7 @@ def test_config_of_a_model_without_config_pbtxt_is_made_from_the_model(tmp_path)
 def test_version_policies_pick_the_versions_served():
     from google.protobuf import text_format
 
-    from hybrid.serve.triton_config import policy_versions
+    from hybrid.serve.triton.config import policy_versions
 
     def versions(policy: str) -> list[int]:
         return policy_versions(text_format.Parse(policy, mc.ModelConfig()), [3, 1, 10, 2], "m")
@@ -234,6 +234,6 @@ def test_cli_grpc_port_option(tmp_path, monkeypatch):
         result = runner.invoke(app, ["serve", str(model), "--grpc-port", str(taken.getsockname()[1]), "--port", "0"])
     assert result.exit_code == 1 and "HYB-710" in result.output and "--grpc-port" in result.output
     monkeypatch.setenv("HYBRID_GC_MAX_PAUSE_MS", "soon")  # refused before any model loads
-    monkeypatch.setattr("hybrid.serve.repository.build_registry", lambda *a, **k: pytest.fail("a model loaded"))
+    monkeypatch.setattr("hybrid.serve.core.repository.build_registry", lambda *a, **k: pytest.fail("a model loaded"))
     result = runner.invoke(app, ["serve", str(model), "--grpc-port", "0", "--port", "0"])
     assert result.exit_code == 1 and "HYB-102" in result.output and "HYBRID_GC_MAX_PAUSE_MS" in result.output

@@ -44,7 +44,7 @@ from onnx import TensorProto, helper
 from tritonclient.utils import InferenceServerException
 
 from hybrid.serve import BackgroundServer, ServeOptions, build_registry, create_app
-from hybrid.serve.trace import TraceConfig
+from hybrid.serve.observe.trace import TraceConfig
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -1003,7 +1003,7 @@ def test_latency_summaries_as_triton_s(tmp_path) -> None:
         pytest.skip(_REASON)
     from prometheus_client.parser import text_string_to_metric_families
 
-    from hybrid.serve.latency_summary import MetricsConfig
+    from hybrid.serve.observe.latency_summary import MetricsConfig
 
     settings = ["summary_latencies=true", "counter_latencies=false", "summary_quantiles=0.5:0.05,0.99:0.001"]
     folders = _tiny_in_both(tmp_path)

@@ -191,12 +191,17 @@ def serve(
 
         try:
             from hybrid.serve.app import ServeOptions, create_app
-            from hybrid.serve.latency_summary import MetricsConfig
-            from hybrid.serve.protocol import Limits
-            from hybrid.serve.repository import build_registry, compile_request, configure_backends, startup_sources
-            from hybrid.serve.response_cache import cache_size
+            from hybrid.serve.core.protocol import Limits
+            from hybrid.serve.core.repository import (
+                build_registry,
+                compile_request,
+                configure_backends,
+                startup_sources,
+            )
+            from hybrid.serve.observe.latency_summary import MetricsConfig
+            from hybrid.serve.observe.trace import TraceConfig
             from hybrid.serve.server import ConnectionLimits, run
-            from hybrid.serve.trace import TraceConfig
+            from hybrid.serve.triton.response_cache import cache_size
         except ImportError as e:
             raise ModelError("HYB-207", f"pyasc serve needs {e.name or e}, which is not installed",
                              _EXTRA_HINT) from e
@@ -289,7 +294,7 @@ def _serve_on_ray(models: list[str], target: str | None, overrides: dict[str, An
                   replica_cpus: float, host: str, port: int, ray_address: str | None, *, grpc_port: int,
                   auth_token: str | None, proxy_location: str | None, warmup: int) -> None:
     try:
-        from hybrid.serve import ray as ray_serve
+        from hybrid.serve.ray import deployment as ray_serve
     except ImportError as e:
         raise ModelError("HYB-207", f"pyasc serve --ray needs {e.name or e}, which is not installed",
                          "pip install 'pyasc[serve-ray]'") from e

@@ -22,12 +22,12 @@ import importlib
 from typing import Any
 
 _LAZY = {
-    "BatchSettings": "hybrid.serve.model:BatchSettings",
-    "ServedModel": "hybrid.serve.model:ServedModel",
-    "Limits": "hybrid.serve.protocol:Limits",
-    "ModelRegistry": "hybrid.serve.repository:ModelRegistry",
-    "build_registry": "hybrid.serve.repository:build_registry",
-    "discover": "hybrid.serve.repository:discover",
+    "BatchSettings": "hybrid.serve.core.model:BatchSettings",
+    "ServedModel": "hybrid.serve.core.model:ServedModel",
+    "Limits": "hybrid.serve.core.protocol:Limits",
+    "ModelRegistry": "hybrid.serve.core.repository:ModelRegistry",
+    "build_registry": "hybrid.serve.core.repository:build_registry",
+    "discover": "hybrid.serve.core.repository:discover",
     "ServeOptions": "hybrid.serve.app:ServeOptions",
     "create_app": "hybrid.serve.app:create_app",
     "BackgroundServer": "hybrid.serve.server:BackgroundServer",

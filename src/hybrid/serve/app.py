@@ -3,9 +3,9 @@
 ``create_app(registry, options)`` is the one factory for both the single-machine server (uvicorn) and
 the Ray Serve replicas. Routes: ``GET /v2``, ``/v2/health/live``, ``/v2/health/ready``,
 ``/v2/models/{m}[/versions/{v}]``, ``.../ready``, ``POST .../infer`` and ``GET /metrics``, Triton's
-extensions (:mod:`hybrid.serve.triton_http`: config, stats, repository index/load/unload). Inference
-goes through the transports' shared path (:func:`hybrid.serve.state.infer`), answered below FastAPI's routing
-by :class:`hybrid.serve.http_infer.InferRoute` (the hot path); the gRPC service is started
+extensions (:mod:`hybrid.serve.http.extensions`: config, stats, repository index/load/unload). Inference
+goes through the transports' shared path (:func:`hybrid.serve.core.state.infer`), answered below FastAPI's routing
+by :class:`hybrid.serve.http.infer.InferRoute` (the hot path); the gRPC service is started
 beside this app by the composition root (:mod:`hybrid.serve.server`), not by it. Every error
 is ``{"error": "[HYB-7xx] ...", "code": ..., "hint": ...}`` with a 4xx/5xx status.
 """
@@ -28,8 +28,11 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from hybrid._version import __version__
 from hybrid.errors import HybridError, ServingError
-from hybrid.serve.generate import add_generate_routes
-from hybrid.serve.http_infer import (
+from hybrid.serve.core.repository import ModelRegistry
+from hybrid.serve.core.state import ServeOptions, ServerState, available_model, http_status
+from hybrid.serve.http.extensions import add_triton_routes
+from hybrid.serve.http.generate import add_generate_routes
+from hybrid.serve.http.infer import (
     InferRoute,
     answer_infer,
     error_body,
@@ -37,10 +40,7 @@ from hybrid.serve.http_infer import (
     note_disconnect,
     route_path,
 )
-from hybrid.serve.metrics import CONTENT_TYPE, ServerMetrics
-from hybrid.serve.repository import ModelRegistry
-from hybrid.serve.state import ServeOptions, ServerState, available_model, http_status
-from hybrid.serve.triton_http import add_triton_routes
+from hybrid.serve.observe.metrics import CONTENT_TYPE, ServerMetrics
 
 __all__ = ["ServeOptions", "ServerState", "create_app", "http_status"]
 

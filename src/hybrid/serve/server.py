@@ -2,7 +2,7 @@
 
 :class:`HybridServer` starts both transports on one event loop (the gRPC service first, when
 ``ServeOptions.grpc_address`` is set) and, at shutdown, stops both and then closes the models; the
-transports share only :mod:`hybrid.serve.state`.
+transports share only :mod:`hybrid.serve.core.state`.
 
 On SIGTERM or SIGINT (or :meth:`BackgroundServer.stop`) the server, in order: marks itself draining
 (readiness turns 503, new inference requests get HYB-706), flushes every model's queue at once instead of
@@ -47,12 +47,12 @@ from pydantic import Field
 from hybrid.config import ConfigSection
 from hybrid.errors import ServingError
 from hybrid.runtime import collector
-from hybrid.serve.http_infer import BODY_TIMEOUT_SCOPE_KEY
+from hybrid.serve.http.infer import BODY_TIMEOUT_SCOPE_KEY
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
-    from hybrid.serve.state import ServerState
+    from hybrid.serve.core.state import ServerState
 
 __all__ = ["BackgroundServer", "ConnectionLimits", "HybridServer", "front_end_yields_to_compute",
            "limit_allocator_retention", "listen", "make_server", "run"]
@@ -224,7 +224,7 @@ class HybridServer(uvicorn.Server):
         Once uvicorn has stopped, the gRPC service stops after its in-flight calls finish (at most
         ``drain_timeout`` seconds; the drain has begun, so new ones are refused), and the models are closed
         in a worker thread. With ``repository_poll_s`` the registry's paths are polled meanwhile
-        (:mod:`hybrid.serve.polling`), until the drain begins.
+        (:mod:`hybrid.serve.core.polling`), until the drain begins.
         """
         grpc_server = None
         address = self.state.options.grpc_address
@@ -235,11 +235,11 @@ class HybridServer(uvicorn.Server):
         poller = None
         try:
             if address:
-                from hybrid.serve.grpc_server import start_grpc
+                from hybrid.serve.grpc.server import start_grpc
 
                 grpc_server, self.state.grpc_port = await start_grpc(self.state, address)
             if self.state.options.repository_poll_s is not None:
-                from hybrid.serve.polling import RepositoryPoller
+                from hybrid.serve.core.polling import RepositoryPoller
 
                 state = self.state
                 poller = RepositoryPoller(state.registry, state.options.repository_poll_s,
@@ -317,7 +317,7 @@ def front_end_yields_to_compute() -> bool:
 
     The threads started after this are gRPC's poller and event-engine threads. In ``SCHED_BATCH`` all of them
     keep their share of the CPU but no longer preempt a running thread when they wake. The models' threads keep
-    the normal policy at a lower weight (:data:`hybrid.serve.batcher.COMPUTE_NICE`: the runtimes' pools were made
+    the normal policy at a lower weight (:data:`hybrid.serve.core.batcher.COMPUTE_NICE`: the runtimes' pools were made
     in a thread of that scheduling while the models loaded, the batcher's runner threads set it for themselves),
     so a wake-up of the front end no longer stalls a parallel operator of the model mid-run on a loaded machine,
     and the front end still gets the CPU it needs to read and answer the requests while a batch runs.

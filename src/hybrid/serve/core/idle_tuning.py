@@ -40,7 +40,7 @@ from hybrid.errors import HybridError
 from hybrid.runtime.auto.shapes import bucket_of
 
 if TYPE_CHECKING:
-    from hybrid.serve.model import ServedModel
+    from hybrid.serve.core.model import ServedModel
 
 __all__ = ["IdleTuner", "IdleTuningPolicy", "idle_samples", "learned_samples", "random_inputs_unfit",
            "start_idle_tuning"]
@@ -106,7 +106,7 @@ def idle_samples(model: ServedModel, seed: int = 0) -> list[dict[str, np.ndarray
     The batch sizes are the powers of two up to ``max_batch_size`` and the maximum itself; a model that does
     not batch gets one sample.
     """
-    from hybrid.serve.warmup import samples_of_rows
+    from hybrid.serve.core.warmup import samples_of_rows
 
     if not getattr(model.compiled, "tunes_online", False) or random_inputs_unfit(model) is not None:
         return []
@@ -146,7 +146,7 @@ class IdleTuner:
         policy: When to call.
         clock: ``time.monotonic`` or a scripted one (tests).
         idle_for: ``idle_for(now)``: seconds since the last request ended, None while one runs. The server's
-            (:meth:`hybrid.serve.repository.ModelRegistry.idle_for`: a model's tuning must not slow the requests
+            (:meth:`hybrid.serve.core.repository.ModelRegistry.idle_for`: a model's tuning must not slow the requests
             of another); default: the model's own.
         turn: Shared by the tuners of one server: a tuner holds it while it races a bucket, so that the models
             of a repository are tuned one after the other, each race timed without another beside it.
@@ -296,7 +296,7 @@ class IdleTuner:
 
     def run(self) -> None:
         """Step until done (the thread's body), in the models' scheduling (as the batch runners)."""
-        from hybrid.serve.batcher import enter_compute_policy
+        from hybrid.serve.core.batcher import enter_compute_policy
 
         enter_compute_policy()
         try:
@@ -315,7 +315,7 @@ class IdleTuner:
         self._thread = threading.Thread(target=self.run, name=name, daemon=True)
         self._thread.start()
 
-    def stop(self, timeout: float | None = 30.0) -> None:  # (hybrid.serve.model.Stoppable)
+    def stop(self, timeout: float | None = 30.0) -> None:  # (hybrid.serve.core.model.Stoppable)
         """Stop, and wait for a call in progress to end (before the model is closed)."""
         self._stop.set()
         self._wake.set()
@@ -334,7 +334,7 @@ def start_idle_tuning(model: ServedModel, idle_for: Callable[[float], float | No
 
     Args:
         model: A served model; nothing starts unless it tunes online.
-        idle_for: How long the server has been idle (:meth:`hybrid.serve.repository.ModelRegistry.idle_for`);
+        idle_for: How long the server has been idle (:meth:`hybrid.serve.core.repository.ModelRegistry.idle_for`);
             None: the model's own.
         policy: When to call (None: the defaults).
         turn: The server's tuners' shared lock (:class:`IdleTuner`).

@@ -26,16 +26,16 @@ from pydantic import Field
 from hybrid.config import ConfigSection
 from hybrid.errors import ConfigError, HybridError, RunError, ServingError
 from hybrid.runtime.validate import InputValidator
-from hybrid.serve.batch_buffers import BatchBuffers
-from hybrid.serve.batcher import LoopBatcher, QueueTimeout
-from hybrid.serve.random_inputs import samples_of_rows
-from hybrid.serve.schedule import QueuePolicy, SchedulePolicy
-from hybrid.serve.sequences import Sequences, visible_signature
+from hybrid.serve.core.batch_buffers import BatchBuffers
+from hybrid.serve.core.batcher import LoopBatcher, QueueTimeout
+from hybrid.serve.core.random_inputs import samples_of_rows
+from hybrid.serve.triton.schedule import QueuePolicy, SchedulePolicy
+from hybrid.serve.triton.sequences import Sequences, visible_signature
 
 if TYPE_CHECKING:
     from hybrid.runtime.compiled import CompiledModel
-    from hybrid.serve.sequences import SequenceFlags, SequenceSettings
-    from hybrid.serve.trace import Trace
+    from hybrid.serve.observe.trace import Trace
+    from hybrid.serve.triton.sequences import SequenceFlags, SequenceSettings
 
 __all__ = ["BatchSettings", "CheckedRequest", "ServedModel", "Stoppable"]
 
@@ -51,7 +51,7 @@ class BatchSettings(ConfigSection):
         batch_timeout: Longest time in seconds a request waits for its batch to fill; a lone request that
             finds the model idle runs at once (what queued while a batch ran goes as soon as the model is
             free; under load an idle model lets its batch fill to what lately came together, within this
-            bound: :mod:`hybrid.serve.batcher`).
+            bound: :mod:`hybrid.serve.core.batcher`).
         max_queue: Most requests waiting at once; more get HTTP 503 (HYB-705). None: unbounded.
         request_timeout: Longest time in seconds a request may take in the server; None: no limit.
         concurrency: Batches that may run at the same time.
@@ -86,11 +86,11 @@ class CheckedRequest:
         feeds: Input name -> array, as the model's signature wants them.
         rows: Inferences it holds as Triton counts them (its batch rows when the model batches, else 1).
         enqueued: When it joined its model's queue (``time.monotonic``).
-        trace: Its trace when it is traced (:mod:`hybrid.serve.trace`): the queue and the run stamp it.
+        trace: Its trace when it is traced (:mod:`hybrid.serve.observe.trace`): the queue and the run stamp it.
         sequence: Its sequence parameters (``sequence_id``, ``sequence_start``, ``sequence_end``), if any: a
-            model with sequence batching needs them (:mod:`hybrid.serve.sequences`), others ignore them.
+            model with sequence batching needs them (:mod:`hybrid.serve.triton.sequences`), others ignore them.
         priority: Its ``priority`` parameter (0: none); a model with priority levels queues it at its level
-            (:class:`hybrid.serve.schedule.SchedulePolicy`), others ignore it.
+            (:class:`hybrid.serve.triton.schedule.SchedulePolicy`), others ignore it.
     """
 
     __slots__ = ("enqueued", "feeds", "priority", "rows", "sequence", "trace")
@@ -221,7 +221,7 @@ class ServedModel:
         observer: Called after each batch (the server's metrics).
         model_config: Triton's ``ModelConfig`` from the folder's ``config.pbtxt`` (:mod:`.triton_config`), if any.
         sequences: Its sequence batching (``config.pbtxt``'s ``sequence_batching``): the requests of a sequence
-            run in order with its controls and state (:mod:`hybrid.serve.sequences`); clients see the model
+            run in order with its controls and state (:mod:`hybrid.serve.triton.sequences`); clients see the model
             without the inputs the server feeds.
         schedule: Triton's priority levels and queue policies (``config.pbtxt``'s ``dynamic_batching``), for a
             model from a configuration; None: pyasc's own timeouts.
@@ -350,7 +350,7 @@ class ServedModel:
 
         0: no limit (the model does not batch).
         """
-        if self._max_rows is None:  # as hybrid.serve.triton_config.model_config reports it
+        if self._max_rows is None:  # as hybrid.serve.triton.config.model_config reports it
             if self.model_config is not None:
                 self._max_rows = int(self.model_config.max_batch_size)
             else:
@@ -422,7 +422,7 @@ class ServedModel:
 
     def _triton_wording(self, e: RunError, feeds: Mapping[str, np.ndarray]) -> RunError:
         """A shape or dtype error worded as Triton's, naming the expected dims (-1 for a dynamic one)."""
-        from hybrid.serve.protocol import datatype_of
+        from hybrid.serve.tensors import datatype_of
 
         for name, value in feeds.items():
             spec = self._specs.get(name)
@@ -552,7 +552,7 @@ class ServedModel:
         return out
 
     # ---------------------------------------------------------------------------------------- batching
-    # the batcher's three steps (hybrid.serve.batcher): join and split on the event loop, execute in a runner
+    # the batcher's three steps (hybrid.serve.core.batcher): join and split on the event loop, execute in a runner
     # thread, which needs the GIL only to call the model and to post the batch back
     def _join(self, items: list[_Item]) -> list[_Group]:
         """The batch's groups (requests that concatenate: same inputs and inner shapes), each with its feeds.
@@ -691,14 +691,14 @@ class ServedModel:
     def watch_requests(self, watch: Callable[[dict[str, np.ndarray]], None]) -> None:
         """Show ``watch`` every checked request's inputs as it starts to run (on the event loop; keep it cheap).
 
-        The idle tuner learns the shapes of the traffic this way (:meth:`hybrid.serve.idle_tuning.IdleTuner.saw`).
+        The idle tuner learns the shapes of the traffic this way (:meth:`hybrid.serve.core.idle_tuning.IdleTuner.saw`).
         """
         self._watchers = (*self._watchers, watch)
 
     def run_beside(self, task: Stoppable) -> None:
         """Tie a background task to the model's life: it is stopped first when the model drains or closes.
 
-        (:func:`hybrid.serve.idle_tuning.start_idle_tuning` ties its tuner so.)
+        (:func:`hybrid.serve.core.idle_tuning.start_idle_tuning` ties its tuner so.)
         """
         self._beside.append(task)
 
@@ -717,7 +717,7 @@ class ServedModel:
 
     def metadata(self, versions: list[str]) -> dict[str, Any]:
         """The v2 model metadata document."""
-        from hybrid.serve.protocol import tensor_metadata
+        from hybrid.serve.core.protocol import tensor_metadata
 
         sig = self.signature
         return {

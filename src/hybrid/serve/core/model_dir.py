@@ -3,7 +3,7 @@
 A folder such as KServe's ``/mnt/models`` (where its storage initializer puts what ``storageUri`` names)
 may hold:
 
-- a repository (``<model>/<version>/model.*``, see :mod:`hybrid.serve.repository`): any sub-folder;
+- a repository (``<model>/<version>/model.*``, see :mod:`hybrid.serve.core.repository`): any sub-folder;
 - loose model files (``*.hybrid``, ``*.onnx``) and no sub-folder: each served as version 1 under its stem;
 - an unpacked bundle (``manifest.json`` beside ``model/``, ``platforms/`` ...): packed again into a
   ``.hybrid`` file in a temporary folder (stored members, the manifest first, as the writer does) and

@@ -6,7 +6,7 @@ added, removed, or with another size or modification time) is loaded again, and 
 load that fails is logged and leaves what was served before (a changed model keeps its old versions); it is tried
 again once its files change. A repository that cannot be read at all (or is gone: an unmounted volume) changes
 nothing in that poll. Loading,
-replacing and unloading are the registry's (:meth:`hybrid.serve.repository.ModelRegistry.load` and ``unload``):
+replacing and unloading are the registry's (:meth:`hybrid.serve.core.repository.ModelRegistry.load` and ``unload``):
 queued requests of a replaced version are still answered.
 
 :meth:`RepositoryPoller.poll` does one look, in the caller's thread (tests call it directly);
@@ -22,13 +22,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hybrid.errors import HybridError, ServingError
-from hybrid.serve.model_dir import folder_layout
-from hybrid.serve.repository import discover
+from hybrid.serve.core.model_dir import folder_layout
+from hybrid.serve.core.repository import discover
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
-    from hybrid.serve.repository import ModelRegistry
+    from hybrid.serve.core.repository import ModelRegistry
 
 __all__ = ["DEFAULT_POLL_S", "PollReport", "RepositoryPoller"]
 

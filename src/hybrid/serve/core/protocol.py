@@ -20,26 +20,32 @@ from dataclasses import dataclass
 from itertools import chain
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 import orjson
 
 from hybrid.errors import ServingError
-from hybrid.serve.classification import CLASSIFICATION, class_count, top_classes
-from hybrid.serve.sequences import SequenceFlags, sequence_flags
-from hybrid.serve.shared_memory import BYTE_SIZE, OFFSET, REGION, SharedMemoryRegions, Span, regions_for, span_of
+from hybrid.serve.tensors import (
+    binary_of,
+    bytes_array,
+    check_raw_size,
+    datatype_of,
+    dtype_for,
+    from_raw,
+    shape_of,
+    values_as,
+)
+from hybrid.serve.triton.classification import CLASSIFICATION, class_count, top_classes
+from hybrid.serve.triton.sequences import SequenceFlags, sequence_flags
+from hybrid.serve.triton.shared_memory import BYTE_SIZE, OFFSET, REGION, SharedMemoryRegions, Span, regions_for, span_of
 
 __all__ = [
     "ALLOW_NON_FINITE",
-    "DATATYPES",
     "InferRequest",
     "Limits",
     "Precheck",
     "RequestedOutput",
-    "binary_of",
     "check_head",
     "check_json_depth",
-    "datatype_of",
     "encode_response",
     "json_values",
     "parse_request",
@@ -49,17 +55,8 @@ __all__ = [
     "tensor_metadata",
 ]
 
-# v2 datatype name -> numpy dtype (little-endian on the wire); BYTES elements are length-prefixed
-DATATYPES: dict[str, np.dtype] = {
-    "BOOL": np.dtype(bool),
-    "UINT8": np.dtype("<u1"), "UINT16": np.dtype("<u2"), "UINT32": np.dtype("<u4"), "UINT64": np.dtype("<u8"),
-    "INT8": np.dtype("<i1"), "INT16": np.dtype("<i2"), "INT32": np.dtype("<i4"), "INT64": np.dtype("<i8"),
-    "FP16": np.dtype("<f2"), "FP32": np.dtype("<f4"), "FP64": np.dtype("<f8"),
-    "BF16": np.dtype(ml_dtypes.bfloat16),
-    "BYTES": np.dtype(object),
-}
-_BY_DTYPE = {dt: name for name, dt in DATATYPES.items() if name != "BYTES"}
 _HINT = "see the KServe v2 inference request format; tritonclient.http builds valid requests"
+_DATA, _BINARY_SIZE = "'data'", "binary_data_size"  # where a tensor's values came from, in the error texts
 # the request parameter that lets JSON tensor data carry the non-standard literals NaN, Infinity, -Infinity
 ALLOW_NON_FINITE = "allow_non_finite"
 
@@ -121,19 +118,6 @@ def _bad(message: str, hint: str | None = _HINT) -> ServingError:
     return ServingError("HYB-702", message, hint)
 
 
-def datatype_of(dtype: np.dtype | None) -> str:
-    """The v2 datatype of a numpy dtype ('FP32', ...; strings and objects are 'BYTES')."""
-    if dtype is None:
-        return "BYTES"
-    dtype = np.dtype(dtype)
-    if dtype.kind in "OSU":
-        return "BYTES"
-    name = _BY_DTYPE.get(dtype.newbyteorder("<") if dtype.byteorder == ">" else dtype)
-    if name is None:
-        raise _bad(f"dtype {dtype} has no KServe v2 datatype", "serve a model with standard numeric types")
-    return name
-
-
 def tensor_metadata(name: str, dtype: np.dtype | None, shape: Sequence[int | str] | None) -> dict[str, Any]:
     """``{"name", "datatype", "shape"}`` for model metadata; symbolic or unknown dims are -1."""
     dims = [] if shape is None else [d if isinstance(d, int) else -1 for d in shape]
@@ -177,25 +161,11 @@ def check_json_depth(data: bytes, limit: int) -> None:
                    "send tensor data as a flat list in row-major order")
 
 
-def _element_count(name: str, shape: Any, itemsize: int, limits: Limits) -> tuple[tuple[int, ...], int]:
-    """Validate a shape and return it with its element count, refusing counts the body cannot carry."""
+def _element_count(name: str, shape: Any, datatype: str, limits: Limits) -> tuple[tuple[int, ...], int]:
+    """Validate a JSON shape and return it with its element count, refusing counts the body cannot carry."""
     if not isinstance(shape, list):
         raise _bad(f"input {name!r}: 'shape' must be a list of integers, got {type(shape).__name__}")
-    cap = limits.max_body // max(1, itemsize)
-    count = 1
-    for d in shape:
-        if type(d) is not int:
-            raise _bad(f"input {name!r}: shape {shape} has a non-integer dimension {d!r}")
-        if d < 0:
-            raise _bad(f"input {name!r}: shape {shape} has a negative dimension {d}")
-        if d > cap:
-            raise _bad(f"input {name!r}: dimension {d} of shape {shape} exceeds the {cap} elements a "
-                       f"{limits.max_body}-byte request can carry", "check the shape")
-        count *= d
-        if count > cap:
-            raise _bad(f"input {name!r}: shape {shape} has more elements than the {cap} a "
-                       f"{limits.max_body}-byte request can carry", "check the shape")
-    return tuple(shape), count
+    return shape_of(name, shape, datatype, limits.max_body)
 
 
 def _flatten(name: str, data: Any, shape: tuple[int, ...]) -> list[Any]:
@@ -229,21 +199,19 @@ def _from_json(name: str, datatype: str, dtype: np.dtype, shape: tuple[int, ...]
         except (ValueError, OverflowError, TypeError):
             found = None  # ragged, or too large: the checks below say what is wrong
         if found is not None and found.size == count and found.shape in ((count,), shape):
-            return _typed(name, datatype, dtype, found).reshape(shape)
+            return values_as(name, datatype, found, _DATA).reshape(shape)
     flat = _flatten(name, data, shape)
     if len(flat) != count:
         raise _bad(f"input {name!r}: shape {list(shape)} needs {count} values, 'data' has {len(flat)}")
     if datatype == "BYTES":
         if not all(isinstance(v, str) for v in flat):
             raise _bad(f"input {name!r}: BYTES data in JSON must be strings")
-        arr = np.empty(count, dtype=object)
-        arr[:] = [v.encode("utf-8") for v in flat]
-        return arr.reshape(shape)
+        return bytes_array((v.encode("utf-8") for v in flat), count).reshape(shape)
     try:
         found = np.array(flat) if flat else np.zeros(0, dtype)
     except (ValueError, OverflowError) as e:
         raise _bad(f"input {name!r}: 'data' is not a list of numbers: {e}") from e
-    return _typed(name, datatype, dtype, found).reshape(shape)
+    return values_as(name, datatype, found, _DATA).reshape(shape)
 
 
 def tensor_from_json(name: str, datatype: str, dtype: np.dtype, shape: tuple[int, ...], data: Any) -> np.ndarray:
@@ -253,75 +221,6 @@ def tensor_from_json(name: str, datatype: str, dtype: np.dtype, shape: tuple[int
         ServingError: HYB-702 for a count that does not fill ``shape`` or values that do not fit ``datatype``.
     """
     return _from_json(name, datatype, dtype, shape, math.prod(shape), data)
-
-
-def _typed(name: str, datatype: str, dtype: np.dtype, found: np.ndarray) -> np.ndarray:
-    """JSON numbers as ``datatype``, refused unless they fit it (booleans for BOOL, in-range ints for ints)."""
-    kind = found.dtype.kind
-    if datatype == "BOOL":
-        ok = kind == "b"
-    elif dtype.kind in "iu":
-        ok = kind in "iu" or found.size == 0
-        if ok and found.size:
-            info = np.iinfo(dtype)
-            ok = bool(found.min() >= info.min and found.max() <= info.max)
-    else:
-        ok = kind in "iuf"
-    if not ok:
-        raise _bad(f"input {name!r}: 'data' holds {found.dtype} values that do not fit datatype {datatype}")
-    return found.astype(dtype, copy=False)
-
-
-def _bytes_elements(name: str, raw: memoryview, count: int) -> np.ndarray:
-    """Decode ``count`` length-prefixed (uint32 little-endian) byte strings filling ``raw`` exactly.
-
-    The caller has checked that ``raw`` can hold ``count`` length prefixes, so the output array is never
-    larger than the body warrants.
-    """
-    if len(raw) == 4 * count:  # only room for the prefixes: every element must be empty (checked vectorized)
-        lengths = np.frombuffer(raw, "<u4", count)
-        if count and lengths.any():
-            i = int(np.flatnonzero(lengths)[0])
-            raise _bad(f"input {name!r}: BYTES element {i} declares {int(lengths[i])} bytes past the end of its data")
-        return np.full(count, b"", dtype=object)
-    out = np.empty(count, dtype=object)
-    pos = 0
-    end = len(raw)
-    for i in range(count):
-        if pos + 4 > end:
-            raise _bad(f"input {name!r}: binary BYTES data ends inside element {i} of {count}")
-        n = int.from_bytes(raw[pos:pos + 4], "little")
-        pos += 4
-        if pos + n > end:
-            raise _bad(f"input {name!r}: BYTES element {i} declares {n} bytes past the end of its data")
-        out[i] = bytes(raw[pos:pos + n])
-        pos += n
-    if pos != end:
-        raise _bad(f"input {name!r}: binary_data_size is {end} but its {count} BYTES elements use {pos}")
-    return out
-
-
-def _check_binary_size(name: str, datatype: str, dtype: np.dtype, shape: tuple[int, ...], count: int,
-                       size: int, field: str = "binary_data_size") -> None:
-    """Refuse a binary size that cannot be the shape's data (before anything is decoded or allocated)."""
-    if datatype == "BYTES":
-        if count * 4 > size:
-            raise _bad(f"input {name!r}: {field} {size} cannot hold the {count} BYTES elements of shape "
-                       f"{list(shape)} (each takes at least its 4-byte length)", "check the shape")
-    elif size != count * dtype.itemsize:
-        raise _bad(f"input {name!r}: {field} is {size} bytes, but {datatype} shape "
-                   f"{list(shape)} needs {count * dtype.itemsize}")
-
-
-def _from_binary(name: str, datatype: str, dtype: np.dtype, shape: tuple[int, ...], count: int,
-                 raw: memoryview, field: str = "binary_data_size") -> np.ndarray:
-    _check_binary_size(name, datatype, dtype, shape, count, len(raw), field)
-    if datatype == "BYTES":
-        return _bytes_elements(name, raw, count).reshape(shape)
-    if datatype == "BOOL" and count and np.frombuffer(raw, np.uint8).max() > 1:
-        raise _bad(f"input {name!r}: BOOL data must be bytes 0 or 1")
-    # a view of the body (or of a region's copy), at any offset: the model's run gives kernels aligned memory
-    return np.frombuffer(raw, dtype=dtype, count=count).reshape(shape)
 
 
 def placeholder(dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
@@ -441,18 +340,15 @@ def _declared_inputs(inputs: Any, binary_size: int | None, limits: Limits) -> li
             raise _bad(f"input {name!r} appears twice")
         names.add(name)
         datatype = spec.get("datatype")
-        if datatype not in DATATYPES:
-            raise _bad(f"input {name!r}: unknown datatype {datatype!r}; expected one of {', '.join(DATATYPES)}")
-        dtype = DATATYPES[datatype]
-        itemsize = 4 if datatype == "BYTES" else dtype.itemsize  # a BYTES element is at least its length
-        shape, count = _element_count(name, spec.get("shape"), itemsize, limits)
+        dtype = dtype_for(name, datatype)
+        shape, count = _element_count(name, spec.get("shape"), datatype, limits)
         params = _parameters(f"input {name!r}", spec.get("parameters"))
         if REGION in params:
             if "data" in spec or "binary_data_size" in params:
                 raise _bad(f"input {name!r} sets more than one of 'data', 'parameters.binary_data_size' and "
                            f"'parameters.{REGION}'")
             span = span_of(f"input {name!r}", params[REGION], params.get(BYTE_SIZE), params.get(OFFSET))
-            _check_binary_size(name, datatype, dtype, shape, count, span.byte_size, BYTE_SIZE)
+            check_raw_size(name, datatype, shape, count, span.byte_size, BYTE_SIZE)
             found.append(_Declared(name, datatype, dtype, shape, count, None, 0, span.byte_size, span))
             continue
         size = params.get("binary_data_size")
@@ -468,7 +364,7 @@ def _declared_inputs(inputs: Any, binary_size: int | None, limits: Limits) -> li
         if binary_size is not None and offset + size > binary_size:
             raise _bad(f"input {name!r}: binary_data_size {size} runs past the {binary_size} bytes of binary "
                        "data after the JSON header", "set Inference-Header-Content-Length to the JSON size")
-        _check_binary_size(name, datatype, dtype, shape, count, size)
+        check_raw_size(name, datatype, shape, count, size, _BINARY_SIZE)
         found.append(_Declared(name, datatype, dtype, shape, count, None, offset, size))
         offset += size
     if binary_size is not None and offset != binary_size:
@@ -575,10 +471,10 @@ def parse_request(body: bytes, header_length: int | None, limits: Limits,
         elif d.span is not None:
             tensor = f"input {d.name!r}"
             data = regions_for(shared_memory, tensor).read(d.span.region, d.span.offset, d.span.byte_size, tensor)
-            arrays[d.name] = _from_binary(d.name, d.datatype, d.dtype, d.shape, d.count, memoryview(data), BYTE_SIZE)
+            arrays[d.name] = from_raw(d.name, d.datatype, d.shape, d.count, data, BYTE_SIZE)
         else:
-            arrays[d.name] = _from_binary(d.name, d.datatype, d.dtype, d.shape, d.count,
-                                          binary[d.offset:d.offset + d.size])
+            arrays[d.name] = from_raw(d.name, d.datatype, d.shape, d.count, binary[d.offset:d.offset + d.size],
+                                      _BINARY_SIZE)
     for out in outputs or ():  # an output's region is checked before the model runs
         if out.span is not None:
             regions_for(shared_memory, f"output {out.name!r}").check(out.span, f"output {out.name!r}")
@@ -586,20 +482,6 @@ def parse_request(body: bytes, header_length: int | None, limits: Limits,
 
 
 # ------------------------------------------------------------------------------------------------ encoding
-def binary_of(arr: np.ndarray, datatype: str) -> bytes:
-    """A tensor in the KServe v2 binary layout (and gRPC's raw contents).
-
-    Little-endian elements; BYTES elements each prefixed by its 4-byte length.
-    """
-    if datatype != "BYTES":
-        return np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<")).tobytes()
-    parts = []
-    for v in arr.reshape(-1):
-        b = v if isinstance(v, bytes) else str(v).encode("utf-8")
-        parts += [len(b).to_bytes(4, "little"), b]
-    return b"".join(parts)
-
-
 def json_values(name: str, arr: np.ndarray, datatype: str) -> np.ndarray | list[Any]:
     """An output's JSON ``data``: a flat array that orjson writes in C, or a list.
 
@@ -631,7 +513,7 @@ def encode_response(model_name: str, model_version: str, request: InferRequest,
         request: The decoded request (its ids and the outputs it asks for).
         outputs: The model's outputs by name.
         batched: Whether the model batches (``max_batch_size > 0``): the classification extension then
-            classifies row by row (:func:`hybrid.serve.classification.top_classes`).
+            classifies row by row (:func:`hybrid.serve.triton.classification.top_classes`).
         labels: Class labels by output name (``label_filename`` in ``config.pbtxt``).
         shared_memory: The server's registered regions: an output the request puts in one is written there,
             and its entry carries no data (as Triton answers).

@@ -1,7 +1,7 @@
 """Random inputs at a served model's declared shapes: warm-up samples, the idle tuner's, the batch probe's.
 
-Kept apart from :mod:`hybrid.serve.warmup` (which reads ``config.pbtxt``'s ``model_warmup``) so that the served
-model itself can make them (:class:`hybrid.serve.model.ServedModel` probes whether its outputs keep the rows)
+Kept apart from :mod:`hybrid.serve.core.warmup` (which reads ``config.pbtxt``'s ``model_warmup``) so that the served
+model itself can make them (:class:`hybrid.serve.core.model.ServedModel` probes whether its outputs keep the rows)
 without a circle of imports.
 """
 

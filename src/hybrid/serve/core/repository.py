@@ -4,7 +4,7 @@ A served path is a model file (``.hybrid`` bundle or ``.onnx``; served as versio
 or under ``NAME`` when given as ``NAME=PATH``) or a repository folder laid out as Triton users expect::
 
     repo/<model>/config.json            optional: serving settings and "target" for every version
-    repo/<model>/config.pbtxt           optional: Triton's model configuration (hybrid.serve.triton_config)
+    repo/<model>/config.pbtxt           optional: Triton's model configuration (hybrid.serve.triton.config)
     repo/<model>/<version>/model.hybrid (or model.onnx)
 
 Versions are positive integers; a request without a version gets the highest. Names are checked against
@@ -41,8 +41,8 @@ from hybrid.config import backend_sections
 from hybrid.errors import ConfigError, HybridError, ModelError, ServingError
 from hybrid.hal import backend_class, backend_names
 from hybrid.runtime import collector
-from hybrid.serve.batcher import in_compute_policy
-from hybrid.serve.model import BatchObserver, BatchSettings, ServedModel
+from hybrid.serve.core.batcher import in_compute_policy
+from hybrid.serve.core.model import BatchObserver, BatchSettings, ServedModel
 
 __all__ = ["ModelIndexEntry", "ModelRegistry", "ModelSource", "build_registry", "check_name",
            "configure_backends", "discover", "load_model", "server_backend_defaults", "startup_sources"]
@@ -196,7 +196,7 @@ def _read_pbtxt(root: Path, model_path: Path, settings: dict[str, Any],
     path = model_path / "config.pbtxt"
     if override is None and not path.exists():
         return None, (), {}
-    from hybrid.serve import triton_config as tc
+    from hybrid.serve.triton import config as tc
 
     config = override if override is not None else tc.read_pbtxt(_inside(root, path))
     if override is not None:
@@ -245,7 +245,7 @@ def _repository(root_arg: Path, overrides: Mapping[str, Any], only: str | None =
         if not versions:
             raise _repo_error(f"{model_dir} has no version folder (a positive integer such as 1/)")
         if pbtxt is not None:  # Triton's version policy: the others are neither loaded nor listed
-            from hybrid.serve.triton_config import policy_versions
+            from hybrid.serve.triton.config import policy_versions
 
             served = set(policy_versions(pbtxt, [int(d.name) for d in versions], str(model_path / "config.pbtxt")))
             versions = [d for d in versions if int(d.name) in served]
@@ -287,7 +287,7 @@ def discover(paths: Sequence[str | Path], configs: Mapping[str, Any] | None = No
         if not path.is_dir():
             sources.append(_single_file(str(arg)))
             continue
-        from hybrid.serve.model_dir import folder_layout  # a repository, loose model files or an unpacked bundle
+        from hybrid.serve.core.model_dir import folder_layout  # a repository, loose model files or an unpacked bundle
 
         kind, files = folder_layout(path)
         sources += _repository(path, configs, only) if kind == "repository" else [_single_file(f) for f in files]
@@ -367,7 +367,7 @@ def load_model(source: ModelSource, target: str | None = None, overrides: Mappin
         observer: Called after each batch.
         compile_options: ``precision`` and ``accuracy`` for the compile (``--precision``, ``--min-cosine``);
             they win over the folder's config.json. A ``.hybrid`` bundle keeps its own compiled precision.
-        warmup: Random warm-up calls (:func:`hybrid.serve.warmup.random_samples`) when the folder's
+        warmup: Random warm-up calls (:func:`hybrid.serve.core.warmup.random_samples`) when the folder's
             config.pbtxt has no ``model_warmup``.
     """
     chosen = target or source.target or "auto"
@@ -391,7 +391,7 @@ def load_model(source: ModelSource, target: str | None = None, overrides: Mappin
     settings = settings.merged(source.settings, f"{where} ({CONFIG_FILE})")
     settings = settings.merged(dict(overrides or {}), f"{where} (command line)")
     if source.config is not None:
-        from hybrid.serve.triton_config import check_signature
+        from hybrid.serve.triton.config import check_signature
 
         try:
             check_signature(source.config, compiled.signature, f"{where} (config.pbtxt)")
@@ -403,7 +403,7 @@ def load_model(source: ModelSource, target: str | None = None, overrides: Mappin
             logger.warning("%s: config.pbtxt fields not applied by pyasc: %s", where, "; ".join(notes))
     sequences = None
     if source.config is not None:
-        from hybrid.serve.sequences import SequenceSettings
+        from hybrid.serve.triton.sequences import SequenceSettings
 
         try:
             sequences = SequenceSettings.from_config(source.config, compiled.signature, f"{where} (config.pbtxt)",
@@ -414,7 +414,7 @@ def load_model(source: ModelSource, target: str | None = None, overrides: Mappin
     # the configuration is reported by the model-configuration endpoints
     schedule = None
     if source.config is not None:
-        from hybrid.serve.triton_config import schedule_policy
+        from hybrid.serve.triton.config import schedule_policy
 
         schedule = schedule_policy(source.config, f"{where} (config.pbtxt)")
     served = ServedModel(source.name, source.version, compiled, settings, platform, observer,
@@ -422,7 +422,7 @@ def load_model(source: ModelSource, target: str | None = None, overrides: Mappin
     served.labels = dict(source.labels)
     served.compile_request = wanted
     try:
-        from hybrid.serve.warmup import pbtxt_samples, random_samples
+        from hybrid.serve.core.warmup import pbtxt_samples, random_samples
 
         samples = pbtxt_samples(served, Path(source.path).parent.parent) if source.config is not None else []
         served.warm_up(samples or random_samples(served, warmup))
@@ -529,7 +529,7 @@ class ModelRegistry:
             config: Triton's ``config`` load parameter (a ``ModelConfig`` as JSON): it stands for the model's
                 ``config.pbtxt`` for this load; the next load without one reads the file again.
             files: The model's files (path inside its folder, such as ``1/model.onnx`` -> bytes; Triton's
-                ``file:`` load parameters, checked by :func:`hybrid.serve.triton_config.load_request`): the model
+                ``file:`` load parameters, checked by :func:`hybrid.serve.triton.config.load_request`): the model
                 is served from them alone, written to a folder of its own (removed once the model is replaced or
                 unloaded); a later load without files reads the registry's paths again.
 
@@ -542,7 +542,7 @@ class ModelRegistry:
         check_name(name)
         configs = {}
         if config is not None:
-            from hybrid.serve.triton_config import config_from_json
+            from hybrid.serve.triton.config import config_from_json
 
             configs[name] = config_from_json(config, name)
         folder = _override_folder(name, files) if files else None
@@ -618,7 +618,7 @@ class ModelRegistry:
 
         Their races take turns: one model's bucket at a time.
         """
-        from hybrid.serve.idle_tuning import start_idle_tuning
+        from hybrid.serve.core.idle_tuning import start_idle_tuning
 
         for model in self if models is None else models:
             start_idle_tuning(model, self.idle_for, turn=self._idle_turn)
@@ -660,7 +660,7 @@ class ModelRegistry:
 def _override_folder(name: str, files: Mapping[str, bytes]) -> Path:
     """A new repository folder holding ``name``'s folder made of ``files`` (relative path -> bytes), written whole.
 
-    The paths were checked by :func:`hybrid.serve.triton_config.load_request`; each is checked again to stay
+    The paths were checked by :func:`hybrid.serve.triton.config.load_request`; each is checked again to stay
     inside the folder.
 
     Raises:
@@ -709,11 +709,11 @@ def build_registry(paths: Sequence[str | Path], target: str | None = None,
     """Discover and load every model under ``paths`` (or the given ``sources``) into a registry.
 
     Each is compiled with ``compile_options`` and warmed up (see :func:`load_model`), in a thread of the
-    models' scheduling (:func:`hybrid.serve.batcher.in_compute_policy`), so that the threads a runtime starts
+    models' scheduling (:func:`hybrid.serve.core.batcher.in_compute_policy`), so that the threads a runtime starts
     meanwhile (its intra-op pool) yield CPU weight to the server's front end as the batch runners do, whichever
     thread calls this (the CLI's main thread, or an executor thread of the ``SCHED_BATCH`` front end).
     ``idle_tuning``: once all are loaded, each model that tunes online decides its batch-size buckets while
-    the server has no requests (:mod:`hybrid.serve.idle_tuning`; ``pyasc serve`` turns it on).
+    the server has no requests (:mod:`hybrid.serve.core.idle_tuning`; ``pyasc serve`` turns it on).
 
     Raises:
         HybridError: what discovery or loading raised; models loaded so far are closed first.

@@ -1,6 +1,6 @@
 """What both transports share: the options, the models and metrics, the draining flag, and the one infer path.
 
-The HTTP app (:mod:`hybrid.serve.app`) and the gRPC service (:mod:`hybrid.serve.grpc_server`) sit above
+The HTTP app (:mod:`hybrid.serve.app`) and the gRPC service (:mod:`hybrid.serve.grpc.server`) sit above
 this module and never import each other; the composition root (:mod:`hybrid.serve.server`) starts both.
 Every inference request, whatever its transport, goes through :func:`infer`: decoded once by the
 transport into arrays, checked once against the model (:meth:`ServedModel.check`), queued and batched,
@@ -18,20 +18,20 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from hybrid.errors import ConfigError, HybridError, ServingError
-from hybrid.serve.latency_summary import MetricsConfig
-from hybrid.serve.log_settings import LogSettings
-from hybrid.serve.metrics import ServerMetrics
-from hybrid.serve.protocol import Limits
-from hybrid.serve.response_cache import ResponseCache
-from hybrid.serve.shared_memory import SharedMemoryRegions
-from hybrid.serve.trace import Trace, TraceConfig, Tracer
+from hybrid.serve.core.protocol import Limits
+from hybrid.serve.observe.latency_summary import MetricsConfig
+from hybrid.serve.observe.metrics import ServerMetrics
+from hybrid.serve.observe.trace import Trace, TraceConfig, Tracer
+from hybrid.serve.triton.log_settings import LogSettings
+from hybrid.serve.triton.response_cache import ResponseCache
+from hybrid.serve.triton.shared_memory import SharedMemoryRegions
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from hybrid.serve.model import CheckedRequest, ServedModel
-    from hybrid.serve.repository import ModelRegistry
-    from hybrid.serve.sequences import SequenceFlags
+    from hybrid.serve.core.model import CheckedRequest, ServedModel
+    from hybrid.serve.core.repository import ModelRegistry
+    from hybrid.serve.triton.sequences import SequenceFlags
 
 __all__ = ["EXTENSIONS", "Decoded", "ServeOptions", "ServerState", "available_model", "failure_reason", "http_status",
            "infer", "selected_models"]
@@ -66,18 +66,18 @@ class ServeOptions:
         trace: The trace settings at start-up (Triton's trace extension: ``--trace-config``); None: no trace
             extension (Ray, where a call reaches one replica of several).
         sequences: List Triton's sequence extension (models with sequence batching are served,
-            :mod:`hybrid.serve.sequences`); off on Ray, which refuses such models (a sequence's requests could
+            :mod:`hybrid.serve.triton.sequences`); off on Ray, which refuses such models (a sequence's requests could
             reach different replicas).
         response_cache: Bytes of Triton's response cache (``--cache-config local,size=N``) for the models whose
-            ``config.pbtxt`` enables it (:mod:`hybrid.serve.response_cache`); 0: no cache.
+            ``config.pbtxt`` enables it (:mod:`hybrid.serve.triton.response_cache`); 0: no cache.
         metrics_address: 'host:port' where ``GET /metrics`` is answered too, alone (Triton's metrics port, 8002
             there; port 0: a free one); None: on the server's port only.
         repository_poll_s: Triton's poll mode (``--model-control-mode poll``): seconds between two looks at the
             registry's paths, whose models added, changed or removed are loaded, reloaded or unloaded
-            (:mod:`hybrid.serve.polling`, run by :class:`hybrid.serve.server.HybridServer`); the load and unload
+            (:mod:`hybrid.serve.core.polling`, run by :class:`hybrid.serve.server.HybridServer`); the load and unload
             endpoints are then off (HYB-709). None: no polling.
         metrics: Which of Triton's latency metrics ``/metrics`` exposes (``--metrics-config``: the cumulative
-            counters, the summaries; :mod:`hybrid.serve.latency_summary`).
+            counters, the summaries; :mod:`hybrid.serve.observe.latency_summary`).
     """
 
     auth_token: str | None = None

@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from hybrid.errors import ServingError
-from hybrid.serve.random_inputs import random_array, samples_of_rows
+from hybrid.serve.core.random_inputs import random_array, samples_of_rows
 
 if TYPE_CHECKING:
-    from hybrid.serve.model import ServedModel
+    from hybrid.serve.core.model import ServedModel
 
 __all__ = ["pbtxt_samples", "random_samples", "samples_of_rows"]
 
@@ -39,7 +39,7 @@ def pbtxt_samples(model: ServedModel, model_dir: Path) -> list[dict[str, np.ndar
     Raises:
         ServingError: HYB-707 naming the entry for an unknown data type, a missing or short data file.
     """
-    from hybrid.serve.protocol import DATATYPES
+    from hybrid.serve.tensors import DATATYPES
 
     config: Any = model.model_config
     if config is None or not len(config.model_warmup):

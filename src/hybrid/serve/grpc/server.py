@@ -1,24 +1,28 @@
 """The KServe v2 / Triton gRPC API (``inference.GRPCInferenceService``) on grpcio's asyncio server.
 
 The service is built on the generated code that ships with tritonclient (``tritonclient.grpc.service_pb2``
-and ``service_pb2_grpc``, from Triton's published ``grpc_service.proto``), so the wire format is protobuf's,
-never hand-written. It runs on the HTTP server's event loop (started and stopped by the composition
-root, :mod:`hybrid.serve.server`) and shares everything with it through :mod:`hybrid.serve.state`,
-inference included (:func:`hybrid.serve.state.infer`): the models and their batchers, the bearer token
-(``authorization`` metadata), the body limit (the largest message accepted), the metrics and statistics,
-the draining state, and the HYB error codes, sent as the status message ``[HYB-7xx] ...`` with the code
-also in the trailing metadata ``hyb-code``; the status code follows the HTTP status of the same
-error (:func:`grpc_status`).
+and ``service_pb2_grpc``, from Triton's published ``grpc_service.proto``). Protobuf reads and writes every
+message but one part of one: a ``ModelInferRequest``'s top-level fields are walked by hand
+(:mod:`hybrid.serve.grpc.wire`) so that its ``raw_input_contents`` stay views of the received bytes (346 against
+391 us per inference, measured; docs/serving.md), and protobuf parses the rest of the message; anything that
+walk does not expect goes to protobuf whole. The tensors are then decoded by the one v2 codec both transports
+use (:mod:`hybrid.serve.tensors`). The service runs on the HTTP server's event loop (started and stopped by the
+composition root, :mod:`hybrid.serve.server`) and shares everything with it through
+:mod:`hybrid.serve.core.state`, inference included (:func:`hybrid.serve.core.state.infer`): the models and their
+batchers, the bearer token (``authorization`` metadata), the body limit (the largest message accepted), the
+metrics and statistics, the draining state, and the HYB error codes, sent as the status message
+``[HYB-7xx] ...`` with the code also in the trailing metadata ``hyb-code``; the status code follows the HTTP
+status of the same error (:func:`grpc_status`).
 
 Methods: ServerLive, ServerReady, ModelReady, ServerMetadata, ModelMetadata, ModelInfer (inputs as
 ``raw_input_contents`` or typed ``contents``; outputs always as ``raw_output_contents``, as Triton does),
 ModelStreamInfer (requests of one stream run concurrently, so they batch; answers carry the request id),
 ModelConfig, ModelStatistics, RepositoryIndex, RepositoryModelLoad / RepositoryModelUnload (refused with
 HYB-709 unless the server runs with model control), SystemSharedMemoryStatus / Register / Unregister
-(:mod:`hybrid.serve.shared_memory`; inputs and outputs may then name a region), LogSettings
-(:mod:`hybrid.serve.log_settings`), TraceSetting (:mod:`hybrid.serve.trace`; a sampled ModelInfer is traced from
-``GRPC_WAITREAD_END``, grpcio having read it, to ``GRPC_SEND_END``, its call ended). The CUDA shared-memory methods
-answer UNIMPLEMENTED.
+(:mod:`hybrid.serve.triton.shared_memory`; inputs and outputs may then name a region), LogSettings
+(:mod:`hybrid.serve.triton.log_settings`), TraceSetting (:mod:`hybrid.serve.observe.trace`; a sampled ModelInfer is
+traced from ``GRPC_WAITREAD_END``, grpcio having read it, to ``GRPC_SEND_END``, its call ended). The CUDA
+shared-memory methods answer UNIMPLEMENTED.
 """
 
 from __future__ import annotations
@@ -38,19 +42,20 @@ from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from hybrid._version import __version__
 from hybrid.errors import ConfigError, HybridError, ServingError
-from hybrid.serve.classification import CLASSIFICATION, class_count, top_classes
-from hybrid.serve.grpc_accept import accept_ahead
-from hybrid.serve.grpc_wire import ReceivedInfer, read_infer_request
-from hybrid.serve.protocol import DATATYPES, Limits, binary_of, datatype_of
-from hybrid.serve.sequences import SequenceFlags, sequence_flags
-from hybrid.serve.shared_memory import BYTE_SIZE, OFFSET, REGION, SharedMemoryRegions, Span, regions_for, span_of
-from hybrid.serve.state import Decoded, ServerState, http_status, infer, selected_models, statistics_of
-from hybrid.serve.trace import carrier_of
-from hybrid.serve.triton_config import load_request, model_config
+from hybrid.serve.core.protocol import Limits
+from hybrid.serve.core.state import Decoded, ServerState, http_status, infer, selected_models, statistics_of
+from hybrid.serve.grpc.accept import accept_ahead
+from hybrid.serve.grpc.wire import ReceivedInfer, read_infer_request
+from hybrid.serve.observe.trace import carrier_of
+from hybrid.serve.tensors import bad, binary_of, bytes_array, datatype_of, dtype_for, from_raw, shape_of, values_as
+from hybrid.serve.triton.classification import CLASSIFICATION, class_count, top_classes
+from hybrid.serve.triton.config import load_request, model_config
+from hybrid.serve.triton.sequences import SequenceFlags, sequence_flags
+from hybrid.serve.triton.shared_memory import BYTE_SIZE, OFFSET, REGION, SharedMemoryRegions, Span, regions_for, span_of
 
 if TYPE_CHECKING:
-    from hybrid.serve.model import ServedModel
-    from hybrid.serve.trace import Trace
+    from hybrid.serve.core.model import ServedModel
+    from hybrid.serve.observe.trace import Trace
 
 __all__ = ["GrpcService", "decode_inputs", "encode_outputs", "grpc_status", "method_handlers", "requested_outputs",
            "start_grpc"]
@@ -67,6 +72,7 @@ _TYPED = {"BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_content
           "UINT64": "uint64_contents", "FP32": "fp32_contents", "FP64": "fp64_contents", "BYTES": "bytes_contents"}
 SERVICE = "inference.GRPCInferenceService"
 INFER_METHOD = f"/{SERVICE}/ModelInfer"  # its calls are accepted ahead (grpc_accept)
+_RAW = "raw_input_contents"  # where a tensor's bytes came from, in the error texts
 _HINT = "build requests with tritonclient.grpc (InferInput.set_data_from_numpy)"
 
 
@@ -86,74 +92,20 @@ def _bad(message: str, hint: str | None = _HINT) -> ServingError:
 
 
 # ------------------------------------------------------------------------------------------------ tensors
-def _shape(name: str, dims: Any, itemsize: int, limits: Limits) -> tuple[tuple[int, ...], int]:
-    cap = limits.max_body // max(1, itemsize)
-    count = 1
-    for d in dims:
-        if d < 0:
-            raise _bad(f"input {name!r}: shape {list(dims)} has a negative dimension {d}")
-        if d > cap or count * d > cap:
-            raise _bad(f"input {name!r}: shape {list(dims)} has more elements than the {cap} a "
-                       f"{limits.max_body}-byte request can carry", "check the shape")
-        count *= d
-    return tuple(dims), count
-
-
-def _bytes_elements(name: str, raw: bytes | memoryview, count: int) -> np.ndarray:
-    if 4 * count > len(raw):
-        raise _bad(f"input {name!r}: {count} BYTES elements need at least {4 * count} bytes, the tensor has "
-                   f"{len(raw)}")
-    out = np.empty(count, dtype=object)
-    view = memoryview(raw)
-    pos = 0
-    for i in range(count):
-        if pos + 4 > len(view):
-            raise _bad(f"input {name!r}: BYTES data ends inside element {i} of {count}")
-        n = int.from_bytes(view[pos:pos + 4], "little")
-        pos += 4
-        if pos + n > len(view):
-            raise _bad(f"input {name!r}: BYTES element {i} declares {n} bytes past the end of its data")
-        out[i] = bytes(view[pos:pos + n])
-        pos += n
-    if pos != len(view):
-        raise _bad(f"input {name!r}: the tensor has {len(view)} bytes, its {count} BYTES elements use {pos}")
-    return out
-
-
-def _from_raw(name: str, datatype: str, shape: tuple[int, ...], count: int, raw: bytes | memoryview,
-              field: str = "raw_input_contents") -> np.ndarray:
-    if datatype == "BYTES":
-        return _bytes_elements(name, raw, count).reshape(shape)
-    dtype = DATATYPES[datatype]
-    if len(raw) != count * dtype.itemsize:
-        raise _bad(f"input {name!r}: {field} has {len(raw)} bytes, but {datatype} shape {list(shape)} "
-                   f"needs {count * dtype.itemsize}")
-    if datatype == "BOOL" and count and np.frombuffer(raw, np.uint8).max() > 1:
-        raise _bad(f"input {name!r}: BOOL data must be bytes 0 or 1")
-    return np.frombuffer(raw, dtype=dtype, count=count).reshape(shape)  # a view: the model's run aligns it
-
-
 def _from_typed(name: str, datatype: str, shape: tuple[int, ...], count: int, contents: Any) -> np.ndarray:
     field = _TYPED.get(datatype)
     if field is None:
-        raise _bad(f"input {name!r}: {datatype} has no typed contents field; send it as raw_input_contents")
+        raise bad(f"input {name!r}: {datatype} has no typed contents field; send it as raw_input_contents")
     values = getattr(contents, field)
     if len(values) != count:
-        raise _bad(f"input {name!r}: shape {list(shape)} needs {count} values, {field} has {len(values)}")
+        raise bad(f"input {name!r}: shape {list(shape)} needs {count} values, {field} has {len(values)}")
     for other in set(_TYPED.values()) - {field}:
         if len(getattr(contents, other)):
-            raise _bad(f"input {name!r}: datatype {datatype} takes {field}, the request fills {other}")
+            raise bad(f"input {name!r}: datatype {datatype} takes {field}, the request fills {other}")
     if datatype == "BYTES":
-        arr = np.empty(count, dtype=object)
-        arr[:] = list(values)
-        return arr.reshape(shape)
-    dtype = DATATYPES[datatype]
+        return bytes_array(values, count).reshape(shape)
     found = np.array(values, dtype=np.bool_ if datatype == "BOOL" else None)
-    if dtype.kind in "iu" and found.size:
-        info = np.iinfo(dtype)
-        if found.min() < info.min or found.max() > info.max:
-            raise _bad(f"input {name!r}: {field} holds values outside {datatype}'s range")
-    return found.astype(dtype, copy=False).reshape(shape)
+    return values_as(name, datatype, found, field).reshape(shape)
 
 
 def _value(param: pb.InferParameter) -> Any:
@@ -201,20 +153,18 @@ def decode_inputs(request: pb.ModelInferRequest, limits: Limits, shared_memory: 
         name, datatype = tensor.name, tensor.datatype
         if name in arrays:
             raise _bad(f"input {name!r} appears twice")
-        if datatype not in DATATYPES:
-            raise _bad(f"input {name!r}: unknown datatype {datatype!r}; expected one of {', '.join(DATATYPES)}")
-        itemsize = 4 if datatype == "BYTES" else DATATYPES[datatype].itemsize
-        shape, count = _shape(name, tensor.shape, itemsize, limits)
+        dtype_for(name, datatype)
+        shape, count = shape_of(name, tensor.shape, datatype, limits.max_body)
         if span is not None:
             if tensor.HasField("contents"):
                 raise _bad(f"input {name!r} has both contents and a shared memory region")
             where = f"input {name!r}"
             data = regions_for(shared_memory, where).read(span.region, span.offset, span.byte_size, where)
-            arrays[name] = _from_raw(name, datatype, shape, count, data, BYTE_SIZE)
+            arrays[name] = from_raw(name, datatype, shape, count, data, BYTE_SIZE)
         elif len(raw):
             if tensor.HasField("contents"):
                 raise _bad(f"input {name!r} has both contents and raw_input_contents")
-            arrays[name] = _from_raw(name, datatype, shape, count, next(next_raw))
+            arrays[name] = from_raw(name, datatype, shape, count, next(next_raw), _RAW)
         else:
             arrays[name] = _from_typed(name, datatype, shape, count, tensor.contents)
     return arrays
@@ -240,7 +190,7 @@ def encode_outputs(model: ServedModel, request: pb.ModelInferRequest, outputs: d
     """The ModelInferResponse with the outputs the request asked for, as raw contents.
 
     All of the model's outputs when the request names none; an output asked for with ``classification`` K as
-    its top K classes (:func:`hybrid.serve.classification.top_classes`).
+    its top K classes (:func:`hybrid.serve.triton.classification.top_classes`).
 
     ``wanted``: the request's outputs as :func:`requested_outputs` read them (read again where not given).
 
@@ -490,7 +440,7 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
         with model control; the ``config`` parameter (a ``ModelConfig`` as JSON, tritonclient's
         ``load_model(name, config=...)``) stands for the model's ``config.pbtxt`` for this load, and ``file:<path>``
         parameters (bytes; ``load_model(..., files=...)``) carry the model's files, served from a folder of their
-        own (:meth:`hybrid.serve.repository.ModelRegistry.load`); a bad one, or any other parameter, is
+        own (:meth:`hybrid.serve.core.repository.ModelRegistry.load`); a bad one, or any other parameter, is
         INVALID_ARGUMENT (HYB-702); a model no repository holds is NOT_FOUND (HYB-701).
         """
         self._control()
@@ -625,7 +575,7 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelInfer(self, request: ReceivedInfer | pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
         """Answer ``ModelInfer``: run one request through the model's batcher; outputs as raw contents.
 
-        ``request`` as :func:`hybrid.serve.grpc_wire.read_infer_request` reads it (this service's own server), or
+        ``request`` as :func:`hybrid.serve.grpc.wire.read_infer_request` reads it (this service's own server), or
         parsed whole by protobuf (Ray Serve's gRPC proxy).
 
         The errors map through :func:`grpc_status`: a malformed request INVALID_ARGUMENT (HYB-702, HYB-401..407),
@@ -707,7 +657,7 @@ def method_handlers(service: GrpcService) -> dict[str, grpc.RpcMethodHandler]:
 
     Each reads and writes its messages with the generated protobuf types, as tritonclient's
     ``add_GRPCInferenceServiceServicer_to_server`` registers them, except that ``ModelInfer`` and
-    ``ModelStreamInfer`` read their requests with :func:`hybrid.serve.grpc_wire.read_infer_request`: the tensors'
+    ``ModelStreamInfer`` read their requests with :func:`hybrid.serve.grpc.wire.read_infer_request`: the tensors'
     bytes are not copied out of the received message.
     """
     kinds = {(False, False): grpc.unary_unary_rpc_method_handler, (False, True): grpc.unary_stream_rpc_method_handler,

@@ -9,9 +9,9 @@
 ``GET /v2/systemsharedmemory[/region/{r}]/status``       ``[{"name", "key", "offset", "byte_size"}...]``
 ``POST /v2/systemsharedmemory/region/{r}/register``      ``{"key", "offset", "byte_size"}``: map a region
 ``POST /v2/systemsharedmemory[/region/{r}]/unregister``  drop one region, or all (an unknown one: nothing)
-``GET /v2/logging`` / ``POST /v2/logging``               the log settings (``hybrid.serve.log_settings``)
+``GET /v2/logging`` / ``POST /v2/logging``               the log settings (``hybrid.serve.triton.log_settings``)
 ``GET`` / ``POST /v2[/models/{m}]/trace/setting``         the trace settings of the server or a model
-                                                         (``hybrid.serve.trace``)
+                                                         (``hybrid.serve.observe.trace``)
 =======================================================  ===========================================================
 
 The JSON documents are the protobuf messages of Triton's own definitions (from tritonclient) printed with
@@ -27,15 +27,15 @@ from fastapi import FastAPI, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from hybrid.errors import ServingError
-from hybrid.serve.http_infer import read_body
-from hybrid.serve.state import EXTENSIONS, selected_models, statistics_of
-from hybrid.serve.triton_config import config_json, load_request, model_config
+from hybrid.serve.core.state import EXTENSIONS, selected_models, statistics_of
+from hybrid.serve.http.infer import read_body
+from hybrid.serve.triton.config import config_json, load_request, model_config
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from hybrid.serve.model import ServedModel
-    from hybrid.serve.state import ServerState
+    from hybrid.serve.core.model import ServedModel
+    from hybrid.serve.core.state import ServerState
 
 __all__ = ["EXTENSIONS", "add_triton_routes", "request_rows", "selected_models"]
 
@@ -92,7 +92,7 @@ def add_triton_routes(app: FastAPI, state: ServerState) -> None:
     async def configuration(model_name: str, model_version: str | None = None) -> dict[str, Any]:
         return config_json(model_config(registry.get(model_name, model_version)))
 
-    # the system shared memory extension (hybrid.serve.shared_memory): answers as Triton's, an empty 200
+    # the system shared memory extension (hybrid.serve.triton.shared_memory): answers as Triton's, an empty 200
     @app.get("/v2/systemsharedmemory/status")
     @app.get("/v2/systemsharedmemory/region/{region_name}/status")
     async def shared_memory_status(region_name: str | None = None) -> list[dict[str, Any]]:
@@ -111,7 +111,7 @@ def add_triton_routes(app: FastAPI, state: ServerState) -> None:
         state.regions().unregister(region_name)
         return Response()
 
-    # the logging extension (hybrid.serve.log_settings): every setting, after any change
+    # the logging extension (hybrid.serve.triton.log_settings): every setting, after any change
     @app.get("/v2/logging")
     async def log_settings() -> dict[str, Any]:
         return state.log_control().current()
@@ -120,7 +120,7 @@ def add_triton_routes(app: FastAPI, state: ServerState) -> None:
     async def update_log_settings(request: Request) -> dict[str, Any]:
         return state.log_control().update(await _control_body(request))
 
-    # the trace extension (hybrid.serve.trace): every setting, after any change
+    # the trace extension (hybrid.serve.observe.trace): every setting, after any change
     @app.get("/v2/trace/setting")
     @app.get("/v2/models/{model_name}/trace/setting")
     async def trace_settings(model_name: str | None = None) -> dict[str, Any]:

@@ -29,12 +29,13 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
 from hybrid.errors import ServingError
-from hybrid.serve.http_infer import read_body
-from hybrid.serve.protocol import datatype_of, json_values, request_fields, tensor_from_json
-from hybrid.serve.state import Decoded, ServerState, infer
+from hybrid.serve.core.protocol import json_values, request_fields, tensor_from_json
+from hybrid.serve.core.state import Decoded, ServerState, infer
+from hybrid.serve.http.infer import read_body
+from hybrid.serve.tensors import datatype_of
 
 if TYPE_CHECKING:
-    from hybrid.serve.model import ServedModel
+    from hybrid.serve.core.model import ServedModel
 
 __all__ = ["add_generate_routes", "generate", "generate_inputs"]
 
@@ -94,7 +95,7 @@ def generate_inputs(model: ServedModel, doc: Any) -> tuple[dict[str, np.ndarray]
 def _value(name: str, array: np.ndarray) -> Any:
     """An output as a generate answer carries it: its values flat, or the one value it holds.
 
-    The values are an inference answer's JSON ``data`` (:func:`hybrid.serve.protocol.json_values`).
+    The values are an inference answer's JSON ``data`` (:func:`hybrid.serve.core.protocol.json_values`).
     """
     values = json_values(name, array, datatype_of(array.dtype))
     items = values.tolist() if isinstance(values, np.ndarray) else values

@@ -8,7 +8,7 @@ request's path and answers it itself, with the same behaviour as any route of th
 - the body is read with its limits (:func:`read_body`: Content-Length, gzip/deflate, the decompressed size),
   and a binary-extension request's JSON header is checked against the model as soon as it has arrived,
   before the rest is read; the header is parsed once and handed on to :func:`parse_request`;
-- the request goes through the transports' one inference path (:func:`hybrid.serve.state.infer`);
+- the request goes through the transports' one inference path (:func:`hybrid.serve.core.state.infer`);
 - errors answer the app's documented JSON error (:func:`error_response`), a client that hung up is counted
   and logged as the app does (:func:`note_disconnect`), anything unexpected is HYB-708 with the traceback in
   the server's log;
@@ -36,13 +36,13 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from hybrid.errors import HybridError, ServingError
-from hybrid.serve.metrics import ServerMetrics
-from hybrid.serve.protocol import InferRequest, check_head, encode_response, parse_request
-from hybrid.serve.state import Decoded, ServerState, http_status, infer
-from hybrid.serve.trace import carrier_of
+from hybrid.serve.core.protocol import InferRequest, check_head, encode_response, parse_request
+from hybrid.serve.core.state import Decoded, ServerState, http_status, infer
+from hybrid.serve.observe.metrics import ServerMetrics
+from hybrid.serve.observe.trace import carrier_of
 
 if TYPE_CHECKING:
-    from hybrid.serve.trace import Trace
+    from hybrid.serve.observe.trace import Trace
 
 __all__ = ["BODY_TIMEOUT_SCOPE_KEY", "InferRoute", "answer_infer", "byte_count", "compress", "error_body",
            "error_response", "infer_target", "note_disconnect", "read_body", "response_coding", "route_path"]
@@ -211,7 +211,7 @@ async def answer_infer(state: ServerState, request: Request, model_name: str, mo
     """One HTTP inference request, decoded, run and encoded: the body and its JSON header's length (None: JSON).
 
     ``trace`` (the request's, when sampled) is stamped ``HTTP_RECV_END`` once the body is read, and by
-    :func:`~hybrid.serve.state.infer`.
+    :func:`~hybrid.serve.core.state.infer`.
 
     Raises:
         HybridError: The request's error, as every transport raises it.

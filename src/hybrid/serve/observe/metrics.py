@@ -5,7 +5,7 @@ Queue depth and memory-pool occupancy are read at scrape time from the batchers 
 ``hybrid.hal.memory``, so they cost nothing between scrapes. Beside hybrid's own ``pyasc_*`` metrics the
 server exposes Triton's (``nv_inference_request_success``, ``nv_inference_request_failure``,
 ``nv_inference_count``, ``nv_inference_exec_count``, ``nv_inference_*_duration_us``, labels ``model`` and
-``version``; failures also by ``reason``), read from the same :class:`~hybrid.serve.statistics.ModelStats` that
+``version``; failures also by ``reason``), read from the same :class:`~hybrid.serve.observe.statistics.ModelStats` that
 the statistics endpoints report, with Triton's response cache metrics (``nv_cache_*``) and CPU metrics
 (``nv_cpu_*``, Linux); ``pyasc_batch_size`` is the histogram of the batches actually executed. Triton counts
 only the requests a model took; ``pyasc_inference_requests`` and ``pyasc_inference_failures`` count every
@@ -23,13 +23,13 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, H
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from hybrid.serve.host_metrics import HostCollector
-from hybrid.serve.latency_summary import MetricsConfig
-from hybrid.serve.statistics import ModelStats, TritonCollector
+from hybrid.serve.observe.host_metrics import HostCollector
+from hybrid.serve.observe.latency_summary import MetricsConfig
+from hybrid.serve.observe.statistics import ModelStats, TritonCollector
 
 if TYPE_CHECKING:
-    from hybrid.serve.model import ServedModel
-    from hybrid.serve.response_cache import ResponseCache
+    from hybrid.serve.core.model import ServedModel
+    from hybrid.serve.triton.response_cache import ResponseCache
 
 __all__ = ["CONTENT_TYPE", "ServerMetrics"]
 

@@ -22,10 +22,10 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from tritonclient.grpc import service_pb2 as pb
 
-from hybrid.serve.latency_summary import MetricsConfig, Window
+from hybrid.serve.observe.latency_summary import MetricsConfig, Window
 
 if TYPE_CHECKING:
-    from hybrid.serve.response_cache import CacheCounts
+    from hybrid.serve.triton.response_cache import CacheCounts
 
 __all__ = ["FAILURE_REASONS", "ModelStats", "TritonCollector"]
 

@@ -39,8 +39,8 @@ frequency, a model's own ``log_frequency`` (the file is the server's), any ``tra
 trace file.
 
 OpenTelemetry mode (``--trace-config mode=opentelemetry``, Triton's spelling): the sampled requests are exported as
-spans over OTLP/HTTP instead (:mod:`hybrid.serve.trace_otel`: the layout, and the W3C ``traceparent`` a client may
-send). Its settings document has Triton's keys for the mode: ``trace_level``, ``trace_rate``, ``trace_count``,
+spans over OTLP/HTTP instead (:mod:`hybrid.serve.observe.trace_otel`: the layout, and the W3C ``traceparent`` a client
+may send). Its settings document has Triton's keys for the mode: ``trace_level``, ``trace_rate``, ``trace_count``,
 ``trace_mode``, ``url``, ``resource`` (where given), ``bsp_schedule_delay``, ``bsp_max_export_batch_size``,
 ``bsp_max_queue_size``; the exporter's settings are fixed at start-up (a change is HYB-702; Triton ignores it), and
 ``trace_file`` / ``log_frequency`` belong to the other mode (HYB-702).
@@ -436,7 +436,8 @@ class _Scope:
 class Tracer:
     """The trace settings of a server, the sampling of requests, and the trace files; thread-safe.
 
-    In OpenTelemetry mode the finished traces go to :class:`hybrid.serve.trace_otel.SpanExport` instead of a file.
+    In OpenTelemetry mode the finished traces go to :class:`hybrid.serve.observe.trace_otel.SpanExport` instead of a
+    file.
 
     Args:
         config: The settings at start-up (:meth:`TraceConfig.from_options`).
@@ -464,7 +465,7 @@ class Tracer:
         self._closed = False
         self._spans = None
         if self._start.mode == "opentelemetry":
-            from hybrid.serve.trace_otel import SpanExport
+            from hybrid.serve.observe.trace_otel import SpanExport
 
             self._spans = SpanExport(self._start, clock=clock, exporter=span_exporter)
 

@@ -1,8 +1,8 @@
 """OpenTelemetry mode of the trace extension: each traced request as spans, exported over OTLP/HTTP.
 
 ``pyasc serve --trace-config mode=opentelemetry --trace-config level=TIMESTAMPS`` exports the requests it samples
-(:class:`hybrid.serve.trace.Tracer`: one of every ``rate``, ``count`` at most) as Triton 2.51 lays them out, three
-spans of kind ``SERVER`` per request:
+(:class:`hybrid.serve.observe.trace.Tracer`: one of every ``rate``, ``count`` at most) as Triton 2.51 lays them out,
+three spans of kind ``SERVER`` per request:
 
 ==================  ===================================================================================
 ``InferRequest``    the transport's part: ``HTTP_RECV_START`` / ``_END`` or ``GRPC_WAITREAD_END``,
@@ -50,7 +50,7 @@ _EXPORT_TIMEOUT_S = 10.0  # one OTLP request; an unreachable collector delays th
 
 
 class ExportSettings(Protocol):
-    """The exporter's settings (:class:`hybrid.serve.trace.TraceConfig` in OpenTelemetry mode)."""
+    """The exporter's settings (:class:`hybrid.serve.observe.trace.TraceConfig` in OpenTelemetry mode)."""
 
     url: str
     resource: tuple[str, ...]
@@ -60,7 +60,7 @@ class ExportSettings(Protocol):
 
 
 class FinishedTrace(Protocol):
-    """What a finished request's trace tells (:class:`hybrid.serve.trace.Trace`).
+    """What a finished request's trace tells (:class:`hybrid.serve.observe.trace.Trace`).
 
     This module does not import the trace module: that one imports this.
     """

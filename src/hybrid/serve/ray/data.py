@@ -3,7 +3,7 @@
 ::
 
     import ray
-    from hybrid.serve.ray_data import HybridPredictor, batch_predict, consume
+    from hybrid.serve.ray.data import HybridPredictor, batch_predict, consume
 
     ds = ray.data.from_numpy(images).rename_columns({"data": "data_0"})   # or read_images, read_parquet...
     out = batch_predict(ds, "squeezenet.onnx", target="onnxruntime", concurrency=2, batch_size=64,
@@ -12,7 +12,7 @@
     report.decisions        # {actor: 'onnxruntime:cpu'}: what each actor's model runs on
 
 Each actor (one per ``concurrency``) reads the model once from the package it is given (the file's bytes
-and SHA-256, checked and cached per node like a Serve replica's, :mod:`hybrid.serve.ray_models`) and
+and SHA-256, checked and cached per node like a Serve replica's, :mod:`hybrid.serve.ray.models`) and
 compiles it once; every batch then runs on that compiled model. With ``target='auto'`` each actor makes
 auto's decision on its own node; the decision comes back with the rows (column :data:`RUNTIME_COLUMN`,
 ``'<backend>:<device>'``) and :func:`consume` reports it per actor. Batches may be numpy (a dict of
@@ -32,8 +32,8 @@ from typing import Any
 import numpy as np
 
 from hybrid.errors import ConfigError
-from hybrid.serve.ray_models import ModelPackage, materialize, pack
-from hybrid.serve.repository import discover
+from hybrid.serve.core.repository import discover
+from hybrid.serve.ray.models import ModelPackage, materialize, pack
 
 __all__ = ["RUNTIME_COLUMN", "BatchReport", "HybridPredictor", "batch_predict", "consume"]
 
@@ -64,7 +64,7 @@ class HybridPredictor:
 
     def __init__(self, model: str | Path | ModelPackage, target: str = "auto", inputs: Mapping[str, str] | None = None,
                  backend_config: Mapping[str, Mapping[str, Any]] | None = None, report: bool = True) -> None:
-        from hybrid.serve.repository import configure_backends, load_model
+        from hybrid.serve.core.repository import configure_backends, load_model
 
         configure_backends(dict(backend_config) if backend_config else None)
         source = materialize(_package(model))

@@ -1,16 +1,16 @@
 """Scale-out on Ray Serve: the same models and the same v2 HTTP and gRPC APIs, on N replicas or autoscaled.
 
 Each replica serves the app made by :func:`hybrid.serve.app.create_app` through Serve's FastAPI ingress,
-and the KServe v2 / Triton gRPC service through Serve's gRPC proxy (:mod:`hybrid.serve.ray_grpc`); Serve's
+and the KServe v2 / Triton gRPC service through Serve's gRPC proxy (:mod:`hybrid.serve.ray.grpc_methods`); Serve's
 proxies spread requests over the replicas, and each replica batches what it receives.
 
-The models travel with the deployment (:mod:`hybrid.serve.ray_models`): the driver reads and digests the
+The models travel with the deployment (:mod:`hybrid.serve.ray.models`): the driver reads and digests the
 files, the deployment's init arguments carry them, and each node checks and caches them, so no node needs
 the driver's path, and replicas restarted after the driver is gone (or its files deleted) still load them.
 :func:`app_builder` makes the same application from a ``serve deploy`` config file.
 
 Each replica warms its models up before it counts as started, answers Serve's ``check_health`` (every model
-loaded and answering a tiny call, :mod:`hybrid.serve.ray_health`), and drains on :func:`drain`: it refuses
+loaded and answering a tiny call, :mod:`hybrid.serve.ray.health`), and drains on :func:`drain`: it refuses
 new requests with HYB-706 and answers the ones it has, then Serve deletes the application.
 
 Only imported when Ray is wanted: ``pip install 'pyasc[serve-ray]'``.
@@ -34,13 +34,13 @@ from ray.experimental import internal_kv
 
 from hybrid.errors import ConfigError
 from hybrid.serve.app import create_app
-from hybrid.serve.grpc_server import GrpcService
-from hybrid.serve.model import BatchSettings
-from hybrid.serve.ray_grpc import SERVICER_FUNCTION, GrpcMethods
-from hybrid.serve.ray_health import ReplicaHealth
-from hybrid.serve.ray_models import ModelPackage, is_uri, materialize, pack, package_uri
-from hybrid.serve.repository import build_registry, configure_backends, discover
-from hybrid.serve.state import ServeOptions
+from hybrid.serve.core.model import BatchSettings
+from hybrid.serve.core.repository import build_registry, configure_backends, discover
+from hybrid.serve.core.state import ServeOptions
+from hybrid.serve.grpc.server import GrpcService
+from hybrid.serve.ray.grpc_methods import SERVICER_FUNCTION, GrpcMethods
+from hybrid.serve.ray.health import ReplicaHealth
+from hybrid.serve.ray.models import ModelPackage, is_uri, materialize, pack, package_uri
 
 __all__ = ["HybridDeployment", "app_builder", "build_application", "connect", "deploy", "drain", "serve_until_stopped",
            "shutdown"]
@@ -51,7 +51,7 @@ DEFAULT_APP = "pyasc"
 KV_NAMESPACE = "pyasc"
 DRAIN_POLL = 0.2  # seconds between a replica's looks at its application's drain flag
 PROXY_CALLBACK_ENV = "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"
-PROXY_CALLBACK = "hybrid.serve.ray_proxy:middlewares"
+PROXY_CALLBACK = "hybrid.serve.ray.proxy:middlewares"
 
 
 def _drain_key(app_name: str) -> bytes:
@@ -83,7 +83,7 @@ class HybridDeployment(GrpcMethods):
     """One Serve replica: checks and loads the shipped models, warms them up, then serves them.
 
     Args:
-        packages: The model versions and their bytes (:func:`hybrid.serve.ray_models.pack`).
+        packages: The model versions and their bytes (:func:`hybrid.serve.ray.models.pack`).
         target: Target for every model, or None for each model's own (else 'auto').
         overrides: Serving settings from the command line.
         options: Auth token and limits (gRPC goes through Serve's proxy; model control is off on Ray).
@@ -131,9 +131,9 @@ def build_application(models: Sequence[str | Path], *, target: str | None = None
     Args:
         models: Model files and repository folders, as for ``pyasc serve``, whose bytes travel in the init
             arguments; and ``[NAME=]URI[#sha256=HEX]`` entries (``file://``, ``http(s)://``, fsspec's
-            schemes) that every node reads itself (:func:`hybrid.serve.ray_models.package_uri`).
+            schemes) that every node reads itself (:func:`hybrid.serve.ray.models.package_uri`).
         target: Target for every model (None: each folder's config.json, else 'auto').
-        overrides: Serving settings (:class:`~hybrid.serve.model.BatchSettings` fields) for every model.
+        overrides: Serving settings (:class:`~hybrid.serve.core.model.BatchSettings` fields) for every model.
         options: Auth token and request limits.
         backend_config: Backend options set in every replica's process, as for ``hybrid.set_backend``.
         replicas: Fixed number of replicas (ignored when ``autoscaling`` is given).
@@ -184,7 +184,9 @@ def build_application(models: Sequence[str | Path], *, target: str | None = None
 
 
 def app_builder(args: Mapping[str, Any]) -> Any:
-    """Builder for ``serve deploy`` / ``serve run`` config files (``import_path: hybrid.serve.ray:app_builder``).
+    """Builder for ``serve deploy`` / ``serve run`` config files.
+
+    Their ``import_path`` is ``hybrid.serve.ray.deployment:app_builder``.
 
     ``args`` are :func:`build_application`'s keywords (``models`` a list of paths readable where Serve runs
     the build, the head node), plus ``auth_token``; unknown keys are refused (HYB-101).

@@ -1,10 +1,10 @@
 """The KServe v2 / Triton gRPC service on Ray Serve: the replica side of Serve's gRPC proxy.
 
 Serve's gRPC proxy (``serve.start(grpc_options=...)`` with :data:`SERVICER_FUNCTION`, which registers
-tritonclient's generated service, :mod:`hybrid.serve.ray_servicer`) decodes each call with the generated request
+tritonclient's generated service, :mod:`hybrid.serve.ray.servicer`) decodes each call with the generated request
 type and routes it to the deployment method of the RPC's name (``ModelInfer``, ``ServerReady``, ...).
 :class:`GrpcMethods` gives the deployment those methods; each runs the same
-:class:`hybrid.serve.grpc_server.GrpcService` method the single-process server runs, over the replica's
+:class:`hybrid.serve.grpc.server.GrpcService` method the single-process server runs, over the replica's
 own server state, so the checks, batching, metrics and HYB error codes are the same. An error's gRPC
 status and ``[HYB-7xx] ...`` message are set on Serve's ``grpc_context`` (Serve copies them onto the
 client's call) and an empty answer is returned, as Serve documents for status codes.
@@ -21,8 +21,8 @@ from typing import Any
 import grpc
 from tritonclient.grpc import service_pb2 as pb
 
-from hybrid.serve.grpc_server import GrpcService
-from hybrid.serve.ray_servicer import SERVICER_FUNCTION
+from hybrid.serve.grpc.server import GrpcService
+from hybrid.serve.ray.servicer import SERVICER_FUNCTION
 
 __all__ = ["SERVICER_FUNCTION", "UNARY_METHODS", "GrpcMethods"]
 

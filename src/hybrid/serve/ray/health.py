@@ -19,8 +19,8 @@ import numpy as np
 from hybrid.errors import HybridError, ServingError
 
 if TYPE_CHECKING:
-    from hybrid.serve.model import ServedModel
-    from hybrid.serve.repository import ModelRegistry
+    from hybrid.serve.core.model import ServedModel
+    from hybrid.serve.core.repository import ModelRegistry
 
 __all__ = ["ReplicaHealth", "probe_feeds"]
 

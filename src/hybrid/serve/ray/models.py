@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from hybrid.errors import BundleError, ServingError
-from hybrid.serve.repository import ModelSource
+from hybrid.serve.core.repository import ModelSource
 
 __all__ = ["CACHE_ENV", "MAX_INLINE", "ModelPackage", "cache_dir", "is_uri", "materialize", "pack", "package_uri"]
 

@@ -18,8 +18,8 @@ one is back:
 | 404 | HYB-701 | no application serves the path (it was deleted) |
 
 Serve (2.60) takes proxy middlewares only from ``RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH``
-(``HTTPOptions.middlewares`` is gone), read by each proxy process: :func:`hybrid.serve.ray.connect` sets it
-to ``hybrid.serve.ray_proxy:middlewares`` before it starts a local instance (whose processes inherit it);
+(``HTTPOptions.middlewares`` is gone), read by each proxy process: :func:`hybrid.serve.ray.deployment.connect` sets it
+to ``hybrid.serve.ray.proxy:middlewares`` before it starts a local instance (whose processes inherit it);
 on a cluster set it in the environment of ``ray start`` on the nodes that run proxies.
 """
 
@@ -154,5 +154,5 @@ class ServeErrorsAsHyb:
 
 
 def middlewares() -> list[Any]:
-    """For ``RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH=hybrid.serve.ray_proxy:middlewares``."""
+    """For ``RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH=hybrid.serve.ray.proxy:middlewares``."""
     return [Middleware(ServeErrorsAsHyb)]

@@ -16,7 +16,7 @@ from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
 __all__ = ["SERVICER_FUNCTION", "add_servicer"]
 
-SERVICER_FUNCTION = "hybrid.serve.ray_servicer.add_servicer"
+SERVICER_FUNCTION = "hybrid.serve.ray.servicer.add_servicer"
 
 sys.modules.setdefault(service_pb2.ServerLiveRequest.__module__, service_pb2)
 sys.modules.setdefault(model_config_pb2.ModelConfig.__module__, model_config_pb2)

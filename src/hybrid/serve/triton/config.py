@@ -19,7 +19,7 @@ the fields that have a meaning here become serving settings:
                                                    place behind the requests still in time; a request's own
                                                    ``timeout`` lowers it where ``allow_timeout_override`` is
                                                    set and is otherwise ignored, as in Triton
-                                                   (:class:`hybrid.serve.schedule.QueuePolicy`)
+                                                   (:class:`hybrid.serve.triton.schedule.QueuePolicy`)
 ``priority_levels``, ``default_priority_level``,   a queue per level, the highest (1) batched first; a
 ``priority_queue_policy``                          request's ``priority`` parameter picks its level (0 or out
                                                    of range: the default); each level's policy bounds it
@@ -29,11 +29,11 @@ the fields that have a meaning here become serving settings:
                                                    N (Triton's default, N = 1), ``all``, ``specific``; the
                                                    others are neither loaded nor listed, as in Triton
 ``input`` / ``output``: name, data_type, dims      checked against the model (HYB-707 naming the mismatch)
-``model_warmup``                                   run before the model is ready (:mod:`hybrid.serve.warmup`)
+``model_warmup``                                   run before the model is ready (:mod:`hybrid.serve.core.warmup`)
 ``output[*].label_filename``                       the labels of the classification extension
-                                                   (:mod:`hybrid.serve.classification`)
+                                                   (:mod:`hybrid.serve.triton.classification`)
 ``sequence_batching``                              stateful models: controls, implicit state, a
-                                                   sequence's requests in order (:mod:`hybrid.serve.sequences`);
+                                                   sequence's requests in order (:mod:`hybrid.serve.triton.sequences`);
                                                    ``max_batch`` = ``max_batch_size``, ``batch_timeout`` = the
                                                    strategy's ``max_queue_delay_microseconds``
 =================================================  ===============================================
@@ -59,12 +59,12 @@ from google.protobuf.message import Message
 from tritonclient.grpc import model_config_pb2 as mc
 
 from hybrid.errors import ServingError
-from hybrid.serve.protocol import datatype_of
-from hybrid.serve.schedule import QueuePolicy, SchedulePolicy
+from hybrid.serve.tensors import datatype_of
+from hybrid.serve.triton.schedule import QueuePolicy, SchedulePolicy
 
 if TYPE_CHECKING:
     from hybrid.ir.signature import Signature, TensorSpec
-    from hybrid.serve.model import ServedModel
+    from hybrid.serve.core.model import ServedModel
 
 __all__ = [
     "FILE_PARAMETER",
@@ -113,12 +113,12 @@ _MAPPED = {
     "instance_group", "instance_group.count", "instance_group.name",
     "version_policy", "version_policy.latest", "version_policy.latest.num_versions", "version_policy.all",
     "version_policy.specific", "version_policy.specific.versions",
-    # run before the model is ready (hybrid.serve.warmup)
+    # run before the model is ready (hybrid.serve.core.warmup)
     "model_warmup", "model_warmup.name", "model_warmup.batch_size", "model_warmup.count", "model_warmup.inputs",
     "model_warmup.inputs.key", "model_warmup.inputs.value", "model_warmup.inputs.value.data_type",
     "model_warmup.inputs.value.dims", "model_warmup.inputs.value.zero_data", "model_warmup.inputs.value.random_data",
     "model_warmup.inputs.value.input_data_file",
-    # stateful models (hybrid.serve.sequences); a strategy's other fields are reported as not applied
+    # stateful models (hybrid.serve.triton.sequences); a strategy's other fields are reported as not applied
     "sequence_batching", "sequence_batching.max_sequence_idle_microseconds", "sequence_batching.direct",
     "sequence_batching.direct.max_queue_delay_microseconds", "sequence_batching.oldest",
     "sequence_batching.oldest.max_queue_delay_microseconds", "sequence_batching.control_input",
@@ -131,7 +131,7 @@ _MAPPED = {
     "sequence_batching.state.initial_state.data_type", "sequence_batching.state.initial_state.dims",
     "sequence_batching.state.initial_state.zero_data", "sequence_batching.state.initial_state.data_file",
     "sequence_batching.state.initial_state.name",
-    # answers kept by inputs (hybrid.serve.response_cache), where the server has a cache
+    # answers kept by inputs (hybrid.serve.triton.response_cache), where the server has a cache
     "response_cache", "response_cache.enable",
 }
 

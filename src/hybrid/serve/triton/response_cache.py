@@ -8,8 +8,8 @@ time) of its model, version and every input's name, datatype, shape and bytes, s
 when the cache is made: the seed never leaves the process, so keys cannot be computed outside it to craft two
 requests with one key. The value is the model's outputs, copied. The least recently used answers are dropped to
 stay within the size; an answer larger than the whole cache is not kept. Statistics count as Triton's do
-(:mod:`hybrid.serve.statistics`): a hit is a success with a ``cache_hit`` (its lookup time) and no compute; a miss
-a ``cache_miss`` (lookup and insertion time) beside the usual compute. The cache counts its own lookups, hits,
+(:mod:`hybrid.serve.observe.statistics`): a hit is a success with a ``cache_hit`` (its lookup time) and no compute; a
+miss a ``cache_miss`` (lookup and insertion time) beside the usual compute. The cache counts its own lookups, hits,
 misses, evictions and their times (:class:`CacheCounts`), which ``/metrics`` exposes as Triton's ``nv_cache_*`` gauges.
 """
 

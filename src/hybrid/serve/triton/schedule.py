@@ -8,8 +8,8 @@ or ``DELAY`` it behind the requests of its level that are still in time). A requ
 ``priority`` parameter (the schedule-policy extension): 0, or a level above ``priority_levels``, means
 ``default_priority_level``, as Triton reads it. A model without priority levels has a single level.
 
-These are plain values; the queue that applies them is :class:`hybrid.serve.batcher.LoopBatcher` and the
-configuration they come from is read by :func:`hybrid.serve.triton_config.schedule_policy`.
+These are plain values; the queue that applies them is :class:`hybrid.serve.core.batcher.LoopBatcher` and the
+configuration they come from is read by :func:`hybrid.serve.triton.config.schedule_policy`.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ class QueuePolicy:
     A model with a configuration treats a request's own ``timeout`` as Triton does: it applies only where the
     policy allows an override (``allow_timeout_override``), and then only to lower the policy's timeout; with
     no timeout in the policy it is ignored. Models served without a configuration honour it as pyasc always
-    has (:meth:`hybrid.serve.model.ServedModel.run`).
+    has (:meth:`hybrid.serve.core.model.ServedModel.run`).
 
     Attributes:
         timeout_s: Longest wait in the queue; None: no bound.
