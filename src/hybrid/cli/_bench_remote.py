@@ -129,6 +129,9 @@ def server_line(model: RemoteModel) -> str:
         meta = {}
     parts = [f"{meta.get('name', 'server')} {meta.get('version', '')}".strip(),
              f"model {model.name} ({model.metadata.get('platform', '?')}, max_batch_size {model.max_batch_size})"]
+    groups = model.config.get("instance_group") or []
+    if groups:  # the server's layout: model instances (replicas) per kind
+        parts.append("instances " + ", ".join(f"{g.get('count', 1)} x {g.get('kind', '?')}" for g in groups))
     stats = model.statistics() or {}
     for entry in stats.get("model_stats", []) or []:
         extra = entry.get("pyasc")

@@ -132,9 +132,10 @@ class RemoteModel:
         self.outputs = [o["name"] for o in meta.get("outputs", [])]
         try:
             config = self._json(self.client().get_model_config(self.name, self.version, **self._as_json()))
-            self.max_batch_size = int(config.get("config", config).get("max_batch_size", 0))
+            self.config = dict(config.get("config", config))
         except InferenceServerException:  # KServe servers without Triton's model configuration extension
-            self.max_batch_size = 0
+            self.config = {}
+        self.max_batch_size = int(self.config.get("max_batch_size", 0))
 
     def _as_json(self) -> dict[str, Any]:
         return {"as_json": True} if self.endpoint.protocol == "grpc" else {}
