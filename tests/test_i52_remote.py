@@ -232,3 +232,29 @@ def test_bad_url_unreachable_server_unknown_model_and_bad_range_have_stable_code
                                       "--request-rate-range", "5"))
     assert "HYB-102" in _code(_invoke("--url", _http(server), "--model", "tiny", "--shapes", "nope:1x4"))
     assert "HYB-102" in _code(_invoke())  # neither a MODEL nor --url
+
+
+# --- the report says what ran (item 3) ---------------------------------------------------------------------
+
+def test_a_local_bench_names_the_machines_units_and_the_layout(tmp_path: Path) -> None:
+    from _serve_support import tiny_model
+
+    model = tiny_model(tmp_path / "tiny.onnx")
+    result = _invoke(str(model), "-t", "onnxruntime", "-p", "fp32", "--shapes", "x:2x4,scale:2x1", "--blocks", "1",
+                     "--per-block", "2", "--nthreads", "1")
+    assert result.exit_code == 0, result.output
+    assert "AMX" in result.output and "AVX-512" in result.output
+    assert "layout: onnxruntime: threads 1, streams default" in result.output
+
+
+def test_a_loadgen_server_report_has_the_search_curve(tmp_path: Path) -> None:
+    from _serve_support import tiny_model
+
+    model = tiny_model(tmp_path / "tiny.onnx")
+    report = tmp_path / "server.html"
+    result = _invoke(str(model), "-t", "onnxruntime", "-p", "fp32", "--shapes", "x:1x4,scale:1x1", "--scenario",
+                     "server", "--min-duration", "0.3", "--search-runs", "2", "--target-qps", "20",
+                     "--latency-bound", "200", "--report", str(report))
+    assert result.exit_code == 0, result.output
+    text = report.read_text()
+    assert "Server search: p99 vs QPS" in text and "<svg" in text and "layout:" in text

@@ -15,7 +15,7 @@ from typing import Any
 
 import typer
 
-from hybrid.cli._bench_view import loadgen_markdown, loadgen_table
+from hybrid.cli._bench_view import layout_line, loadgen_markdown, loadgen_table
 from hybrid.cli._console import console, err_console, print_wide, progress
 from hybrid.errors import BackendError
 
@@ -26,8 +26,8 @@ def _header(model: str, s: Any, feeds: Any, samples: int, backends: Sequence[str
     from importlib.metadata import version
 
     from hybrid._version import __version__
+    from hybrid.cli._machine import machine_line
     from hybrid.hal import statuses
-    from hybrid.hal.machine import cpu_facts
 
     versions = {st.name: st.version for st in statuses()}
     used = ", ".join(f"{b} {versions.get(b, '?')}" for b in dict.fromkeys(backends) if b != "auto")
@@ -42,8 +42,7 @@ def _header(model: str, s: Any, feeds: Any, samples: int, backends: Sequence[str
     if s.mlperf_conf:
         settings.append(f"config {s.mlperf_conf}")
     lines = [f"model: {model}",
-             f"machine: {cpu_facts()[0]}, {__import__('os').cpu_count()} logical cores, {platform.system()} "
-             f"{platform.machine()}, Python {platform.python_version()}",
+             f"machine: {machine_line()}, Python {platform.python_version()}",
              f"versions: pyasc {__version__}; mlcommons-loadgen {version('mlcommons-loadgen')}; {used}",
              f"inputs: {feeds.describe()}; {samples} sample(s) in the library",
              f"LoadGen {s.scenario}: " + ", ".join(settings)]
@@ -60,7 +59,7 @@ def loadgen_doc(model: str, header: list[str], results: Sequence[Any]) -> dict[s
 def loadgen_command(model: Path, model_obj: Any, targets: str | list[str], precisions: Sequence[str], feeds: Any,
                     config: Mapping[str, Any] | None, as_json: bool, as_markdown: bool, output: Path | None, *,
                     samples_file: Path | None, regenerate: Callable[[int], Mapping[str, Any]] | None,
-                    **settings: Any) -> None:
+                    report: Path | None = None, **settings: Any) -> None:
     """Run the scenario on every contender and print (or write) the results.
 
     Raises:
@@ -79,9 +78,14 @@ def loadgen_command(model: Path, model_obj: Any, targets: str | list[str], preci
         raise BackendError("HYB-304", f"nothing asked for can run on this machine: {reasons}",
                            "`pyasc devices` lists the backends and devices here")
     header = _header(str(model), s, feeds, len(samples), [r.target.partition(":")[0] for r in results])
+    header.append(layout_line(config, [r.target.partition(":")[0] for r in results if r.status == "ok"]))
     doc = loadgen_doc(str(model), header, results)
     if output is not None:
         atomic_write_bytes(output, json.dumps(doc, indent=1).encode())
+    if report is not None:
+        from hybrid.cli._report_curves import loadgen_html
+
+        atomic_write_bytes(report, loadgen_html(f"LoadGen {s.scenario} on {model}", header, results).encode())
     if as_json:
         typer.echo(json.dumps(doc, indent=1))
     else:
@@ -91,5 +95,6 @@ def loadgen_command(model: Path, model_obj: Any, targets: str | list[str], preci
             typer.echo(loadgen_markdown(list(results)))
         else:
             print_wide(loadgen_table(list(results)))
-    if output is not None:
-        err_console.print(f"wrote {output}", soft_wrap=True)
+    for path in (output, report):
+        if path is not None:
+            err_console.print(f"wrote {path}", soft_wrap=True)

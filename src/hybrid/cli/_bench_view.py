@@ -114,19 +114,37 @@ def header_lines(model: str, reference: str, inputs_text: str, tolerance: str, b
                  timing: str) -> list[str]:
     """The report's header: the machine, the versions, the shapes run, the tolerance, the timing."""
     from hybrid._version import __version__
+    from hybrid.cli._machine import machine_line
     from hybrid.hal import statuses
-    from hybrid.hal.machine import cpu_facts
 
     versions = {s.name: s.version for s in statuses()}
-    cores = __import__("os").cpu_count()
     used = ", ".join(f"{b} {versions.get(b, '?')}" for b in dict.fromkeys(backends))
     return [f"model: {model}",
-            f"machine: {cpu_facts()[0]}, {cores} logical cores, {platform.system()} {platform.machine()}, "
-            f"Python {platform.python_version()}",
+            f"machine: {machine_line()}, Python {platform.python_version()}",
             f"versions: pyasc {__version__}; {used}",
             f"inputs: {inputs_text}",
             f"accuracy against {reference}; pass: {tolerance}",
             f"timing: {timing}"]
+
+
+_THREADS = ("intra_op_num_threads", "num_threads", "inference_num_threads")
+_STREAMS = ("num_streams",)
+
+
+def layout_line(config: Mapping[str, Mapping[str, Any]] | None, backends: list[str]) -> str:
+    """The layout each backend ran with: threads and streams as the options set them, else the backend's default.
+
+    No compiled model exposes the layout its runtime chose yet, so an option not given reads 'default'
+    (the runtime's own choice); each contender is one compiled model (one replica).
+    """
+    parts = []
+    for b in dict.fromkeys(backends):
+        opts = {k.lower(): v for k, v in (config or {}).get(b, {}).items()}
+        threads = next((opts[k] for k in _THREADS if k in opts), "default")
+        streams = next((opts[k] for k in _STREAMS if k in opts), "default")
+        hint = opts.get("performance_hint")
+        parts.append(f"{b}: threads {threads}, streams {streams}" + (f", hint {hint}" if hint else ""))
+    return "layout: " + "; ".join(parts) + "; 1 replica per contender (one compiled model)"
 
 
 def _num(v: float | None, fmt: str) -> str:

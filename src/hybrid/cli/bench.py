@@ -29,7 +29,15 @@ import typer
 
 from hybrid.cli import _options as opt
 from hybrid.cli import _remote_options as ro
-from hybrid.cli._bench_view import Tolerance, header_lines, markdown, measure_accuracy, report_doc, rich_table
+from hybrid.cli._bench_view import (
+    Tolerance,
+    header_lines,
+    layout_line,
+    markdown,
+    measure_accuracy,
+    report_doc,
+    rich_table,
+)
 from hybrid.cli._console import console, err_console, print_wide, progress, report_errors, styled
 from hybrid.cli._inputs import Inputs
 from hybrid.errors import BackendError, ConfigError, HybridError
@@ -429,7 +437,7 @@ def bench_command(
                             scenario=scenario.lower(), target_qps=target_qps, latency_bound_ms=latency_bound,
                             min_duration_s=min_duration, min_queries=min_queries, mlperf_conf=mlperf_conf,
                             offline_batch=offline_batch, search_runs=search_runs, workers=workers,
-                            samples_file=samples_file, regenerate=None if given else
+                            samples_file=samples_file, report=report, regenerate=None if given else
                             (lambda seed: resolve_inputs(model_obj, None, declared or bundle_shapes(model, None),
                                                          batch=batch, seed=seed, command=f"bench {model}").feeds))
             return
@@ -446,6 +454,9 @@ def bench_command(
         timing_text = ", ".join(f"{k} {v}" for k, v in asdict(timing).items() if v is not None)
         lines = header_lines(str(model), reference, feeds.describe(), tolerance.describe(ran_precs),
                              [r.target.partition(":")[0] for r in rows] + [reference.partition(":")[0]], timing_text)
+        lines.append(layout_line(config, [r.target.partition(":")[0] for r in rows if r.status == "ok"]))
+        lines.append("compile s and first-call figures are apart from the timed calls (after --warmup untimed "
+                     "calls per contender)")
         header = {"header": lines, "inputs": feeds.shapes, "input_sources": feeds.sources,
                   "tolerance": {p: dict(zip(("rtol", "atol", "min_cosine"), tolerance.of(p))) for p in ran_precs},
                   "backend_options": config}
