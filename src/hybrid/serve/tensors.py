@@ -25,6 +25,7 @@ from hybrid.errors import ServingError
 __all__ = [
     "DATATYPES",
     "HINT",
+    "RAW",
     "bad",
     "binary_of",
     "bytes_array",
@@ -47,6 +48,9 @@ DATATYPES: dict[str, np.dtype] = {
     "BYTES": np.dtype(object),
 }
 _BY_DTYPE = {dt: name for name, dt in DATATYPES.items() if name != "BYTES"}
+RAW = "its raw data"
+"""Where a tensor's bytes came from in the error texts, for the binary part of an HTTP body and gRPC's raw contents
+alike (so both transports word the same error alike); a shared memory region names its byte-size parameter."""
 HINT = "see the KServe v2 inference request format; tritonclient (HTTP or gRPC) builds valid requests"
 """The hint of a malformed tensor, whichever transport carried it."""
 

@@ -25,6 +25,7 @@ import orjson
 
 from hybrid.errors import ServingError
 from hybrid.serve.tensors import (
+    RAW,
     binary_of,
     bytes_array,
     check_raw_size,
@@ -56,7 +57,7 @@ __all__ = [
 ]
 
 _HINT = "see the KServe v2 inference request format; tritonclient.http builds valid requests"
-_DATA, _BINARY_SIZE = "'data'", "binary_data_size"  # where a tensor's values came from, in the error texts
+_DATA = "'data'"  # where a tensor's values came from, in the error texts
 # the request parameter that lets JSON tensor data carry the non-standard literals NaN, Infinity, -Infinity
 ALLOW_NON_FINITE = "allow_non_finite"
 
@@ -364,7 +365,7 @@ def _declared_inputs(inputs: Any, binary_size: int | None, limits: Limits) -> li
         if binary_size is not None and offset + size > binary_size:
             raise _bad(f"input {name!r}: binary_data_size {size} runs past the {binary_size} bytes of binary "
                        "data after the JSON header", "set Inference-Header-Content-Length to the JSON size")
-        check_raw_size(name, datatype, shape, count, size, _BINARY_SIZE)
+        check_raw_size(name, datatype, shape, count, size, RAW)
         found.append(_Declared(name, datatype, dtype, shape, count, None, offset, size))
         offset += size
     if binary_size is not None and offset != binary_size:
@@ -474,7 +475,7 @@ def parse_request(body: bytes, header_length: int | None, limits: Limits,
             arrays[d.name] = from_raw(d.name, d.datatype, d.shape, d.count, data, BYTE_SIZE)
         else:
             arrays[d.name] = from_raw(d.name, d.datatype, d.shape, d.count, binary[d.offset:d.offset + d.size],
-                                      _BINARY_SIZE)
+                                      RAW)
     for out in outputs or ():  # an output's region is checked before the model runs
         if out.span is not None:
             regions_for(shared_memory, f"output {out.name!r}").check(out.span, f"output {out.name!r}")

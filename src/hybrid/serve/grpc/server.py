@@ -47,7 +47,7 @@ from hybrid.serve.core.state import Decoded, ServerState, http_status, infer, se
 from hybrid.serve.grpc.accept import accept_ahead
 from hybrid.serve.grpc.wire import ReceivedInfer, read_infer_request
 from hybrid.serve.observe.trace import carrier_of
-from hybrid.serve.tensors import bad, binary_of, bytes_array, datatype_of, dtype_for, from_raw, shape_of, values_as
+from hybrid.serve.tensors import RAW, bad, binary_of, bytes_array, datatype_of, dtype_for, from_raw, shape_of, values_as
 from hybrid.serve.triton.classification import CLASSIFICATION, class_count, top_classes
 from hybrid.serve.triton.config import load_request, model_config
 from hybrid.serve.triton.sequences import SequenceFlags, sequence_flags
@@ -72,7 +72,6 @@ _TYPED = {"BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_content
           "UINT64": "uint64_contents", "FP32": "fp32_contents", "FP64": "fp64_contents", "BYTES": "bytes_contents"}
 SERVICE = "inference.GRPCInferenceService"
 INFER_METHOD = f"/{SERVICE}/ModelInfer"  # its calls are accepted ahead (grpc_accept)
-_RAW = "raw_input_contents"  # where a tensor's bytes came from, in the error texts
 _HINT = "build requests with tritonclient.grpc (InferInput.set_data_from_numpy)"
 
 
@@ -164,7 +163,7 @@ def decode_inputs(request: pb.ModelInferRequest, limits: Limits, shared_memory: 
         elif len(raw):
             if tensor.HasField("contents"):
                 raise _bad(f"input {name!r} has both contents and raw_input_contents")
-            arrays[name] = from_raw(name, datatype, shape, count, next(next_raw), _RAW)
+            arrays[name] = from_raw(name, datatype, shape, count, next(next_raw), RAW)
         else:
             arrays[name] = _from_typed(name, datatype, shape, count, tensor.contents)
     return arrays
