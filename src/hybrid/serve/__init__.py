@@ -2,12 +2,12 @@
 
 The server speaks HTTP and Triton's gRPC service.
 
-Layout, lowest first: ``protocol`` (the v2 JSON/binary codec and its checks), ``model`` (one served model:
-validation and dynamic batching), ``triton_config`` (config.pbtxt and the ModelConfig a model reports),
-``repository`` (finding and loading models), ``statistics`` (Triton's per-model statistics), ``metrics``
-(Prometheus, Triton's names too), ``triton_http`` (config, stats and repository routes), ``grpc_server``
-(the gRPC service on the app's event loop), ``app`` (the FastAPI routes), ``server`` (uvicorn with graceful
-drain), ``ray`` (Ray Serve deployment).
+Layout, lowest first (import-linter's ``serve-layers`` contract; docs/serving.md maps every file):
+``tensors`` (the one v2 tensor codec), ``triton`` (Triton's extensions, one module each) and ``observe``
+(metrics, statistics, traces), ``core`` (server state and the one inference path, served models, batching, the
+repository, the v2 JSON/binary protocol), the transports ``http`` and ``grpc`` (which never import each other),
+the composition root ``app`` (the FastAPI app) and ``server`` (uvicorn with graceful drain, gRPC beside it), and
+``ray`` (Ray Serve deployment, Ray Data).
 Names resolve lazily so that ``import hybrid.serve`` needs neither FastAPI nor Ray until used.
 
 Example::
