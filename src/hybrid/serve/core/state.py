@@ -13,9 +13,10 @@ import asyncio
 import logging
 import threading
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from hybrid.errors import ConfigError, HybridError, ServingError
 from hybrid.serve.core.protocol import Limits
@@ -234,8 +235,12 @@ def _served(part: T | None, code: str, message: str, hint: str) -> T:
 
 
 @dataclass(slots=True)
-class Decoded:
-    """A request as its transport decoded it.
+class Decoded(ABC, Generic[T]):
+    """A request as its transport decoded it, carrying what its transport needs to encode the answer.
+
+    Each transport subclasses it with the parts of the request its answer needs (the outputs asked for, the
+    request id, the shared memory regions) and :meth:`encode`; :func:`infer` runs the model between the two,
+    so nothing passes back from the core to the transport but the outputs.
 
     Attributes:
         inputs: The input arrays.
@@ -250,6 +255,10 @@ class Decoded:
     sequence: SequenceFlags | None = None
     outputs: tuple[str, ...] = ()
     priority: int = 0
+
+    @abstractmethod
+    def encode(self, model: ServedModel, outputs: Mapping[str, np.ndarray]) -> T:
+        """The transport's answer carrying ``outputs``, the model's answer to this request."""
 
 
 _REFUSED = frozenset({"HYB-702", "HYB-705", "HYB-706"})
@@ -272,21 +281,21 @@ def failure_reason(error: BaseException) -> str | None:
     return "REJECTED" if error.code in ("HYB-411", "HYB-714") else "BACKEND"  # its time ran out; the run failed
 
 
-async def infer(state: ServerState, model: ServedModel, decode: Callable[[], Awaitable[Decoded] | Decoded],
-                encode: Callable[[Mapping[str, np.ndarray]], T], trace: Trace | None = None) -> T:
+async def infer(state: ServerState, model: ServedModel, decode: Callable[[], Awaitable[Decoded[T]] | Decoded[T]],
+                trace: Trace | None = None) -> T:
     """The one inference path of both transports.
 
     Args:
         state: The server's state (metrics).
         model: From :meth:`ServerState.model`.
         decode: The transport's decoding of the request (its own checks before decoding any data); a
-            coroutine function or a plain one.
-        encode: The transport's encoding of the outputs into its answer.
+            coroutine function or a plain one. Called here, so that its time and its errors count as the
+            request's.
         trace: The request's trace (:meth:`ServerState.sample`): stamped here from ``REQUEST_START`` to
             ``REQUEST_END``; the transport stamps its receiving and sending and finishes it.
 
     Returns:
-        What ``encode`` returned.
+        The decoded request's :meth:`Decoded.encode` of the model's outputs.
 
     Raises:
         HybridError: From decoding, the checks, the run or encoding; counted in the metrics by code. Triton's
@@ -334,7 +343,7 @@ async def infer(state: ServerState, model: ServedModel, decode: Callable[[], Awa
             trace.stamp("REQUEST_END")
         t2 = time.perf_counter()
         try:
-            return encode(outputs)
+            return decoded.encode(model, outputs)
         finally:
             output_s = time.perf_counter() - t2
     except HybridError as e:

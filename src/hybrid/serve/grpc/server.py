@@ -31,7 +31,8 @@ import asyncio
 import functools
 import hmac
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -57,8 +58,8 @@ if TYPE_CHECKING:
     from hybrid.serve.core.model import ServedModel
     from hybrid.serve.observe.trace import Trace
 
-__all__ = ["GrpcService", "decode_inputs", "encode_outputs", "grpc_status", "method_handlers", "requested_outputs",
-           "start_grpc"]
+__all__ = ["GrpcDecoded", "GrpcService", "decode_inputs", "encode_outputs", "grpc_status", "method_handlers",
+           "requested_outputs", "start_grpc"]
 
 logger = logging.getLogger("hybrid.serve")
 
@@ -183,7 +184,7 @@ def _class_count(requested: pb.ModelInferRequest.InferRequestedOutputTensor) -> 
 Wanted = tuple[str, int, Span | None]  # an output a request names: name, class count (0: values), region span
 
 
-def encode_outputs(model: ServedModel, request: pb.ModelInferRequest, outputs: dict[str, np.ndarray],
+def encode_outputs(model: ServedModel, request: pb.ModelInferRequest, outputs: Mapping[str, np.ndarray],
                    shared_memory: SharedMemoryRegions | None = None,
                    wanted: list[Wanted] | None = None) -> pb.ModelInferResponse:
     """The ModelInferResponse with the outputs the request asked for, as raw contents.
@@ -218,6 +219,25 @@ def encode_outputs(model: ServedModel, request: pb.ModelInferRequest, outputs: d
                                                  where)
             response.raw_output_contents.append(b"")
     return response
+
+
+@dataclass(slots=True, kw_only=True)
+class GrpcDecoded(Decoded[pb.ModelInferResponse]):
+    """A ``ModelInferRequest``, decoded: the message and the outputs it names, for its answer.
+
+    Attributes:
+        message: The request (its id, the outputs it names).
+        wanted: Its outputs as :func:`requested_outputs` read and checked them.
+        shared_memory: The server's regions, where outputs the request puts in one are written.
+    """
+
+    message: pb.ModelInferRequest
+    wanted: list[Wanted]
+    shared_memory: SharedMemoryRegions | None
+
+    def encode(self, model: ServedModel, outputs: Mapping[str, np.ndarray]) -> pb.ModelInferResponse:
+        """The ModelInferResponse carrying ``outputs`` (:func:`encode_outputs`)."""
+        return encode_outputs(model, self.message, outputs, self.shared_memory, self.wanted)
 
 
 def requested_outputs(request: pb.ModelInferRequest, shared_memory: SharedMemoryRegions | None) -> list[Wanted]:
@@ -538,25 +558,25 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
         model = self.state.model(request.model_name, request.model_version or None)
         limits, shared_memory = self.state.options.limits, self.state.shared_memory
 
-        wanted: list[Wanted] = []
-
-        def decode() -> Decoded | asyncio.Future[Decoded]:
+        def decode() -> GrpcDecoded | asyncio.Future[GrpcDecoded]:
             timeout = _request_timeout(request, context)
             sequence = _sequence(request) if request.parameters else None
             priority = _priority(request) if request.parameters else 0
-            wanted.extend(requested_outputs(request, shared_memory))
+            wanted = requested_outputs(request, shared_memory)
             names = tuple(w[0] for w in wanted)
+
+            def decoded() -> GrpcDecoded:
+                return GrpcDecoded(decode_inputs(request, limits, shared_memory, raw), timeout, sequence, names,
+                                   priority, message=request, wanted=wanted, shared_memory=shared_memory)
+
             # raw contents become arrays without a copy (numpy views of the message's bytes): only typed
             # contents and BYTES elements cost work proportional to their size, and only those leave the loop
             costly = not raw or any(t.datatype == "BYTES" for t in request.inputs)
             if costly and request.ByteSize() + sum(map(len, raw)) > _OFFLOAD:  # ByteSize walks the message
-                loop = asyncio.get_running_loop()
-                return loop.run_in_executor(None, lambda: Decoded(decode_inputs(request, limits, shared_memory, raw),
-                                                                  timeout, sequence, names, priority))
-            return Decoded(decode_inputs(request, limits, shared_memory, raw), timeout, sequence, names, priority)
+                return asyncio.get_running_loop().run_in_executor(None, decoded)
+            return decoded()
 
-        return await infer(self.state, model, decode,
-                           lambda outputs: encode_outputs(model, request, outputs, shared_memory, wanted), trace)
+        return await infer(self.state, model, decode, trace)
 
     def _sample(self, request: pb.ModelInferRequest, context: Any) -> Trace | None:
         """The request's trace when it is sampled, stamped ``GRPC_WAITREAD_END`` (grpcio has read it).

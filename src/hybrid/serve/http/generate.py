@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -37,7 +38,7 @@ from hybrid.serve.tensors import datatype_of
 if TYPE_CHECKING:
     from hybrid.serve.core.model import ServedModel
 
-__all__ = ["add_generate_routes", "generate", "generate_inputs"]
+__all__ = ["GenerateDecoded", "add_generate_routes", "generate", "generate_inputs"]
 
 _HINT = 'e.g. {"text_input": "...", "parameters": {"sequence_id": 7}}: one field per input, its values in a flat list'
 
@@ -65,7 +66,28 @@ def _dims(dims: tuple[int | str, ...]) -> list[int]:
     return [d if isinstance(d, int) else -1 for d in dims]
 
 
-def generate_inputs(model: ServedModel, doc: Any) -> tuple[dict[str, np.ndarray], Decoded, str | None]:
+@dataclass(slots=True, kw_only=True)
+class GenerateDecoded(Decoded[bytes]):
+    """A generate request, decoded: its id, for its answer.
+
+    Attributes:
+        request_id: The client's ``id``, echoed in the answer.
+    """
+
+    request_id: str | None
+
+    def encode(self, model: ServedModel, outputs: Mapping[str, np.ndarray]) -> bytes:
+        """The answer's JSON: the model's name and version, the id, each output flat (or its one value) by name."""
+        answer: dict[str, Any] = {"model_name": model.name, "model_version": model.version}
+        if self.request_id is not None:
+            answer["id"] = self.request_id
+        for name in model.signature.output_names:
+            if name in outputs:
+                answer[name] = _value(name, outputs[name])
+        return orjson.dumps(answer, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+def generate_inputs(model: ServedModel, doc: Any) -> tuple[dict[str, np.ndarray], GenerateDecoded, str | None]:
     """The input arrays, the decoded request and the request id of a generate request's JSON ``doc``.
 
     Raises:
@@ -89,7 +111,7 @@ def generate_inputs(model: ServedModel, doc: Any) -> tuple[dict[str, np.ndarray]
         shape = _shape(model, spec.name, dims, len(values))
         dtype = np.dtype(object) if spec.dtype is None else spec.dtype
         arrays[spec.name] = tensor_from_json(spec.name, datatype_of(dtype), dtype, shape, values)
-    return arrays, Decoded(arrays, timeout_s, sequence, priority=priority), request_id
+    return arrays, GenerateDecoded(arrays, timeout_s, sequence, priority=priority, request_id=request_id), request_id
 
 
 def _value(name: str, array: np.ndarray) -> Any:
@@ -113,18 +135,8 @@ async def generate(state: ServerState, model_name: str, version: str | None, bod
         doc = orjson.loads(body)
     except orjson.JSONDecodeError as e:
         raise _bad(f"the request is not valid JSON: {e}") from e
-    _, decoded, request_id = generate_inputs(model, doc)
-
-    def encode(outputs: Mapping[str, np.ndarray]) -> bytes:
-        answer: dict[str, Any] = {"model_name": model.name, "model_version": model.version}
-        if request_id is not None:
-            answer["id"] = request_id
-        for name in model.signature.output_names:
-            if name in outputs:
-                answer[name] = _value(name, outputs[name])
-        return orjson.dumps(answer, option=orjson.OPT_SERIALIZE_NUMPY)
-
-    return await infer(state, model, lambda: decoded, encode)
+    _, decoded, _ = generate_inputs(model, doc)
+    return await infer(state, model, lambda: decoded)
 
 
 def add_generate_routes(app: FastAPI, state: ServerState) -> None:

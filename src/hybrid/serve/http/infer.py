@@ -27,7 +27,8 @@ from __future__ import annotations
 import inspect
 import logging
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from fastapi.responses import JSONResponse
@@ -42,10 +43,15 @@ from hybrid.serve.observe.metrics import ServerMetrics
 from hybrid.serve.observe.trace import carrier_of
 
 if TYPE_CHECKING:
-    from hybrid.serve.observe.trace import Trace
+    import numpy as np
 
-__all__ = ["BODY_TIMEOUT_SCOPE_KEY", "InferRoute", "answer_infer", "byte_count", "compress", "error_body",
-           "error_response", "infer_target", "note_disconnect", "read_body", "response_coding", "route_path"]
+    from hybrid.serve.core.model import ServedModel
+    from hybrid.serve.observe.trace import Trace
+    from hybrid.serve.triton.shared_memory import SharedMemoryRegions
+
+__all__ = ["BODY_TIMEOUT_SCOPE_KEY", "HttpDecoded", "InferRoute", "answer_infer", "byte_count", "compress",
+           "error_body", "error_response", "infer_target", "note_disconnect", "read_body", "response_coding",
+           "route_path"]
 
 logger = logging.getLogger("hybrid.serve")
 
@@ -206,6 +212,24 @@ def _costly(body: bytes, header_length: int | None) -> bool:
                                             and body.find(b'"BYTES"', 0, header_length) >= 0)
 
 
+@dataclass(slots=True, kw_only=True)
+class HttpDecoded(Decoded[tuple[bytes, int | None]]):
+    """An HTTP inference request, decoded: the request as :func:`parse_request` read it, for its answer.
+
+    Attributes:
+        request: The decoded request (its id, the outputs it asks for and how: binary, classes, region).
+        shared_memory: The server's regions, where outputs the request puts in one are written.
+    """
+
+    request: InferRequest
+    shared_memory: SharedMemoryRegions | None
+
+    def encode(self, model: ServedModel, outputs: Mapping[str, np.ndarray]) -> tuple[bytes, int | None]:
+        """The body and its JSON header's length (None: JSON) (:func:`encode_response`)."""
+        return encode_response(model.name, model.version, self.request, outputs, batched=model.max_batch_size > 0,
+                               labels=model.labels, shared_memory=self.shared_memory)
+
+
 async def answer_infer(state: ServerState, request: Request, model_name: str, model_version: str | None,
                        trace: Trace | None = None) -> tuple[bytes, int | None]:
     """One HTTP inference request, decoded, run and encoded: the body and its JSON header's length (None: JSON).
@@ -219,9 +243,8 @@ async def answer_infer(state: ServerState, request: Request, model_name: str, mo
     """
     model = state.model(model_name, model_version)
     limits = state.options.limits
-    parsed: list[InferRequest] = []
 
-    async def decode() -> Decoded:
+    async def decode() -> HttpDecoded:
         header_length = byte_count("Inference-Header-Content-Length",
                                    request.headers.get("inference-header-content-length"))
         heads: list[dict[str, Any]] = []
@@ -246,16 +269,12 @@ async def answer_infer(state: ServerState, request: Request, model_name: str, mo
                                             state.shared_memory)
         else:
             found = parse_request(body, header_length, limits, precheck, header, state.shared_memory)
-        parsed.append(found)
         if trace is not None:
             trace.request_id = found.id or ""
-        return Decoded(found.inputs, found.timeout_s, found.sequence, tuple(o.name for o in found.outputs or ()),
-                       found.priority)
+        return HttpDecoded(found.inputs, found.timeout_s, found.sequence, tuple(o.name for o in found.outputs or ()),
+                           found.priority, request=found, shared_memory=state.shared_memory)
 
-    content, json_length = await infer(
-        state, model, decode, lambda outputs: encode_response(
-            model.name, model.version, parsed[0], outputs, batched=model.max_batch_size > 0, labels=model.labels,
-            shared_memory=state.shared_memory), trace)
+    content, json_length = await infer(state, model, decode, trace)
     if await _disconnected(request.receive):  # gone while its request ran: nobody to answer
         raise ClientDisconnect()
     return content, json_length
