@@ -1,12 +1,14 @@
 """ONNX node conformance through target='auto' must match the best single backend (issue 4).
 
-Measured (onnx 1.23, 1884 cases, `python ../shared/tools/conformance.py auto --failures`): 1878, the
-reference backend's count, in two runs (one with the test suite running alongside); only the six
-Bernoulli cases fail. With the steady-state timing (2026-12-03): 1877 in two runs, the seventh failure
-a bf16 attention case (tie bound under 0.1 ms), then test_stft_with_window (under 0.15 ms): tiny
-graphs where the exact reference wins a 7-17 us tie only while its timing shows it within 20 us.
-Auto times candidates, so a loaded machine can tip a near-tie the other way: the floor is the issue's
-goal, 1875, and at most 3 cases beyond the known-random ones may fail.
+Auto times its candidates, and which of two answers within tolerance it serves is a matter of speed: on ONNX's
+DFT/STFT cases ONNX Runtime's float32 FFT is 2e-5 off the expected values, inside the model-level tolerance auto
+checks against but outside the node tests' atol of 1e-7, and the exact reference wins only while its timing ties.
+A test that timed them failed whenever a loaded machine tipped 4 such ties (CI, 2026-12-07: 1874 of 1875). So the
+timing here is scripted: every candidate takes the same time, every choice is a tie, and the tie goes to the answer
+closest to the reference (docs/auto.md). What is left is auto's part that holds on any machine: the checks, the vote
+against the reference and the tie rule. On ties the fastest by priority serves wherever its answer to the generated
+samples is as exact as the reference's (within 0.01 tolerance units), so three cases go to ONNX Runtime whose test data
+sit where its float32 kernels leave the node tests' atol (:data:`EXACT_ON_SAMPLES`): 1875 of 1884, the issue's goal.
 """
 
 from __future__ import annotations
@@ -18,12 +20,18 @@ from tests._conformance import conformance
 from tests.test_reference_conformance import RANDOM
 
 FLOOR = 1875 if importlib.util.find_spec("PIL") else 1866
+# exact on generated samples, outside the node test's atol on its own data: the inverse DFTs (ORT's float32 FFT, 2e-5
+# off), and NMS at an IoU exactly on the threshold (a float32 comparison that rounds the other way)
+EXACT_ON_SAMPLES = {"test_dft_inverse", "test_dft_inverse_opset19", "test_nonmaxsuppression_iou_threshold_boundary"}
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
-def test_auto_conformance_matches_the_best_single_backend():
+def test_auto_conformance_matches_the_best_single_backend(monkeypatch):
+    from hybrid.runtime.auto import search
+
+    monkeypatch.setattr(search, "time_candidates", lambda runs, *a, **k: dict.fromkeys(runs, 1e-5))
     passed, failed = conformance("auto")
     assert passed >= FLOOR, f"auto: {passed} passed; failures: {failed}"
-    known = RANDOM | {f for f in failed if f.startswith("test_image_decoder")}  # those need Pillow
-    assert len(set(failed) - known) <= 3, f"beyond the known failures: {sorted(set(failed) - known)}"
+    known = RANDOM | EXACT_ON_SAMPLES | {f for f in failed if f.startswith("test_image_decoder")}  # those need Pillow
+    assert not set(failed) - known, f"beyond the known failures: {sorted(set(failed) - known)}"
