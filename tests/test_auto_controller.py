@@ -62,8 +62,10 @@ class FakeLab:
     """Passes every candidate it was given, compiles them instantly, caches in a dict."""
 
     def __init__(self, exes: dict[str, Executable], rejected: dict[str, str] | None = None,
-                 warm: dict[str, float] | None = None, accuracy: tuple[tuple[str, str], ...] = ()) -> None:
+                 warm: dict[str, float] | None = None, accuracy: tuple[tuple[str, str], ...] = (),
+                 layouts: dict[str, tuple[str, ...]] | None = None) -> None:
         self.exes = exes
+        self.layout_labels = dict(layouts or {})  # candidate -> the labels of its layouts (in exes too)
         self.accuracy = accuracy
         self.rejected = dict(rejected or {})
         self.warm = dict(warm or {})
@@ -76,7 +78,9 @@ class FakeLab:
     def check(self, sample, closing, *, paced_for_s=math.inf):
         self.checks += 1
         self.paced_for_s.append(paced_for_s)
-        return CheckResult(tuple((lb, self.warm.get(lb)) for lb in self.exes if lb not in self.rejected),
+        layouts = {v for vs in self.layout_labels.values() for v in vs}  # layouts are not checked: their default is
+        return CheckResult(tuple((lb, self.warm.get(lb)) for lb in self.exes
+                                 if lb not in self.rejected and lb not in layouts),
                            tuple(self.rejected.items()), accuracy=self.accuracy)
 
     def lane(self, label, sample):
@@ -85,6 +89,9 @@ class FakeLab:
 
     def release(self, label):
         self.released.append(label)
+
+    def layouts(self, label):
+        return self.layout_labels.get(label, ())
 
     def order(self):
         return tuple(self.exes)

@@ -163,6 +163,10 @@ class AutotuneSettings(BaseModel):
         confidence: Confidence of the sequential test that compares candidates on paired turns.
         recheck_after_s: A decided bucket's tied runners-up take turns again this long later (then twice as
             long after each re-check).
+        layouts: Let the ways each backend can run (replicas x threads, a throughput hint) race where callers run
+            concurrently (False: every backend runs in its default layout).
+        replica_memory_mb: The weights the extra replicas of a layout may hold in all, in MB (each replica holds
+            its own copy): a layout whose replicas would hold more is not tried.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
@@ -178,6 +182,8 @@ class AutotuneSettings(BaseModel):
     max_tax: float = Field(0.1, gt=0.0, le=10.0)
     confidence: float = Field(0.9, gt=0.0, lt=1.0)
     recheck_after_s: float = Field(60.0, gt=0.0, le=86_400.0)
+    layouts: bool = True
+    replica_memory_mb: float = Field(2048.0, ge=0.0, le=1e7)
 
 
 AUTOTUNE_KEYS = tuple(AutotuneSettings.model_fields)

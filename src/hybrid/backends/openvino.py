@@ -16,6 +16,7 @@ from typing import Any
 
 from hybrid.errors import BackendError
 from hybrid.hal.backend import Backend, Executable, NodeSpan, Option, ProbedDevice
+from hybrid.hal.layout import Layout
 
 __all__ = ["OpenVINOBackend", "OpenVINOExecutable", "compile_reason", "ov_config"]
 
@@ -220,6 +221,14 @@ class OpenVINOBackend(Backend):
         whose core is taken, where the OS would have moved it (OpenVINO's ``ENABLE_CPU_PINNING``).
         """
         return {"cpu_pinning": False}
+
+    def _layouts(self, device: str, cores: int) -> tuple[Layout, ...]:
+        """The THROUGHPUT hint: as many streams as the plugin finds best, each concurrent caller on its own request.
+
+        The executable keeps one infer request per calling thread, so concurrent callers run on separate streams.
+        """
+        return (Layout("throughput", {"performance_hint": "THROUGHPUT"}, 1,
+                       "PERFORMANCE_HINT THROUGHPUT (streams chosen by OpenVINO)"),)
 
     def _probe(self) -> list[ProbedDevice]:
         import openvino as ov

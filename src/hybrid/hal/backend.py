@@ -17,6 +17,7 @@ from hybrid.errors import BackendError
 if TYPE_CHECKING:
     import onnx_ir as ir
 
+    from hybrid.hal.layout import Layout
     from hybrid.ir import Model
 
 __all__ = ["MACHINE_OPTIONS", "Backend", "CacheStrategy", "Executable", "NodeSpan", "Option", "ProbedDevice"]
@@ -262,6 +263,23 @@ class Backend(abc.ABC):
     def _precision_options(self, device: str, precision: str) -> dict[str, Any]:
         """Hook: options for a precision listed by :meth:`_precisions`."""
         raise NotImplementedError(f"{self.name} lists {precision} but does not say how to select it")
+
+    # ---------------------------------------------------------------- layouts
+    def layouts(self, device: str, cores: int) -> tuple[Layout, ...]:
+        """The ways besides its default this backend can run one executable on ``device`` with ``cores`` cores.
+
+        Candidates for ``target='auto'`` where callers run concurrently (issue 50): replicas and threads (ONNX
+        Runtime), a throughput hint (OpenVINO). The default layout is not listed. Never raises: a device it cannot
+        ask offers none.
+        """
+        try:
+            return tuple(self._layouts(device, max(1, cores)))
+        except Exception:
+            return ()
+
+    def _layouts(self, device: str, cores: int) -> tuple[Layout, ...]:
+        """Hook: the layouts of :meth:`layouts` (default: none besides the default one)."""
+        return ()
 
     # ---------------------------------------------------------------- sharing the machine
     @classmethod

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from hybrid.config import get_config
 
-__all__ = ["cache_root", "cpu_facts"]
+__all__ = ["cache_root", "cpu_facts", "usable_cores"]
 
 
 def cache_root() -> Path:
@@ -56,3 +56,10 @@ def cpu_facts() -> tuple[str, str]:
         pass
     digest = hashlib.sha256(" ".join(sorted(flags)).encode()).hexdigest()[:16] if flags else ""
     return model, digest
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the system has one), at least 1."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return max(1, os.cpu_count() or 1)

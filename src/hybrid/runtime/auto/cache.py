@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import platform
 import time
 from collections.abc import Mapping
@@ -21,7 +20,7 @@ from typing import Any
 
 from hybrid.config import get_config
 from hybrid.hal import devices
-from hybrid.hal.machine import cache_root, cpu_facts
+from hybrid.hal.machine import cache_root, cpu_facts, usable_cores
 from hybrid.ir import atomic_write_bytes
 
 __all__ = ["cache_dir", "decision_key", "device_fingerprint", "load_decision", "save_decision"]
@@ -42,7 +41,7 @@ def device_fingerprint() -> dict[str, Any]:
     CPU model and features, usable cores, thread setting, and every device the backends see.
     """
     cpu, flags = cpu_facts()
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cores = usable_cores()
     return {
         "machine": platform.machine(), "system": platform.system(), "cpu": cpu, "cpu_flags": flags,
         "cores": cores, "num_threads": get_config().num_threads,

@@ -19,6 +19,7 @@ import statistics
 from typing import Any
 
 from hybrid.errors import first_line
+from hybrid.hal.layout import split_layout
 from hybrid.runtime.auto import race
 from hybrid.runtime.auto.lab import CheckResult, Lab
 from hybrid.runtime.auto.lifecycle import BucketRecord, Phase, enter
@@ -229,6 +230,11 @@ class Controller:
                 return
         enter(b, Phase.COMPILING)
         self._refresh(b)
+        tally = self._route(b).tally
+        if self._policy.concurrent(tally.served_s, self._clock() - tally.first_call):
+            layouts = self._layouts(b, passed)
+            passed += layouts
+            warm.update({lb: warm.get(split_layout(lb)[0]) for lb in layouts})  # the same kernels as their default
         for label in passed:
             if self.closing:  # each compile is a native call the stop waits for: none starts once it is asked
                 return
@@ -252,6 +258,34 @@ class Controller:
         tally = self._route(b).tally
         serving_s = tally.last_s or b.lanes[b.incumbent].warm_s
         self._start_race(b, race.estimates(b.lanes, warm, b.incumbent, serving_s), (tally.served_s, tally.served))
+
+    def _join_layouts(self, b: BucketRecord, r: Race) -> None:
+        """The layouts of the racing candidates join the race: its turns showed calls in flight together."""
+        for label in self._layouts(b, list(r.lanes)):
+            if self.closing:
+                return
+            lane = self._lane(label, None)
+            if lane is None:
+                b.results[label] = CandidateResult(label, None, "failed", "could not compile in this process")
+                continue
+            b.lanes[label] = lane
+            base = split_layout(label)[0]
+            r.join(label, lane, 1.0 if base == r.incumbent else r.ratio(base))
+
+    def _layouts(self, b: BucketRecord, labels: list[str]) -> list[str]:
+        """The layouts of ``labels`` not yet tried for bucket ``b`` (calls overlap: see ``concurrent_calls``)."""
+        out = [v for lb in labels for v in self._lab.layouts(lb) if v not in labels and v not in b.results]
+        if out:
+            self._note(b, f"calls overlap (about {self._load(b):.2g} in flight): the layouts {', '.join(out)} race too")
+        b.layouts_tried = True
+        return out
+
+    def _load(self, b: BucketRecord) -> float:
+        """Calls in flight on average since the mark (Little's law: the calls' seconds per second of the clock)."""
+        tally = self._route(b).tally
+        since, busy = b.load_mark or (tally.first_call, 0.0)
+        elapsed = self._clock() - since
+        return (tally.served_s - busy) / elapsed if elapsed > 0 else 0.0
 
     def _lane(self, label: str, sample: dict[str, Any] | None) -> Lane | None:
         lane = self._lanes.get(label) or self._lab.lane(label, sample)
@@ -286,6 +320,9 @@ class Controller:
             probe, r.probe = r.probe, None
             race.judge(r, probe, self._policy)
             self._sync(b)
+            in_flight_s = sum(s for *_, s in probe.records)  # the turns' calls' seconds: calls in flight by Little
+            if not b.layouts_tried and self._policy.concurrent(in_flight_s, probe.end - probe.start):
+                self._join_layouts(b, r)
             if r.over:
                 self._decide(b, "by the paired turns")
                 return math.inf
@@ -331,9 +368,10 @@ class Controller:
         b.decided_at, b.decided_calls = now - b.race_from, self._route(b).tally.calls
         b.results[b.incumbent] = CandidateResult(b.incumbent, 1.0, "serving")
         b.runners = [lb for lb in b.runners if lb in b.lanes and lb != b.incumbent]
+        b.load_mark = (now, self._route(b).tally.served_s)  # the load a re-check sees is counted from here
         if any(race.gains(self._policy, b.untimed.get(lb)) for lb in b.runners):
             b.recheck_at = now  # an untimed runner the check put faster: its turns pay for themselves (race.plan)
-        elif b.runners:
+        elif b.runners or self._layouts_pending(b):  # load that comes later gets its layouts at a re-check
             b.recheck_every = b.recheck_every * 2 if b.recheck_every else self._policy.recheck_after_s
             b.recheck_at = now + b.recheck_every
         else:
@@ -351,12 +389,33 @@ class Controller:
         except Exception as e:  # a cache that cannot be written costs the next compile its turns, nothing more
             logger.info("auto (online): decision of bucket %s not cached: %s", bucket_label(b.key), first_line(e))
 
+    def _layouts_pending(self, b: BucketRecord) -> bool:
+        """Whether the serving candidate has layouts that never raced here (the calls did not overlap)."""
+        return self._policy.concurrent_calls > 0.0 and not b.layouts_tried and bool(self._lab.layouts(b.incumbent))
+
     def _recheck(self, b: BucketRecord) -> None:
-        """Let the runners-up take turns with the bucket's candidate again, by the same rule."""
+        """Let the runners-up take turns with the bucket's candidate again, by the same rule.
+
+        Where the calls overlap now and the serving candidate's layouts never raced, they join the runners.
+        """
         runners = [lb for lb in b.runners if lb in self._lanes]
         b.runners = []
+        if self._layouts_pending(b) and self._load(b) >= self._policy.concurrent_calls:
+            for label in self._layouts(b, [b.incumbent]):
+                if self.closing:
+                    return
+                lane = self._lane(label, None)
+                if lane is not None:
+                    runners.append(label)
+                else:
+                    b.results[label] = CandidateResult(label, None, "failed", "could not compile in this process")
         if not runners:
-            b.recheck_at = None
+            if self._layouts_pending(b):  # still a lone caller: look again later
+                b.recheck_every *= 2
+                b.recheck_at = self._clock() + b.recheck_every
+                b.load_mark = (self._clock(), self._route(b).tally.served_s)
+            else:
+                b.recheck_at = None
             return
         b.lanes = {lb: self._lanes[lb] for lb in (b.incumbent, *runners)}
         b.race_from = self._clock()

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hybrid.hal import Candidate
+from hybrid.hal.layout import LAYOUT_MARK
 
 __all__ = ["Decision", "PartitionDecision", "SingleDecision", "decision_from_json"]
 
@@ -22,6 +23,7 @@ class SingleDecision:
     backend: str
     device: str
     precision: str = "fp32"
+    layout: str = ""  # a layout's tag (hybrid.hal.layout), '' for the backend's default
 
     @property
     def candidate(self) -> Candidate:
@@ -30,12 +32,17 @@ class SingleDecision:
 
     @property
     def label(self) -> str:
-        """``backend:device``, with the precision when it is not fp32 (``openvino:cpu bf16``)."""
-        return f"{self.backend}:{self.device}" + ("" if self.precision == "fp32" else f" {self.precision}")
+        """``backend:device``, with the precision when it is not fp32 and the layout's tag when it is not the default.
+
+        ``openvino:cpu bf16``, ``onnxruntime:cpu@2x1``.
+        """
+        return (f"{self.backend}:{self.device}" + ("" if self.precision == "fp32" else f" {self.precision}")
+                + (f"{LAYOUT_MARK}{self.layout}" if self.layout else ""))
 
     def to_json(self) -> dict[str, Any]:
         """The decision as the decision cache stores it (``kind`` 'single')."""
-        return {"kind": "single", "backend": self.backend, "device": self.device, "precision": self.precision}
+        return {"kind": "single", "backend": self.backend, "device": self.device, "precision": self.precision,
+                **({"layout": self.layout} if self.layout else {})}
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +77,8 @@ def decision_from_json(data: Mapping[str, Any]) -> Decision:
     """
     kind = data["kind"]
     if kind == "single":
-        return SingleDecision(str(data["backend"]), str(data["device"]), str(data.get("precision", "fp32")))
+        return SingleDecision(str(data["backend"]), str(data["device"]), str(data.get("precision", "fp32")),
+                              str(data.get("layout", "")))
     if kind == "partition":
         assignment = tuple(str(a) for a in data["assignment"])
         if not all(":" in a for a in assignment):

@@ -17,7 +17,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from hybrid.hal import Candidate, accelerated_first, is_fallback, is_installed_backend
+from hybrid.hal import Candidate, accelerated_first, get_backend, is_fallback, is_installed_backend
+from hybrid.hal.layout import LAYOUT_MARK, split_layout
+from hybrid.hal.machine import usable_cores
 from hybrid.ir import Model
 from hybrid.runtime import collector
 from hybrid.runtime.auto import cache, judge, worker
@@ -31,6 +33,7 @@ from hybrid.runtime.auto.trials import (
     Search,
     Trial,
     check_trials,
+    layout_of,
     offered_precisions,
     parse_cosine_note,
     trial_of,
@@ -92,6 +95,9 @@ class Lab(Protocol):
     def release(self, label: str) -> None:
         """Close a candidate that serves no bucket any more (the start is kept: it is every bucket's fallback)."""
 
+    def layouts(self, label: str) -> tuple[str, ...]:
+        """The labels of the layouts ``label``'s backend offers for concurrent callers (none: only its default)."""
+
     def order(self) -> tuple[str, ...]:
         """The candidates' labels by priority (the fallback's order)."""
 
@@ -124,12 +130,13 @@ class RealLab:
         check_share: The share of the wall time the check may run, in CPU time (it is paced to it).
         check_process: Whether to check in the worker process at all.
         confirm: Rivals of a decision made at compile (their bucket starts with them checked).
+        replica_bytes: The weights a layout's extra replicas may hold in all (the policy's ``replica_bytes``).
     """
 
     def __init__(self, model: Model, start: Trial, order: list[Candidate], options_of: OptionsOf, precision: str,
                  budget: dict[str, float] | None, rtol: float, rules: Mapping[str, OutputRule],
                  key_base: Mapping[str, Any], check_share: float, check_process: bool,
-                 confirm: Confirmation | None = None) -> None:
+                 confirm: Confirmation | None = None, replica_bytes: float = math.inf) -> None:
         self.model = model
         self.start = start
         self._order = order
@@ -139,6 +146,8 @@ class RealLab:
         self._rtol = rtol
         self._rules = dict(rules)
         self._share = check_share
+        self._replica_bytes = replica_bytes
+        self._weight_bytes: int | None = None  # counted when a layout is first asked for
         self.confirm = confirm
         self.trials: dict[str, Trial] = {start.label: start}
         self._compiled = {start.label: start.executable}
@@ -165,11 +174,17 @@ class RealLab:
             exe = self._compiled.get(label)
             fresh = exe is None
             if fresh:
-                name, _, precision = label.partition(" ")
-                backend, _, device = name.partition(":")
-                search = Search(self.model, self._order, self._options_of, precision or "fp32", self._budget, None,
+                if worker.blamed(self.model, label):  # it ended or hung the check process: never in this one
+                    return None
+                cand, precision, tag = _parse(label)
+                layout = None
+                if tag:
+                    layout = layout_of(cand, tag, self._options_of(cand, precision), usable_cores())
+                    if layout is None:
+                        return None
+                search = Search(self.model, self._order, self._options_of, precision, self._budget, None,
                                 compiled=self._compiled)
-                trial = search.single(Candidate(backend, device), precision or "fp32")
+                trial = search.single(cand, precision, layout)
                 if trial is None:
                     return None
                 self.trials[label], exe = trial, trial.executable
@@ -194,6 +209,32 @@ class RealLab:
             exe.close()
             collector.thaw()  # where a server froze the candidate's objects, its cycles can be reclaimed again
             logger.info("auto (online): %s: released %s (it serves no bucket)", self.model.name, label)
+
+    def layouts(self, label: str) -> tuple[str, ...]:
+        """The labels of the layouts ``label``'s backend offers here, besides its default (none for the reference).
+
+        A layout whose option the candidate's own options set is left out (the user's choice wins), and so is one
+        whose extra replicas would hold more weights than ``replica_bytes``.
+        """
+        cand, precision, tag = _parse(label)
+        if tag or is_fallback(cand.backend) or cand not in self._order:
+            return ()
+        options = self._options_of(cand, precision)
+        out = []
+        for layout in get_backend(cand.backend).layouts(cand.device, usable_cores()):
+            if any(k in options for k in layout.options):
+                continue
+            if layout.replicas > 1 and (layout.replicas - 1) * self._weights() > self._replica_bytes:
+                continue
+            out.append(f"{label}{LAYOUT_MARK}{layout.tag}")
+        return tuple(out)
+
+    def _weights(self) -> int:
+        """The bytes of the model's initializers (what each replica holds a copy of)."""
+        if self._weight_bytes is None:
+            self._weight_bytes = sum(v.const_value.nbytes for v in self.model.graph.initializers.values()
+                                     if v.const_value is not None)
+        return self._weight_bytes
 
     # ------------------------------------------------------------------ the check
     def check(self, sample: Mapping[str, Any], closing: Callable[[], bool], *,
@@ -237,7 +278,8 @@ class RealLab:
         ``paced_until``, ``time.perf_counter``'s).
         """
         reduced = self._precision == "auto" and self._budget is not None
-        search = Search(self.model, self._order, self._options_of, "auto" if reduced else "fp32",
+        order = [c for c in self._order if not worker.blamed(self.model, str(c))]  # never one that ended the worker
+        search = Search(self.model, order, self._options_of, "auto" if reduced else "fp32",
                         self._budget if reduced else None, sample, rtol=self._rtol, rules=self._rules,
                         compiled=self._compiled)
 
@@ -316,6 +358,14 @@ class RealLab:
         for exe in {id(e): e for e in compiled.values()}.values():
             with contextlib.suppress(Exception):
                 exe.close()
+
+
+def _parse(label: str) -> tuple[Candidate, str, str]:
+    """(candidate, precision, layout tag) of a candidate's label ('openvino:cpu bf16@throughput')."""
+    base, tag = split_layout(label)
+    name, _, precision = base.partition(" ")
+    backend, _, device = name.partition(":")
+    return Candidate(backend, device), precision or "fp32", tag
 
 
 def confirm_key(model: Model, confirm: Confirmation) -> Bucket:

@@ -62,6 +62,8 @@ class BucketRecord:
     recheck_every: float = 0.0
     first_shapes: str = ""
     accuracy: dict[str, str] = field(default_factory=dict)  # reduced-precision candidate -> its check's cosine
+    layouts_tried: bool = False  # the layouts for concurrent callers joined a race (they do once per bucket)
+    load_mark: tuple[float, float] | None = None  # (clock, the tally's served seconds) the load is measured from
 
 
 def enter(b: BucketRecord, phase: Phase) -> None:

@@ -72,6 +72,12 @@ class TuningPolicy:
             every candidate's runtime and what their checks allocated (hundreds of MB for a MiniLM-sized model); a
             bucket is decided within ``decide_within_s`` of its first call, so a process idle that long has seen its
             burst of checks end, and a new shape's check pays the start-up once.
+        concurrent_calls: The mean number of calls in flight (the callers' seconds per second of the clock, by
+            Little's law) at which the layouts made for concurrent callers (:meth:`hybrid.hal.Backend.layouts`) race
+            too. A lone caller in a loop keeps at most one call in flight, whatever its speed or the machine's: 1.5
+            is half-way to the least concurrency a layout of replicas can use. 0 turns layouts off.
+        replica_bytes: The weights (bytes) a layout's extra replicas may hold in all: one whose replicas would hold
+            more is not tried (``replica_memory_mb``).
     """
 
     decide_within_s: float = 30.0
@@ -85,6 +91,8 @@ class TuningPolicy:
     recheck_after_s: float = 60.0
     check_share: float = 0.1
     check_idle_s: float = 30.0
+    concurrent_calls: float = 1.5
+    replica_bytes: float = 2048e6
 
     @classmethod
     def from_settings(cls, settings: AutotuneSettings) -> TuningPolicy:
@@ -95,7 +103,15 @@ class TuningPolicy:
         return cls(decide_within_s=settings.decide_within_s, max_tax=settings.max_tax,
                    confidence=settings.confidence, tie_rel=settings.tie_rel,
                    calls_per_turn=settings.calls_per_bucket, recheck_after_s=settings.recheck_after_s,
-                   check_share=share)
+                   check_share=share, replica_bytes=settings.replica_memory_mb * 1e6,
+                   **({} if settings.layouts else {"concurrent_calls": 0.0}))
+
+    def concurrent(self, busy_s: float, elapsed_s: float) -> bool:
+        """Whether calls overlap enough for the concurrent layouts to race (``concurrent_calls``).
+
+        ``busy_s``: the seconds the calls were in flight, summed over the calls, during ``elapsed_s`` of the clock.
+        """
+        return self.concurrent_calls > 0.0 and elapsed_s > 0.0 and busy_s / elapsed_s >= self.concurrent_calls
 
     def check_paced_until(self, first_call: float) -> float:
         """When the check of a bucket first called at ``first_call`` runs unpaced (:data:`CHECK_PACED_SHARE`)."""

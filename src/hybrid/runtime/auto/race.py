@@ -86,6 +86,12 @@ class Race:
         """The ratio a round's cost is planned at: :meth:`ratio`, before any pair at least the warm-up's (``pace``)."""
         return self.ratio(label) if self.logs.get(label) else max(self.ratio(label), self.pace.get(label, 0.0))
 
+    def join(self, label: str, lane: Lane, estimate: float) -> None:
+        """A challenger joins from the next round on (a layout, once the calls were seen to overlap)."""
+        self.lanes[label] = lane
+        self.logs.setdefault(label, [])
+        self.estimate[label] = estimate
+
     @property
     def over(self) -> bool:
         """No challenger is left."""

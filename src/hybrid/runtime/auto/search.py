@@ -148,7 +148,8 @@ def select(model: Model, target: str, order: list[Candidate], options_of: Option
         return _compiled(model, trial, target, notes, reason)
     policy = TuningPolicy.from_settings(settings)
     lab = RealLab(model, trial, order, options_of, "auto" if reduced else "fp32", acc.budget if reduced else None,
-                  rtol, acc.rules, base, policy.check_share, settings.check_process, confirmation)
+                  rtol, acc.rules, base, policy.check_share, settings.check_process, confirmation,
+                  policy.replica_bytes)
     tuner = OnlineTuner(model, lab, policy, notes, lambda t, notes, why: single_plan(model, t, notes, why))
     return CompiledModel(model, tuner, single_plan(model, trial, tuner.notes(), reason), trial.backend,
                          trial.device, trial.options, target)

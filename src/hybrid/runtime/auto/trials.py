@@ -17,6 +17,8 @@ from typing import Any
 from hybrid.errors import HybridError
 from hybrid.hal import Candidate, fallback_backend, get_backend, is_fallback, split_fallback
 from hybrid.hal.backend import Executable
+from hybrid.hal.layout import Layout, ReplicaPool
+from hybrid.hal.machine import usable_cores
 from hybrid.ir import Model
 from hybrid.runtime.auto import accuracy
 from hybrid.runtime.auto import tolerance as checks
@@ -28,7 +30,8 @@ from hybrid.runtime.executor import compile_partitioned
 from hybrid.runtime.partition import supporters, typed_model
 from hybrid.runtime.plan import Plan
 
-__all__ = ["OptionsOf", "Search", "Trial", "build_partition", "check_trials", "cosine_note", "offered_precisions",
+__all__ = ["OptionsOf", "Search", "Trial", "build_partition", "check_trials", "cosine_note", "layout_of",
+           "offered_precisions",
            "parse_cosine_note", "trial_of", "trials"]
 
 OptionsOf = Callable[[Candidate, str], dict[str, Any]]
@@ -102,15 +105,20 @@ class Search:
                                  reference=reference)
         self.fp32_outputs: dict[Candidate, list[Any]] = {}
 
-    def single(self, cand: Candidate, precision: str) -> Trial | None:
-        """``cand`` compiled for the whole graph at ``precision``; None (with a note) when it cannot be."""
-        label = str(cand) if precision == "fp32" else f"{cand} {precision}"
+    def single(self, cand: Candidate, precision: str, layout: Layout | None = None) -> Trial | None:
+        """``cand`` compiled for the whole graph at ``precision``; None (with a note) when it cannot be.
+
+        With a ``layout``, its options are merged over the candidate's and its replicas are compiled into one
+        :class:`~hybrid.hal.layout.ReplicaPool`.
+        """
+        decision = SingleDecision(cand.backend, cand.device, precision, layout.tag if layout else "")
+        label = decision.label
         try:
-            options = self.options_of(cand, precision)
+            options = {**self.options_of(cand, precision), **(layout.options if layout else {})}
             exe = self.compiled.get(label) if self.compiled is not None else None
             if exe is None:
                 ref = self.verifier.reference_executable() if is_fallback(cand.backend) and not options else None
-                exe = ref or get_backend(cand.backend).compile(self.model, cand.device, options)
+                exe = ref or _compile_replicas(self.model, cand, options, layout.replicas if layout else 1)
             if self.compiled is not None:
                 self.compiled[label] = exe
         except HybridError as e:
@@ -118,8 +126,7 @@ class Search:
                 raise
             self.notes.append(f"{label} could not compile the model: {e.message}")
             return None
-        return Trial(label, cand.backend, cand.device, precision, options, exe,
-                     SingleDecision(cand.backend, cand.device, precision))
+        return Trial(label, cand.backend, cand.device, precision, options, exe, decision)
 
     def partitioned(self) -> Trial | None:
         """The graph partitioned across the candidates (each node on the first that supports it)."""
@@ -146,6 +153,33 @@ class Search:
                 cos = accuracy.cosine(base, trial.outputs, self.verifier.names)
                 self.notes.append(cosine_note(trial.label, cos))
         return verdict.why
+
+
+def _compile_replicas(model: Model, cand: Candidate, options: Mapping[str, Any], replicas: int) -> Executable:
+    """One executable, or ``replicas`` of them in a pool (each closed again when a later one fails)."""
+    backend = get_backend(cand.backend)
+    if replicas == 1:
+        return backend.compile(model, cand.device, options)
+    done: list[Executable] = []
+    try:
+        for _ in range(replicas):
+            done.append(backend.compile(model, cand.device, options))
+    except BaseException:
+        for exe in done:
+            exe.close()
+        raise
+    return ReplicaPool(done)
+
+
+def layout_of(cand: Candidate, tag: str, options: Mapping[str, Any], cores: int) -> Layout | None:
+    """The layout ``tag`` of ``cand``'s backend, unless the candidate's own options set one of its options.
+
+    The user's explicit choice (``compile(config=...)``, ``hybrid.init``'s ``backends``) wins over a layout.
+    """
+    for layout in get_backend(cand.backend).layouts(cand.device, cores):
+        if layout.tag == tag:
+            return None if any(k in options for k in layout.options) else layout
+    return None
 
 
 def build_partition(model: Model, typed: Any, able: list[tuple[Candidate, ...]], order: list[Candidate],
@@ -200,8 +234,14 @@ def trial_of(model: Model, decision: Decision, order: list[Candidate], options_o
     if isinstance(decision, SingleDecision):
         if decision.candidate not in order:
             return None
+        layout = None
+        if decision.layout:
+            layout = layout_of(decision.candidate, decision.layout, options_of(decision.candidate, decision.precision),
+                               usable_cores())
+            if layout is None:  # the layout is no longer offered here (other cores, or the user set its option)
+                return None
         return Search(model, order, options_of, "fp32", None, sample_inputs).single(decision.candidate,
-                                                                                    decision.precision)
+                                                                                    decision.precision, layout)
     typed = typed_model(model, make_samples(model, sample_inputs))
     if len(decision.assignment) != len(typed.graph):
         return None

@@ -1,0 +1,102 @@
+"""How an executable runs on its device: replicas and the backend's threading options (issue 50).
+
+Which runtime runs a model is one half of a deployment's speed; how it runs is the other. One ONNX Runtime
+session with every core as intra-op threads answers a lone caller fastest, but eight threads calling it at once
+wait on each other's fork-joins, and one session per core serves them ~2x as many inferences per second; an
+OpenVINO model compiled for LATENCY runs one stream, for THROUGHPUT one per core. A :class:`Layout` is one such way
+to run, declared by the backend itself (:meth:`hybrid.hal.Backend.layouts`), and a :class:`ReplicaPool` holds the
+replicas a layout asks for, so that concurrent callers run in parallel without a lock.
+
+The default layout (what ``compile`` gives each backend, no tag) is never listed: it is the candidate itself.
+"""
+
+from __future__ import annotations
+
+import queue
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from hybrid.hal.backend import Executable, NodeSpan
+
+__all__ = ["LAYOUT_MARK", "Layout", "ReplicaPool", "split_layout"]
+
+LAYOUT_MARK = "@"  # a candidate's label with a layout: 'onnxruntime:cpu@2x1', 'openvino:cpu bf16@throughput'
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """One way a backend can run an executable besides its default.
+
+    Attributes:
+        tag: Short, stable name in candidate labels and the decision cache ('2x1': 2 replicas x 1 thread).
+        options: Backend options that make the layout (merged over the candidate's; a layout whose option the
+            user set explicitly is not offered: the user's choice wins).
+        replicas: Executables compiled with those options; each call takes a free one (:class:`ReplicaPool`).
+        doc: What it is, in words, for ``cm.tuning`` and ``--explain``.
+    """
+
+    tag: str
+    options: Mapping[str, Any]
+    replicas: int = 1
+    doc: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.tag or LAYOUT_MARK in self.tag or " " in self.tag:
+            raise ValueError(f"layout tag {self.tag!r}: expected a short name without {LAYOUT_MARK!r} or spaces")
+        if self.replicas < 1:
+            raise ValueError(f"layout {self.tag!r}: expected at least 1 replica, got {self.replicas}")
+
+
+def split_layout(label: str) -> tuple[str, str]:
+    """(the candidate's label without its layout, the layout's tag or '') of a candidate label."""
+    base, _, tag = label.partition(LAYOUT_MARK)
+    return base, tag
+
+
+class ReplicaPool(Executable):
+    """Replicas of one executable; each call runs on a free one, waiting only when all are busy.
+
+    The wait is part of the call, so a caller's time (what online tuning measures) includes it: a pool smaller
+    than its callers shows as slower calls, not as hidden queueing.
+
+    Args:
+        replicas: Executables compiled alike (same model, options and device).
+    """
+
+    def __init__(self, replicas: Sequence[Executable]) -> None:
+        if not replicas:
+            raise ValueError("a replica pool needs at least one executable")
+        self.replicas = tuple(replicas)
+        self.input_names = list(self.replicas[0].input_names)
+        self.output_names = list(self.replicas[0].output_names)
+        self._free: queue.SimpleQueue[Executable] = queue.SimpleQueue()
+        for exe in self.replicas:
+            self._free.put(exe)
+
+    def run(self, feeds: Mapping[str, Any]) -> list[Any]:
+        """Run on a free replica (waiting for one when every replica is busy)."""
+        exe = self._free.get()
+        try:
+            return exe.run(feeds)
+        finally:
+            self._free.put(exe)
+
+    @property
+    def precision(self) -> str | None:
+        """The first replica's (they are compiled alike)."""
+        return self.replicas[0].precision
+
+    @property
+    def loaded_from_cache(self) -> bool | None:
+        """The first replica's."""
+        return self.replicas[0].loaded_from_cache
+
+    def node_spans(self, calls: Sequence[tuple[int, int]]) -> list[NodeSpan]:
+        """None: the profiler compiles a model with one replica."""
+        return []
+
+    def close(self) -> None:
+        """Close every replica."""
+        for exe in self.replicas:
+            exe.close()
