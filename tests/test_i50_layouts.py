@@ -258,6 +258,7 @@ def _mlp():
 
 def test_a_layout_lane_is_a_pool_of_replicas_with_the_same_answers(monkeypatch):
     from hybrid.runtime.auto import lab as lab_module
+    from hybrid.runtime.auto.search import single_plan
 
     monkeypatch.setattr(lab_module, "usable_cores", lambda: 2)
     model, w = _mlp()
@@ -269,7 +270,11 @@ def test_a_layout_lane_is_a_pool_of_replicas_with_the_same_answers(monkeypatch):
     assert isinstance(lane.executable, ReplicaPool) and len(lane.executable.replicas) == 2
     x = np.random.default_rng(1).standard_normal((3, 16)).astype(np.float32)
     np.testing.assert_allclose(lane.executable.run({"x": x})[0], np.maximum(x @ w, 0), rtol=1e-5, atol=1e-6)
-    assert lab.trials["onnxruntime:cpu@2x1"].options["intra_op_num_threads"] == 1
+    trial = lab.trials["onnxruntime:cpu@2x1"]
+    assert "intra_op_num_threads" not in trial.options  # the candidate's own: a bundle of it keeps no layout
+    assert trial.layout.options["intra_op_num_threads"] == 1 and trial.layout.replicas == 2
+    plan = single_plan(model, trial, [], "chosen online")
+    assert "layout 2x1: 2 sessions x 1 intra-op thread" in plan.segments[0].reason
     lab.release("onnxruntime:cpu@2x1")
     assert all(r.session is None for r in lane.executable.replicas)  # every replica closed
 

@@ -65,6 +65,8 @@ def single_plan(model: Model, trial: Trial, notes: list[str] | tuple[str, ...], 
         return Plan(trial.plan.segments, tuple(notes), trial.plan.placements)
     sig = model.signature
     ran = trial.executable.precision or trial.precision  # what the backend says it runs (OpenVINO: bf16 for f16)
+    if trial.layout is not None:
+        reason = f"{reason}; layout {trial.layout.tag}: {trial.layout.doc}"
     return Plan((Segment(trial.backend, trial.device, _node_names(model), tuple(sig.input_names),
                          tuple(sig.output_names), reason, ran),), tuple(notes))
 
@@ -119,7 +121,7 @@ def select(model: Model, target: str, order: list[Candidate], options_of: Option
         "hybrid": __version__, "model": model.sha256, "target": target, "candidates": [str(c) for c in order],
         "precision": precision, "accuracy": acc.budget, "rtol": rtol, "rules": acc.rules,
         "ties": judge.tie_bounds(), "tie_below": judge.TINY_S, "exact_below": judge.DEVIATION_FLOOR,
-        "timing": TIMING_METHOD,
+        "timing": TIMING_METHOD, "layouts": settings.layouts,  # a decision of a layout holds only where they may race
         "options": {str(c): options_of(c, "fp32") for c in order},
         "backends": versions, "device": cache.device_fingerprint(),
     }

@@ -66,6 +66,7 @@ class Trial:
     rejected: str | None = None
     disputed: bool = False
     answers: tuple[list[Any], ...] = ()
+    layout: Layout | None = None  # how it runs, besides the backend's default (``options`` are the candidate's own)
 
     @property
     def partitioned(self) -> bool:
@@ -114,11 +115,12 @@ class Search:
         decision = SingleDecision(cand.backend, cand.device, precision, layout.tag if layout else "")
         label = decision.label
         try:
-            options = {**self.options_of(cand, precision), **(layout.options if layout else {})}
+            options = self.options_of(cand, precision)  # the candidate's: what a bundle of it keeps (no layout)
             exe = self.compiled.get(label) if self.compiled is not None else None
             if exe is None:
                 ref = self.verifier.reference_executable() if is_fallback(cand.backend) and not options else None
-                exe = ref or _compile_replicas(self.model, cand, options, layout.replicas if layout else 1)
+                exe = ref or _compile_replicas(self.model, cand, {**options, **(layout.options if layout else {})},
+                                               layout.replicas if layout else 1)
             if self.compiled is not None:
                 self.compiled[label] = exe
         except HybridError as e:
@@ -126,7 +128,7 @@ class Search:
                 raise
             self.notes.append(f"{label} could not compile the model: {e.message}")
             return None
-        return Trial(label, cand.backend, cand.device, precision, options, exe, decision)
+        return Trial(label, cand.backend, cand.device, precision, options, exe, decision, layout=layout)
 
     def partitioned(self) -> Trial | None:
         """The graph partitioned across the candidates (each node on the first that supports it)."""
