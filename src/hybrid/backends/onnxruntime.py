@@ -17,8 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from hybrid.errors import BackendError, first_line
-from hybrid.hal.backend import Backend, CacheStrategy, Executable, NodeSpan, Option, ProbedDevice
-from hybrid.hal.layout import Layout
+from hybrid.hal.backend import Backend, CacheStrategy, Executable, Layout, NodeSpan, Option, ProbedDevice
 
 __all__ = ["OnnxRuntimeBackend", "OnnxRuntimeExecutable", "provider_chain", "session_options"]
 

@@ -15,8 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hybrid.errors import BackendError
-from hybrid.hal.backend import Backend, Executable, NodeSpan, Option, ProbedDevice
-from hybrid.hal.layout import Layout
+from hybrid.hal.backend import Backend, Executable, Layout, NodeSpan, Option, ProbedDevice
 
 __all__ = ["OpenVINOBackend", "OpenVINOExecutable", "compile_reason", "ov_config"]
 

@@ -17,10 +17,9 @@ from hybrid.errors import BackendError
 if TYPE_CHECKING:
     import onnx_ir as ir
 
-    from hybrid.hal.layout import Layout
     from hybrid.ir import Model
 
-__all__ = ["MACHINE_OPTIONS", "Backend", "CacheStrategy", "Executable", "NodeSpan", "Option", "ProbedDevice"]
+__all__ = ["MACHINE_OPTIONS", "Backend", "CacheStrategy", "Executable", "Layout", "NodeSpan", "Option", "ProbedDevice"]
 
 # options that name files on the machine that compiles: never carried into a bundle, a cache key or a
 # profiled build; the option a CacheStrategy names must be one of them
@@ -94,6 +93,30 @@ class CacheStrategy:
     kind: Literal["optimized-model", "directory"]
     option: str
     restore_options: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """One way a backend can run an executable besides its default.
+
+    Attributes:
+        tag: Short, stable name in candidate labels and the decision cache ('2x1': 2 replicas x 1 thread).
+        options: Backend options that make the layout (merged over the candidate's; a layout whose option the
+            user set explicitly is not offered: the user's choice wins).
+        replicas: Executables compiled with those options; each call takes a free one (:class:`ReplicaPool`).
+        doc: What it is, in words, for ``cm.tuning`` and ``--explain``.
+    """
+
+    tag: str
+    options: Mapping[str, Any]
+    replicas: int = 1
+    doc: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.tag or "@" in self.tag or " " in self.tag:
+            raise ValueError(f"layout tag {self.tag!r}: expected a short name without '@' or spaces")
+        if self.replicas < 1:
+            raise ValueError(f"layout {self.tag!r}: expected at least 1 replica, got {self.replicas}")
 
 
 class Executable(abc.ABC):

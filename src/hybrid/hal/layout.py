@@ -3,9 +3,10 @@
 Which runtime runs a model is one half of a deployment's speed; how it runs is the other. One ONNX Runtime
 session with every core as intra-op threads answers a lone caller fastest, but eight threads calling it at once
 wait on each other's fork-joins, and one session per core serves them ~2x as many inferences per second; an
-OpenVINO model compiled for LATENCY runs one stream, for THROUGHPUT one per core. A :class:`Layout` is one such way
-to run, declared by the backend itself (:meth:`hybrid.hal.Backend.layouts`), and a :class:`ReplicaPool` holds the
-replicas a layout asks for, so that concurrent callers run in parallel without a lock.
+OpenVINO model compiled for LATENCY runs one stream, for THROUGHPUT one per core. A
+:class:`~hybrid.hal.backend.Layout` is one such way to run, declared by the backend itself
+(:meth:`hybrid.hal.Backend.layouts`), and a :class:`ReplicaPool` holds the replicas a layout asks for, so that
+concurrent callers run in parallel without a lock.
 
 The default layout (what ``compile`` gives each backend, no tag) is never listed: it is the candidate itself.
 """
@@ -14,38 +15,13 @@ from __future__ import annotations
 
 import queue
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from hybrid.hal.backend import Executable, NodeSpan
+from hybrid.hal.backend import Executable, Layout, NodeSpan
 
 __all__ = ["LAYOUT_MARK", "Layout", "ReplicaPool", "split_layout"]
 
 LAYOUT_MARK = "@"  # a candidate's label with a layout: 'onnxruntime:cpu@2x1', 'openvino:cpu bf16@throughput'
-
-
-@dataclass(frozen=True, slots=True)
-class Layout:
-    """One way a backend can run an executable besides its default.
-
-    Attributes:
-        tag: Short, stable name in candidate labels and the decision cache ('2x1': 2 replicas x 1 thread).
-        options: Backend options that make the layout (merged over the candidate's; a layout whose option the
-            user set explicitly is not offered: the user's choice wins).
-        replicas: Executables compiled with those options; each call takes a free one (:class:`ReplicaPool`).
-        doc: What it is, in words, for ``cm.tuning`` and ``--explain``.
-    """
-
-    tag: str
-    options: Mapping[str, Any]
-    replicas: int = 1
-    doc: str = ""
-
-    def __post_init__(self) -> None:
-        if not self.tag or LAYOUT_MARK in self.tag or " " in self.tag:
-            raise ValueError(f"layout tag {self.tag!r}: expected a short name without {LAYOUT_MARK!r} or spaces")
-        if self.replicas < 1:
-            raise ValueError(f"layout {self.tag!r}: expected at least 1 replica, got {self.replicas}")
 
 
 def split_layout(label: str) -> tuple[str, str]:
