@@ -232,6 +232,24 @@ def test_bad_url_unreachable_server_unknown_model_and_bad_range_have_stable_code
                                       "--request-rate-range", "5"))
     assert "HYB-102" in _code(_invoke("--url", _http(server), "--model", "tiny", "--shapes", "nope:1x4"))
     assert "HYB-102" in _code(_invoke())  # neither a MODEL nor --url
+    refused = _code(_invoke("--url", _http(server), "--model", "tiny", "--shapes", "x:1x4,scale:2x1", *FAST))
+    assert "HYB-702" in refused and "HYB-405" in refused  # the server's own reason, carried
+
+
+def test_a_dynamic_dim_no_option_sizes_is_hyb_417() -> None:
+    from types import SimpleNamespace
+
+    from hybrid.cli._remote import remote_samples
+    from hybrid.errors import RunError
+
+    served = SimpleNamespace(name="m", max_batch_size=8, inputs=[("ids", "INT64", (-1, -1))])
+    with pytest.raises(RunError) as e:
+        remote_samples(served, None, None, None)
+    assert e.value.code == "HYB-417" and "ids:NxN" in e.value.hint
+    (first, *_) = remote_samples(served, {"ids": (2, 16)}, None, None)
+    assert first["ids"].shape == (2, 16) and first["ids"].dtype.name == "int64"
+    served = SimpleNamespace(name="m", max_batch_size=8, inputs=[("x", "FP32", (-1, 4))])
+    assert remote_samples(served, None, 3, None)[0]["x"].shape == (3, 4)  # dim 0 of a batching model: --batch
 
 
 # --- the report says what ran (item 3) ---------------------------------------------------------------------

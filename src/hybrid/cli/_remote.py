@@ -176,6 +176,8 @@ class RemoteModel:
         Send is building the request's tensors, receive reading the answer's; the latency runs from the
         first to the last (perf_analyzer's Client Send and Client Recv, and its latency).
         """
+        from tritonclient.utils import InferenceServerException
+
         c = self.client()
         module = __import__(f"tritonclient.{self.endpoint.protocol}", fromlist=["InferInput"])
         t0 = clock()
@@ -185,7 +187,12 @@ class RemoteModel:
             t.set_data_from_numpy(array)
             tensors.append(t)
         t1 = clock()
-        result = c.infer(self.name, tensors, model_version=self.version)
+        try:
+            result = c.infer(self.name, tensors, model_version=self.version)
+        except InferenceServerException as e:  # the server refused the request: say what it said
+            raise ServingError("HYB-702", f"{self.endpoint} model {self.name!r} refused a request of "
+                               f"{ {k: list(v.shape) for k, v in feeds.items()} }: {e.message()}",
+                               "the inputs follow the model's metadata; size its dynamic dims with --shapes") from e
         t2 = clock()
         outputs = {name: result.as_numpy(name) for name in self.outputs}
         t3 = clock()
