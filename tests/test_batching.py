@@ -1,4 +1,8 @@
-"""@hybrid.dynamic_batch: routing, failure isolation, limits, timing guarantees, asyncio, lifecycle."""
+"""@hybrid.dynamic_batch: routing, failure isolation, limits, timing guarantees, asyncio, lifecycle.
+
+The timing guarantees run on a scripted clock (tests/_scripted_time.py); the tests of many threads or tasks run
+on the real one with short timeouts, and assert only who got which answer, never how long it took.
+"""
 
 from __future__ import annotations
 
@@ -8,38 +12,50 @@ import time
 
 import numpy as np
 import pytest
+from tests._scripted_time import ScriptedClock
 
 import hybrid
 from hybrid.errors import ConfigError, RunError
+from hybrid.runtime.batching import Batcher, RequestFuture
 
 
 class Recorder:
-    """A batched function that records every batch it sees (ids and start/end times)."""
+    """A batched function that records every batch it sees (ids and start/end times on ``clock``).
 
-    def __init__(self, gate: threading.Event | None = None, poison: object = None, hold: float = 0.0) -> None:
+    ``started`` is set once a first batch has begun; a batch holding "block" waits for ``gate``.
+    """
+
+    def __init__(self, gate: threading.Event | None = None, poison: object = None, clock=time.monotonic) -> None:
         self.batches: list[list] = []
         self.starts: list[float] = []
         self.ends: list[float] = []
         self.gate = gate
         self.poison = poison
-        self.hold = hold
+        self.clock = clock
+        self.started = threading.Event()
         self.lock = threading.Lock()
 
     def __call__(self, items: list) -> list:
-        start = time.monotonic()
+        start = self.clock()
         with self.lock:
             self.batches.append(list(items))
             self.starts.append(start)
+        self.started.set()
         if self.gate is not None and "block" in items:
             assert self.gate.wait(10)
-        if self.hold:
-            time.sleep(self.hold)
         if self.poison is not None and self.poison in items:
             raise ValueError("poisoned batch")
         out = [("answer", item) for item in items]
         with self.lock:
-            self.ends.append(time.monotonic())
+            self.ends.append(self.clock())
         return out
+
+
+def blocked(rec: Recorder, f) -> RequestFuture:
+    """Submit a lone "block" request and return once its batch runs (it waits for ``rec.gate``)."""
+    first = f.submit("block")
+    assert rec.started.wait(10)
+    return first
 
 
 @pytest.mark.timeout(120)
@@ -163,13 +179,21 @@ def test_burst_never_exceeds_max_batch():
 
 
 @pytest.mark.timeout(30)
-def test_lone_request_waits_only_the_timeout():
-    rec = Recorder()
-    f = hybrid.dynamic_batch(rec, max_batch=16, timeout=0.05)
-    t0 = time.monotonic()
-    assert f("alone", timeout=5) == ("answer", "alone")
+def test_lone_request_waits_exactly_the_timeout_on_the_batcher_s_clock():
+    clock = ScriptedClock()
+    rec = Recorder(clock=clock)
+    f = Batcher(rec, max_batch=16, timeout=0.05, clock=clock, wait=clock.wait)
+    arrived = clock()
+    alone = f.submit("alone")
+    clock.until_waiting()  # the collector waits for the batch to fill
+    clock.advance(0.03)
+    clock.until_waiting()  # it looked at the clock again: 0.02 s to go
+    assert not alone.done() and rec.batches == []
+    clock.advance(0.03)
+    assert alone.result(5) == ("answer", "alone")
     assert rec.batches == [["alone"]]
-    assert rec.starts[0] - t0 < 0.05 + 1.0  # formed by the timeout, not by a full batch
+    assert rec.starts[0] - arrived == pytest.approx(0.06)  # formed by the timeout, not by a full batch
+    assert f.stats().max_queue_wait_s == pytest.approx(0.06)
     f.close()
 
 
@@ -177,24 +201,23 @@ def test_lone_request_waits_only_the_timeout():
 def test_request_arriving_during_a_slow_batch_starts_when_it_ends():
     """The formation window runs while a batch runs: once the slow batch ends, a request whose window has
     passed starts at once, not ``timeout`` later."""
+    clock = ScriptedClock()
     gate = threading.Event()
-    rec = Recorder(gate=gate)
-    timeout = 2.0  # long, so that the bounds below separate a right timer from a broken one on a busy machine
-    f = hybrid.dynamic_batch(rec, max_batch=4, timeout=timeout)
+    rec = Recorder(gate=gate, clock=clock)
+    timeout = 2.0
+    f = Batcher(rec, max_batch=4, timeout=timeout, clock=clock, wait=clock.wait)
     slow = [f.submit(x) for x in ("block", "a", "b", "c")]  # a full batch: starts at once
-    while not rec.starts:
-        time.sleep(0.005)
-    arrived = time.monotonic()
+    assert rec.started.wait(10)
+    arrived = clock()
     late = f.submit("late")
-    time.sleep(timeout + 0.3)  # the late request's window passes while the slow batch still runs
-    released = time.monotonic()
+    clock.until_waiting()  # the collector waits out the late request's window...
+    clock.advance(timeout + 0.3)  # ...which passes while the slow batch still runs
+    released = clock()
     gate.set()
     assert late.result(5) == ("answer", "late")
     assert all(fu.result(5)[0] == "answer" for fu in slow)
-    late_start = rec.starts[1]
-    batch_time = rec.ends[0] - rec.starts[0]
-    assert late_start - released < timeout / 2  # a broken timer would start it `timeout` after the release
-    assert late_start - arrived <= timeout + batch_time + timeout / 2
+    assert rec.starts[1] == released  # a timer restarted at the release would never start it on this clock
+    assert rec.starts[1] - arrived == pytest.approx(timeout + 0.3)
     f.close()
 
 
@@ -216,15 +239,11 @@ def test_per_call_timeout_fires_while_a_batch_runs_and_withdraws_the_request():
     gate = threading.Event()
     rec = Recorder(gate=gate)
     f = hybrid.dynamic_batch(rec, max_batch=1, timeout=0.01)
-    blocker = f.submit("block")
-    while not rec.starts:
-        time.sleep(0.005)
-    t0 = time.monotonic()
+    blocker = blocked(rec, f)
     with pytest.raises(RunError) as info:
-        f("impatient", timeout=0.1)
-    waited = time.monotonic() - t0
+        f("impatient", timeout=0.1)  # (the per-call timeout is the caller's own real-time wait)
     assert info.value.code == "HYB-411" and "withdrawn" in info.value.message
-    assert waited < 2.0  # it did not wait for the blocked batch to end
+    assert not blocker.done()  # it did not wait for the blocked batch to end
     gate.set()
     assert blocker.result(5) == ("answer", "block")
     f.close()
@@ -237,9 +256,7 @@ def test_cancelled_queued_request_never_runs():
     gate = threading.Event()
     rec = Recorder(gate=gate)
     f = hybrid.dynamic_batch(rec, max_batch=1, timeout=0.01)
-    f.submit("block")
-    while not rec.starts:
-        time.sleep(0.005)
+    blocked(rec, f)
     doomed = f.submit("doomed")
     kept = f.submit("kept")
     assert doomed.cancel()
@@ -257,9 +274,7 @@ def test_max_queue_rejects_instead_of_growing():
     gate = threading.Event()
     rec = Recorder(gate=gate)
     f = hybrid.dynamic_batch(rec, max_batch=1, timeout=0.01, max_queue=2)
-    f.submit("block")
-    while not rec.starts:
-        time.sleep(0.005)
+    blocked(rec, f)
     queued = [f.submit(1), f.submit(2)]
     with pytest.raises(RunError) as info:
         f.submit(3)
@@ -294,13 +309,14 @@ def test_asyncio_timeout_and_task_cancellation_withdraw_queued_requests():
 
     async def main() -> None:
         blocker = asyncio.ensure_future(f.acall("block"))
-        while not rec.starts:
-            await asyncio.sleep(0.005)
+        assert await asyncio.to_thread(rec.started.wait, 10)
         with pytest.raises(RunError) as info:
             await f.acall("late", timeout=0.05)
         assert info.value.code == "HYB-411"
         task = asyncio.ensure_future(f.acall("cancel-me"))
-        await asyncio.sleep(0.02)
+        queued = f.stats().queued
+        await asyncio.wait([task], timeout=0)  # one turn of the loop: the task queues its request, then waits
+        assert f.stats().queued == queued + 1
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -315,7 +331,6 @@ def test_asyncio_timeout_and_task_cancellation_withdraw_queued_requests():
 @pytest.mark.timeout(30)
 def test_async_batched_function_and_poison_in_asyncio():
     async def fn(items):
-        await asyncio.sleep(0)
         if "poison" in items:
             raise RuntimeError("bad batch")
         return [i.upper() for i in items]
@@ -337,9 +352,7 @@ def test_close_drains_or_cancels_and_then_rejects():
     gate = threading.Event()
     rec = Recorder(gate=gate)
     f = hybrid.dynamic_batch(rec, max_batch=1, timeout=0.01)
-    first = f.submit("block")
-    while not rec.starts:
-        time.sleep(0.005)
+    first = blocked(rec, f)
     queued = f.submit("queued")
     gate.set()
     f.close(wait=True, timeout=5)
@@ -348,14 +361,15 @@ def test_close_drains_or_cancels_and_then_rejects():
         f(1)
 
     gate2 = threading.Event()
-    g = hybrid.dynamic_batch(Recorder(gate=gate2), max_batch=1, timeout=0.01)
-    g.submit("block")
-    time.sleep(0.05)
+    rec2 = Recorder(gate=gate2)
+    g = hybrid.dynamic_batch(rec2, max_batch=1, timeout=0.01)
+    running = blocked(rec2, g)
     dropped = g.submit("dropped")
-    threading.Timer(0.1, gate2.set).start()
+    dropped.add_done_callback(lambda _: gate2.set())  # the running batch ends once close has cancelled the queue
     g.close(wait=False, timeout=5)
     with pytest.raises(RunError, match="HYB-414"):
         dropped.result(1)
+    assert running.result(0) == ("answer", "block") and rec2.batches == [["block"]]
 
 
 @pytest.mark.timeout(10)

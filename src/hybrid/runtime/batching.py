@@ -46,6 +46,14 @@ __all__ = ["BatchStats", "Batcher", "RequestFuture", "dynamic_batch"]
 
 _ids = itertools.count(1)
 
+Clock = Callable[[], float]
+"""Seconds on a monotonic clock (``time.monotonic`` in production; a scripted one in tests)."""
+
+Wait = Callable[[threading.Condition, float], object]
+"""``wait(cond, seconds)``: wait on ``cond`` (held) for at most ``seconds`` of the clock, or until notified.
+
+In production :meth:`threading.Condition.wait`; a scripted clock's own, which returns when its time moves."""
+
 
 class RequestFuture(Future[Any]):
     """A ``concurrent.futures.Future`` whose cancellation surfaces as HYB-414 from ``result()``."""
@@ -125,10 +133,10 @@ def _mismatch(out: Any, n: int) -> str:
 class _Request:
     __slots__ = ("enqueued", "future", "item")
 
-    def __init__(self, item: Any) -> None:
+    def __init__(self, item: Any, enqueued: float) -> None:
         self.item = item
         self.future = RequestFuture()
-        self.enqueued = time.monotonic()
+        self.enqueued = enqueued
 
 
 def _request_check(validate: Any) -> Callable[[Any], Any] | None:
@@ -170,6 +178,8 @@ class Batcher:
             that raises for a bad request. None: no check.
         isolate: When the function raises on a batch of several, run each member again alone, so that only
             the requests that fail alone fail (the function must tolerate running a request twice).
+        clock: What the queue waits and the stats are measured on (``time.monotonic``; tests script it).
+        wait: How the collector waits for a batch's ``timeout`` on that clock (:data:`Wait`); goes with ``clock``.
 
     Raises:
         ConfigError: HYB-102 for a bad setting.
@@ -177,7 +187,8 @@ class Batcher:
 
     def __init__(self, fn: Callable[[list[Any]], Sequence[Any]], max_batch: int = 16, timeout: float = 0.1,
                  max_queue: int | None = None, max_concurrent_batches: int = 1, name: str | None = None,
-                 dispatch_when_idle: bool = False, validate: Any = None, isolate: bool = True) -> None:
+                 dispatch_when_idle: bool = False, validate: Any = None, isolate: bool = True,
+                 clock: Clock = time.monotonic, wait: Wait = threading.Condition.wait) -> None:
         if not callable(fn):
             raise ConfigError("HYB-102", f"dynamic_batch: expected a function, got {type(fn).__name__}")
         _positive("max_batch", max_batch)
@@ -187,6 +198,8 @@ class Batcher:
             raise ConfigError("HYB-102", f"dynamic_batch: timeout must be seconds >= 0, got {timeout!r}")
         functools.update_wrapper(self, fn)
         self.fn = fn
+        self._clock = clock
+        self._wait = wait
         self._check = _request_check(validate)
         self.isolate: bool = bool(isolate)
         self.max_batch = max_batch
@@ -221,7 +234,7 @@ class Batcher:
         """
         if self._check is not None:
             self._check(item)  # a bad request fails here, alone, before it can share a batch
-        req = _Request(item)
+        req = _Request(item, self._clock())
         with self._cond:
             if self._closing:
                 raise RunError("HYB-415", f"dynamic_batch {self.name!r} is closed; it takes no more requests")
@@ -325,10 +338,10 @@ class Batcher:
                 if not self._queue:
                     break  # closing and drained
                 while self._queue and len(self._queue) < self.max_batch and not self._closing:
-                    remaining = self._queue[0].enqueued + self.timeout - time.monotonic()
+                    remaining = self._queue[0].enqueued + self.timeout - self._clock()
                     if remaining <= 0:
                         break
-                    self._cond.wait(remaining)
+                    self._wait(self._cond, remaining)
                 if not self._queue:
                     continue
             # a batch is due; wait for a runner slot while requests keep queueing, then take them
@@ -363,7 +376,7 @@ class Batcher:
 
     def _take(self) -> list[_Request]:
         batch: list[_Request] = []
-        now = time.monotonic()
+        now = self._clock()
         while self._queue and len(batch) < self.max_batch:
             req = self._queue.popleft()
             if req.future.set_running_or_notify_cancel():  # False: cancelled while queued
@@ -392,7 +405,7 @@ class Batcher:
         return asyncio.run(out) if self._is_async else out
 
     def _run(self, batch: list[_Request]) -> None:
-        t0 = time.monotonic()
+        t0 = self._clock()
         failed = True
         try:
             try:
@@ -416,7 +429,7 @@ class Batcher:
                 self._counts["max_size"] = max(self._counts["max_size"], len(batch))
                 self._counts["failed"] += failed
                 self._counts["running"] -= 1
-                self._run_sum += time.monotonic() - t0
+                self._run_sum += self._clock() - t0
 
     def _run_alone(self, batch: list[_Request]) -> None:
         """Run each member of a batch that raised by itself: only the requests that fail alone fail."""
@@ -493,6 +506,7 @@ class Batcher:
             self._cond.notify_all()
         for req in dropped:
             req.future.cancel()
+        # the threads' join is real time whatever the queue's clock (a scripted one need not move while they end)
         deadline = None if timeout is None else time.monotonic() + timeout
         for t in self._threads:
             t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
