@@ -389,7 +389,9 @@ def bench_command(
     Latency min/mean/p50/p95/p99/max and throughput (--concurrency callers) per contender, timed interleaved;
     the error against the reference backend on the same inputs (the --input files where given) with a
     pass/fail verdict (a failed row is reported, the exit code stays 0). A dynamic input needs --shapes or
-    --input (HYB-417). Exits 1 when nothing asked for can run.
+    --input (HYB-417). Exits 1 when nothing asked for can run. With --url and --model instead of MODEL: a
+    served model on any KServe v2 / Triton server, perf_analyzer's sweep (--concurrency-range,
+    --request-rate-range; --csv for its CSV) or a --scenario.
     """
     from hybrid.cli._inputs import bundle_shapes, declared_shapes, load_inputs, load_model, model_path, resolve_inputs
     from hybrid.ir import atomic_write_bytes
