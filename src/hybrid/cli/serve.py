@@ -126,6 +126,11 @@ def serve(
                                                    "only dynamic dim is the batch and the precision fp32, "
                                                    "else at the shapes of the requests seen, on their rows.")]
     = True,
+    freeze_tuning: Annotated[bool, typer.Option(help="Target auto: stop tuning once the models are loaded and warmed "
+                                                     "up (--warmup decides their shapes first): what serves each "
+                                                     "shape then serves it from then on, and a shape first called "
+                                                     "later is served by its cached decision or the start, "
+                                                     "unchecked (cm.freeze()).")] = False,
     max_batch: so.MaxBatch = None,
     batch_timeout: so.BatchTimeout = None,
     max_queue: so.MaxQueue = None,
@@ -281,7 +286,8 @@ def serve(
             sources = startup_sources(models, load_model)
         elif model_control_mode == "explicit":  # tritonserver's explicit mode: no model loads at start
             sources = startup_sources(models, ())
-        registry = build_registry(models, target, overrides, sources=sources, warmup=warmup, idle_tuning=idle_tuning,
+        registry = build_registry(models, target, overrides, sources=sources, warmup=warmup,
+                                  idle_tuning=idle_tuning and not freeze_tuning, freeze_tuning=freeze_tuning,
                                   compile_options=compile_request(precision, min_cosine, "--min-cosine"))
         _print_models(registry, f"http://{host}:{port}" + (f" and grpc://{grpc_address}" if grpc_port else "")
                       + (f" (metrics: http://{metrics_address}/metrics)" if options.metrics_address else ""))

@@ -47,6 +47,10 @@ class LiveView(Protocol):
         """Decide the samples' buckets before returning."""
         ...
 
+    def freeze(self) -> tuple[Any, ...]:
+        """Stop tuning: what serves each bucket now serves it from now on."""
+        ...
+
 
 class CompiledModel:
     """A model compiled for one target: call it like a function, or ``run`` a dict of inputs.
@@ -138,7 +142,9 @@ class CompiledModel:
         """Decide before serving: call the model on each sample until its shape bucket is decided.
 
         A sample is a mapping of input name -> array (or pass several); returns :attr:`tuning`. A model with
-        nothing to decide runs each sample once (a warm-up, as Triton's ``model_warmup``).
+        nothing to decide runs each sample once (a warm-up, as Triton's ``model_warmup``). A bucket the time bound
+        decided with candidates left untimed races them at once, not among the requests that follow: it returns when
+        nothing is left to time (or logs what is, at ``timeout_s``).
 
         Raises:
             RunError: HYB-401..407 for a bad sample, HYB-411 when a bucket is not decided within ``timeout_s``.
@@ -150,6 +156,14 @@ class CompiledModel:
                 self._execute(feeds)
             return ()
         return self._live.tune(checked, timeout_s, run=self._execute)
+
+    def freeze(self) -> tuple[Any, ...]:
+        """Stop tuning (``target='auto'``): what serves each shape bucket now serves it from now on.
+
+        A bucket under a race is decided as it stands, no re-check follows, and a shape first called later is served by
+        its cached decision or the start, unchecked. Returns :attr:`tuning`; a model that does not tune returns ().
+        """
+        return self._live.freeze() if self._live is not None else ()
 
     def run(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
         """Run on a mapping of input name -> array; return outputs by name in signature order.

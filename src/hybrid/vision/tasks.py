@@ -282,6 +282,10 @@ class TaskModel(CompiledModel):
         """Decide the raw model's shape buckets on these input samples (see ``CompiledModel.tune``)."""
         return self.compiled.tune(samples, timeout_s)
 
+    def freeze(self) -> tuple[Any, ...]:
+        """Stop the raw model's tuning (see ``CompiledModel.freeze``)."""
+        return self.compiled.freeze()
+
     def _execute(self, feeds: dict[str, Any]) -> dict[str, Any]:
         return self.compiled._execute(feeds)
 

@@ -16,6 +16,7 @@ import logging
 import math
 import queue
 import statistics
+import threading
 from typing import Any
 
 from hybrid.errors import first_line
@@ -66,6 +67,9 @@ class Controller:
         self._status: dict[Bucket, BucketTuning] = {}  # replaced per key: read by any thread
         self._notes: dict[Bucket, str] = {}
         self.closing = False
+        self.frozen = threading.Event()  # set once a freeze() is applied: no check, race or re-check from then on
+        self._freezing = False  # asked (from any thread); the controller's thread applies it
+        self._applied_freeze = False
         self._order = lab.order()
         router.set_lanes(self._lanes, self._order)
 
@@ -73,6 +77,21 @@ class Controller:
     def notify(self, event: Event) -> None:
         """The router's inbox (never blocks)."""
         self._inbox.put(event)
+
+    def freeze(self) -> None:
+        """Stop tuning, from any thread (``cm.freeze()``): applied at the controller's next step.
+
+        Every bucket keeps what serves it (one under a race is decided as it stands), no re-check follows, and a
+        bucket first called later is served by its cached decision or the start, unchecked. A check in progress ends
+        after the candidate it is on.
+        """
+        self.frozen.clear()  # set again once this request is applied, to the buckets called before it too
+        self._freezing = True
+        self._inbox.put(Event("freeze", ()))
+
+    def recheck_now(self, key: Bucket) -> None:
+        """Race bucket ``key``'s runners-up now rather than at their re-check (``cm.tune()``: nothing left untimed)."""
+        self._inbox.put(Event("recheck", key))
 
     def status(self) -> tuple[BucketTuning, ...]:
         """Where every bucket seen stands.
@@ -118,9 +137,17 @@ class Controller:
                 self._lab.release(label)
         if self._releases:
             wake = min(wake, min(t for t, _ in self._releases))
+        if self._applied_freeze:
+            self._applied_freeze = False
+            self.frozen.set()
         return wake
 
     def _receive(self, event: Event) -> None:
+        if event.kind == "freeze":
+            for b in self._buckets.values():
+                self._freeze(b)
+            self._applied_freeze = True  # acknowledged at the end of the step: new buckets are decided by then
+            return
         if event.kind == "new":
             record = BucketRecord(event.key, event.sample, incumbent=self._start.label,
                                   first_shapes=shapes_label(event.sample or {}))
@@ -128,6 +155,10 @@ class Controller:
             return
         b = self._buckets.get(event.key)
         if b is None:
+            return
+        if event.kind == "recheck":
+            if b.phase is Phase.DECIDED and b.runners and not self._freezing:
+                b.recheck_at = self._clock()
             return
         b.results[event.label] = CandidateResult(event.label, None, "failed", event.why)
         b.lanes.pop(event.label, None)
@@ -171,9 +202,24 @@ class Controller:
         return math.inf
 
     # ------------------------------------------------------------------ check and compile
+    def _freeze(self, b: BucketRecord) -> None:
+        """Decide ``b`` as it stands, with nothing to re-check (:meth:`freeze`)."""
+        if b.phase is Phase.DECIDED:
+            b.recheck_at, b.runners = None, []
+            self._publish(b)
+        elif b.phase is not Phase.NEW:  # a race: its probe ends, the one serving keeps the bucket
+            if b.race is not None:
+                b.race.runners = []
+                b.race.probe = None
+            b.runners = []
+            self._decide(b, "as it stood when tuning was frozen (cm.freeze())")
+
     def _begin(self, b: BucketRecord) -> None:
         b.race_from = self._route(b).tally.first_call
         cached = self._lab.cached(b.key)
+        if self._freezing and cached is None:  # frozen: the start serves, unchecked
+            self._decide(b, "unchecked: tuning was frozen (cm.freeze()) before its first call")
+            return
         if cached is not None:
             enter(b, Phase.INSTALLING)
             lane = self._lane(cached, None)
@@ -195,8 +241,11 @@ class Controller:
         enter(b, Phase.CHECKING)
         self._refresh(b)
         paced_for_s = max(0.0, self._policy.check_paced_until(b.race_from) - self._clock())
-        result = self._lab.check(b.sample or {}, lambda: self.closing, paced_for_s=paced_for_s)
+        result = self._lab.check(b.sample or {}, lambda: self.closing or self._freezing, paced_for_s=paced_for_s)
         if self.closing:  # stopping (online.stop_all): no compile starts, nothing is decided or cached
+            return
+        if self._freezing:
+            self._decide(b, "as it stood when tuning was frozen (cm.freeze()), during its check")
             return
         self._compile(b, result)
 
@@ -235,10 +284,19 @@ class Controller:
             layouts = self._layouts(b, passed)
             passed += layouts
             warm.update({lb: warm.get(split_layout(lb)[0]) for lb in layouts})  # the same kernels as their default
+        fastest = min((w for w in warm.values() if w), default=None)
         for label in passed:
             if self.closing:  # each compile is a native call the stop waits for: none starts once it is asked
                 return
             if label in b.lanes or label in b.results:
+                continue
+            # the check's warm runs are CPU seconds: spread over every core, this one's wall time is at least its CPU
+            # time over the cores, the fastest's at most its CPU time (it ran on at least one core while it ran)
+            floor = warm[label] / fastest / result.cores if warm.get(label) and fastest else 0.0
+            if label != b.incumbent and floor >= self._policy.prune_ratio:
+                b.results[label] = CandidateResult(label, race.check_ratio(warm, label, b.incumbent), "slower",
+                                                   f"pruned: at least {floor:.3g}x the fastest candidate's time by "
+                                                   f"the check (prune_ratio {self._policy.prune_ratio:g})")
                 continue
             ratio = race.check_ratio(warm, label, b.incumbent)
             why = race.unaffordable(self._policy, ratio, self._turn_s(b), b.race_from, self._deadline(b))
@@ -365,11 +423,16 @@ class Controller:
         self._sync(b)
         b.race = None
         enter(b, Phase.DECIDED)
-        b.decided_at, b.decided_calls = now - b.race_from, self._route(b).tally.calls
+        took, calls = now - b.race_from, self._route(b).tally.calls
+        again = b.decided_at is not None
+        if not again:  # a re-check's decision keeps the first one's time and calls (cm.tuning)
+            b.decided_at, b.decided_calls = took, calls
         b.results[b.incumbent] = CandidateResult(b.incumbent, 1.0, "serving")
         b.runners = [lb for lb in b.runners if lb in b.lanes and lb != b.incumbent]
         b.load_mark = (now, self._route(b).tally.served_s)  # the load a re-check sees is counted from here
-        if any(race.gains(self._policy, b.untimed.get(lb)) for lb in b.runners):
+        if self._freezing:
+            b.runners, b.recheck_at = [], None
+        elif any(race.gains(self._policy, b.untimed.get(lb)) for lb in b.runners):
             b.recheck_at = now  # an untimed runner the check put faster: its turns pay for themselves (race.plan)
         elif b.runners or self._layouts_pending(b):  # load that comes later gets its layouts at a re-check
             b.recheck_every = b.recheck_every * 2 if b.recheck_every else self._policy.recheck_after_s
@@ -378,7 +441,8 @@ class Controller:
             b.recheck_at = None
         self._publish(b)
         ratios = ", ".join(f"{r.label} {r.ratio:.3f}" for r in b.results.values() if r.ratio is not None)
-        self._note(b, f"{b.incumbent} serves, decided {why} after {b.decided_at:.3g} s and {b.decided_calls} calls"
+        self._note(b, f"{b.incumbent} serves, {'re-' if again else ''}decided {why} after {took:.3g} s"
+                   + (" of re-check" if again else f" and {calls} calls")
                    + (f" (time relative to it: {ratios})" if ratios else "")
                    + (f"; its accuracy: {b.accuracy[b.incumbent]}" if b.incumbent in b.accuracy else ""))
         for label in list(self._lanes):

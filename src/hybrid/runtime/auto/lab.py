@@ -53,13 +53,15 @@ class CheckResult:
     """The check of one bucket.
 
     The candidates that passed in priority order (with the CPU seconds of a warm run where measured), those rejected and
-    why, the check's notes, and the accuracy it measured for each reduced precision that passed.
+    why, the check's notes, the accuracy it measured for each reduced precision that passed, and the cores the check's
+    process could spread a run over (a run's CPU seconds over them bound its wall time from below).
     """
 
     passed: tuple[tuple[str, float | None], ...]
     rejected: tuple[tuple[str, str], ...] = ()
     notes: tuple[str, ...] = ()
     accuracy: tuple[tuple[str, str], ...] = ()  # (reduced-precision candidate, its min cosine vs fp32)
+    cores: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,7 +255,8 @@ class RealLab:
         accelerated = [(lb, w) for lb, w in passed if not is_fallback(lb.partition(":")[0])]
         return CheckResult(tuple(accelerated or passed),
                            tuple((lb, why) for lb, why, _, _ in verdicts.results if why is not None), verdicts.notes,
-                           tuple(found for found in map(parse_cosine_note, verdicts.notes) if found is not None))
+                           tuple(found for found in map(parse_cosine_note, verdicts.notes) if found is not None),
+                           usable_cores())
 
     def _labels(self) -> list[tuple[Candidate, str]]:
         reduced = self._precision == "auto" and self._budget is not None

@@ -156,16 +156,41 @@ class OnlineTuner(Executable):
         call = run or self.run
         samples = list(samples)
         keys = [bucket_of(self.model.signature, sample) for sample in samples]
-        limit = timeout_s if timeout_s is not None else self.policy.decide_within_s * len(set(keys)) + 60.0
+        limit = timeout_s if timeout_s is not None else 2 * self.policy.decide_within_s * len(set(keys)) + 60.0
         deadline = time.monotonic() + limit
         for sample, key in zip(samples, keys, strict=True):
+            asked = False
             while True:
                 call(sample)
-                if any(s.key == key and s.state == "decided" for s in self.status()):
-                    break
+                status = next((s for s in self.status() if s.key == key), None)
+                if status is not None and status.state == "decided":
+                    if not _pending(status) or self.controller.frozen.is_set():
+                        break
+                    if not asked:  # left untimed by the time bound: raced now, not among the requests that follow
+                        self.controller.recheck_now(key)
+                        self._poke.set()
+                        asked = True
                 if time.monotonic() > deadline:
+                    if status is not None and status.state == "decided":
+                        logger.warning("auto (online): tune(): %s bucket %s decided, but %s still untimed after "
+                                       "%g s; they race at its re-check", self.model.name, status.bucket,
+                                       ", ".join(c.label for c in _pending(status)), limit)
+                        break
                     raise RunError("HYB-411", f"tuning {self.model.name!r}: bucket {key} was not decided within "
                                    f"{limit:g} s", "give tune() a longer timeout_s, or declare shapes= at compile")
+        return self.status()
+
+    def freeze(self, timeout_s: float = STOP_WAIT_S) -> tuple[BucketTuning, ...]:
+        """Stop tuning: every bucket keeps what serves it, decided as it stands; no check, race or re-check follows.
+
+        Waits up to ``timeout_s`` for the controller to apply it (a check in progress ends after its candidate).
+        """
+        self.controller.freeze()
+        if self._thread is None:
+            self.step()
+        else:
+            self._poke.set()
+            self.controller.frozen.wait(timeout_s)
         return self.status()
 
     # ------------------------------------------------------------------ lifetime
@@ -188,6 +213,11 @@ class OnlineTuner(Executable):
             return True
         thread.join(timeout=max(0.0, wait_s))
         return not thread.is_alive()
+
+
+def _pending(status: BucketTuning) -> list[Any]:
+    """The candidates a decided bucket left untimed (they race at its re-check)."""
+    return [c for c in status.candidates if c.outcome == "open"]
 
 
 def _loop(ref: weakref.ReferenceType[OnlineTuner], poke: threading.Event) -> None:

@@ -78,6 +78,12 @@ class TuningPolicy:
             is half-way to the least concurrency a layout of replicas can use. 0 turns layouts off.
         replica_bytes: The weights (bytes) a layout's extra replicas may hold in all: one whose replicas would hold
             more is not tried (``replica_memory_mb``).
+        prune_ratio: A candidate the check shows at least this many times slower than the fastest is not compiled or
+            timed on real calls (its reason says so in ``cm.tuning``; torch on an ONNX CNN measured 2.6-31x). The check
+            keeps each candidate's least warm run, side by side in one process (a burst of load slows a run and never
+            speeds one up), in CPU seconds; its wall time is at least those over the cores it could spread them on,
+            the fastest's at most its own. So the bound is read from that floor, which holds whatever the threading,
+            and a gap this wide leaves no turn of the race a chance to reverse it.
     """
 
     decide_within_s: float = 30.0
@@ -93,6 +99,7 @@ class TuningPolicy:
     check_idle_s: float = 30.0
     concurrent_calls: float = 1.5
     replica_bytes: float = 2048e6
+    prune_ratio: float = 2.5
 
     @classmethod
     def from_settings(cls, settings: AutotuneSettings) -> TuningPolicy:

@@ -705,7 +705,7 @@ def startup_sources(paths: Sequence[str | Path], names: Sequence[str]) -> list[M
 def build_registry(paths: Sequence[str | Path], target: str | None = None,
                    overrides: Mapping[str, Any] | None = None, defaults: BatchSettings | None = None,
                    sources: Sequence[ModelSource] | None = None, compile_options: Mapping[str, Any] | None = None,
-                   warmup: int = 0, idle_tuning: bool = False) -> ModelRegistry:
+                   warmup: int = 0, idle_tuning: bool = False, freeze_tuning: bool = False) -> ModelRegistry:
     """Discover and load every model under ``paths`` (or the given ``sources``) into a registry.
 
     Each is compiled with ``compile_options`` and warmed up (see :func:`load_model`), in a thread of the
@@ -714,6 +714,8 @@ def build_registry(paths: Sequence[str | Path], target: str | None = None,
     thread calls this (the CLI's main thread, or an executor thread of the ``SCHED_BATCH`` front end).
     ``idle_tuning``: once all are loaded, each model that tunes online decides its batch-size buckets while
     the server has no requests (:mod:`hybrid.serve.core.idle_tuning`; ``pyasc serve`` turns it on).
+    ``freeze_tuning``: once each is loaded and warmed up, its tuning stops (``CompiledModel.freeze``; ``pyasc serve
+    --freeze-tuning``), for the models loaded later through the repository API too.
 
     Raises:
         HybridError: what discovery or loading raised; models loaded so far are closed first.
@@ -725,6 +727,8 @@ def build_registry(paths: Sequence[str | Path], target: str | None = None,
         for source in found:
             loaded.append(load_model(source, target, overrides, defaults, compile_options=compile_options,
                                      warmup=warmup))
+            if freeze_tuning:
+                loaded[-1].compiled.freeze()
 
     try:
         in_compute_policy(load_all)
@@ -733,7 +737,7 @@ def build_registry(paths: Sequence[str | Path], target: str | None = None,
         raise
     registry = ModelRegistry(loaded, paths, {"target": target, "overrides": overrides, "defaults": defaults,
                                              "compile_options": compile_options, "warmup": warmup,
-                                             "idle_tuning": idle_tuning})
+                                             "idle_tuning": idle_tuning, "freeze_tuning": freeze_tuning})
     if idle_tuning:
         registry.tune_when_idle()
     return registry
