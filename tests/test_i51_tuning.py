@@ -3,6 +3,8 @@ that keeps the first decision's time, and a candidate the check shows hopeless i
 
 from __future__ import annotations
 
+import math
+
 from tests.test_auto_controller import FakeClock, FakeLab, InflatedWarmUpLab, Scripted, X, decided, drive, tuner
 
 from hybrid.runtime.auto import race
@@ -136,3 +138,41 @@ def test_pyasc_serve_freeze_tuning_stops_each_models_tuning_once_loaded(tmp_path
     finally:
         registry.close()
     assert "--freeze-tuning" in CliRunner().invoke(app, ["serve", "--help"], terminal_width=200).output
+
+
+def test_a_race_that_falls_in_a_pause_waits_for_calls_and_times_every_candidate():
+    clock = FakeClock()
+    policy = TuningPolicy(decide_within_s=10.0)
+    exes = {"a:cpu": Scripted(clock, 1e-3), "b:cpu": Scripted(clock, 0.97e-3)}  # 3 % apart: several rounds
+    router, controller, _ = tuner(exes, clock, policy)
+    drive(router, controller, X, lambda: controller.status() and controller.status()[0].phase == "racing")
+    for _ in range(120):  # a minute without a call, longer than the bound; the controller looks every half second
+        clock.advance(0.5)
+        controller.step()
+    (status,) = controller.status()
+    assert status.state == "tuning"  # not concluded on the clock: the bound counts the bucket's traffic
+    drive(router, controller, X, decided(controller))
+    (status,) = controller.status()
+    outcomes = {c.label: (c.outcome, c.reason) for c in status.candidates}
+    assert race.NOT_TIMED not in {why for _, why in outcomes.values()}
+    assert status.serving == "b:cpu"
+
+
+def test_a_burst_only_bucket_is_decided_within_a_bounded_amount_of_its_traffic():
+    clock = FakeClock()
+    policy = TuningPolicy(decide_within_s=10.0)
+    # 3 % apart, each drifting 6 % over seconds (a shared machine): the rule needs several rounds of turns
+    exes = {"a:cpu": Scripted(clock, lambda c: 1e-3 * (1 + 0.06 * math.sin(c() * 4.1))),
+            "b:cpu": Scripted(clock, lambda c: 0.97e-3 * (1 + 0.06 * math.sin(c() * 2.9 + 1)))}
+    router, controller, _ = tuner(exes, clock, policy)
+    busy = 0.0
+    while not decided(controller)():
+        t0 = clock()
+        drive(router, controller, X, lambda t0=t0: clock() - t0 >= 1.5 or decided(controller)())  # 1.5 s bursts
+        busy += clock() - t0
+        for _ in range(60):  # 30 s pauses
+            clock.advance(0.5)
+            controller.step()
+        assert busy <= policy.decide_within_s + 4.0, controller.status()
+    assert controller.status()[0].serving == "b:cpu"
+    assert "by the paired turns" in controller.notes()[0]  # on real turns, not at a bound that ran out in a pause

@@ -355,6 +355,7 @@ class Controller:
     # ------------------------------------------------------------------ the race
     def _start_race(self, b: BucketRecord, estimates: dict[str, float], precharge: tuple[float, int] | None = None,
                     calls_from: int = 0) -> None:
+        b.paused_s, b.seen = 0.0, None
         b.race = Race.between(b.incumbent, b.lanes, b.race_from, estimates, precharge, calls_from,
                               frozenset(b.untimed))
         if b.race.over:
@@ -372,6 +373,7 @@ class Controller:
         r = b.race
         assert r is not None
         now = self._clock()
+        self._count_pause(b, now)
         if r.probe is not None:
             if now < r.probe.end:
                 return r.probe.end
@@ -414,9 +416,22 @@ class Controller:
         return self._policy.turn_s(self._route(b).tally.last_s)
 
     def _deadline(self, b: BucketRecord) -> float:
+        """The bound of the bucket's race: ``decide_within_s`` of its own traffic (pauses do not count)."""
         tally = self._route(b).tally
         since = tally.calls - (b.race.calls_from if b.race is not None else 0)  # the calls of this race
-        return self._policy.deadline(b.race_from, tally.last_s, since, self._clock())
+        return self._policy.deadline(b.race_from + b.paused_s, tally.last_s, since, self._clock())
+
+    def _count_pause(self, b: BucketRecord, now: float) -> None:
+        """Time in which the bucket had no call is a pause: the race waits for calls and its bound moves with it.
+
+        Read between the controller's looks at the race (every turn's end, each planned round, the idle poll): an
+        interval without a call counts whole. So a race that falls in a pause is not concluded with its candidates
+        untimed, and a bucket that sees traffic only in bursts is decided after a bounded amount of its traffic.
+        """
+        calls = self._route(b).tally.calls
+        if b.seen is not None and calls == b.seen[0]:
+            b.paused_s += now - b.seen[1]
+        b.seen = (calls, now)
 
     def _decide(self, b: BucketRecord, why: str) -> None:
         now = self._clock()
