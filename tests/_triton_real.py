@@ -177,8 +177,10 @@ class TritonSpec:
 
 def write_model(repo: Path, name: str, onnx_path: Path, inputs: Sequence[TritonSpec], outputs: Sequence[TritonSpec],
                 *, max_batch_size: int = 8, queue_delay_us: int | None = 2000, threads: int = 2,
-                spinning: bool = False) -> Path:
-    """Write ``repo/name/{config.pbtxt, 1/model.py, 1/model.onnx}`` (the ONNX file is copied)."""
+                spinning: bool = False, instances: int = 1) -> Path:
+    """Write ``repo/name/{config.pbtxt, 1/model.py, 1/model.onnx}`` (the ONNX file is copied); ``instances``:
+    the ``instance_group`` count (Triton runs that many model.py instances, each its own stub process and
+    ONNX Runtime session with ``threads``)."""
     folder = repo / name
     (folder / "1").mkdir(parents=True, exist_ok=True)
     shutil.copy(onnx_path, folder / "1" / "model.onnx")
@@ -186,7 +188,7 @@ def write_model(repo: Path, name: str, onnx_path: Path, inputs: Sequence[TritonS
     lines = [f'name: "{name}"', 'backend: "python"', f"max_batch_size: {max_batch_size}",
              f"input [ {', '.join(s.pbtxt() for s in inputs)} ]",
              f"output [ {', '.join(s.pbtxt() for s in outputs)} ]",
-             "instance_group [ { kind: KIND_CPU count: 1 } ]"]
+             f"instance_group [ {{ kind: KIND_CPU count: {instances} }} ]"]
     if queue_delay_us is not None:
         lines.append(f"dynamic_batching {{ max_queue_delay_microseconds: {queue_delay_us} }}")
     (folder / "config.pbtxt").write_text("\n".join(lines) + "\n")
