@@ -10,6 +10,9 @@ anything but its own call.
 
 A call that fails on its executable (a shape the backend cannot run) is answered by the next candidate in
 priority order that runs it; the same fallback serves every bucket, decided or not, and the controller is told.
+So is a call that a candidate compiled online answers with NaN or Inf in a floating-point output where the start
+(checked at compile) does not (issue 54: a candidate that answers NaN now and then never answers a caller so); where
+the start's answer holds them too, they are the model's own and the bucket's answers are not looked at again.
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ class Tally:
     last_s: float = 0.0  # the last untimed-by-a-probe call's seconds (the serving candidate's speed)
     served: int = 0  # calls answered outside a probe's turns, and their seconds: what tuning's other work
     served_s: float = 0.0  # (the check, the compiles) cost the callers is read from these (:mod:`.race`)
+    guarded: bool = True  # answers of candidates compiled online are looked at for NaN and Inf (module doc)
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,6 +185,8 @@ class Router(Executable):
         except Exception as e:
             return self._fall_back(key, lane, e, feeds)
         seconds = clock() - t0
+        if tally.guarded and lane is not self._start and not _finite(outs):
+            return self._not_finite(key, lane, outs, feeds, tally)
         if turn >= 0:
             probe.records.append((turn, t0, seconds))  # type: ignore[union-attr]
         else:
@@ -204,6 +210,19 @@ class Router(Executable):
             route = self._routes[key] = Route(self._start, Tally(self._clock()))
         self._notify(Event("new", key, _copy(feeds)))
         return route
+
+    def _not_finite(self, key: Bucket, lane: Lane, outs: list[Any], feeds: Mapping[str, Any],
+                    tally: Tally) -> list[Any]:
+        """``lane`` answered NaN or Inf: the model's own where the start's answer holds them too, else a failed call."""
+        try:
+            theirs = self._start.executable.run(feeds)
+        except Exception:
+            theirs = None
+        if theirs is not None and not _finite(theirs):
+            tally.guarded = False  # the model computes them: nothing to tell the candidates apart by
+            return outs
+        why = FloatingPointError(f"answered NaN or Inf on a real call where {self._start.label} did not")
+        return self._fall_back(key, lane, why, feeds)
 
     def _fall_back(self, key: Bucket, lane: Lane, error: Exception, feeds: Mapping[str, Any]) -> list[Any]:
         """Answer a call whose executable failed with the next candidate by priority that runs it.
@@ -235,3 +254,8 @@ class Router(Executable):
 
     def close(self) -> None:
         """Nothing of its own: the controller closes the executables."""
+
+
+def _finite(outs: list[Any]) -> bool:
+    """Whether no floating-point output holds NaN or Inf (one pass over each: cheap next to the call)."""
+    return all(not (isinstance(o, np.ndarray) and o.dtype.kind in "fc") or bool(np.isfinite(o).all()) for o in outs)

@@ -14,6 +14,14 @@ The worker runs one thread per session (it must not crowd the callers' cores). I
 the candidates it is asked about, and ends once it has been idle for the tuning policy's ``check_idle_s``
 (:func:`reap_idle`): the next check starts it again.
 
+A candidate's faults stay in the worker (issue 54, docs/auto.md "Faults in a candidate"). The worker tells the
+parent which candidate it starts on (:class:`Progress`) before it compiles, checks or times each one. A candidate
+whose compile raises anything (``MemoryError``, a library's own exception) is rejected with it and the others are
+checked. A worker that ends (a crash in native code, ``os._exit``, a SIGKILL) or that spends more than
+:data:`CANDIDATE_LIMIT_S` of running time on one candidate (a hang) is ended and started again: the check is asked
+again, and a candidate the worker died on twice, or hung on once, is rejected with the reason and never checked or
+compiled again for that model in this process (:func:`blamed`), in the worker or in the caller's.
+
 The worker is ``python -c "from hybrid.runtime.auto.worker import serve; serve()"`` (``-m`` would run a
 second copy of this module, already imported by its package), spoken to with length-prefixed pickles over its
 standard input and output: a plain subprocess, which (unlike multiprocessing's spawn) never re-runs
@@ -27,6 +35,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import dataclasses
+import hashlib
 import logging
 import math
 import os
@@ -44,6 +53,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hybrid.config import autotune_config, validated_update
+from hybrid.errors import first_line
 from hybrid.hal import Candidate, backend_names, backend_status, is_fallback
 from hybrid.ir import Model
 from hybrid.runtime.auto import judge
@@ -54,13 +64,20 @@ from hybrid.runtime.auto.trials import Search, check_trials
 
 logger = logging.getLogger("hybrid")
 
-__all__ = ["CheckRequest", "Verdicts", "check", "check_elsewhere", "pacer", "prestart", "reap_idle", "serve",
-           "shutdown"]
+__all__ = ["CANDIDATE_LIMIT_S", "CheckProcessDied", "CheckRequest", "Progress", "Verdicts", "blamed", "check",
+           "check_elsewhere", "pacer", "prestart", "reap_idle", "serve", "shutdown"]
 
 _WORKER_MAIN = "from hybrid.runtime.auto.worker import serve; serve()"
 _PARENT_ENV = "HYBRID_CHECK_PARENT"  # the pid of the process the worker serves (it ends with it)
 SLICE_S = 0.02  # the parent looks at the paced process this often: it never runs more than about this long past
 # its share (a core lost for longer stalls the callers' parallel operators in bursts they feel as latency)
+CANDIDATE_LIMIT_S = 600.0  # one candidate (its compile, check and timing) may run this long in the worker, the time it
+# is held stopped by the pacer not counted: longer is a hang, and the worker is ended. Generous: a TensorRT engine build
+# of a large model takes minutes. Tests set it small.
+DEATHS_TO_BLAME = 2  # killed from outside (SIGKILL: the OOM killer, an operator) this many times on the same candidate
+# in one check, the worker blames the candidate; once, it asks again in a new process. A death of its own doing (a
+# crash signal, an exit status) is blamed at once.
+_OUTSIDE = frozenset({signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +94,29 @@ class CheckRequest:
     precision: str = "fp32"  # 'auto': the reduced precisions each backend offers join, within ``budget``
     budget: dict[str, float] | None = None
     share: float = 1.0  # the share of the wall time the check may spend in CPU time (it is paced to it)
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """The worker's word that it starts on a candidate (its compile, its check or its timing): its label."""
+
+    label: str
+
+
+class CheckProcessDied(Exception):
+    """The worker ended, or was ended for a hang, while it answered a request.
+
+    Attributes:
+        label: The candidate it was on (its last :class:`Progress`; None before the first).
+        why: What ended it, in words (``'killed by SIGSEGV'``, ``'exit status 70'``, a hang).
+        hung: It was ended by the parent for running longer than :data:`CANDIDATE_LIMIT_S` on ``label``.
+        own: It ended of its own doing (a crash signal such as SIGSEGV or SIGABRT, an exit status), not from
+            outside (SIGKILL, SIGTERM: the OOM killer, an operator).
+    """
+
+    def __init__(self, label: str | None, why: str, hung: bool = False, own: bool = False) -> None:
+        super().__init__(f"the check process ended ({why})" + (f" on {label}" if label else ""))
+        self.label, self.why, self.hung, self.own = label, why, hung, own
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,17 +170,27 @@ class _Pacer:
             return 0.0
         return max(0.0, min((self.cpu_s() - self._cpu0) / self.share - (now - self._wall0), until - now))
 
+    def hold(self) -> float:
+        """Stop the process for as long as :meth:`hold_s` says (at most a second); the seconds it was held."""
+        try:
+            hold = self.hold_s()
+            if hold <= 0.0:
+                return 0.0
+            t0 = time.perf_counter()
+            os.kill(self.pid, signal.SIGSTOP)
+            try:
+                time.sleep(min(hold, 1.0))
+            finally:
+                os.kill(self.pid, signal.SIGCONT)
+            return time.perf_counter() - t0
+        except (OSError, ValueError):  # the process ended: reading its answer says so
+            return 0.0
+
     def wait(self, readable: int) -> None:
         """Pace the process until file descriptor ``readable`` has data (its answer); it runs freely after."""
         try:
             while not select.select([readable], [], [], SLICE_S)[0]:
-                hold = self.hold_s()
-                if hold > 0.0:
-                    os.kill(self.pid, signal.SIGSTOP)
-                    try:
-                        time.sleep(min(hold, 1.0))
-                    finally:
-                        os.kill(self.pid, signal.SIGCONT)
+                self.hold()
         except (OSError, ValueError):  # the process ended: reading its answer says so
             pass
 
@@ -159,16 +209,67 @@ class _Worker:
         """Send ``request`` and return the answer; the process paced to ``share`` meanwhile where it can be.
 
         ``until_a_check_waits``: paced only while a check waits for the worker (:meth:`_Pacer.hold_s`).
+
+        Raises:
+            CheckProcessDied: The process ended before it answered, or was ended for a hang (then it is killed).
         """
         with self.lock:
             assert self.proc.stdin is not None and self.proc.stdout is not None
-            _send(self.proc.stdin, request)
             try:
-                if self.paced and share < 1.0:
-                    _Pacer(self.proc.pid, share, until_a_check_waits).wait(self.proc.stdout.fileno())
-                return _receive(self.proc.stdout)
+                _send(self.proc.stdin, request)
+            except OSError:  # its end of the pipe is closed: it has ended
+                raise CheckProcessDied(None, *self._ended()) from None
+            try:
+                return self._answer(share, until_a_check_waits)
             finally:
                 self.last_used = _clock()
+
+    def _answer(self, share: float, until_a_check_waits: bool) -> Any:
+        """Read the answer, pacing the process meanwhile and watching the time it runs on each candidate."""
+        out = self.proc.stdout
+        assert out is not None
+        pacer = _Pacer(self.proc.pid, share, until_a_check_waits) if self.paced and share < 1.0 else None
+        label: str | None = None
+        ran, last = 0.0, time.perf_counter()
+        while True:
+            try:
+                ready = bool(select.select([out], [], [], SLICE_S)[0])
+            except (OSError, ValueError):
+                ready = True  # reading says what happened
+            held = pacer.hold() if pacer is not None and not ready else 0.0
+            now = time.perf_counter()
+            ran, last = ran + max(0.0, now - last - held), now
+            if not ready:
+                if label is not None and ran > CANDIDATE_LIMIT_S:
+                    self.close()
+                    raise CheckProcessDied(label, f"it did not finish within {CANDIDATE_LIMIT_S:g} s in the check "
+                                           "process, which was ended", hung=True)
+                continue
+            try:
+                message = _receive(out)
+            except EOFError:
+                raise CheckProcessDied(label, *self._ended()) from None
+            if isinstance(message, Progress):
+                label, ran = message.label, 0.0
+                continue
+            return message
+
+    def _ended(self) -> tuple[str, bool, bool]:
+        """How the process ended, in words; False (not a hang); whether it was its own doing."""
+        try:
+            code = self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:  # its pipe closed but it lives on: it is no use any more
+            self.close()
+            code = self.proc.returncode
+        if code is None:
+            return "its pipe closed", False, False
+        if code < 0:
+            try:
+                sig = signal.Signals(-code)
+            except ValueError:
+                return f"killed by signal {-code}", False, True
+            return f"killed by {sig.name}", False, sig not in _OUTSIDE
+        return f"exit status {code}", False, True
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
@@ -211,7 +312,8 @@ def _spawn_forever(requests: queue.SimpleQueue[queue.SimpleQueue[Any]]) -> None:
         box = requests.get()
         try:
             box.put(subprocess.Popen([sys.executable, "-c", _WORKER_MAIN], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, env={**os.environ, _PARENT_ENV: str(os.getpid())}))
+                                     stdout=subprocess.PIPE, bufsize=0,
+                                     env={**os.environ, _PARENT_ENV: str(os.getpid())}))
         except Exception as e:
             box.put(e)
 
@@ -237,12 +339,21 @@ def _send(stream: Any, obj: Any) -> None:
     stream.flush()
 
 
+def _read(stream: Any, size: int) -> bytes:
+    """Exactly ``size`` bytes (the parent's end of the pipe is unbuffered: ``select`` must see what is unread)."""
+    chunks, left = [], size
+    while left:
+        chunk = stream.read(left)
+        if not chunk:
+            raise EOFError("the check process ended")
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
 def _receive(stream: Any) -> Any:
-    head = stream.read(8)
-    if len(head) < 8:
-        raise EOFError("the check process ended")
-    (size,) = struct.unpack("<Q", head)
-    return pickle.loads(stream.read(size))  # our own child process, over a private pipe
+    (size,) = struct.unpack("<Q", _read(stream, 8))
+    return pickle.loads(_read(stream, size))  # our own child process, over a private pipe
 
 
 def shutdown(for_good: bool = False) -> None:
@@ -350,31 +461,88 @@ def _paced_until() -> float:
         return min(_PACED, default=math.inf)
 
 
+_BLAMED: dict[tuple[str, str], str] = {}  # (model digest, candidate) -> why the worker died or hung on it
+_BLAMED_LOCK = threading.Lock()
+
+
+def _digest(model: bytes) -> str:
+    return hashlib.sha256(model).hexdigest()
+
+
+def blamed(model: Model | bytes, label: str) -> str | None:
+    """Why candidate ``label`` must never be compiled for ``model`` in this process; None: it may be.
+
+    The check process died on it :data:`DEATHS_TO_BLAME` times in one check, or hung on it (:func:`check_elsewhere`):
+    compiled in the caller's process it would end or hang that process.
+    """
+    with _BLAMED_LOCK:
+        if not _BLAMED:  # the common case costs no serialization of the model
+            return None
+    digest = _digest(model if isinstance(model, bytes) else model.to_bytes())
+    with _BLAMED_LOCK:
+        return _BLAMED.get((digest, label.partition(" ")[0]))
+
+
 def check_elsewhere(request: CheckRequest, paced_until: float = math.inf) -> Verdicts | None:
     """Run :func:`check` in the worker process; None when it cannot (the caller then checks itself).
 
     The worker is paced to the request's share until ``paced_until`` (``time.perf_counter``'s), and so is the
     request before it still under way (the imports of :func:`prestart`): the check must leave the turns their time.
+    A worker that dies or hangs is started again and asked again (module doc); the candidates blamed for it
+    (:func:`blamed`) are left out and come back rejected with the reason.
     """
     with _PACED_LOCK:
         _PACED.append(paced_until)
     try:
-        w = _worker()
-        share = request.share
-        if w.paced:  # paced from outside: it must not also pace itself (after ``paced_until`` it runs unpaced)
-            request = dataclasses.replace(request, share=1.0)
-        answer = w.ask(request, share)
-    except Exception as e:  # a broken or missing worker must never fail the model
-        logger.info("auto (online): the check process is unavailable (%s); checking in a thread", e)
-        shutdown()
-        return None
+        return _check_surviving(request)
     finally:
         with _PACED_LOCK:
             _PACED.remove(paced_until)
-    if not isinstance(answer, Verdicts):
-        logger.info("auto (online): the check process could not check (%s); checking in a thread", answer)
-        return None
-    return answer
+
+
+def _check_surviving(request: CheckRequest) -> Verdicts | None:
+    digest = _digest(request.model)
+    deaths: dict[str | None, int] = {}
+    notes: list[str] = []
+    while True:
+        with _BLAMED_LOCK:
+            left_out = {lb: _BLAMED[(digest, lb)] for lb in request.order if (digest, lb) in _BLAMED}
+        rejected = tuple((lb, f"left out: {why}", None, False) for lb, why in left_out.items())
+        order = tuple(lb for lb in request.order if lb not in left_out)
+        if not order:
+            return Verdicts(rejected, tuple(notes))
+        try:
+            w = _worker()
+            asked, share = dataclasses.replace(request, order=order), request.share
+            if w.paced:  # paced from outside: it must not also pace itself (after ``paced_until`` it runs unpaced)
+                asked = dataclasses.replace(asked, share=1.0)
+            answer = w.ask(asked, share)
+        except CheckProcessDied as died:
+            shutdown()  # the next request starts a new process
+            candidate = died.label.partition(" ")[0] if died.label else None
+            count = deaths[candidate] = deaths.get(candidate, 0) + 1
+            logger.warning("auto (online): %s while checking %r; starting it again", died, request.name)
+            if candidate is None:
+                if count >= DEATHS_TO_BLAME:
+                    return None  # it dies before it starts on any candidate: the caller checks in a thread
+                continue
+            if died.hung or died.own or count >= DEATHS_TO_BLAME:
+                why = died.why if died.hung else f"the check process died on it ({died.why}" + (
+                    f", {count} times)" if count > 1 else ")")
+                with _BLAMED_LOCK:
+                    _BLAMED[(digest, candidate)] = why
+            else:
+                notes.append(f"the check process died ({died.why}) while it was on {died.label}; asked again in a "
+                             "new one")
+            continue
+        except Exception as e:  # a broken or missing worker must never fail the model
+            logger.info("auto (online): the check process is unavailable (%s); checking in a thread", e)
+            shutdown()
+            return None
+        if not isinstance(answer, Verdicts):
+            logger.info("auto (online): the check process could not check (%s); checking in a thread", answer)
+            return None
+        return Verdicts(answer.results + rejected, answer.notes + tuple(notes))
 
 
 def pacer(share: float) -> Callable[[], None]:
@@ -394,26 +562,51 @@ def pacer(share: float) -> Callable[[], None]:
     return pace
 
 
-def check(request: CheckRequest) -> Verdicts | None:
-    """Check every candidate on the request's sample, as the offline search does (runs in the worker)."""
+def check(request: CheckRequest, tell: Callable[[str], None] = lambda _label: None) -> Verdicts | None:
+    """Check every candidate on the request's sample, as the offline search does (runs in the worker).
+
+    ``tell`` receives the label of each candidate as the worker starts on it (:class:`Progress`). A candidate whose
+    compile raises (``MemoryError``, a library's own exception: anything but the HybridError the search reports
+    itself) is rejected with it, and the others are checked without it.
+    """
     known = set(backend_names())
     if any(label.partition(":")[0] not in known for label in request.order):
         return None
     validated_update({"num_threads": 1})  # what hybrid.init does for this key (the api sits above runtime)
     model = Model.load(request.model)
     model.name = request.name
-    order = [Candidate(*label.split(":", 1)) for label in request.order]
     rules = {k: OutputRule(**v) for k, v in request.rules.items()}
-    search = Search(model, order, lambda c, p: dict(request.options[f"{c} {p}" if p != "fp32" else str(c)]),
-                    request.precision, request.budget, request.sample, rtol=request.rtol, rules=rules)
+    current: list[str | None] = [None]
+
+    def options_of(c: Candidate, p: str) -> dict[str, Any]:  # the search asks right before it compiles ``c``
+        label = f"{c} {p}" if p != "fp32" else str(c)
+        current[0] = label
+        tell(label)
+        return dict(request.options[label])
+
+    failed: dict[str, str] = {}
+    compiled: dict[str, Any] = {}  # what compiled before a candidate failed is not compiled again
     pace = pacer(request.share)
-    tried, _ = check_trials(search, autotune=True, after_each=lambda _s: pace())
+    while True:
+        order = [Candidate(*label.split(":", 1)) for label in request.order if label not in failed]
+        search = Search(model, order, options_of, request.precision, request.budget, request.sample,
+                        rtol=request.rtol, rules=rules, compiled=compiled)
+        try:
+            tried, _ = check_trials(search, autotune=True, after_each=lambda _s: pace())
+            break
+        except Exception as e:
+            at = (current[0] or "").partition(" ")[0]
+            if not at or at in failed:
+                raise
+            failed[at] = f"could not compile in the check process: {type(e).__name__}: {first_line(e)}"
+            current[0] = None
     judge.outvote(tried, search, model.name)
     warm: dict[str, float] = {}  # the fallback last, timed only where no other passed (else the lab leaves it out)
     for t in sorted(tried, key=lambda t: is_fallback(t.backend)):
         accelerated = any(u.rejected is None and not is_fallback(u.backend) for u in tried)
         if t.rejected is None and not (accelerated and is_fallback(t.backend)):
             try:
+                tell(t.label)
                 settle()  # the candidate checked before may still hold a core (its pool's idle threads spin)
                 # in CPU time: this process runs where the callers leave a core idle, so its wall time measures its
                 # waits (a U-Net's OpenVINO run "took" 13.6 s; the encoder's OpenVINO read 2.6x ONNX Runtime)
@@ -423,7 +616,8 @@ def check(request: CheckRequest) -> Verdicts | None:
                 t.rejected = f"failed on a second run: {e}"
             pace()
     judge.close_all(tried, None, search)
-    return Verdicts(tuple((t.label, t.rejected, warm.get(t.label), t.partitioned) for t in tried), tuple(search.notes))
+    return Verdicts(tuple((t.label, t.rejected, warm.get(t.label), t.partitioned) for t in tried)
+                    + tuple((label, why, None, False) for label, why in failed.items()), tuple(search.notes))
 
 
 def _probe(backends: tuple[str, ...] | None) -> str:
@@ -464,7 +658,7 @@ def serve() -> None:
             return
         try:
             probing = isinstance(request, tuple) and request[:1] == ("probe",)
-            answer: Any = _probe(request[1]) if probing else check(request)
+            answer: Any = _probe(request[1]) if probing else check(request, lambda lb: _send(stdout, Progress(lb)))
         except Exception as e:
             answer = f"{type(e).__name__}: {e}"
         _send(stdout, answer)
