@@ -5,7 +5,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, Protocol
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from hybrid.errors import ConfigError, HybridError, RunError, first_line
 from hybrid.runtime.validate import InputValidator
@@ -15,7 +16,7 @@ if TYPE_CHECKING:
     from hybrid.ir import Model, Signature
     from hybrid.runtime.plan import Plan
 
-__all__ = ["CompiledModel", "LiveView"]
+__all__ = ["CompiledModel", "LiveView", "ServingView"]
 
 
 def _settle(future: Future[Any], done: Any) -> None:
@@ -28,14 +29,38 @@ def _settle(future: Future[Any], done: Any) -> None:
         future.set_exception(e)
 
 
+@dataclass(frozen=True, slots=True)
+class ServingView:
+    """What serves a model now, as :class:`CompiledModel` reports it (read from a :class:`LiveView` when asked).
+
+    Attributes:
+        backend: The backend's name.
+        device: Its device.
+        options: The candidate's backend options.
+        plan: Its plan (with the tuning notes).
+        executable: What runs the calls (for the profiler, which profiles that candidate alone).
+    """
+
+    backend: str
+    device: str
+    options: Mapping[str, Any]
+    plan: Plan
+    executable: Executable | None = None
+
+
+@runtime_checkable
 class LiveView(Protocol):
     """An executable that decides its backend while it serves (``target='auto'`` tuning online).
 
     What the compiled model reports is read from it, never written into the model from another thread.
     """
 
-    def view(self) -> tuple[str, str, dict[str, Any], Any]:
-        """(backend, device, options, plan) of what serves now."""
+    def view(self) -> ServingView:
+        """What serves the bucket with the most calls now (the start before any call)."""
+        ...
+
+    def serving_for(self, feeds: Mapping[str, Any]) -> ServingView:
+        """What serves the shape bucket of ``feeds``, decided first (``tune``) when it is not yet."""
         ...
 
     def status(self) -> tuple[Any, ...]:
@@ -76,7 +101,7 @@ class CompiledModel:
         self._backend = backend
         self._device = device
         self._options: dict[str, Any] = dict(options or {})
-        self._live: LiveView | None = executable if hasattr(executable, "view") else None  # type: ignore[assignment]
+        self._live: LiveView | None = executable if isinstance(executable, LiveView) else None
         self.target = target
         self._validator = InputValidator(self.signature, model)  # index inputs checked against their tables
         self._output_names = self.signature.output_names
@@ -89,7 +114,7 @@ class CompiledModel:
     @property
     def backend(self) -> str:
         """The backend serving now; under online tuning, the one serving the bucket with the most calls."""
-        return self._live.view()[0] if self._live is not None else self._backend
+        return self._live.view().backend if self._live is not None else self._backend
 
     @backend.setter
     def backend(self, value: str) -> None:
@@ -98,7 +123,7 @@ class CompiledModel:
     @property
     def device(self) -> str:
         """The device of the candidate :attr:`backend` names."""
-        return self._live.view()[1] if self._live is not None else self._device
+        return self._live.view().device if self._live is not None else self._device
 
     @device.setter
     def device(self, value: str) -> None:
@@ -107,7 +132,7 @@ class CompiledModel:
     @property
     def options(self) -> dict[str, Any]:
         """The backend options of the candidate :attr:`backend` names."""
-        return self._live.view()[2] if self._live is not None else self._options
+        return dict(self._live.view().options) if self._live is not None else self._options
 
     @options.setter
     def options(self, value: Mapping[str, Any]) -> None:
@@ -116,7 +141,7 @@ class CompiledModel:
     @property
     def plan(self) -> Plan:
         """The partition plan of the candidate :attr:`backend` names."""
-        return self._live.view()[3] if self._live is not None else self._plan
+        return self._live.view().plan if self._live is not None else self._plan
 
     @plan.setter
     def plan(self, value: Plan) -> None:

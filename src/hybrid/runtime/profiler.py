@@ -29,7 +29,7 @@ import numpy as np
 
 from hybrid.errors import ConfigError, ModelError, RunError
 from hybrid.hal.backend import MACHINE_OPTIONS, Executable, NodeSpan
-from hybrid.runtime.compiled import CompiledModel
+from hybrid.runtime.compiled import CompiledModel, LiveView
 
 __all__ = ["OpStat", "ProfileReport", "check_arguments", "profile", "sample_inputs", "task_input_shapes"]
 
@@ -205,30 +205,14 @@ def _one_candidate(cm: CompiledModel, feeds: Mapping[str, Any]) -> tuple[Compile
     """
     if not cm.tunes_online:
         return cm, []
-    from hybrid.runtime.auto import OnlineTuner, bucket_of
-    from hybrid.runtime.auto.search import single_plan
-    from hybrid.runtime.auto.status import bucket_label
-
-    tuner = cm.executable
-    if not isinstance(tuner, OnlineTuner):  # another LiveView: what it serves cannot be pinned here
-        return cm, [f"{cm.backend} serves this shape now; target='auto' may switch candidates during the runs"]
-    key = bucket_of(cm.signature, feeds)
-    if not any(s.key == key and s.state == "decided" for s in cm.tuning):
-        cm.tune([feeds])  # a decided bucket is not called again: its counts stay the callers'
-    route = tuner.router.route(key)
-    if route is None:  # (tune called the bucket, so it has a route)
-        return cm, [f"{cm.backend} serves this shape now; target='auto' may switch candidates during the runs"]
-    label = route.serving.label
-    trial = tuner.lab.trials.get(label)
-    if trial is None:  # compiled for the fallback only: the lab compiles (or shares) it by label
-        tuner.lab.lane(label, None)
-        trial = tuner.lab.trials[label]
-    note = (f"target='auto' serves {bucket_label(key)} with {label} (decided before profiling); every figure is "
-            "of that candidate")
-    plan = single_plan(cm.model, trial, (*cm.plan.notes, note), "chosen online for the profiled shape")
-    pinned = CompiledModel(cm.model, route.serving.executable, plan, trial.backend, trial.device, trial.options,
-                           cm.target)
-    return pinned, [note]
+    live = cm.executable
+    if not isinstance(live, LiveView):  # (a task model's wrapper reports the model it wraps)
+        return cm, []
+    serving = live.serving_for(feeds)
+    assert serving.executable is not None, "a live view names the executable it serves with"
+    pinned = CompiledModel(cm.model, serving.executable, serving.plan, serving.backend, serving.device,
+                           dict(serving.options), cm.target)
+    return pinned, [serving.plan.notes[-1]]
 
 
 def _resolve(model_or_path: Any, target: str) -> CompiledModel:

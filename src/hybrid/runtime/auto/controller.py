@@ -167,14 +167,8 @@ class Controller:
         if b.incumbent == event.label:
             b.incumbent = event.answered_by
             b.lanes.setdefault(event.answered_by, self._lane(event.answered_by, None) or self._start)
-        r = b.race
-        if r is not None:  # the round's turns may name the candidate that fails: the next round is planned anew
-            r.logs.pop(event.label, None)
-            r.lanes.pop(event.label, None)
-            r.runners = [lb for lb in r.runners if lb != event.label]
-            r.incumbent, r.probe = b.incumbent, None
-            r.lanes.setdefault(b.incumbent, b.lanes[b.incumbent])
-            r.results.pop(event.label, None)
+        if b.race is not None:  # the round's turns may name the candidate that fails: the next round is planned anew
+            b.race.drop(event.label, b.incumbent, b.lanes[b.incumbent])
         self._note(b, f"{event.answered_by} serves ({event.label} failed on a real call: {event.why})")
 
     def _advance(self, b: BucketRecord) -> float:
@@ -196,7 +190,7 @@ class Controller:
                            first_line(e))
             if b.phase is not Phase.DECIDED:
                 if b.race is not None:
-                    b.race.runners = []
+                    b.race.stop()
                 b.runners = []
                 self._decide(b, f"as it stood when tuning failed ({first_line(e)})")
         return math.inf
@@ -209,8 +203,7 @@ class Controller:
             self._publish(b)
         elif b.phase is not Phase.NEW:  # a race: its probe ends, the one serving keeps the bucket
             if b.race is not None:
-                b.race.runners = []
-                b.race.probe = None
+                b.race.stop()
             b.runners = []
             self._decide(b, "as it stood when tuning was frozen (cm.freeze())")
 

@@ -38,8 +38,9 @@ from hybrid.runtime.auto.lab import Confirmation, RealLab, confirm_key
 from hybrid.runtime.auto.policy import STOP_WAIT_S, Clock, TuningPolicy, monotonic
 from hybrid.runtime.auto.router import Event, Lane, Router
 from hybrid.runtime.auto.shapes import bucket_of
-from hybrid.runtime.auto.status import BucketTuning
+from hybrid.runtime.auto.status import BucketTuning, bucket_label
 from hybrid.runtime.auto.trials import Trial
+from hybrid.runtime.compiled import ServingView
 
 __all__ = ["CONFIRM_RATIO", "OnlineTuner", "stop_all"]
 
@@ -126,10 +127,10 @@ class OnlineTuner(Executable):
         """The plan's notes: how the start was chosen, then one line per bucket checked or decided."""
         return [*self._notes, *self.controller.notes()]
 
-    def view(self) -> tuple[str, str, dict[str, Any], Any]:
-        """(backend, device, options, plan) of the candidate serving the bucket with the most calls.
+    def view(self) -> ServingView:
+        """The candidate serving the bucket with the most calls (the start before any call).
 
-        The start before any call: what ``cm.backend``, ``cm.device``, ``cm.options`` and ``cm.plan`` report.
+        What ``cm.backend``, ``cm.device``, ``cm.options`` and ``cm.plan`` report.
         """
         routes = self.router.routes()
         label = self.lab.start.label
@@ -141,7 +142,28 @@ class OnlineTuner(Executable):
         cached = self._view
         if cached is None or cached[0] != key:
             cached = self._view = (key, self._plan_of(trial, notes, "chosen online" if routes else "start of tuning"))
-        return trial.backend, trial.device, dict(trial.options), cached[1]
+        return ServingView(trial.backend, trial.device, dict(trial.options), cached[1], trial.executable)
+
+    def serving_for(self, feeds: Mapping[str, Any]) -> ServingView:
+        """The candidate serving the bucket of ``feeds``, decided first (:meth:`tune`) when it is not yet.
+
+        A decided bucket is not called again (its counts stay the callers'). The plan's last note names the bucket and
+        the candidate: every figure of a profile taken on it is that candidate's.
+        """
+        key = bucket_of(self.model.signature, feeds)
+        if not any(s.key == key and s.state == "decided" for s in self.status()):
+            self.tune([feeds])
+        route = self.router.route(key)
+        label = route.serving.label if route is not None else self.lab.start.label
+        trial = self.lab.trials.get(label)
+        if trial is None:  # compiled for the fallback only: the lab compiles (or shares) it by label
+            self.lab.lane(label, None)
+            trial = self.lab.trials[label]
+        note = (f"target='auto' serves {bucket_label(key)} with {label} (decided before profiling); every figure is "
+                "of that candidate")
+        plan = self._plan_of(trial, [*self.notes(), note], "chosen online for the profiled shape")
+        return ServingView(trial.backend, trial.device, dict(trial.options), plan,
+                           route.serving.executable if route is not None else trial.executable)
 
     def tune(self, samples: Iterable[Mapping[str, Any]], timeout_s: float | None = None,
              run: Callable[[Mapping[str, Any]], Any] | None = None) -> tuple[BucketTuning, ...]:

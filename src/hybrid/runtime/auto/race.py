@@ -86,6 +86,20 @@ class Race:
         """The ratio a round's cost is planned at: :meth:`ratio`, before any pair at least the warm-up's (``pace``)."""
         return self.ratio(label) if self.logs.get(label) else max(self.ratio(label), self.pace.get(label, 0.0))
 
+    def drop(self, label: str, incumbent: str, incumbent_lane: Lane) -> None:
+        """``label`` failed a real call: it leaves the race, ``incumbent`` serves, the next round is planned anew."""
+        self.logs.pop(label, None)
+        self.lanes.pop(label, None)
+        self.results.pop(label, None)
+        self.runners = [lb for lb in self.runners if lb != label]
+        self.incumbent, self.probe = incumbent, None
+        self.lanes.setdefault(incumbent, incumbent_lane)
+
+    def stop(self) -> None:
+        """End the race where it stands (a freeze, a failed step): no round follows and nobody races again later."""
+        self.runners = []
+        self.probe = None
+
     def join(self, label: str, lane: Lane, estimate: float) -> None:
         """A challenger joins from the next round on (a layout, once the calls were seen to overlap)."""
         self.lanes[label] = lane
