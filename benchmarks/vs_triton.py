@@ -539,6 +539,19 @@ def machine() -> dict[str, Any]:
     return {"cpu": name, "cores": os.cpu_count(), "amx": "amx_tile" in flags, "avx512": "avx512f" in flags}
 
 
+def quiet(cpu_s: dict[str, Callable[[], float]], limit_s: float, window_s: float = 2.0,
+          clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> float | None:
+    """Wait, up to ``limit_s``, until the servers of ``cpu_s`` (name -> CPU seconds so far) together spend under 2%
+    of a core over ``window_s`` while idle; the seconds waited, or None if they never did."""
+    start = clock()
+    while clock() - start < limit_s:
+        before = {s: f() for s, f in cpu_s.items()}
+        sleep(window_s)
+        if sum(cpu_s[s]() - v for s, v in before.items()) < 0.02 * window_s:
+            return clock() - start
+    return None
+
+
 def summarize(blocks: list[dict[str, Any]], counts: list[int], servers: list[str]) -> list[dict[str, Any]]:
     """Per client count: Triton's best layout in each round's block (its rate and p99), and every other server's
     rate, p99 and ratio to that block's best, paired round by round; medians over the rounds."""
@@ -777,8 +790,12 @@ def main() -> None:
             for name in chosen:  # untimed: a server that tunes under the load does it here
                 rate, _ = load(servers[name], served, 16, args.settle_s, args.protocol)
                 print(f"{name} settling: {rate:.1f} inf/s at 16 clients for {args.settle_s:g} s", flush=True)
-            decisions("after settling")
         cpu_s = {name: (lambda pid=pid: sum(cpu_by_role(pid).values())) for name, pid in pids.items()}
+        if args.settle_s and chosen:  # and what they do once idle (their idle tuning) ends before the rounds
+            waited = quiet({name: cpu_s[name] for name in chosen}, args.settle_s)
+            print(f"the servers were quiet after {waited:.0f} s idle" if waited is not None else
+                  f"the servers still used CPU after {args.settle_s:g} s idle", flush=True)
+            decisions("after settling")
         for r in range(args.rounds):
             for n in counts:
                 order = order0 if r % 2 == 0 else list(reversed(order0))
