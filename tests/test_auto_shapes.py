@@ -15,13 +15,13 @@ from tests._backends import backend_registered, registered
 import hybrid
 from hybrid.errors import ConfigError
 from hybrid.hal import Backend, Executable, ProbedDevice, get_backend
-from hybrid.runtime.auto import cache, parse_shapes, timing
+from hybrid.runtime.auto import cache, parse_shapes
 from hybrid.runtime.auto import tolerance as checks
 
 
 @pytest.fixture(autouse=True)
-def _short_timing(monkeypatch):
-    monkeypatch.setattr(timing, "TIME_BUDGET_S", 0.05)
+def _short_timing():
+    hybrid.init({"autotune": {"time_budget_s": 0.05}})
 
 
 def conv_net(k: int = 3) -> onnx.ModelProto:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from hybrid.runtime.auto import timing
+from hybrid.runtime.auto.policy import TimingPolicy
 
 
 class FakeClock:
@@ -45,7 +46,7 @@ def clock(monkeypatch):
 def test_settle_waits_until_the_process_stops_using_the_cpu(clock):
     clock.busy_until = 0.04  # a pool's idle threads spin for 40 ms after a run
     waited = timing.settle()
-    assert 0.04 <= waited <= 0.04 + 2 * timing._QUIET_POLL_S
+    assert 0.04 <= waited <= 0.04 + 2 * TimingPolicy().quiet_poll_s
 
 
 class TickClock(FakeClock):
@@ -65,7 +66,7 @@ def test_settle_sees_a_pool_charged_only_at_the_scheduler_tick(monkeypatch):
 
 def test_settle_gives_up_after_its_limit_when_the_process_stays_busy(clock):
     clock.busy_until = 10.0
-    assert timing.settle(0.05) == pytest.approx(0.05, abs=timing._QUIET_POLL_S)
+    assert timing.settle(0.05) == pytest.approx(0.05, abs=TimingPolicy().quiet_poll_s)
 
 
 def test_a_block_leaves_out_the_calls_of_its_lead_in(clock):
@@ -129,7 +130,7 @@ def test_paired_rounds_stop_when_the_rule_decides_and_go_on_while_it_cannot(cloc
 
     wobbly.__name__ = "wobbly"
     timing.time_candidates({"a": fixed(0.001), "w": wobbly}, budget_s=0.5)
-    assert blocks.count("wobbly") == 2 * timing.BLOCKS  # every round it may take
+    assert blocks.count("wobbly") == 2 * TimingPolicy().blocks  # every round it may take
 
 
 def test_a_block_of_a_tiny_graph_ends_after_its_call_cap(clock):
@@ -139,10 +140,10 @@ def test_a_block_of_a_tiny_graph_ends_after_its_call_cap(clock):
 
 def test_a_graph_faster_than_quick_s_is_timed_without_waiting_for_quiet(clock, monkeypatch):
     settles: list[float] = []
-    monkeypatch.setattr(timing, "settle", lambda *a: settles.append(clock.now) or 0.0)
+    monkeypatch.setattr(timing, "settle", lambda *a, **k: settles.append(clock.now) or 0.0)
     times = timing.time_candidates({"a": lambda: clock.work(0.00002), "b": lambda: clock.work(0.00003)})
     assert settles == [] and times == {"a": pytest.approx(0.00002), "b": pytest.approx(0.00003)}
-    assert clock.now < 0.5  # 5 blocks of at most QUICK_BLOCK_CALLS calls and a short lead-in each
+    assert clock.now < 0.5  # 5 blocks of at most quick_block_calls calls and a short lead-in each
     timing.time_candidates({"a": lambda: clock.work(0.001), "b": lambda: clock.work(0.0015)})
     assert len(settles) == 4  # one round A B B A: a 50 % gap is clear
 

@@ -14,13 +14,13 @@ from tests._models import matmul_add
 import hybrid
 from hybrid.errors import ConfigError, RunError
 from hybrid.hal import Backend, Executable, ProbedDevice, get_backend
-from hybrid.runtime.auto import accuracy, cache, judge, samples, search, timing, trials
+from hybrid.runtime.auto import accuracy, cache, samples, search, timing, trials
 from hybrid.runtime.auto import tolerance as checks
 
 
 @pytest.fixture(autouse=True)
-def _short_timing(monkeypatch):
-    monkeypatch.setattr(timing, "TIME_BUDGET_S", 0.05)
+def _short_timing():
+    hybrid.init({"autotune": {"time_budget_s": 0.05}})
 
 
 @pytest.fixture(autouse=True)
@@ -235,7 +235,7 @@ def test_tie_bounds_come_from_init_and_timing_alone_decides_at_zero(nudged, monk
     monkeypatch.setattr(search, "time_candidates",
                         lambda runs, *a, **k: {label: times.get(label.split(":")[0], 0.01) for label in runs})
     hybrid.init({"autotune": {"tie_rel": 0, "tie_us": 0}})
-    assert judge.tie_bounds() == (0.0, 0.0)
+    assert timing.timing_policy().tie_bounds == (0.0, 0.0)
     cm = hybrid.compile(matmul_add(), target="auto")
     assert cm.backend == "nudged" and not any("closer to the reference" in n for n in cm.plan.notes)
     hybrid.init({"autotune": {"tie_us": 5}})  # 4 us apart: a tie again; the decision is not read from the cache
@@ -250,7 +250,7 @@ def test_bad_autotune_settings_are_refused(value, code):
     with pytest.raises(ConfigError) as e:
         hybrid.init({"autotune": value})
     assert e.value.code == code
-    assert judge.tie_bounds() == (0.02, 20 * 1e-6)  # nothing half-applied
+    assert timing.timing_policy().tie_bounds == (0.02, 20 * 1e-6)  # nothing half-applied
 
 
 def test_deviation_ranks_answers_by_closeness_in_tolerance_units():

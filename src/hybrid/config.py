@@ -167,6 +167,8 @@ class AutotuneSettings(BaseModel):
             concurrently (False: every backend runs in its default layout).
         replica_memory_mb: The weights the extra replicas of a layout may hold in all, in MB (each replica holds
             its own copy): a layout whose replicas would hold more is not tried.
+        time_budget_s: Measuring time per candidate when a model is timed at compile (declared, sample or static
+            shapes).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
@@ -184,6 +186,7 @@ class AutotuneSettings(BaseModel):
     recheck_after_s: float = Field(60.0, gt=0.0, le=86_400.0)
     layouts: bool = True
     replica_memory_mb: float = Field(2048.0, ge=0.0, le=1e7)
+    time_budget_s: float = Field(1.0, gt=0.0, le=600.0)
 
 
 AUTOTUNE_KEYS = tuple(AutotuneSettings.model_fields)

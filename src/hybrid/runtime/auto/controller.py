@@ -33,10 +33,6 @@ __all__ = ["Controller"]
 
 logger = logging.getLogger("hybrid")
 
-RELEASE_GRACE_S = 2.0  # a candidate that serves no bucket any more is closed this much later (a call it was
-# answering when the route changed has ended by then)
-
-
 class Controller:
     """Decides every shape bucket of one model (module doc).
 
@@ -455,7 +451,7 @@ class Controller:
                    + (f"; its accuracy: {b.accuracy[b.incumbent]}" if b.incumbent in b.accuracy else ""))
         for label in list(self._lanes):
             if not self._wanted(label):
-                self._releases.append((now + RELEASE_GRACE_S, label))
+                self._releases.append((now + self._policy.release_grace_s, label))
         try:
             self._lab.persist(b.key, b.incumbent, b.accuracy.get(b.incumbent))
         except Exception as e:  # a cache that cannot be written costs the next compile its turns, nothing more

@@ -3,10 +3,11 @@
 - When no accelerated candidate agrees with the reference but independent backends agree with each
   other, the reference is outvoted (:func:`outvote`).
 - Timings within noise of the fastest tie, and the tie goes to the answer closest to the reference
-  (:func:`fastest_or_most_exact`), unless the fastest's is within :data:`DEVIATION_FLOOR` of it too; the
+  (:func:`fastest_or_most_exact`), unless the fastest's is within ``deviation_floor`` of it too; the
   bounds are ``hybrid.init({'autotune': {'tie_rel', 'tie_us'}})``.
   A candidate exact to the dtype's tolerance also wins over a faster one that is only within the
-  model-level tolerance when it is within 3 % (:data:`EXACT_PREMIUM_REL`, at most 0.2 ms) of it.
+  model-level tolerance when it is within 3 % (``exact_premium_rel``, at most 0.2 ms) of it.
+  Every number is the :class:`~.policy.TimingPolicy`'s.
 """
 
 from __future__ import annotations
@@ -14,53 +15,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 
-from hybrid.config import autotune_config
 from hybrid.hal import is_fallback
 from hybrid.runtime.auto import tolerance as checks
+from hybrid.runtime.auto.policy import TimingPolicy
+from hybrid.runtime.auto.timing import timing_policy
 from hybrid.runtime.auto.trials import Search, Trial
 
-__all__ = ["close_all", "deviation", "fastest_or_most_exact", "outvote", "tie_bounds", "tie_slack"]
+__all__ = ["close_all", "deviation", "fastest_or_most_exact", "outvote"]
 
 logger = logging.getLogger("hybrid")
-
-# A candidate exact to the dtype's tolerance wins over a faster one that passed only the model-level
-# tolerance when it is at most this much slower (or within the tie bounds): a few per cent is within the
-# timing noise of a shared machine, the difference in the answers is not. Relative, so that it stays inside
-# the 5 % auto may lose to the best single runtime (an absolute 0.2 ms let a 0.37 ms exact candidate win
-# over a 0.33 ms one); capped, so that it never buys more than a fraction of a millisecond.
-EXACT_PREMIUM_REL = 0.03
-EXACT_PREMIUM_S = 200e-6
-# Answers this close to the reference (in tolerance units, see tolerance.deviation) are equally exact: a tie
-# between them goes to the fastest. (On the zoo's external-data model ONNX Runtime and OpenVINO were 5.7e-22
-# and 9.6e-22 units from the reference, and the tie went to the one 1.5 % slower.)
-DEVIATION_FLOOR = 0.01
-TINY_S = 1.5e-4  # graphs faster than this tie within tie_us (see tie_slack)
-
-
-def tie_bounds() -> tuple[float, float]:
-    """(relative, absolute seconds) within which a timing ties with the fastest, from the config.
-
-    The defaults: 2 % stays well inside the 5 % slack auto is allowed against the best single
-    runtime; 20 us is about the spread of medians between timings of the same 15-40 us graph a few
-    seconds apart on a shared 2-core machine (see docs/auto.md). The absolute bound holds only for
-    graphs faster than :data:`TINY_S` (:func:`tie_slack`).
-    """
-    tune = autotune_config()
-    return tune.tie_rel, tune.tie_us * 1e-6
-
-
-def tie_slack(best: float) -> float:
-    """Seconds by which a timing may exceed the fastest, ``best``, and still tie with it.
-
-    ``tie_rel`` of it, or ``tie_us`` where the fastest runs under :data:`TINY_S` a call. There the spread between two
-    timings of one graph is already up to ~20 us: differences that small cannot be ranked, and exactness decides
-    (ONNX's STFT node test: the reference 7 us a call slower than ONNX Runtime, whose answer is 246 tolerance units
-    off). On slower graphs 20 us would be more than the 5 % auto may lose (a 0.3 ms encoder: 6.7 %), and only the
-    relative bound holds.
-    """
-    rel, abs_s = tie_bounds()
-    return max(rel * best, abs_s if best < TINY_S else 0.0)
-
 
 def outvote(trials: list[Trial], search: Search, name: str) -> None:
     """Let independent backends outvote the reference on an output they agree on and it does not.
@@ -111,16 +74,17 @@ def deviation(trial: Trial, search: Search) -> float:
 
 
 def fastest_or_most_exact(survivors: list[Trial], times: Mapping[str, float],
-                          search: Search) -> tuple[Trial, str]:
-    """The fastest survivor, unless others are as fast within :func:`tie_bounds`.
+                          search: Search, policy: TimingPolicy | None = None) -> tuple[Trial, str]:
+    """The fastest survivor, unless others are as fast within the policy's tie bounds.
 
     Then, of those, the one closest to the reference (the reference itself when it is among them).
     """
+    policy = policy or timing_policy()
     fastest = min(survivors, key=lambda t: times[t.label])
     best = times[fastest.label]
-    slack = tie_slack(best)
+    slack = policy.tie_slack(best)
     reason = f"fastest of {len(survivors)} checked candidates"
-    exact = _exact_within_premium(survivors, fastest, times, search)
+    exact = _exact_within_premium(survivors, fastest, times, search, policy)
     if exact is not None:
         return exact, "exact to the dtype's tolerance and within 0.2 ms of the fastest"
     ties = [t for t in survivors if times[t.label] <= best + slack]
@@ -128,7 +92,7 @@ def fastest_or_most_exact(survivors: list[Trial], times: Mapping[str, float],
         return fastest, reason
     dev = {t.label: deviation(t, search) for t in ties}
     exact = min(ties, key=lambda t: (dev[t.label], times[t.label]))
-    if exact is fastest or dev[exact.label] >= dev[fastest.label] or dev[fastest.label] < DEVIATION_FLOOR:
+    if exact is fastest or dev[exact.label] >= dev[fastest.label] or dev[fastest.label] < policy.deviation_floor:
         return fastest, reason
     search.notes.append(
         f"{exact.label} is as fast as {fastest.label} (within {slack * 1e6:.3g} us, the tie bound) and closer "
@@ -137,11 +101,11 @@ def fastest_or_most_exact(survivors: list[Trial], times: Mapping[str, float],
 
 
 def _exact_within_premium(survivors: list[Trial], fastest: Trial, times: Mapping[str, float],
-                          search: Search) -> Trial | None:
+                          search: Search, policy: TimingPolicy) -> Trial | None:
     """The fastest candidate exact to the dtype's tolerance, when the fastest passed only the model's.
 
     That is, when the fastest's answer is further from the reference than the dtype's own tolerance: the exact one is
-    chosen if it is within :data:`EXACT_PREMIUM_REL` (at most :data:`EXACT_PREMIUM_S`) or ``tie_rel`` of the fastest:
+    chosen if it is within ``exact_premium_rel`` (at most ``exact_premium_s``) or ``tie_rel`` of the fastest:
     timing on a shared machine cannot rank candidates that close, but exactness still can.
     """
     dev = {t.label: deviation(t, search) for t in survivors}
@@ -152,8 +116,8 @@ def _exact_within_premium(survivors: list[Trial], fastest: Trial, times: Mapping
         return None
     best_exact = min(exact, key=lambda t: times[t.label])
     gap = times[best_exact.label] - times[fastest.label]
-    premium = min(EXACT_PREMIUM_S, EXACT_PREMIUM_REL * times[fastest.label])
-    if gap > max(tie_bounds()[0] * times[best_exact.label], premium):
+    premium = min(policy.exact_premium_s, policy.exact_premium_rel * times[fastest.label])
+    if gap > max(policy.tie_rel * times[best_exact.label], premium):
         return None
     search.notes.append(
         f"{best_exact.label} is exact to the dtype's tolerance and {gap * 1e6:.0f} us slower than {fastest.label}, "

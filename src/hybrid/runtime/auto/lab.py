@@ -74,11 +74,13 @@ class Confirmation:
         sample: The sample the candidates were timed on (its bucket is the one confirmed).
         rivals: Checked candidates, compiled, timed near the start at compile.
         save: Writes the confirmed winner as the compile's decision (the next compile starts on it).
+        ratio: The rivals were timed within this of the winner (the timing policy's ``confirm_ratio``).
     """
 
     sample: Mapping[str, Any]
     rivals: tuple[Trial, ...]
     save: Callable[[Trial], Any]
+    ratio: float = 1.5
 
 
 class Lab(Protocol):

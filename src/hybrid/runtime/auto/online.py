@@ -42,13 +42,9 @@ from hybrid.runtime.auto.status import BucketTuning, bucket_label
 from hybrid.runtime.auto.trials import Trial
 from hybrid.runtime.compiled import ServingView
 
-__all__ = ["CONFIRM_RATIO", "OnlineTuner", "stop_all"]
+__all__ = ["OnlineTuner", "stop_all"]
 
 logger = logging.getLogger("hybrid")
-
-CONFIRM_RATIO = 1.5  # rivals timed at compile within this of the winner confirm it on real calls (one timing at
-# compile ranks a near tie the wrong way when the machine's state moves between compile and serving)
-IDLE_POLL_S = 5.0  # the controller's thread wakes this often with nothing due (to notice a model collected)
 
 PlanOf = Callable[[Trial, list[str], str], Any]
 
@@ -96,7 +92,7 @@ class OnlineTuner(Executable):
     def _start_note(lab: RealLab, confirm: Confirmation | None) -> str:
         if confirm is not None:
             rivals = ", ".join(t.label for t in confirm.rivals)
-            return (f"confirming on real calls: {rivals} timed within {CONFIRM_RATIO}x of {lab.start.label} at "
+            return (f"confirming on real calls: {rivals} timed within {confirm.ratio}x of {lab.start.label} at "
                     "compile take turns with it on the first real calls of the timed bucket; other shapes are "
                     "tuned online")
         return (f"online tuning: {lab.start.label} serves every shape bucket until real calls decide (each bucket "
@@ -254,7 +250,8 @@ def _loop(ref: weakref.ReferenceType[OnlineTuner], poke: threading.Event) -> Non
         except Exception as e:  # never let the thread die: the model keeps serving what its routes name
             logger.warning("auto (online): the controller of %r failed a step: %s", tuner.model.name, e)
             wake = math.inf
-        timeout = IDLE_POLL_S if wake == math.inf else max(0.0, min(IDLE_POLL_S, wake - tuner._clock()))
+        idle = tuner.policy.idle_poll_s
+        timeout = idle if wake == math.inf else max(0.0, min(idle, wake - tuner._clock()))
         del tuner
         poke.wait(timeout)
 

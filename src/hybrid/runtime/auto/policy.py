@@ -13,13 +13,9 @@ from dataclasses import dataclass
 
 from hybrid.config import AutotuneSettings
 
-__all__ = ["STOP_WAIT_S", "Clock", "TuningPolicy", "monotonic"]
+__all__ = ["STOP_WAIT_S", "Clock", "TimingPolicy", "TuningPolicy", "monotonic"]
 
 Clock = Callable[[], float]  # seconds, monotonic: time.perf_counter in production, a script in tests
-
-CHECK_PACED_SHARE = 0.5  # the check is paced to ``check_share`` for at most this share of the bound in time from the
-# first call (``decide_within_s``), then runs unpaced: a check that needs more CPU than the pace allows (a large
-# model's reference run, a new process's imports) must leave the turns the rest of the bound
 
 STOP_WAIT_S = 30.0  # at interpreter exit and on ``cm.close()``, a controller's thread gets this long to end the native
 # call it is in (a candidate's compile, a check in its own thread) before the interpreter goes on without it. A daemon
@@ -65,7 +61,7 @@ class TuningPolicy:
             2.3x as long beside the unpaced check on 2 cores, where the check's share of the cores predicts
             1.5x), so the callers pay for the check's running time, not for its share of the cores; at about
             twice their time while it runs, ``max_tax`` of it keeps their tax near ``max_tax``. Paced for the
-            first half of the bound at most (:data:`CHECK_PACED_SHARE`); what it cost the callers is measured and
+            first half of the bound at most (``check_paced_share``); what it cost the callers is measured and
             charged all the same (``max_tax``).
         check_idle_s: The check process ends once it has had no request for this long, and starts again when a check
             needs it (its start-up, the imports of the candidates' libraries, costs about a second of CPU). It holds
@@ -78,6 +74,12 @@ class TuningPolicy:
             is half-way to the least concurrency a layout of replicas can use. 0 turns layouts off.
         replica_bytes: The weights (bytes) a layout's extra replicas may hold in all: one whose replicas would hold
             more is not tried (``replica_memory_mb``).
+        check_paced_share: The check is paced to ``check_share`` for at most this share of ``decide_within_s`` from
+            the first call, then runs unpaced: a check that needs more CPU than the pace allows (a large model's
+            reference run, a new process's imports) must leave the turns the rest of the bound.
+        release_grace_s: A candidate that serves no bucket any more is closed this much later (a call it was
+            answering when the route changed has ended by then).
+        idle_poll_s: The controller's thread wakes this often with nothing due (to notice a model collected).
         prune_ratio: A candidate the check shows at least this many times slower than the fastest is not compiled or
             timed on real calls (its reason says so in ``cm.tuning``; torch on an ONNX CNN measured 2.6-31x). The check
             keeps each candidate's least warm run, side by side in one process (a burst of load slows a run and never
@@ -100,6 +102,9 @@ class TuningPolicy:
     concurrent_calls: float = 1.5
     replica_bytes: float = 2048e6
     prune_ratio: float = 2.5
+    check_paced_share: float = 0.5
+    release_grace_s: float = 2.0
+    idle_poll_s: float = 5.0
 
     @classmethod
     def from_settings(cls, settings: AutotuneSettings) -> TuningPolicy:
@@ -121,8 +126,8 @@ class TuningPolicy:
         return self.concurrent_calls > 0.0 and elapsed_s > 0.0 and busy_s / elapsed_s >= self.concurrent_calls
 
     def check_paced_until(self, first_call: float) -> float:
-        """When the check of a bucket first called at ``first_call`` runs unpaced (:data:`CHECK_PACED_SHARE`)."""
-        return first_call + CHECK_PACED_SHARE * self.decide_within_s
+        """When the check of a bucket first called at ``first_call`` runs unpaced (``check_paced_share``)."""
+        return first_call + self.check_paced_share * self.decide_within_s
 
     def deadline(self, first_call: float, call_s: float, calls: int = 0, now: float | None = None) -> float:
         """When a bucket whose first call came at ``first_call`` is decided.
@@ -166,3 +171,81 @@ class TuningPolicy:
         if calls >= need:
             return now
         return now + (need - calls) / rate if rate > 0.0 else now + round_s
+
+
+@dataclass(frozen=True, slots=True)
+class TimingPolicy:
+    """How candidates are timed and judged at compile (declared, sample or static shapes): every number, in one record.
+
+    The sibling of :class:`TuningPolicy` for the offline search (:mod:`.timing`, :mod:`.judge`, :mod:`.search`);
+    ``hybrid.init({'autotune': {...}})`` sets ``time_budget_s``, ``tie_rel`` and ``tie_us``
+    (:meth:`from_settings`), the rest are the method's own.
+
+    Attributes:
+        time_budget_s: Measuring time per candidate, at most.
+        blocks: Rounds of paired blocks A X X A a challenger gets at most.
+        max_block_calls: A block ends after this many timed calls (a 0.1 ms graph: 50 ms, not 0.2 s).
+        lead_s, lead_calls: The calls of a block's first ``lead_s`` (at most ``lead_calls``) are run but not counted:
+            a runtime whose pool idled takes that long to run at the speed it serves a stream of calls with.
+        quick_s: A graph whose fastest candidate runs in less than this is timed quickly: a pause of
+            ``quick_pause_s`` between blocks instead of :func:`.timing.settle`, blocks of ``quick_block_calls`` calls
+            after as many lead-in calls (ONNX's node tests through ``target='auto'``: 0.013 s a case, 0.8 s otherwise).
+        settle_max_s: The longest :func:`.timing.settle` waits (ONNX Runtime's idle threads spin 40-50 ms after a
+            run on a 2-core machine).
+        quiet_poll_s: :func:`.timing.settle` reads the process clock over windows this long: a thread on another
+            core is charged at the scheduler's tick (4 ms), so a window must hold a tick even at HZ=100.
+        quiet_share: The process is quiet when its threads use less than this share of one core.
+        tie_rel, tie_us: Timings within ``tie_rel`` of the fastest, or ``tie_us`` microseconds where the fastest runs
+            under ``tiny_s``, tie, and the tie goes to the answer closest to the reference (:mod:`.judge`): 2 % stays
+            inside the 5 % auto may lose to the best single runtime; 20 us is the spread of medians between timings
+            of one 15-40 us graph seconds apart on a shared machine.
+        tiny_s: See ``tie_us``.
+        exact_premium_rel, exact_premium_s: A candidate exact to the dtype's tolerance wins over a faster one that
+            passed only the model-level tolerance when it is at most ``exact_premium_rel`` slower, capped at
+            ``exact_premium_s`` (a few per cent is within a shared machine's timing noise; the answers' gap is not).
+        deviation_floor: Answers this close to the reference (tolerance units) are equally exact: a tie between them
+            goes to the fastest.
+        confirm_ratio: Accelerated rivals timed within this of a winner that was the fastest stay compiled and confirm
+            it on the first real calls (one timing at compile ranks a near tie the wrong way when the machine's state
+            moves between compile and serving).
+    """
+
+    time_budget_s: float = 1.0
+    blocks: int = 5
+    max_block_calls: int = 500
+    lead_s: float = 0.05
+    lead_calls: int = 200
+    quick_s: float = 2e-4
+    quick_block_calls: int = 50
+    quick_pause_s: float = 0.001
+    settle_max_s: float = 0.15
+    quiet_poll_s: float = 0.012
+    quiet_share: float = 0.1
+    tie_rel: float = 0.02
+    tie_us: float = 20.0
+    tiny_s: float = 1.5e-4
+    exact_premium_rel: float = 0.03
+    exact_premium_s: float = 200e-6
+    deviation_floor: float = 0.01
+    confirm_ratio: float = 1.5
+
+    @classmethod
+    def from_settings(cls, settings: AutotuneSettings) -> TimingPolicy:
+        """The policy that ``hybrid.init({'autotune': {...}})`` asks for."""
+        return cls(time_budget_s=settings.time_budget_s, tie_rel=settings.tie_rel, tie_us=settings.tie_us)
+
+    @property
+    def tie_bounds(self) -> tuple[float, float]:
+        """(relative, absolute seconds) within which a timing ties with the fastest."""
+        return self.tie_rel, self.tie_us * 1e-6
+
+    def tie_slack(self, best: float) -> float:
+        """Seconds by which a timing may exceed the fastest, ``best``, and still tie with it.
+
+        ``tie_rel`` of it, or ``tie_us`` where the fastest runs under ``tiny_s`` a call. There the spread between two
+        timings of one graph is already up to ~20 us: differences that small cannot be ranked, and exactness decides
+        (ONNX's STFT node test: the reference 7 us a call slower than ONNX Runtime, whose answer is 246 tolerance
+        units off). On slower graphs 20 us would be more than the 5 % auto may lose (a 0.3 ms encoder: 6.7 %).
+        """
+        rel, abs_s = self.tie_bounds
+        return max(rel * best, abs_s if best < self.tiny_s else 0.0)

@@ -32,12 +32,12 @@ from hybrid.runtime.auto import accuracy as accuracy_budget
 from hybrid.runtime.auto import cache, judge
 from hybrid.runtime.auto.decision import decision_from_json
 from hybrid.runtime.auto.lab import Confirmation, RealLab
-from hybrid.runtime.auto.online import CONFIRM_RATIO, OnlineTuner
-from hybrid.runtime.auto.policy import TuningPolicy
+from hybrid.runtime.auto.online import OnlineTuner
+from hybrid.runtime.auto.policy import TimingPolicy, TuningPolicy
 from hybrid.runtime.auto.samples import make_samples
 from hybrid.runtime.auto.shapes import has_dynamic_inputs, normalize_shapes
 from hybrid.runtime.auto.timing import METHOD as TIMING_METHOD
-from hybrid.runtime.auto.timing import QUICK_S, time_candidates
+from hybrid.runtime.auto.timing import time_candidates
 from hybrid.runtime.auto.trials import OptionsOf, Search, Trial, build_partition, check_trials, trial_of
 from hybrid.runtime.compiled import CompiledModel
 from hybrid.runtime.partition import node_label, supporters, typed_model
@@ -100,6 +100,7 @@ def select(model: Model, target: str, order: list[Candidate], options_of: Option
     acc = accuracy_budget.parse_accuracy(accuracy, precision, sig.output_names)
     ranges = normalize_shapes(sig, shapes)
     settings = autotune_config()
+    timing = TimingPolicy.from_settings(settings)  # the compile's timing and judging, read once
     rtol = settings.rtol if acc.rtol is None else acc.rtol
     # precision='auto': reduced precisions race online too, within the accuracy budget (the default one when none is
     # given, as at compile); at fp32 nothing changes numerics
@@ -120,7 +121,7 @@ def select(model: Model, target: str, order: list[Candidate], options_of: Option
     base = {
         "hybrid": __version__, "model": model.sha256, "target": target, "candidates": [str(c) for c in order],
         "precision": precision, "accuracy": acc.budget, "rtol": rtol, "rules": acc.rules,
-        "ties": judge.tie_bounds(), "tie_below": judge.TINY_S, "exact_below": judge.DEVIATION_FLOOR,
+        "ties": timing.tie_bounds, "tie_below": timing.tiny_s, "exact_below": timing.deviation_floor,
         "timing": TIMING_METHOD, "layouts": settings.layouts,  # a decision of a layout holds only where they may race
         "options": {str(c): options_of(c, "fp32") for c in order},
         "backends": versions, "device": cache.device_fingerprint(),
@@ -135,7 +136,7 @@ def select(model: Model, target: str, order: list[Candidate], options_of: Option
     else:
         confirm = not online and precision == "fp32" and settings.online  # declared or static shapes
         trial, notes, reason, rivals = _search(model, target, order, options_of, start_precision, acc, autotune,
-                                               sample_inputs, ranges, rtol, online, confirm)
+                                               sample_inputs, ranges, rtol, online, confirm, timing)
         path = cache.save_decision(key, material, trial.decision.to_json(), notes)
         if path is not None:
             notes.append(f"decision cached in {path}")
@@ -145,7 +146,7 @@ def select(model: Model, target: str, order: list[Candidate], options_of: Option
             cache.save_decision(key, material, confirmed.decision.to_json(),
                                 [*notes, f"confirmed on real calls: {confirmed.label}"])
 
-        confirmation = Confirmation(rivals[0], tuple(rivals[1]), save)
+        confirmation = Confirmation(rivals[0], tuple(rivals[1]), save, timing.confirm_ratio)
     elif not online:
         return _compiled(model, trial, target, notes, reason)
     policy = TuningPolicy.from_settings(settings)
@@ -159,11 +160,11 @@ def select(model: Model, target: str, order: list[Candidate], options_of: Option
 
 def _search(model: Model, target: str, order: list[Candidate], options_of: OptionsOf, precision: str,
             acc: accuracy_budget.Accuracy, autotune: bool, sample_inputs: Any, ranges: Mapping[str, Any], rtol: float,
-            online: bool, confirm: bool) -> tuple[Trial, list[str], str, Rivals]:
+            online: bool, confirm: bool, timing: TimingPolicy) -> tuple[Trial, list[str], str, Rivals]:
     """Check, time and judge the trials.
 
-    Returns the winner, the notes, the reason, and when ``confirm``, rivals within
-    :data:`~.online.CONFIRM_RATIO` of a winner that was the fastest, kept compiled (with the timing's sample).
+    Returns the winner, the notes, the reason, and when ``confirm``, rivals within the timing policy's
+    ``confirm_ratio`` of a winner that was the fastest, kept compiled (with the timing's sample).
     """
     search = Search(model, order, options_of, precision, acc.budget, sample_inputs, ranges=ranges, rtol=rtol,
                     rules=acc.rules)
@@ -196,15 +197,16 @@ def _search(model: Model, target: str, order: list[Candidate], options_of: Optio
         reason = "first candidate by priority that passed the check"
         feeds = search.verifier.samples
         if autotune and len(survivors) > 1 and search.verifier.ok:
-            times = time_candidates({t.label: (lambda e=t.executable: e.run(feeds)) for t in survivors})
+            times = time_candidates({t.label: (lambda e=t.executable: e.run(feeds)) for t in survivors},
+                                    policy=timing)
             search.notes.append("timed: " + ", ".join(f"{n} {s * 1e3:.3g} ms" for n, s in
                                                       sorted(times.items(), key=lambda kv: kv[1])))
-            winner, reason = judge.fastest_or_most_exact(survivors, times, search)
-            if (confirm and times[winner.label] == min(times.values()) and times[winner.label] >= QUICK_S
+            winner, reason = judge.fastest_or_most_exact(survivors, times, search, timing)
+            if (confirm and times[winner.label] == min(times.values()) and times[winner.label] >= timing.quick_s
                     and feeds is not None):  # (graphs timed quickly: the tie rule keeps exact answers there)
                 rivals = (feeds, [t for t in survivors if t is not winner and not is_fallback(t.backend)
                                   and not t.partitioned and t.precision == "fp32"
-                                  and times[t.label] <= CONFIRM_RATIO * times[winner.label]])
+                                  and times[t.label] <= timing.confirm_ratio * times[winner.label]])
     elif online:
         reason = "first candidate by priority that passed the check; real calls decide (online tuning)"
     else:

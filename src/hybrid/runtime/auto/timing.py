@@ -14,46 +14,37 @@ from typing import Any
 
 from hybrid.config import autotune_config
 from hybrid.runtime.auto import rule
+from hybrid.runtime.auto.policy import TimingPolicy
 
-__all__ = ["BLOCKS", "LEAD_CALLS", "LEAD_S", "MAX_BLOCK_CALLS", "METHOD", "QUICK_BLOCK_CALLS",
-           "QUICK_S", "SETTLE_MAX_S", "TIME_BUDGET_S", "settle", "steady_calls", "time_candidates", "warm_estimate"]
+__all__ = ["METHOD", "settle", "steady_calls", "time_candidates", "timing_policy", "warm_estimate"]
 
 METHOD = 3  # part of the decision cache's key: decisions timed by an older method are made again (3: paired
 # blocks judged by the sequential rule)
-TIME_BUDGET_S = 1.0  # measuring time per candidate, at most
-BLOCKS = 5
-MAX_BLOCK_CALLS = 500  # a block ends after 500 timed calls (a 0.1 ms graph: 50 ms, not 0.2 s)
-LEAD_S = 0.05  # the calls of a block's first 50 ms are run but not counted (see time_candidates)...
-LEAD_CALLS = 200  # ...and at most 200 calls of lead-in
-# A graph whose fastest candidate runs in less than QUICK_S is timed quickly: a 1 ms pause instead of settle(),
-# and blocks of QUICK_BLOCK_CALLS calls after as many lead-in calls. Its calls do not wake a pool worth the wait,
-# and compile time would otherwise be mostly waiting (ONNX's node tests through target='auto': 0.013 s a case
-# with the timing before this one, 0.8 s with settle() and 50 ms lead-ins everywhere)
-QUICK_S = 2e-4
-QUICK_BLOCK_CALLS = 50
-_PAUSE_S = 0.001  # between candidates timed quickly
-SETTLE_MAX_S = 0.15  # the longest settle() waits (ONNX Runtime's idle threads spin 40-50 ms after a run here)
-# A thread running on another core is charged to the process clock at the scheduler's tick (4 ms here: a
-# spinning pool read 0.0, 4.0, 0.0, 4.0 ms over 2 ms windows): a window must hold a tick even at HZ=100.
-_QUIET_POLL_S = 0.012
-_QUIET_SHARE = 0.1  # the process is quiet when its threads use less than this share of one core
 
 
-def settle(max_s: float = SETTLE_MAX_S) -> float:
+def timing_policy() -> TimingPolicy:
+    """The timing policy ``hybrid.init``'s ``autotune`` section asks for (every number of this module)."""
+    return TimingPolicy.from_settings(autotune_config())
+
+
+def settle(max_s: float | None = None, policy: TimingPolicy | None = None) -> float:
     """Wait until this process's threads stop using the CPU (at most ``max_s``); returns the seconds waited.
 
     A runtime's thread pool keeps working after its run returns: ONNX Runtime's intra-op threads spin on a
     core for 40-50 ms after every run on this kind of machine, and on 2 cores whatever runs next in the process
     is measured with one core fewer. Timing a candidate right after another therefore measures the pair; it is
     timed once the process's CPU time stops advancing (read from the process clock, so it holds for any
-    runtime's pool). Where other threads of the process keep working, this waits ``max_s``.
+    runtime's pool). Where other threads of the process keep working, this waits ``max_s`` (default: the policy's
+    ``settle_max_s``).
     """
+    policy = policy or timing_policy()
+    max_s = policy.settle_max_s if max_s is None else max_s
     start = time.perf_counter()
     while True:
         cpu, wall = time.process_time(), time.perf_counter()
-        time.sleep(_QUIET_POLL_S)
+        time.sleep(policy.quiet_poll_s)
         now = time.perf_counter()
-        if time.process_time() - cpu < _QUIET_SHARE * (now - wall) or now - start >= max_s:
+        if time.process_time() - cpu < policy.quiet_share * (now - wall) or now - start >= max_s:
             return now - start
 
 
@@ -75,7 +66,7 @@ def warm_estimate(fn: Callable[[], Any], calls: int = 3, within_s: float = 0.3,
 
 
 def time_candidates(runs: Mapping[str, Callable[[], Any]], budget_s: float | None = None,
-                    blocks: int = BLOCKS) -> dict[str, float]:
+                    blocks: int | None = None, policy: TimingPolicy | None = None) -> dict[str, float]:
     """Seconds per call of each candidate at its steady state, measured as online tuning measures real calls.
 
     Paired blocks A X X A judged by the sequential test of :mod:`.rule` (one timing path, docs/auto.md).
@@ -85,35 +76,38 @@ def time_candidates(runs: Mapping[str, Callable[[], Any]], budget_s: float | Non
     dynamic model over its first few calls: 15, 0.6, then 0.3 ms). One more than 3x slower than the best
     estimate is not measured further (it cannot win) and reports its estimate. The fastest estimate is the
     incumbent A; each other candidate X runs rounds of four blocks A X X A, each block calling one candidate back
-    to back for about ``budget_s / blocks`` seconds (at most :data:`MAX_BLOCK_CALLS` calls). A block starts only
+    to back for about ``budget_s / blocks`` seconds (at most ``max_block_calls`` calls). A block starts only
     once the process is quiet (:func:`settle`: the thread pool of the one timed before it may still be spinning),
-    and the calls of its first :data:`LEAD_S` (at most :data:`LEAD_CALLS` calls) are not counted: a runtime whose
+    and the calls of its first ``lead_s`` (at most ``lead_calls`` calls) are not counted: a runtime whose
     pool idled takes that long to run at the speed it serves a stream of calls with (OpenVINO on a 0.3 ms
     encoder: 0.45 ms over its first 5 calls, 0.28 ms from the 150th on). Each adjacent pair of blocks gives the
     log-ratio of X's block median to A's; X's rounds stop as soon as the rule says faster, slower or tied (a clear
     gap: after one round), or after ``blocks`` rounds. A's time is the median of its block medians, X's that
-    times the geometric mean of its ratios. Graphs faster than :data:`QUICK_S` are timed with short pauses and
-    blocks instead (see there).
+    times the geometric mean of its ratios. Graphs faster than ``quick_s`` are timed with short pauses and
+    blocks instead. Every number is the :class:`~.policy.TimingPolicy`'s (default: :func:`timing_policy`).
     """
-    budget_s = TIME_BUDGET_S if budget_s is None else budget_s
+    policy = policy or timing_policy()
+    budget_s = policy.time_budget_s if budget_s is None else budget_s
+    blocks = policy.blocks if blocks is None else blocks
     settings = autotune_config()
     est: dict[str, float] = {}
     for name, fn in runs.items():
-        time.sleep(_PAUSE_S)
+        time.sleep(policy.quick_pause_s)
         est[name] = warm_estimate(fn)
     best = min(est.values())
     alive = [n for n in runs if est[n] <= 3 * best]
     block_s = budget_s / blocks
-    quick = best < QUICK_S
-    lead_calls, max_kept = (QUICK_BLOCK_CALLS, QUICK_BLOCK_CALLS) if quick else (LEAD_CALLS, MAX_BLOCK_CALLS)
+    quick = best < policy.quick_s
+    lead_calls, max_kept = ((policy.quick_block_calls, policy.quick_block_calls) if quick else
+                            (policy.lead_calls, policy.max_block_calls))
     # a lead-in where there is room for one (slow calls count whole), of at most lead_calls calls
-    lead = {n: min(LEAD_S, lead_calls * est[n]) if est[n] * 4 <= block_s else 0.0 for n in alive}
+    lead = {n: min(policy.lead_s, lead_calls * est[n]) if est[n] * 4 <= block_s else 0.0 for n in alive}
 
     def block(name: str) -> float:
         if quick:
-            time.sleep(_PAUSE_S)
+            time.sleep(policy.quick_pause_s)
         else:
-            settle()
+            settle(policy=policy)
         return statistics.median(steady_calls(runs[name], block_s, lead[name], max_kept))
 
     incumbent = min(alive, key=est.__getitem__)
@@ -127,7 +121,7 @@ def time_candidates(runs: Mapping[str, Callable[[], Any]], budget_s: float | Non
             a0, x1, x2, a3 = block(incumbent), block(name), block(name), block(incumbent)
             mine += [a0, a3]
             logs[name] += [v for v in (rule.log_ratio([x1], [a0]), rule.log_ratio([x2], [a3])) if v is not None]
-            if rule.compare(logs[name], settings.confidence, settings.tie_rel) is not rule.Outcome.OPEN:
+            if rule.compare(logs[name], settings.confidence, policy.tie_rel) is not rule.Outcome.OPEN:
                 open_.remove(name)
     if not mine:  # one candidate alive: its own blocks
         mine = [block(incumbent) for _ in range(min(blocks, 3))]
@@ -139,8 +133,7 @@ def time_candidates(runs: Mapping[str, Callable[[], Any]], budget_s: float | Non
     return out
 
 
-def steady_calls(fn: Callable[[], Any], block_s: float, lead_s: float,
-                 max_kept: int = MAX_BLOCK_CALLS) -> list[float]:
+def steady_calls(fn: Callable[[], Any], block_s: float, lead_s: float, max_kept: int = 500) -> list[float]:
     """Seconds of each call of ``fn`` called back to back for about ``block_s``.
 
     Or until ``max_kept`` calls were kept, leaving out the calls that start within ``lead_s`` of the first (at least one
