@@ -9,10 +9,13 @@ declared (so it tunes online, per shape bucket) and re-checks forced often (``re
   between them: a steady load, not a saturating one);
 - ``library``: ``hybrid.compile(..., target='auto')`` called by ``--clients`` threads the same way.
 
-The model (``x [N, L, 16] -> MatMul -> Relu -> ReduceMean over L -> y [N, 16]``) has two dynamic dims; each
-request draws N in 1..8 and L in 1..512, so dozens of shape buckets (powers of two of each) are checked in the
-check process, their candidates compiled, raced, decided, released and compiled again for the next bucket, and
-re-checked every ``recheck_after_s`` (doubling). Every answer is checked against numpy.
+The model (``x [N, L, 16] -> MatMul -> Relu -> ReduceMean over L -> y [N, 16]``) has two dynamic dims. Its
+shape buckets (N and L rounded up to powers of two: N up to 8, the server's batch, L up to 4096; 52 in all) open
+over the run: 8 at the start and ``--new-buckets-per-min`` more each minute (2: the last opens after 22 minutes),
+each request drawing one of the open buckets and shapes inside it. So new buckets keep coming: each is checked
+in the check process (ended when idle for 30 s and started again), its candidates compiled, raced, decided, released
+once they serve no bucket, and compiled again for the next; decided buckets with runners-up are re-checked every
+``recheck_after_s`` (doubling). Every answer is checked against numpy.
 
 Every ``--sample-s`` (60 s) the driver reads each process's resident memory, threads, open file descriptors and
 child processes (all descendants) from ``/proc`` (psutil is not needed), and prints the table. The bound, after
@@ -46,7 +49,15 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _harness import machine_info, table
 
 FEATURES = 16
-MAX_N, MAX_L = 8, 512
+BUCKETS = [(n, 1 << k) for n in (1, 2, 4, 8) for k in range(13)]  # the server's batch is at most 8 rows
+random.Random(0).shuffle(BUCKETS)
+FIRST_BUCKETS = 8
+
+
+def draw(rng: random.Random, minute: float, per_min: float) -> tuple[int, int]:
+    """A request's (N, L): one of the buckets open at ``minute``, a shape inside it."""
+    n, length = rng.choice(BUCKETS[:min(len(BUCKETS), FIRST_BUCKETS + int(per_min * minute))])
+    return rng.randint(n // 2 + 1, n), rng.randint(length // 2 + 1, length)
 
 _AUTOTUNE = {"recheck_after_s": 2.0, "decide_within_s": 5.0, "overhead_cap": 0.5}
 
@@ -62,18 +73,22 @@ _LIBRARY = r'''
 import json, random, sys, threading, time
 import numpy as np
 import hybrid
+sys.path.insert(0, spec_dir := sys.argv[5])
+from auto_soak import draw
 hybrid.init({"autotune": json.loads(sys.argv[2])})
 spec = json.loads(sys.argv[3])
 weights = np.load(sys.argv[4])
 cm = hybrid.compile(sys.argv[1], target="auto")
 counts = {"calls": 0, "wrong": 0, "errors": 0}
 stop = threading.Event()
+t0 = time.monotonic()
 
 def caller(seed):
     rng = random.Random(seed)
     while not stop.is_set():
+        n, length = draw(rng, (time.monotonic() - t0) / 60, spec["per_min"])
         x = np.random.default_rng(rng.randrange(1 << 30)).standard_normal(
-            (rng.randint(1, spec["max_n"]), rng.randint(1, spec["max_l"]), spec["features"])).astype(np.float32)
+            (n, length, spec["features"])).astype(np.float32)
         try:
             y = cm.run({"x": x})["y"]
             want = np.maximum(x @ weights, 0).mean(axis=1)
@@ -154,13 +169,14 @@ class Served:
 
     name = "server"
 
-    def __init__(self, model: Path, weights: np.ndarray, clients: int, pause_s: float, autotune: dict) -> None:
+    def __init__(self, model: Path, weights: np.ndarray, clients: int, pause_s: float, autotune: dict,
+                 per_min: float) -> None:
         import tritonclient.http as httpclient
 
         self.port = free_port()
         self.proc = subprocess.Popen([sys.executable, "-c", _SERVER, str(model), str(self.port), json.dumps(autotune)])
         self.url = f"127.0.0.1:{self.port}"
-        self.weights, self.pause_s = weights, pause_s
+        self.weights, self.pause_s, self.per_min = weights, pause_s, per_min
         self.counts = {"calls": 0, "wrong": 0, "errors": 0}
         client = httpclient.InferenceServerClient(self.url)
         deadline = time.monotonic() + 180
@@ -172,6 +188,7 @@ class Served:
                 raise RuntimeError(f"the server did not start (status {self.proc.poll()})")
             time.sleep(0.5)
         self.stop = threading.Event()
+        self.t0 = time.monotonic()
         self.threads = [threading.Thread(target=self._client, args=(k,), daemon=True) for k in range(clients)]
         for t in self.threads:
             t.start()
@@ -182,16 +199,18 @@ class Served:
         rng = random.Random(seed)
         client = httpclient.InferenceServerClient(self.url, network_timeout=120.0, connection_timeout=120.0)
         while not self.stop.is_set():
-            x = np.random.default_rng(rng.randrange(1 << 30)).standard_normal(
-                (rng.randint(1, MAX_N), rng.randint(1, MAX_L), FEATURES)).astype(np.float32)
+            n, length = draw(rng, (time.monotonic() - self.t0) / 60, self.per_min)
+            x = np.random.default_rng(rng.randrange(1 << 30)).standard_normal((n, length, FEATURES)).astype(np.float32)
             item = httpclient.InferInput("x", list(x.shape), "FP32")
             item.set_data_from_numpy(x, binary_data=True)
             try:
                 y = client.infer("soak", [item]).as_numpy("y")
                 want = np.maximum(x @ self.weights, 0).mean(axis=1)
                 self.counts["wrong" if not np.allclose(y, want, rtol=1e-3, atol=1e-4) else "calls"] += 1
-            except Exception:
+            except Exception as e:
                 self.counts["errors"] += 1
+                if self.counts["errors"] <= 3:
+                    print(f"server error at shape {x.shape}: {e}", flush=True)
             time.sleep(self.pause_s)
 
     def sample(self) -> dict[str, float]:
@@ -210,10 +229,12 @@ class Library:
 
     name = "library"
 
-    def __init__(self, model: Path, weights_path: Path, clients: int, pause_s: float, autotune: dict) -> None:
-        spec = {"clients": clients, "pause_s": pause_s, "max_n": MAX_N, "max_l": MAX_L, "features": FEATURES}
+    def __init__(self, model: Path, weights_path: Path, clients: int, pause_s: float, autotune: dict,
+                 per_min: float) -> None:
+        spec = {"clients": clients, "pause_s": pause_s, "per_min": per_min, "features": FEATURES}
         self.proc = subprocess.Popen([sys.executable, "-c", _LIBRARY, str(model), json.dumps(autotune),
-                                      json.dumps(spec), str(weights_path)], stdin=subprocess.PIPE,
+                                      json.dumps(spec), str(weights_path), str(Path(__file__).parent)],
+                                     stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True)
         assert self.proc.stdout is not None and self.proc.stdin is not None
         if self.proc.stdout.readline().strip() != "ready":
@@ -263,6 +284,7 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=2)
     parser.add_argument("--pause-s", type=float, default=0.02)
     parser.add_argument("--recheck-after-s", type=float, default=_AUTOTUNE["recheck_after_s"])
+    parser.add_argument("--new-buckets-per-min", type=float, default=2.0)
     parser.add_argument("--max-threads-growth", type=int, default=8)
     parser.add_argument("--max-fds-growth", type=int, default=16)
     parser.add_argument("--max-children", type=int, default=1)
@@ -279,9 +301,10 @@ def main() -> int:
     try:
         for path in args.paths.split(","):
             if path == "server":
-                runners.append(Served(model, weights, args.clients, args.pause_s, autotune))
+                runners.append(Served(model, weights, args.clients, args.pause_s, autotune, args.new_buckets_per_min))
             elif path == "library":
-                runners.append(Library(model, folder / "w.npy", args.clients, args.pause_s, autotune))
+                runners.append(Library(model, folder / "w.npy", args.clients, args.pause_s, autotune,
+                                       args.new_buckets_per_min))
             else:
                 raise SystemExit(f"unknown path {path!r}: server or library")
         samples: list[dict] = []

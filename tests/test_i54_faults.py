@@ -120,11 +120,11 @@ def plugin_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 
 
 def scenario(env: dict[str, str], tmp_path: Path, fault: str, *, limit_s: float = 600.0, kill: float = 0.0,
-             bucket_s: float = 45.0, linger_s: float = 0.0) -> dict:
+             bucket_s: float = 90.0, linger_s: float = 0.0) -> dict:
     """Run ``_SCENARIO`` with ``fault``; its report."""
     spec = {"batches": [2, 8], "limit_s": limit_s, "kill": kill, "bucket_s": bucket_s, "linger_s": linger_s}
     done = subprocess.run([sys.executable, "-c", _SCENARIO, json.dumps(spec)], capture_output=True, text=True,
-                          timeout=120, env={**env, "HYBRID_FAULT": fault, "HYBRID_CACHE_DIR": str(tmp_path)})
+                          timeout=300, env={**env, "HYBRID_FAULT": fault, "HYBRID_CACHE_DIR": str(tmp_path)})
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("REPORT ")]
     assert done.returncode == 0 and lines, f"status {done.returncode}\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
     return json.loads(lines[-1][len("REPORT "):])
@@ -143,7 +143,8 @@ def assert_survived(report: dict, reason: str, everywhere: bool = True) -> None:
     turns at the re-check, and meets the same exclusion there).
     """
     assert report["wrong"] == 0 and report["errors"] == [] and report["undecided"] == [], report
-    assert len(report["tuning"]) == 2 and all(s["state"] == "decided" for s in report["tuning"])
+    # each bucket was decided (a re-check, every 0.5 s here, may have put one back to racing since)
+    assert len(report["tuning"]) == 2 and all(s["decided_after_s"] is not None for s in report["tuning"])
     assert all(s["serving"] != "faulty:cpu" for s in report["tuning"])
     records = faulty_in(report)
     assert len(records) == 2, report["tuning"]  # the second bucket was checked too
@@ -164,7 +165,7 @@ def test_the_plugin_is_found_through_the_entry_point_and_works_when_told_no_faul
 
 # Every scenario needs real processes and real time (a check process's start and its imports of ONNX Runtime,
 # OpenVINO and torch, then crash, hang and SIGKILL themselves): each runs in 15-40 s on 2 shared cores. bucket_s bounds
-# how long a bucket may take to be decided (it takes 10-15 s on a quiet machine): a bound, not a timing.
+# how long a bucket may take to be decided (10-15 s on a quiet machine, 50 s beside other work): a bound, not a timing.
 
 
 @pytest.mark.parametrize("fault", ["compile-exit", "compile-segv"])
