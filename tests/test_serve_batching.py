@@ -9,13 +9,13 @@ import contextlib
 import os
 import re
 import threading
-import time
 from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper
+from tests._scripted_time import ScriptedClock
 from tests._serve_support import request, tiny_expected, tiny_model, wait_for
 
 from hybrid.runtime.batching import Batcher
@@ -311,28 +311,29 @@ def test_the_server_batcher_joins_what_queues_while_busy_and_bounds_it_by_max_ba
 
 
 def test_the_server_batcher_lets_a_batch_fill_to_what_came_together_within_the_timeout():
-    # a batch takes 0.3 s, so the hold (at most that) outlasts the 0.01 s before the others come by 30x on any machine
-    batcher, seen = loop_batcher(lambda job: (time.sleep(0.3), job)[1], max_batch=8, max_delay=10.0)
+    clock = ScriptedClock()
 
-    async def round_of(n):
-        return await asyncio.gather(*(batcher.acall(i) for i in range(n)))
+    def execute(job):  # a batch takes 1 ms of the batcher's clock
+        clock.advance(0.001)
+        return job
+
+    batcher, seen = loop_batcher(execute, max_batch=8, max_delay=3600.0, clock=clock)
 
     async def main():
-        await round_of(4)  # 4 together: one runs at once, 3 queue behind it -> it expects 4
+        await asyncio.gather(*(batcher.acall(i) for i in range(4)))  # one runs at once, 3 queue -> it expects 4
         seen.clear()
-        t0 = time.monotonic()
         first = asyncio.ensure_future(batcher.acall("x"))  # alone on an idle runner: held for the others
-        await asyncio.sleep(0.01)
         rest = [asyncio.ensure_future(batcher.acall(y)) for y in "yzw"]
         await asyncio.gather(first, *rest)
         joined = list(seen)
         seen.clear()
-        await batcher.acall("alone")  # the others did not come: the hold ran out (at most a batch's time)
-        return joined, time.monotonic() - t0
+        # the others do not come: the hold runs out after a batch's time (1 ms), not max_delay (an hour)
+        await batcher.acall("alone")
+        return joined
 
     try:
-        joined, elapsed = asyncio.run(main())
-        assert joined == [["x", "y", "z", "w"]] and elapsed < 5
+        joined = asyncio.run(asyncio.wait_for(main(), 30))  # a hold of max_delay would outlast this
+        assert joined == [["x", "y", "z", "w"]]  # "x" was held until the others came
         assert seen == [["alone"]]
     finally:
         batcher.close()
@@ -341,10 +342,11 @@ def test_the_server_batcher_lets_a_batch_fill_to_what_came_together_within_the_t
 def test_the_server_batcher_times_out_a_queued_request_and_fails_a_bad_batch_alone():
     from hybrid.errors import RunError
 
-    release = threading.Event()
+    release, started = threading.Event(), threading.Event()
 
     def execute(job):
         if job == ["slow"]:
+            started.set()
             release.wait(60)
         if "bad" in job:
             raise ValueError("broken")
@@ -354,7 +356,7 @@ def test_the_server_batcher_times_out_a_queued_request_and_fails_a_bad_batch_alo
 
     async def main():
         slow = asyncio.ensure_future(batcher.acall("slow"))
-        await asyncio.sleep(0.05)
+        assert await asyncio.to_thread(started.wait, 60)
         with pytest.raises(RunError) as e:
             await batcher.acall("late", timeout=0.05)  # queued behind the slow batch
         assert e.value.code == "HYB-411" and "withdrawn" in e.value.message

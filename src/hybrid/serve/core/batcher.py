@@ -172,10 +172,10 @@ class _Waiting(Generic[Item]):
 
     __slots__ = ("enqueued", "future", "item", "rank")
 
-    def __init__(self, item: Item, future: asyncio.Future[Any], rank: int = 0) -> None:
+    def __init__(self, item: Item, future: asyncio.Future[Any], enqueued: float, rank: int = 0) -> None:
         self.item = item
         self.future = future
-        self.enqueued = time.monotonic()
+        self.enqueued = enqueued
         self.rank = rank
 
 
@@ -199,7 +199,7 @@ class LoopBatcher(Generic[Item]):
             ``split``).
         split: ``split(items, job, raw_or_exception, started, run_s) -> results``, on the loop: one result
             per item, in order (an element that is an exception fails only its own caller); the batch began to
-            run at ``started`` (``time.monotonic``) and ran for ``run_s`` seconds.
+            run at ``started`` (on ``clock``) and ran for ``run_s`` seconds.
         max_batch: Most requests in one batch.
         max_delay: Under load (the last batch was full), longest time in seconds a request waits for its
             batch to fill when a runner is idle; otherwise an idle runner takes what is queued at once.
@@ -209,13 +209,18 @@ class LoopBatcher(Generic[Item]):
         reorders: Requests may change places in the queue (priority levels, a queue policy that delays): a batch
             is then joined only once a runner is free to take it, never ahead, so that it holds the requests
             first in line at that moment.
+        clock: What the requests' waits, the batches' run times and so the holds are measured on
+            (``time.monotonic``; tests script it). A hold's timer is the loop's: it lasts the hold's seconds of
+            this clock.
     """
 
     def __init__(self, join: Callable[[list[Item]], Job], execute: Callable[[Job], Any],
                  split: Callable[[list[Item], Job, Any, float, float], list[Any]], *, max_batch: int,
                  max_delay: float = 0.0, max_queue: int | None = None, runners: int = 1,
-                 name: str = "model", reorders: bool = False) -> None:
+                 name: str = "model", reorders: bool = False,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._join, self._execute, self._split = join, execute, split
+        self._clock = clock
         self.max_batch = max_batch
         self.max_delay = max_delay
         # how many requests come together: the most seen at once (queued + running) lately, grown at once and
@@ -275,7 +280,7 @@ class LoopBatcher(Generic[Item]):
         if max_queued is not None and self._at_level.get(level, 0) >= max_queued:
             raise RunError("HYB-412", f"batcher {self.name!r}: {max_queued} requests of priority level {level} "
                            "already queued; request rejected", "retry later, or raise the level's max_queue_size")
-        waiting = _Waiting(item, loop.create_future(), 2 * level)
+        waiting = _Waiting(item, loop.create_future(), self._clock(), 2 * level)
         self._enqueue(waiting)
         if len(self._queue) + self._running > self._expect:
             self._expect = min(self.max_batch, len(self._queue) + self._running)
@@ -357,9 +362,10 @@ class LoopBatcher(Generic[Item]):
             if not waited and not self._closing and len(self._queue) < self._expect and self._loop is not None:
                 # never longer than a batch takes: past that, running now and the rest after is sooner
                 due = self._queue[0].enqueued + min(self.max_delay, self._last_run)
-                if due > time.monotonic():
+                now = self._clock()
+                if due > now:
                     if self._timer is None:
-                        self._timer = self._loop.call_at(self._loop.time() + due - time.monotonic(), self._due)
+                        self._timer = self._loop.call_later(due - now, self._due)
                     return
             if self._timer is not None:
                 self._timer.cancel()
@@ -440,12 +446,12 @@ class LoopBatcher(Generic[Item]):
         enter_compute_policy()
         while (task := self._jobs.get()) is not None:
             task.begun = True
-            started = time.monotonic()
+            started = self._clock()
             try:
                 raw = self._execute(task.job)
             except Exception as e:
                 raw = e
-            run_s = time.monotonic() - started
+            run_s = self._clock() - started
             loop = self._loop
             if loop is None:
                 continue
@@ -468,6 +474,7 @@ class LoopBatcher(Generic[Item]):
         """
         self._closing = True
         loop = self._loop
+        # real time whatever the clock: the threads end in it (a scripted clock need not move while they do)
         deadline = None if timeout is None else time.monotonic() + timeout
         on_loop = False
         with contextlib.suppress(RuntimeError):
