@@ -5,6 +5,7 @@ then the real thing: a registry whose model is decided before any request, and a
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -12,7 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from _serve_support import tiny_expected, tiny_model
+from _serve_support import tiny_expected, tiny_model, wait_for
 
 import hybrid
 from hybrid.errors import RunError
@@ -23,6 +24,7 @@ from hybrid.serve.core.idle_tuning import (
     IdleTuningPolicy,
     idle_samples,
     learned_samples,
+    random_inputs_unfit,
     start_idle_tuning,
 )
 from hybrid.serve.core.model import BatchSettings, ServedModel
@@ -337,10 +339,10 @@ def test_a_served_auto_model_is_decided_while_idle_and_then_answers(tmp_path: Pa
     (model,) = list(registry)
     try:
         assert model.compiled.tunes_online
-        deadline = time.monotonic() + 240
-        while not (len(model.compiled.tuning) == 3 and all(t.state == "decided" for t in model.compiled.tuning)):
-            assert time.monotonic() < deadline, model.compiled.tuning
-            time.sleep(0.5)
+        # real time: the tuner's thread compiles and races real candidates on the real clock (the steps themselves
+        # are tested on a scripted one above); looked at every half second, for at most four minutes
+        wait_for(lambda: len(model.compiled.tuning) == 3 and all(t.state == "decided" for t in model.compiled.tuning),
+                 "the idle tuner to decide the three buckets", limit=240, every=0.5)
         assert {t.key for t in model.compiled.tuning} == set(_keys([1, 2, 4]))
         x = np.random.default_rng(1).random((3, 4), np.float32)
         scale = np.full((3, 1), 2.0, np.float32)
@@ -349,9 +351,8 @@ def test_a_served_auto_model_is_decided_while_idle_and_then_answers(tmp_path: Pa
             np.testing.assert_allclose(out[name], want, rtol=1e-4, atol=1e-5)
         (fresh,) = registry.load("tiny")  # a reload tunes while idle too (the decisions now come from the cache)
         assert fresh is not model and registry.get("tiny") is fresh
-        while not (len(fresh.compiled.tuning) == 3 and all(t.state == "decided" for t in fresh.compiled.tuning)):
-            assert time.monotonic() < deadline, fresh.compiled.tuning
-            time.sleep(0.5)
+        wait_for(lambda: len(fresh.compiled.tuning) == 3 and all(t.state == "decided" for t in fresh.compiled.tuning),
+                 "the reloaded model's buckets to be decided", limit=240, every=0.5)
     finally:
         registry.close()
 
@@ -365,18 +366,19 @@ def test_a_served_auto_model_with_an_image_size_is_decided_at_its_first_request_
     registry = build_registry([tmp_path / "conv.onnx"], target="auto", overrides={"max_batch": 4}, idle_tuning=True)
     (model,) = list(registry)
     try:
-        time.sleep(1.5)
-        assert model.compiled.tuning == ()  # an image size would be a guess: nothing before a request
+        # an image size would be a guess: the tuner has no sample of its own, so nothing runs before a request
+        # (its steps without one: test_where_random_inputs_are_unfit_it_learns_the_shapes_of_the_requests)
+        assert random_inputs_unfit(model) is not None and idle_samples(model) == []
+        assert _idle_threads(model) == 1 and model.compiled.tuning == ()
         first = _image(1, 20, 24)
         out = asyncio.run(model.infer(first))
         np.testing.assert_allclose(out["logits"], reference_answer(conv_net(), first["x"]), rtol=1e-4,
                                    atol=1e-5)
         want = {(("x", (r, 3, 32, 32)),) for r in (1, 2, 4)}
-        deadline = time.monotonic() + 240
-        while not ({t.key for t in model.compiled.tuning} == want
-                   and all(t.state == "decided" for t in model.compiled.tuning)):
-            assert time.monotonic() < deadline, model.compiled.tuning
-            time.sleep(0.5)
+        # real time: real candidates compiled and raced by the tuner's thread (as above)
+        wait_for(lambda: {t.key for t in model.compiled.tuning} == want
+                 and all(t.state == "decided" for t in model.compiled.tuning),
+                 "the buckets of the first request's shape to be decided", limit=240, every=0.5)
         batch = _image(3, 30, 17, seed=2)  # another image of the same bucket, three rows at once
         out = asyncio.run(model.infer(batch))
         np.testing.assert_allclose(out["logits"], reference_answer(conv_net(), batch["x"]), rtol=1e-4,
@@ -385,12 +387,17 @@ def test_a_served_auto_model_with_an_image_size_is_decided_at_its_first_request_
         registry.close()
 
 
+def _idle_threads(model: ServedModel) -> int:
+    """How many idle tuners run for ``model`` (their threads' names: :func:`start_idle_tuning`)."""
+    return sum(t.name == f"hybrid-serve-{model.name}-idle" and t.is_alive() for t in threading.enumerate())
+
+
 def test_without_idle_tuning_nothing_runs_before_the_first_request(tmp_path: Path) -> None:
     hybrid.init({"autotune": {"decide_within_s": 6.0, "overhead_cap": 1.0}})
     registry = build_registry([tiny_model(tmp_path / "tiny.onnx")], target="auto")
     (model,) = list(registry)
     try:
-        time.sleep(1.5)
+        assert _idle_threads(model) == 0  # no tuner runs beside it: nothing can call it before a request
         assert model.compiled.tunes_online and model.compiled.tuning == ()
     finally:
         registry.close()
