@@ -40,12 +40,12 @@ def main() -> None:
     args = ap.parse_args()
     levels = tuple(float(c) for c in args.concurrency.split(","))
     work = Path(tempfile.mkdtemp(prefix="bench-url-"))
-    model, _ = vt.build_model(work)
+    served = vt.build_model(work)
     stops = []
     try:
-        triton = tr.TritonServer(vt.triton_repository(work / "triton", model, vt.THREADS)).start()
+        triton = tr.TritonServer(vt.triton_repository(work / "triton", served, vt.THREADS)).start()
         stops.append(triton.stop)
-        proc, grpc, _, http = vt.start_pyasc(model, "onnxruntime", 0)
+        proc, grpc, _, http = vt.start_pyasc(served.path, "onnxruntime", 0)
         stops.append(lambda: (proc.terminate(), proc.wait(60)))
         urls = {"triton": f"grpc://{triton.grpc_url}" if args.protocol == "grpc" else f"http://{triton.http_url}",
                 "pyasc serve": f"grpc://{grpc}" if args.protocol == "grpc" else http}
