@@ -301,3 +301,21 @@ def test_a_layout_decision_comes_back_from_the_cache_as_a_pool(monkeypatch):
     # a layout not offered here (one core now) is not installed: the bucket is tuned again
     monkeypatch.setattr("hybrid.runtime.auto.trials.usable_cores", lambda: 1)
     assert trial_of(model, SingleDecision("onnxruntime", "cpu", "fp32", "2x1"), order, lambda c, p: {}) is None
+
+
+def test_load_after_the_decision_is_seen_within_seconds_not_at_the_next_recheck():
+    clock, load = FakeClock(), {"callers": 1}
+    exes, layouts = layouts_model(clock, load)
+    router, controller, _ = tuner(exes, clock, TuningPolicy(recheck_after_s=600.0), layouts=layouts)
+    drive_callers(router, controller, clock, 1, decided(controller))
+    drive_callers(router, controller, clock, 1, lambda: clock() >= 1000 + 300)  # five quiet minutes of one caller
+    assert controller.status()[0].serving == "ort:cpu"
+    load["callers"] = 4
+    busy_from = clock()
+
+    def switched():
+        (s,) = controller.status()
+        return s.serving == "ort:cpu@2x1" and s.state == "decided"
+
+    drive_callers(router, controller, clock, 4, switched)
+    assert clock() - busy_from < 60.0  # a few of the controller's looks, then the race: not ten minutes later

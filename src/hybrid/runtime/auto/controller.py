@@ -177,10 +177,11 @@ class Controller:
                 if b.phase is Phase.RACING:
                     return wake
             if b.phase is Phase.DECIDED and b.recheck_at is not None:  # a re-check due at once starts at once
-                if self._clock() >= b.recheck_at:
+                if self._clock() >= b.recheck_at or self._load_arrived(b):
                     self._recheck(b)
                     return self._race(b) if b.phase is Phase.RACING else math.inf
-                return b.recheck_at
+                return min(b.recheck_at, self._clock() + self._policy.idle_poll_s) if self._layouts_pending(b) \
+                    else b.recheck_at
         except Exception as e:  # tuning never takes the model down: the bucket keeps what serves it
             logger.warning("auto (online): tuning bucket %s of %r failed: %s", bucket_label(b.key), self._name,
                            first_line(e))
@@ -456,6 +457,23 @@ class Controller:
             self._lab.persist(b.key, b.incumbent, b.accuracy.get(b.incumbent))
         except Exception as e:  # a cache that cannot be written costs the next compile its turns, nothing more
             logger.info("auto (online): decision of bucket %s not cached: %s", bucket_label(b.key), first_line(e))
+
+    def _load_arrived(self, b: BucketRecord) -> bool:
+        """Whether the calls of a decided bucket whose layouts never raced overlap now: its re-check starts at once.
+
+        The load is read over windows of at least ``idle_poll_s`` (the controller looks that often), restarted after
+        four of them, so load that comes long after the decision is seen within seconds, not diluted by the quiet.
+        """
+        if b.load_mark is None or not self._layouts_pending(b):
+            return False
+        elapsed = self._clock() - b.load_mark[0]
+        if elapsed < self._policy.idle_poll_s:
+            return False
+        if self._load(b) >= self._policy.concurrent_calls:
+            return True
+        if elapsed >= 4 * self._policy.idle_poll_s:
+            b.load_mark = (self._clock(), self._route(b).tally.served_s)
+        return False
 
     def _layouts_pending(self, b: BucketRecord) -> bool:
         """Whether the serving candidate has layouts that never raced here (the calls did not overlap)."""
