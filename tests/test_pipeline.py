@@ -3,34 +3,36 @@
 from __future__ import annotations
 
 import logging
-import random
 import threading
-import time
 
 import pytest
+from tests._scripted_time import ScriptedClock
+from tests._serve_support import wait_for
 
 import hybrid
 from hybrid.errors import BackendError, ConfigError, RunError
 
 
 @pytest.mark.timeout(60)
-def test_order_is_kept_under_random_delays_and_many_workers():
-    rngs = [random.Random(i) for i in range(3)]
-    locks = [threading.Lock() for _ in range(3)]
+def test_order_is_kept_when_items_finish_out_of_order_with_many_workers():
+    # out of order for sure, on any machine: the first stage finishes each odd item before the even one before it
+    # (the even one's worker waits for it), so every later stage sees them swapped
+    finished = [threading.Event() for _ in range(300)]
+    done_first: list[int] = []
 
-    def jitter(i: int, fn):
-        def stage(x):
-            with locks[i]:
-                delay = rngs[i].uniform(0, 0.004)
-            time.sleep(delay)
-            return fn(x)
-        return stage
+    def add(x):
+        if x % 2 == 0:
+            assert finished[x + 1].wait(10)
+        done_first.append(x)
+        finished[x].set()
+        return x + 1
 
     with hybrid.Pipeline(queue_size=3) as p:
-        p.add_stage(jitter(0, lambda x: x + 1), workers=2, name="add")
-        p.add_stage(jitter(1, lambda x: x * 3), workers=4, name="mul")
-        p.add_stage(jitter(2, lambda x: (x, "done")), workers=3, name="tag")
+        p.add_stage(add, workers=2, name="add")
+        p.add_stage(lambda x: x * 3, workers=4, name="mul")
+        p.add_stage(lambda x: (x, "done"), workers=3, name="tag")
         out = list(p.run(range(300)))
+    assert done_first[:2] == [1, 0] and sorted(done_first) == list(range(300))
     assert out == [((i + 1) * 3, "done") for i in range(300)]
     stats = p.stats()
     assert [s.name for s in stats] == ["add", "mul", "tag"]
@@ -104,12 +106,13 @@ def test_queues_are_bounded():
     p.add_stage(first).add_stage(blocked)
     feeder = threading.Thread(target=lambda: [p.submit(i) for i in range(50)], daemon=True)
     feeder.start()
-    time.sleep(0.3)
-    # at most: 1 in `blocked`, 2 queued before it, 1 in hand of `first`'s worker
-    assert len(seen) <= 4
+    # the pipeline fills up, then stops: 1 in `blocked`, 2 queued before it, 1 in hand of `first`'s worker, and
+    # 2 in `first`'s queue (the feeder waits for room)
+    wait_for(lambda: len(seen) == 4 and p.stats()[0].queued == 2, "the pipeline to fill up")
     with pytest.raises(RunError) as info:
-        p.submit("extra", timeout=0.05)
+        p.submit("extra", timeout=0.05)  # (no room can come while `blocked` waits: the timeout is the caller's)
     assert info.value.code == "HYB-412"
+    assert len(seen) == 4  # bounded: no more went in meanwhile
     gate.set()
     feeder.join(10)
     p.close(timeout=10)
@@ -119,7 +122,7 @@ def test_queues_are_bounded():
 @pytest.mark.timeout(30)
 def test_close_drains_then_rejects():
     p = hybrid.Pipeline()
-    p.add_stage(lambda x: (time.sleep(0.002), x)[1]).add_stage(lambda x: x * 2)
+    p.add_stage(lambda x: x).add_stage(lambda x: x * 2)
     futures = [p.submit(i) for i in range(20)]
     p.close()
     assert all(f.done() for f in futures)
@@ -194,3 +197,22 @@ def test_compiled_model_as_a_stage(light):
         p.add_stage(lambda a: a * 1.0, name="pre").add_stage(cm, name="model").add_stage(np.argmax, name="post")
         out = list(p.run([x] * 3))
     assert out == [int(np.argmax(cm(x)))] * 3
+
+
+@pytest.mark.timeout(30)
+def test_stage_times_and_utilization_on_the_pipeline_s_clock():
+    clock = ScriptedClock()
+
+    def slow(x):  # 10 ms of the pipeline's clock per item
+        clock.advance(0.01)
+        return x
+
+    p = hybrid.Pipeline(clock=clock)
+    p.add_stage(slow, name="slow").add_stage(lambda x: x, name="fast")
+    assert list(p.run(range(10))) == list(range(10))
+    p.close(timeout=10)
+    slow_stats, fast_stats = p.stats()
+    assert slow_stats.items == 10 and slow_stats.busy_s == pytest.approx(0.1)
+    assert slow_stats.mean_time_s == pytest.approx(0.01)
+    assert slow_stats.utilization == pytest.approx(1.0)  # the clock moved only while `slow` ran
+    assert fast_stats.items == 10  # (its times may overlap the slow stage's clock moves: not asserted)

@@ -90,6 +90,8 @@ class Pipeline:
 
     Args:
         queue_size: Default bound of each stage's input queue (at least the stage's worker count).
+        clock: What the stages' times and the utilization in :meth:`stats` are measured on (``time.perf_counter``;
+            tests script it).
 
     Example:
         >>> with hybrid.Pipeline() as p:
@@ -98,10 +100,11 @@ class Pipeline:
         ...         ...
     """
 
-    def __init__(self, queue_size: int = 4) -> None:
+    def __init__(self, queue_size: int = 4, clock: Callable[[], float] = time.perf_counter) -> None:
         if isinstance(queue_size, bool) or not isinstance(queue_size, int) or queue_size < 1:
             raise ConfigError("HYB-102", f"Pipeline: queue_size must be a positive int, got {queue_size!r}")
         self.queue_size = queue_size
+        self._clock = clock
         self._stages: list[_Stage] = []
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
@@ -153,7 +156,7 @@ class Pipeline:
     def _start(self) -> None:
         if not self._stages:
             raise ConfigError("HYB-102", "Pipeline has no stages; call add_stage first")
-        self._started_at = time.monotonic()
+        self._started_at = self._clock()
         for i, stage in enumerate(self._stages):
             stage.alive = stage.workers
             for w in range(stage.workers):
@@ -226,13 +229,13 @@ class Pipeline:
             if index == 0 and not item.future.set_running_or_notify_cancel():
                 continue  # cancelled while queued
             if item.error is None:
-                t0 = time.perf_counter()
+                t0 = self._clock()
                 try:
                     item.value = stage.fn(item.value)
                 except BaseException as e:  # the item carries it to its caller; the worker never dies
                     e.add_note(f"in hybrid pipeline stage {stage.name!r}")
                     item.error = e
-                spent = time.perf_counter() - t0
+                spent = self._clock() - t0
                 with stage.lock:
                     stage.items += 1
                     stage.errors += item.error is not None
@@ -256,13 +259,14 @@ class Pipeline:
         if started:
             for _ in range(self._stages[0].workers):
                 self._stages[0].queue.put(_STOP)
+            # real time whatever the clock: the threads end in it
             deadline = None if timeout is None else time.monotonic() + timeout
             for t in self._threads:
                 t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
 
     def stats(self) -> list[StageStats]:
         """Counters per stage, in stage order."""
-        elapsed = time.monotonic() - self._started_at if self._started_at else 0.0
+        elapsed = self._clock() - self._started_at if self._started_at else 0.0
         out = []
         for s in self._stages:
             with s.lock:
