@@ -353,8 +353,10 @@ def test_unknown_name_and_missing_torch(monkeypatch, tmp_path):
     assert e.value.code == "HYB-207" and "pyasc[torch]" in (e.value.hint or "")
 
 
-def test_build_times(built):
-    # not a timing assertion: prints what each build cost on this machine (pytest -s shows it)
-    for name in zoo.NAMES:
-        built(name)
+def test_every_zoo_model_builds_into_the_folder_asked_for(built, zoo_dir):
+    # the build times are printed (pytest -s shows them), not asserted: they are this machine's
+    models = {name: built(name) for name in zoo.NAMES}
+    assert set(built.times) == set(zoo.NAMES)
+    for name, m in models.items():
+        assert m.path.is_file() and m.path.stat().st_size > 0 and m.path.is_relative_to(zoo_dir), name
     print("\nzoo build seconds:", {k: round(v, 2) for k, v in built.times.items()})
