@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tests._serve_support import connection, error_of, request, tiny_expected, tiny_model, v2_json
+from tests._serve_support import connection, error_of, request, tiny_expected, tiny_model, v2_json, wait_for
 
 from hybrid.serve import BackgroundServer, ConnectionLimits, ServeOptions, build_registry, create_app
 from hybrid.serve.core.protocol import Limits, parse_request
@@ -95,7 +95,7 @@ class LiveProbe:
             assert status == 200
             self.worst = max(self.worst, time.perf_counter() - t0)
             self.count += 1
-            time.sleep(0.02)
+            self._stop.wait(0.02)  # the probe's pace (real time: it measures the server's answers while busy)
 
     def __enter__(self) -> LiveProbe:
         self._thread.start()
@@ -114,11 +114,11 @@ def test_sixteen_million_bytes_elements_are_refused_before_decoding_while_live_a
                                     {"name": "scale", "shape": [1, 1], "datatype": "FP32", "data": [1.0]}],
                                    bytes(4 * count))
     with LiveProbe(server.url) as probe:
-        time.sleep(0.1)
+        wait_for(lambda: probe.count >= 1, "a first liveness answer")
         t0 = time.perf_counter()
         status, _, answer = request(server.url, "POST", INFER, body, headers)
         took = time.perf_counter() - t0
-        time.sleep(0.1)
+        wait_for(lambda: probe.count >= 2, "a liveness answer beside the refused request")
     del body
     assert status == 400 and error_of(answer) == "HYB-403", answer  # the model takes FP32: refused unread
     assert took < 10  # ~9.6 s before, ~0.3 s now (most of it the upload); timing is in benchmarks/soak.py
@@ -223,11 +223,9 @@ def test_client_disconnects_are_counted_and_logged_once_without_traceback(model_
             with socket.create_connection((host, int(port)), timeout=10) as s:
                 s.sendall(b"POST /v2/models/tiny/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                           b"Content-Length: 100000\r\n\r\n" + b'{"inputs": [' + b" " * 40000)
-                time.sleep(0.05)
-        deadline = time.monotonic() + 30
-        while metric(srv.url, "pyasc_connections_dropped_total", 'reason="client_disconnect"') < n:
-            assert time.monotonic() < deadline, "the disconnects were not counted"
-            time.sleep(0.05)
+                time.sleep(0.05)  # real time: the server reads the half body before the hang-up (a real socket)
+        wait_for(lambda: metric(srv.url, "pyasc_connections_dropped_total", 'reason="client_disconnect"') >= n,
+                 "the disconnects to be counted", limit=30, every=0.05)
         assert metric(srv.url, "pyasc_connections_dropped_total", 'reason="client_disconnect"') == n
         check_answer(*post(srv.url, v2_json(feeds(2))), feeds(2))
     finally:
@@ -306,7 +304,7 @@ def test_slow_header_senders_are_closed_and_others_are_served(model_path):
     try:
         with cf.ThreadPoolExecutor(8) as pool:
             closers = [pool.submit(trickle, i) for i in range(8)]
-            time.sleep(0.5)
+            time.sleep(0.5)  # real time: the slow senders are a few bytes into their heads (real sockets)
             t0 = time.perf_counter()
             status, _, answer = request(srv.url, "POST", INFER, v2_json(feeds(5)))
             served_in = time.perf_counter() - t0
@@ -331,7 +329,10 @@ def test_idle_connections_past_the_cap_are_closed_oldest_first(model_path):
     host, _, port = srv.url.rpartition(":")
     idle = [socket.create_connection((host, int(port)), timeout=10) for _ in range(6)]
     try:
-        time.sleep(0.3)
+        # the server has taken the six (and the metrics requests' own connections) once it closed the oldest past
+        # the cap of 4
+        wait_for(lambda: metric(srv.url, "pyasc_connections_dropped_total", 'reason="connection_limit"') >= 2,
+                 "the connections past the cap to be closed", limit=30, every=0.02)
         check_answer(*post(srv.url, v2_json(feeds(6))), feeds(6))
         closed = 0
         for s in idle:
@@ -423,10 +424,8 @@ def test_slow_bodies_are_cut_at_the_body_deadline_and_timely_ones_pass(model_pat
                     closed_after = time.monotonic() - t0
                     break
         assert closed_after is not None and 1.0 < closed_after < 1.5 + 5.0, closed_after
-        deadline = time.monotonic() + 10
-        while metric(srv.url, "pyasc_connections_dropped_total", 'reason="body_timeout"') < 1:
-            assert time.monotonic() < deadline, "the body timeout was not counted"
-            time.sleep(0.05)
+        wait_for(lambda: metric(srv.url, "pyasc_connections_dropped_total", 'reason="body_timeout"') >= 1,
+                 "the body timeout to be counted", limit=10, every=0.05)
         assert metric(srv.url, "pyasc_connections_dropped_total", 'reason="client_disconnect"') == 0
     finally:
         srv.stop()
@@ -453,10 +452,7 @@ def test_the_guard_works_on_uvicorns_h11_parser_too():
     thread = threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True)
     thread.start()
     try:
-        deadline = time.monotonic() + 30
-        while not server.started:
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
+        wait_for(lambda: server.started, "uvicorn to start", limit=30, every=0.02)
         port = server.servers[0].sockets[0].getsockname()[1]
         with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
             t0 = time.monotonic()
