@@ -109,10 +109,17 @@ print("REPORT " + json.dumps(report), flush=True)
 
 @pytest.fixture(scope="module")
 def plugin_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """The environment of a process that finds ``faulty`` through its entry point (and a decision cache of its own)."""
-    site = tmp_path_factory.mktemp("site")
+    """The environment of a process that finds ``faulty`` through its entry point."""
+    return plugin_environment(tmp_path_factory.mktemp("site"))
+
+
+def plugin_environment(site: Path) -> dict[str, str]:
+    """This process's environment with ``faulty``'s dist-info written to ``site`` and both on PYTHONPATH.
+
+    (benchmarks/fault_table.py uses it too.)
+    """
     info = site / "hybrid_faults-0.1.dist-info"
-    info.mkdir()
+    info.mkdir(parents=True)
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: hybrid-faults\nVersion: 0.1\n")
     (info / "entry_points.txt").write_text("[hybrid.backends]\nfaulty = hybrid_faults:FaultyBackend\n")
     path = os.pathsep.join([str(site), str(PLUGIN), *filter(None, [os.environ.get("PYTHONPATH")])])
