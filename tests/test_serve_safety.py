@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tests._serve_support import connection, error_of, request, tiny_expected, tiny_model, v2_json
+from tests._serve_support import connection, error_of, request, tiny_expected, tiny_model, v2_json, wait_for
 
 from hybrid.errors import ServingError
 from hybrid.serve import BackgroundServer, Limits, ServeOptions, build_registry, create_app, discover
@@ -219,9 +219,8 @@ def test_backpressure_rejects_with_503_and_stays_live(model_path):
             assert entered.wait(30), "the first request never reached the runner"
             rest = [pool.submit(infer, srv.url, feeds(100 + i)) for i in range(1, 12)]
             refused = 11 - 4  # the queue holds 4 behind the held batch
-            deadline = time.monotonic() + 30
-            while sum(f.done() for f in rest) < refused and time.monotonic() < deadline:
-                time.sleep(0.01)
+            wait_for(lambda: sum(f.done() for f in rest) >= refused, "the requests past the queue to be refused",
+                     limit=30, every=0.01)
             release.set()
             results = [(0, first.result())] + [(i, f.result()) for i, f in enumerate(rest, 1)]
         codes = []
@@ -287,41 +286,30 @@ def test_a_failed_run_counts_as_a_backend_failure(model_path):
 
 
 # ------------------------------------------------------------------------------------------------ shutdown
-def wait_queued(url: str, n: int, deadline: float) -> None:
+def wait_queued(url: str, n: int, limit: float = 30.0) -> None:
     """Wait until the tiny model's queue holds ``n`` requests (read from /metrics)."""
-    while f'pyasc_queue_depth{{model="tiny",version="1"}} {n}.0' not in request(url, "GET", "/metrics")[2].decode():
-        assert time.monotonic() < deadline, "the requests never queued"
-        time.sleep(0.05)
+    wait_for(lambda: f'pyasc_queue_depth{{model="tiny",version="1"}} {n}.0' in
+             request(url, "GET", "/metrics")[2].decode(), f"{n} queued requests", limit=limit, every=0.05)
 
 
-def wait_arrived(url: str, n: int, deadline: float) -> None:
+def wait_arrived(url: str, n: int, limit: float = 30.0) -> None:
     """Wait until the tiny model has received ``n`` requests."""
-    while f'pyasc_inference_requests_total{{model="tiny",version="1"}} {n}.0' not in \
-            request(url, "GET", "/metrics")[2].decode():
-        assert time.monotonic() < deadline, "the requests never arrived"
-        time.sleep(0.01)
-
-
-def wait_running(url: str, deadline: float) -> None:
-    """Wait until the tiny model has a request in the server (its first, held batch)."""
-    while 'pyasc_inference_requests_total{model="tiny",version="1"} 1.0' not in \
-            request(url, "GET", "/metrics")[2].decode():
-        assert time.monotonic() < deadline, "the first request never arrived"
-        time.sleep(0.05)
-    time.sleep(0.2)  # from the counter to the running batch: a few microseconds of the event loop
+    wait_for(lambda: f'pyasc_inference_requests_total{{model="tiny",version="1"}} {n}.0' in
+             request(url, "GET", "/metrics")[2].decode(), f"{n} requests to arrive", limit=limit, every=0.01)
 
 
 def test_drain_finishes_in_flight_requests_and_refuses_new_ones(model_path):
     # batch_timeout 60 s: the requests finish quickly only because the drain flushes the queue
     srv = start(model_path, overrides={"max_batch": 64, "batch_timeout": 60.0})
     url = srv.url
-    release = hold_first_batch(srv)
+    entered = threading.Event()
+    release = hold_first_batch(srv, entered=entered)
     try:
         with cf.ThreadPoolExecutor(4) as pool:
             first = pool.submit(infer, url, feeds(199))
-            wait_running(url, time.monotonic() + 30)
+            assert entered.wait(30), "the first request never reached the runner"
             futures = [pool.submit(infer, url, feeds(200 + i)) for i in range(3)]
-            wait_queued(url, 3, time.monotonic() + 30)
+            wait_queued(url, 3)
             t0 = time.monotonic()
             stopper = threading.Thread(target=srv.stop)
             stopper.start()
@@ -378,7 +366,7 @@ def test_sigterm_drains_the_cli_server_and_exits_0(model_path):
             futures = [pool.submit(infer, url, feeds(300 + i)) for i in range(3)]
             # a lone request on an idle model runs at once (no queue to wait for): signal once all three
             # reached the server; whatever is still in flight or queued must be answered
-            wait_arrived(url, 3, time.monotonic() + 30)
+            wait_arrived(url, 3)
             proc.send_signal(signal.SIGTERM)
             for i, fut in enumerate(futures):
                 status, _, body = fut.result(timeout=30)
@@ -418,7 +406,7 @@ def _while_held(srv, sent_feeds, **extra):
         first = pool.submit(infer, srv.url, feeds(1))
         assert entered.wait(30), "the first request never reached the runner"
         second = pool.submit(request, srv.url, "POST", "/v2/models/tiny/infer", v2_json(sent_feeds, **extra))
-        time.sleep(1.0)
+        time.sleep(1.0)  # real time: the server's queue policy times the second request out on its own clock
         release.set()
         status, _, body = first.result()
         check_answer(status, body, feeds(1))
