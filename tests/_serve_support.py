@@ -270,7 +270,7 @@ class OtlpReceiver:
 
         self.spans: list[Span] = []
         self.resources: list[dict[str, Any]] = []
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()  # notified as spans come
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -279,6 +279,7 @@ class OtlpReceiver:
                 spans = _spans_of(self.headers.get("Content-Type", ""), body)
                 with receiver._lock:
                     receiver.spans.extend(spans)
+                    receiver._lock.notify_all()
                 self.send_response(200)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
@@ -292,13 +293,8 @@ class OtlpReceiver:
 
     def wait_for(self, count: int, timeout: float = 30.0) -> list[Span]:
         """The spans received once there are ``count`` of them (all there are after ``timeout`` seconds)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            with self._lock:
-                if len(self.spans) >= count:
-                    break
-            time.sleep(0.05)
         with self._lock:
+            self._lock.wait_for(lambda: len(self.spans) >= count, timeout)
             return list(self.spans)
 
     def close(self) -> None:

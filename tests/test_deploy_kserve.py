@@ -10,7 +10,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 import zipfile
@@ -18,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tests._serve_support import tiny_expected, tiny_model
+from tests._serve_support import tiny_expected, tiny_model, wait_for
 
 import hybrid
 
@@ -110,14 +109,15 @@ def test_container_command_serves_mnt_models(tmp_path, layout):
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         probe = container["readinessProbe"]["httpGet"]
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and proc.poll() is None:
+
+        def ready() -> bool:
             try:
-                if _get(f"http://127.0.0.1:{http_port}{probe['path']}") == 200:
-                    break
+                return _get(f"http://127.0.0.1:{http_port}{probe['path']}") == 200
             except OSError:
-                pass
-            time.sleep(0.3)
+                return False
+
+        # real time: a child process starts (or dies: then its output is shown)
+        wait_for(lambda: proc.poll() is not None or ready(), "the readiness probe", limit=120, every=0.3)
         assert proc.poll() is None, proc.stdout.read()
         live = container["livenessProbe"]["httpGet"]["path"]
         assert _get(f"http://127.0.0.1:{http_port}{live}") == 200

@@ -152,15 +152,16 @@ def _serving(http: int, *args: str) -> Iterator[Any]:
     proc = _cli(*args, "--http-port", str(http))
     try:
         client = th.InferenceServerClient(f"127.0.0.1:{http}")
-        deadline = time.monotonic() + 120
-        while True:
+
+        def ready() -> bool:
             try:
-                if client.is_server_ready():
-                    break
+                return bool(client.is_server_ready())
             except Exception:  # not listening yet
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read() if proc.stdout else ""
-            time.sleep(0.2)
+                return False
+
+        # real time: a child process starts (or dies: then its output is shown)
+        wait_for(lambda: proc.poll() is not None or ready(), "the server to be ready", limit=120, every=0.2)
+        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
         yield client
     finally:
         proc.terminate()

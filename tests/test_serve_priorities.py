@@ -10,14 +10,13 @@ from __future__ import annotations
 import concurrent.futures as cf
 import json
 import threading
-import time
 from collections.abc import Callable
 
 import grpc
 import numpy as np
 import pytest
 from google.protobuf import text_format
-from tests._serve_support import error_of, request, tiny_expected, tiny_model, v2_json
+from tests._serve_support import error_of, request, tiny_expected, tiny_model, v2_json, wait_for
 from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
@@ -87,10 +86,7 @@ class _Held:
 
 
 def _until(condition: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.005)
+    wait_for(condition, what, limit=timeout, every=0.005)
 
 
 def _feeds(marker: float) -> dict[str, np.ndarray]:

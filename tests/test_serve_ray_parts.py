@@ -315,7 +315,7 @@ def _run_proxy(app, messages):
     async def receive():
         if incoming:
             return incoming.pop(0)
-        await asyncio.sleep(3600)
+        await asyncio.Event().wait()  # no more messages: waits until cancelled
 
     async def send(message):
         sent.append(message)

@@ -39,6 +39,7 @@ from _serve_support import (
     stateful_repo,
     tiny_expected,
     tiny_model,
+    wait_for,
 )
 from onnx import TensorProto, helper
 from tritonclient.utils import InferenceServerException
@@ -1067,10 +1068,9 @@ def test_metrics_of_an_unloaded_and_reloaded_model_as_triton_s(tmp_path) -> None
             got = _both(servers, "POST", f"/v2/repository/models/tiny/{action}", {})
             assert got["pyasc"][0] == got["triton"][0] == 200, got
             if action == "unload":  # gone from the metrics and from the statistics of every model
-                deadline = time.monotonic() + 30  # Triton unloads in the background
-                while successes() != {"triton": [], "pyasc": []}:
-                    assert time.monotonic() < deadline, successes()
-                    time.sleep(0.2)
+                # real time: Triton unloads in the background
+                wait_for(lambda: successes() == {"triton": [], "pyasc": []}, "the unload to reach the metrics",
+                         limit=30, every=0.2)
                 stats = _both(servers, "GET", "/v2/models/stats")
                 assert [json.loads(v[1])["model_stats"] for v in stats.values()] == [[], []]
         assert successes() == {"triton": [0.0], "pyasc": [0.0]}  # loaded again: from 0
@@ -1255,11 +1255,9 @@ def test_poll_mode_serves_what_the_repository_holds_as_triton_s(tmp_path) -> Non
                     for name, (_, data, _) in _both(servers, "POST", "/v2/repository/index", {}).items()}
 
         def until(want: list[tuple[str, str]]) -> dict[str, Any]:
-            deadline = time.monotonic() + 90
-            while (now := index()) != {"triton": want, "pyasc": want}:
-                assert time.monotonic() < deadline, now
-                time.sleep(0.2)
-            return now
+            # real time: both servers poll their repositories on their own clocks
+            wait_for(lambda: index() == {"triton": want, "pyasc": want}, f"the index {want}", limit=90, every=0.2)
+            return index()
 
         until([("first", "READY")])
         for repo in repos.values():  # a model added (written whole, then moved in)
@@ -1271,11 +1269,10 @@ def test_poll_mode_serves_what_the_repository_holds_as_triton_s(tmp_path) -> Non
         for repo in repos.values():  # a model removed
             shutil.rmtree(repo / "first")
         until([("second", "READY")])
-        deadline = time.monotonic() + 60  # Triton leaves the index first, and its model a moment later
-        while {k: v[0] for k, v in _both(servers, "POST", "/v2/models/first/infer",
-                                          {"inputs": GOOD}).items()} != {"triton": 404, "pyasc": 404}:
-            assert time.monotonic() < deadline
-            time.sleep(0.2)
+        # Triton leaves the index first, and its model a moment later
+        wait_for(lambda: {k: v[0] for k, v in _both(servers, "POST", "/v2/models/first/infer",
+                                                     {"inputs": GOOD}).items()} == {"triton": 404, "pyasc": 404},
+                 "the removed model to be gone from both", limit=60, every=0.2)
         got = _both(servers, "GET", "/v2/models/first/ready")
         assert got["pyasc"][0] == got["triton"][0] == 400  # "Model version not ready"
         got = _both(servers, "POST", "/v2/repository/models/second/unload", {})  # no explicit control
