@@ -457,8 +457,8 @@ def bench_command(
         lines = header_lines(str(model), reference, feeds.describe(), tolerance.describe(ran_precs),
                              [r.target.partition(":")[0] for r in rows] + [reference.partition(":")[0]], timing_text)
         lines.append(layout_line(config, [r.target.partition(":")[0] for r in rows if r.status == "ok"]))
-        lines.append("compile s and first-call figures are apart from the timed calls (after --warmup untimed "
-                     "calls per contender)")
+        lines.append(f"compile s is apart from the timed calls; the first {timing.warmup} call(s) per contender "
+                     "(--warmup) are untimed")
         header = {"header": lines, "inputs": feeds.shapes, "input_sources": feeds.sources,
                   "tolerance": {p: dict(zip(("rtol", "atol", "min_cosine"), tolerance.of(p))) for p in ran_precs},
                   "backend_options": config}
