@@ -519,6 +519,8 @@ def _check_surviving(request: CheckRequest) -> Verdicts | None:
             answer = w.ask(asked, share)
         except CheckProcessDied as died:
             shutdown()  # the next request starts a new process
+            if _EXITING:  # ended by the stop at exit (online.stop_all): nothing is started again, nobody is blamed
+                return None
             candidate = died.label.partition(" ")[0] if died.label else None
             count = deaths[candidate] = deaths.get(candidate, 0) + 1
             logger.warning("auto (online): %s while checking %r; starting it again", died, request.name)
