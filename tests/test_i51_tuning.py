@@ -176,3 +176,19 @@ def test_a_burst_only_bucket_is_decided_within_a_bounded_amount_of_its_traffic()
         assert busy <= policy.decide_within_s + 4.0, controller.status()
     assert controller.status()[0].serving == "b:cpu"
     assert "by the paired turns" in controller.notes()[0]  # on real turns, not at a bound that ran out in a pause
+
+
+def test_a_check_that_ran_past_the_bound_leaves_the_race_its_turns():
+    class SlowCheckLab(FakeLab):
+        def check(self, sample, closing, *, paced_for_s=float("inf")):
+            clock.advance(45.0)  # a loaded machine: the check took longer than the whole bound
+            return super().check(sample, closing, paced_for_s=paced_for_s)
+
+    clock = FakeClock()
+    exes = {"a:cpu": Scripted(clock, 1e-3), "b:cpu": Scripted(clock, 0.5e-3)}
+    lab = SlowCheckLab(exes, warm={"a:cpu": 1e-3, "b:cpu": 1.05e-3})  # the check did not see b's real speed
+    router, controller, _ = tuner(exes, clock, TuningPolicy(decide_within_s=30.0), lab=lab)
+    drive(router, controller, X, decided(controller))
+    (status,) = controller.status()
+    assert status.serving == "b:cpu" and "by the paired turns" in controller.notes()[0]
+    assert exes["b:cpu"].calls > 0

@@ -345,7 +345,11 @@ class Controller:
     # ------------------------------------------------------------------ the race
     def _start_race(self, b: BucketRecord, estimates: dict[str, float], precharge: tuple[float, int] | None = None,
                     calls_from: int = 0) -> None:
-        b.paused_s, b.seen = 0.0, None
+        # a check that ran past its paced share of the bound (a loaded machine, a large model) does not eat the turns:
+        # its overrun counts as a pause, so the race has the rest of the bound from its start (issue 51: decided on
+        # real turns, not at a bound the check used up)
+        overrun = self._clock() - self._policy.check_paced_until(b.race_from)
+        b.paused_s, b.seen = max(0.0, overrun), None
         b.race = Race.between(b.incumbent, b.lanes, b.race_from, estimates, precharge, calls_from,
                               frozenset(b.untimed))
         if b.race.over:
