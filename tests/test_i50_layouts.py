@@ -285,6 +285,9 @@ def test_the_users_own_threading_option_and_the_memory_bound_rule_layouts_out(mo
     monkeypatch.setattr(lab_module, "usable_cores", lambda: 2)
     model, _ = _mlp()
     assert _lab(model, {"onnxruntime": {"intra_op_num_threads": 2}}).layouts("onnxruntime:cpu") == ()
+    # the same value is no conflict (a server's shared options turn spinning off as the wider layouts do)
+    assert _lab(model, {"onnxruntime": {"intra_op_num_threads": 1}}).layouts("onnxruntime:cpu") == (
+        "onnxruntime:cpu@2x1",)
     assert _lab(model, replica_bytes=16 * 16 * 4 - 1).layouts("onnxruntime:cpu") == ()  # one extra replica: 1 KiB
     assert _lab(model, replica_bytes=16 * 16 * 4).layouts("onnxruntime:cpu") == ("onnxruntime:cpu@2x1",)
 

@@ -35,6 +35,7 @@ from hybrid.runtime.auto.trials import (
     check_trials,
     layout_of,
     offered_precisions,
+    overridden,
     parse_cosine_note,
     trial_of,
 )
@@ -217,8 +218,8 @@ class RealLab:
     def layouts(self, label: str) -> tuple[str, ...]:
         """The labels of the layouts ``label``'s backend offers here, besides its default (none for the reference).
 
-        A layout whose option the candidate's own options set is left out (the user's choice wins), and so is one
-        whose extra replicas would hold more weights than ``replica_bytes``.
+        A layout whose option the candidate's own options set otherwise is left out (the user's choice wins), and so is
+        one whose extra replicas would hold more weights than ``replica_bytes``.
         """
         cand, precision, tag = _parse(label)
         if tag or is_fallback(cand.backend) or cand not in self._order:
@@ -226,7 +227,7 @@ class RealLab:
         options = self._options_of(cand, precision)
         out = []
         for layout in get_backend(cand.backend).layouts(cand.device, usable_cores()):
-            if any(k in options for k in layout.options):
+            if overridden(layout, options):
                 continue
             if layout.replicas > 1 and (layout.replicas - 1) * self._weights() > self._replica_bytes:
                 continue

@@ -31,7 +31,7 @@ from hybrid.runtime.partition import supporters, typed_model
 from hybrid.runtime.plan import Plan
 
 __all__ = ["OptionsOf", "Search", "Trial", "build_partition", "check_trials", "cosine_note", "layout_of",
-           "offered_precisions",
+           "offered_precisions", "overridden",
            "parse_cosine_note", "trial_of", "trials"]
 
 OptionsOf = Callable[[Candidate, str], dict[str, Any]]
@@ -173,14 +173,20 @@ def _compile_replicas(model: Model, cand: Candidate, options: Mapping[str, Any],
     return ReplicaPool(done)
 
 
-def layout_of(cand: Candidate, tag: str, options: Mapping[str, Any], cores: int) -> Layout | None:
-    """The layout ``tag`` of ``cand``'s backend, unless the candidate's own options set one of its options.
+def overridden(layout: Layout, options: Mapping[str, Any]) -> bool:
+    """Whether the candidate's own options set one of ``layout``'s options to another value.
 
-    The user's explicit choice (``compile(config=...)``, ``hybrid.init``'s ``backends``) wins over a layout.
+    The user's explicit choice (``compile(config=...)``, ``hybrid.init``'s ``backends``, a server's shared options)
+    wins over a layout; the same value (a server's ``allow_spinning: False``) does not conflict.
     """
+    return any(k in options and options[k] != v for k, v in layout.options.items())
+
+
+def layout_of(cand: Candidate, tag: str, options: Mapping[str, Any], cores: int) -> Layout | None:
+    """The layout ``tag`` of ``cand``'s backend, unless the candidate's own options set one of its options otherwise."""
     for layout in get_backend(cand.backend).layouts(cand.device, cores):
         if layout.tag == tag:
-            return None if any(k in options for k in layout.options) else layout
+            return None if overridden(layout, options) else layout
     return None
 
 
