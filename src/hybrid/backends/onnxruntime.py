@@ -301,8 +301,9 @@ class OnnxRuntimeBackend(Backend):
 
         ORT runs concurrent ``run`` calls of one session in parallel, but they share its intra-op pool and arena;
         separate sessions with fewer threads each do not wait on each other's fork-joins (issue 50: 8 callers of a
-        classifier on 2 cores, 2 sessions x 1 thread served 2.1x the inferences of 1 session x 2 threads). The
-        grid is Triton Model Analyzer's first sweep (instance count x threads).
+        classifier on 2 cores, 2 sessions x 1 thread served 1.43x the inferences of one session with ORT's default
+        threads; benchmarks/RESULTS.md, "Concurrent callers"). The grid is Triton Model Analyzer's first sweep
+        (instance count x threads).
         """
         if device != "cpu" or cores < 2:
             return ()

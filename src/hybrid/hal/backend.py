@@ -102,7 +102,7 @@ class Layout:
     Attributes:
         tag: Short, stable name in candidate labels and the decision cache ('2x1': 2 replicas x 1 thread).
         options: Backend options that make the layout (merged over the candidate's; a layout whose option the
-            user set explicitly is not offered: the user's choice wins).
+            user set to another value is not offered: the user's choice wins).
         replicas: Executables compiled with those options; each call takes a free one (:class:`ReplicaPool`).
         doc: What it is, in words, for ``cm.tuning`` and ``--explain``.
     """
