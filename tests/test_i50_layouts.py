@@ -322,3 +322,14 @@ def test_load_after_the_decision_is_seen_within_seconds_not_at_the_next_recheck(
 
     drive_callers(router, controller, clock, 4, switched)
     assert clock() - busy_from < 60.0  # a few of the controller's looks, then the race: not ten minutes later
+
+
+def test_a_candidate_blamed_for_ending_the_check_process_is_blamed_in_every_layout(monkeypatch):
+    from hybrid.runtime.auto import worker
+
+    model, _ = _mlp()
+    digest = worker._digest(model.to_bytes())
+    monkeypatch.setitem(worker._BLAMED, (digest, "onnxruntime:cpu"), "the check process died on it")
+    assert worker.blamed(model, "onnxruntime:cpu@2x1") == "the check process died on it"
+    assert worker.blamed(model, "onnxruntime:cpu bf16@throughput") == "the check process died on it"
+    assert worker.blamed(model, "openvino:cpu@throughput") is None

@@ -55,6 +55,7 @@ from typing import Any
 from hybrid.config import autotune_config, validated_update
 from hybrid.errors import first_line
 from hybrid.hal import Candidate, backend_names, backend_status, is_fallback
+from hybrid.hal.layout import split_layout
 from hybrid.ir import Model
 from hybrid.runtime.auto import judge
 from hybrid.runtime.auto.policy import Clock, TuningPolicy, monotonic
@@ -480,7 +481,7 @@ def blamed(model: Model | bytes, label: str) -> str | None:
             return None
     digest = _digest(model if isinstance(model, bytes) else model.to_bytes())
     with _BLAMED_LOCK:
-        return _BLAMED.get((digest, label.partition(" ")[0]))
+        return _BLAMED.get((digest, split_layout(label)[0].partition(" ")[0]))  # its layouts and precisions too
 
 
 def check_elsewhere(request: CheckRequest, paced_until: float = math.inf) -> Verdicts | None:
