@@ -8,6 +8,7 @@ listed as unverified in the README.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -387,17 +388,49 @@ class OnnxRuntimeBackend(Backend):
         return True
 
     def _compile(self, model: Any, device: str, options: dict[str, Any]) -> Executable:
+        return self._session(model.to_bytes(), model.name, device, options)
+
+    def _session(self, source: bytes | str, name: str, device: str, options: dict[str, Any]) -> Executable:
+        """An InferenceSession of ``source`` (the model's bytes, or the path of an optimized model)."""
         ort = self._ort
         from hybrid.config import get_config
 
         so = session_options(ort, options, get_config().num_threads)
         providers = provider_chain(device, options, self.available_providers)
         try:
-            session = ort.InferenceSession(model.to_bytes(), sess_options=so,
+            session = ort.InferenceSession(source, sess_options=so,
                                            providers=[p for p, _ in providers],
                                            provider_options=[o for _, o in providers])
         except Exception as e:
             first = first_line(e, 500)
-            raise BackendError("HYB-304", f"onnxruntime could not compile model {model.name!r} for "
+            raise BackendError("HYB-304", f"onnxruntime could not compile model {name!r} for "
                                f"{device}: {first}", "try target='auto' or another backend") from e
         return OnnxRuntimeExecutable(session, profiling=bool(options.get("profile")))
+
+    def prepare_artifact(self, model: Any, device: str, options: Mapping[str, Any], path: str,
+                         compiled: Executable | None = None) -> bool:
+        """ORT's optimized model, written by a session at the candidate's optimization level (``compiled`` unused).
+
+        A session cannot serialize itself after the fact, so this builds one with ``optimized_model_filepath``;
+        importing it with graph optimizations disabled skips the optimizer (:meth:`_import_artifact`). None where the
+        TensorRT EP is on: ORT cannot serialize a graph with TensorRT-compiled nodes.
+        """
+        opts = self.validate_options(options)
+        if device.startswith("cuda") and opts.get("tensorrt"):
+            return False
+        part = f"{path}.{os.getpid()}.part"
+        try:
+            self._session(model.to_bytes(), model.name, device, {**opts, "optimized_model_path": part}).close()
+            os.replace(part, path)
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(part)
+        return True
+
+    def _import_artifact(self, model: Any, device: str, options: dict[str, Any], artifact: str) -> Executable:
+        """A session of the optimized model at ``artifact``, its optimizer off (it already ran)."""
+        if not os.path.isfile(artifact):
+            raise BackendError("HYB-304", f"onnxruntime: no optimized model at {artifact!r} for {model.name!r}",
+                               "compile without the artifact")
+        opts = {k: v for k, v in options.items() if k != "optimized_model_path"}
+        return self._session(artifact, model.name, device, {**opts, "graph_optimization_level": "disable"})

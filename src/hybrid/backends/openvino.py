@@ -8,7 +8,9 @@ backends; bf16/f16 are an explicit choice (``inference_precision``) or found by 
 from __future__ import annotations
 
 import collections
+import contextlib
 import datetime
+import os
 import re
 import threading
 from collections.abc import Mapping, Sequence
@@ -283,7 +285,57 @@ class OpenVINOBackend(Backend):
         except Exception as e:
             raise BackendError("HYB-304", f"openvino could not compile model {model.name!r} for {device}: "
                                f"{compile_reason(e)}", "try target='auto' or another backend") from e
+        return self._executable(model, compiled, options)
+
+    @staticmethod
+    def _executable(model: Any, compiled: Any, options: Mapping[str, Any]) -> OpenVINOExecutable:
         sig = model.signature
         # zero-copy input sharing misreads ml_dtypes arrays (bfloat16, float8...) as float16
         share = not any(s.dtype is not None and s.dtype.kind == "V" for s in sig.inputs)
         return OpenVINOExecutable(compiled, sig.input_names, sig.output_names, share, bool(options.get("profile")))
+
+    def prepare_artifact(self, model: Any, device: str, options: Mapping[str, Any], path: str,
+                         compiled: Executable | None = None) -> bool:
+        """The compiled model's exported blob (``CompiledModel.export_model``), from ``compiled`` where given.
+
+        Importing it (:meth:`_import_artifact`, ``Core.import_model``) skips the ONNX front end and the plugin's graph
+        transformations.
+        """
+        exe = compiled if isinstance(compiled, OpenVINOExecutable) and compiled.compiled is not None else None
+        made = exe is None
+        if exe is None:
+            built = self.compile(model, device, options)
+            assert isinstance(built, OpenVINOExecutable)
+            exe = built
+        part = f"{path}.{os.getpid()}.part"
+        try:
+            try:
+                exported = exe.compiled.export_model()  # bytes, or a BytesIO in newer releases
+                blob = exported.getvalue() if hasattr(exported, "getvalue") else bytes(exported)
+            except Exception as e:
+                raise BackendError("HYB-304", f"openvino could not export model {model.name!r} for {device}: "
+                                   f"{compile_reason(e)}", "compile it in the serving process") from e
+            with open(part, "wb") as f:
+                f.write(blob)
+            os.replace(part, path)
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(part)
+            if made:
+                exe.close()
+        return True
+
+    def _import_artifact(self, model: Any, device: str, options: dict[str, Any], artifact: str) -> Executable:
+        """``Core.import_model`` of the blob at ``artifact``, with the compile's properties (threads, hint)."""
+        from hybrid.config import get_config
+
+        native = _native_device(device)
+        try:
+            with open(artifact, "rb") as f:
+                blob = f.read()
+            compiled = self._core.import_model(blob, native, ov_config(options, get_config().num_threads, native))
+        except Exception as e:
+            raise BackendError("HYB-304", f"openvino could not import the compiled model {artifact!r} of "
+                               f"{model.name!r} for {device}: {compile_reason(e)}",
+                               "compile it from the model instead") from e
+        return self._executable(model, compiled, options)

@@ -340,14 +340,52 @@ class Backend(abc.ABC):
                 return CacheStrategy("directory", option)
         return None
 
-    # ---------------------------------------------------------------- compile
-    def compile(self, model: Model, device: str, options: Mapping[str, Any] | None = None) -> Executable:
-        """Compile ``model`` for ``device`` with validated options merged over the defaults.
+    # ---------------------------------------------------------------- artifacts made in another process
+    def prepare_artifact(self, model: Model, device: str, options: Mapping[str, Any], path: str,
+                         compiled: Executable | None = None) -> bool:
+        """Write to ``path`` what :meth:`compile` with ``artifact=path`` imports cheaply (False: this backend has none).
+
+        Meant for another process than the one that imports it (``target='auto'``'s check process): the costly part of
+        a compile (graph optimizations, a plugin's transformations) runs there, and the serving process only imports.
+        The artifact is for this machine and this library version only (it is never kept). The file is written under
+        another name and renamed, so a reader never sees half of it.
+
+        Args:
+            model: The model.
+            device: The device it is compiled for.
+            options: The options it is compiled with (the import is given the same ones).
+            path: Where to write it.
+            compiled: The same model already compiled here with the same options, if there is one (a backend that
+                exports from it saves a compile).
 
         Raises:
-            BackendError: HYB-306 for bad options, HYB-304 when the library rejects the model.
+            BackendError: HYB-304 when the library fails to compile or export.
+        """
+        return False
+
+    def _import_artifact(self, model: Model, device: str, options: dict[str, Any], artifact: str) -> Executable:
+        """Hook: the executable imported from what :meth:`prepare_artifact` wrote (a backend that writes one)."""
+        raise BackendError("HYB-304", f"backend {self.name!r} cannot import a compiled artifact; got {artifact!r}",
+                           "compile without artifact=")
+
+    # ---------------------------------------------------------------- compile
+    def compile(self, model: Model, device: str, options: Mapping[str, Any] | None = None,
+                artifact: str | None = None) -> Executable:
+        """Compile ``model`` for ``device`` with validated options merged over the defaults.
+
+        Args:
+            model: The model.
+            device: The device.
+            options: Backend options.
+            artifact: A file :meth:`prepare_artifact` wrote for this model, device and options: imported instead of
+                compiled (the caller falls back to a compile when it fails).
+
+        Raises:
+            BackendError: HYB-306 for bad options, HYB-304 when the library rejects the model (or the artifact).
         """
         opts = self.validate_options(options or {})
+        if artifact is not None:
+            return self._import_artifact(model, device, opts, artifact)
         return self._compile(model, device, opts)
 
     @abc.abstractmethod
