@@ -218,7 +218,8 @@ def test_the_check_process_answers_like_the_search_and_paces_itself():
     x = images(2, 16, 16)
     request = worker.CheckRequest(model.to_bytes(), "conv_net", ("onnxruntime:cpu", "reference:cpu"),
                                   {"onnxruntime:cpu": {}, "reference:cpu": {}}, 1e-3, {}, {"x": x}, share=0.5)
-    verdicts = worker.check_elsewhere(request)
+    checker = worker.Checker(worker.CheckProcess())
+    verdicts = checker.check_elsewhere(request)
     assert verdicts is not None
     assert {label: why for label, why, _, _ in verdicts.results} == {"onnxruntime:cpu": None, "reference:cpu": None}
     warm = {label: seconds for label, _, seconds, _ in verdicts.results}
@@ -226,7 +227,7 @@ def test_the_check_process_answers_like_the_search_and_paces_itself():
     assert warm["reference:cpu"] is None  # the fallback serves only what no other candidate runs: not timed
     unknown = worker.CheckRequest(model.to_bytes(), "conv_net", ("nosuchbackend:cpu",), {"nosuchbackend:cpu": {}},
                                   1e-3, {}, {"x": x})
-    assert worker.check_elsewhere(unknown) is None  # the caller then checks in its controller's thread
+    assert checker.check_elsewhere(unknown) is None  # the caller then checks in its controller's thread
     clock = {"cpu": 0.0, "wall": 0.0}
     slept: list[float] = []
 
@@ -295,16 +296,16 @@ def test_the_check_process_runs_unpaced_once_the_waiting_checks_time_to_be_paced
     try:
         if not worker._Pacer.available(proc.pid):
             pytest.skip("this system does not let a parent read a child's CPU time from /proc")
-        pacer = worker._Pacer(proc.pid, 0.01)
+        paced = worker.PacedUntil()
+        pacer = worker._Pacer(proc.pid, 0.01, paced=paced)
         while pacer.cpu_s() - pacer._cpu0 < 0.05:  # it ran past a 1 % share
             time.sleep(0.01)
         assert pacer.hold_s() > 0.0  # no check waits: paced (the imports of prestart)
-        worker._PACED.append(time.perf_counter() + 60.0)
+        paced.add(time.perf_counter() + 60.0)
         assert pacer.hold_s() > 0.0
-        worker._PACED.append(time.perf_counter() - 1.0)  # a check whose time to be paced has passed
+        paced.add(time.perf_counter() - 1.0)  # a check whose time to be paced has passed
         assert pacer.hold_s() == 0.0
     finally:
-        worker._PACED.clear()
         proc.kill()
         proc.wait()
 
@@ -320,13 +321,14 @@ def test_the_prestart_imports_run_unpaced_until_a_check_waits_then_pay_only_from
     try:
         if not worker._Pacer.available(proc.pid):
             pytest.skip("this system does not let a parent read a child's CPU time from /proc")
-        pacer = worker._Pacer(proc.pid, 0.01, until_a_check_waits=True)
+        paced = worker.PacedUntil()
+        pacer = worker._Pacer(proc.pid, 0.01, until_a_check_waits=True, paced=paced)
         start = pacer.cpu_s()
         while pacer.cpu_s() - start < 0.3:  # far past a 1 % share of the wall time
             assert pacer.hold_s() == 0.0  # no check waits: unpaced
             time.sleep(0.01)
         assert pacer.hold_s() == 0.0  # the last unpaced look, 0.3 s of CPU in
-        worker._PACED.append(time.perf_counter() + 60.0)  # a call came: its check waits
+        paced.add(time.perf_counter() + 60.0)  # a call came: its check waits
         pacer.hold_s()
         # the share counts from the last unpaced look, not from the start: the unpaced 0.3 s is not paid back
         assert pacer._cpu0 - start >= 0.3 - 1.0 / os.sysconf("SC_CLK_TCK")
@@ -335,7 +337,6 @@ def test_the_prestart_imports_run_unpaced_until_a_check_waits_then_pay_only_from
             time.sleep(0.01)
         assert pacer.hold_s() > 0.0  # paced from when the check began to wait
     finally:
-        worker._PACED.clear()
         proc.kill()
         proc.wait()
 
@@ -349,8 +350,8 @@ def test_a_check_process_held_stopped_dies_with_its_parent():
 
     if not sys.platform.startswith("linux"):
         pytest.skip("the parent-death signal is Linux's")
-    parent = ("import os, signal, threading\nfrom hybrid.runtime.auto import worker\n"
-              "t = threading.Thread(target=worker._worker)\nt.start()\nt.join()\nw = worker._worker()\n"
+    parent = ("import os, signal, threading\nfrom hybrid.runtime.auto import worker\nchecks = worker.CheckProcess()\n"
+              "t = threading.Thread(target=checks.worker)\nt.start()\nt.join()\nw = checks.worker()\n"
               "assert 'AttributeError' in w.ask(0)  # any request: the worker answers, in its loop\n"
               "os.kill(w.proc.pid, signal.SIGSTOP)\nprint(w.proc.pid, flush=True)\nos._exit(0)  # no atexit")
     out = subprocess.run([sys.executable, "-c", parent], capture_output=True, text=True, timeout=120)

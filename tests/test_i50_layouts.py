@@ -328,8 +328,8 @@ def test_a_candidate_blamed_for_ending_the_check_process_is_blamed_in_every_layo
     from hybrid.runtime.auto import worker
 
     model, _ = _mlp()
-    digest = worker._digest(model.to_bytes())
-    monkeypatch.setitem(worker._BLAMED, (digest, "onnxruntime:cpu"), "the check process died on it")
-    assert worker.blamed(model, "onnxruntime:cpu@2x1") == "the check process died on it"
-    assert worker.blamed(model, "onnxruntime:cpu bf16@throughput") == "the check process died on it"
-    assert worker.blamed(model, "openvino:cpu@throughput") is None
+    checker = worker.Checker(worker.CheckProcess())
+    checker.blame(model.to_bytes(), "onnxruntime:cpu", "the check process died on it")
+    assert checker.blamed(model, "onnxruntime:cpu@2x1") == "the check process died on it"
+    assert checker.blamed(model, "onnxruntime:cpu bf16@throughput") == "the check process died on it"
+    assert checker.blamed(model, "openvino:cpu@throughput") is None

@@ -132,10 +132,9 @@ def fresh_worker(monkeypatch):
     from hybrid.runtime.auto import worker
 
     now = [1000.0]
-    monkeypatch.setattr(worker, "_clock", lambda: now[0])
-    worker.shutdown()
-    yield worker, now
-    worker.shutdown()
+    checks = worker.CheckProcess(clock=lambda: now[0])
+    yield worker, checks, now
+    checks.shutdown()
 
 
 def _relu_request(worker):
@@ -155,10 +154,10 @@ def _libraries_of(pid: int) -> str:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the worker's memory map from /proc")
 def test_the_check_process_imports_only_the_candidates_it_checks(fresh_worker):
-    worker, _ = fresh_worker
-    w = worker._worker()
+    worker, checks, _ = fresh_worker
+    w = checks.worker()
     assert w.ask(("probe", ("onnxruntime", "reference"))) == "ok"
-    verdicts = worker.check_elsewhere(_relu_request(worker))
+    verdicts = worker.Checker(checks).check_elsewhere(_relu_request(worker))
     assert verdicts is not None and {label: why for label, why, *_ in verdicts.results} == {
         "onnxruntime:cpu": None, "reference:cpu": None}
     maps = _libraries_of(w.proc.pid)
@@ -169,23 +168,23 @@ def test_the_check_process_imports_only_the_candidates_it_checks(fresh_worker):
 def test_the_check_process_ends_when_idle_and_starts_again_on_demand(fresh_worker):
     from hybrid.runtime.auto.policy import TuningPolicy
 
-    worker, now = fresh_worker
+    worker, checks, now = fresh_worker
     idle_s = TuningPolicy().check_idle_s
-    first = worker._worker()
+    first = checks.worker()
     assert first.ask(("probe", ("reference",))) == "ok"
     now[0] += idle_s - 0.5
-    assert worker.reap_idle() == pytest.approx(0.5)  # not idle long enough yet
+    assert checks.reap_idle() == pytest.approx(0.5)  # not idle long enough yet
     assert first.proc.poll() is None
     with first.lock:  # answering a request: never ended, however long it takes
         now[0] += 0.5
-        assert worker.reap_idle() == idle_s
+        assert checks.reap_idle() == idle_s
         assert first.proc.poll() is None
     first.last_used = now[0] - idle_s
-    assert worker.reap_idle() is None  # idle for the policy's time: ended
+    assert checks.reap_idle() is None  # idle for the policy's time: ended
     assert first.proc.wait(timeout=10) is not None
-    verdicts = worker.check_elsewhere(_relu_request(worker))  # the next check starts a new one
+    verdicts = worker.Checker(checks).check_elsewhere(_relu_request(worker))  # the next check starts a new one
     assert verdicts is not None and all(why is None for _, why, *_ in verdicts.results)
-    assert worker._WORKER is not None and worker._WORKER.proc.pid != first.proc.pid
+    assert checks.current is not None and checks.current.proc.pid != first.proc.pid
 
 
 def test_a_compile_from_a_file_keeps_no_parsed_copy_of_the_model(tmp_path):

@@ -136,12 +136,20 @@ class RealLab:
         check_process: Whether to check in the worker process at all.
         confirm: Rivals of a decision made at compile (their bucket starts with them checked).
         replica_bytes: The weights a layout's extra replicas may hold in all (the policy's ``replica_bytes``).
+        checks: The check process to ask (shared by the models of a process; None: one of its own).
+
+    Attributes:
+        checker: This model's use of the check process: the candidates blamed for ending or hanging it, and the
+            artifacts it made (imported by :meth:`lane` instead of a compile).
+        imported: Candidates imported from the check process's artifact.
+        import_failures: Artifacts that failed to import (the candidate was compiled here instead).
     """
 
     def __init__(self, model: Model, start: Trial, order: list[Candidate], options_of: OptionsOf, precision: str,
                  budget: dict[str, float] | None, rtol: float, rules: Mapping[str, OutputRule],
                  key_base: Mapping[str, Any], check_share: float, check_process: bool,
-                 confirm: Confirmation | None = None, replica_bytes: float = math.inf) -> None:
+                 confirm: Confirmation | None = None, replica_bytes: float = math.inf,
+                 checks: worker.CheckProcess | None = None) -> None:
         self.model = model
         self.start = start
         self._order = order
@@ -165,8 +173,11 @@ class RealLab:
         self._portable = check_process and all(
             n.domain in ("", "ai.onnx", "ai.onnx.ml", "com.microsoft") for n in model.graph.all_nodes()) and all(
             is_installed_backend(c.backend) for c in order)
+        self.checker = worker.Checker(checks if checks is not None else worker.CheckProcess())
+        self._artifacts: dict[str, str] = {}  # label -> the file the check process made of it
+        self.imported = self.import_failures = 0
         if self._portable:
-            worker.prestart(check_share, tuple(dict.fromkeys(c.backend for c in order)))
+            self.checker.prestart(check_share, tuple(dict.fromkeys(c.backend for c in order)))
 
     # ------------------------------------------------------------------ candidates
     def order(self) -> tuple[str, ...]:
@@ -179,7 +190,7 @@ class RealLab:
             exe = self._compiled.get(label)
             fresh = exe is None
             if fresh:
-                if worker.blamed(self.model, label):  # it ended or hung the check process: never in this one
+                if self.checker.blamed(self.model, label):  # it ended or hung the check process: never in this one
                     return None
                 cand, precision, tag = _parse(label)
                 layout = None
@@ -189,7 +200,9 @@ class RealLab:
                         return None
                 search = Search(self.model, self._order, self._options_of, precision, self._budget, None,
                                 compiled=self._compiled)
-                trial = search.single(cand, precision, layout)
+                trial = self._imported(search, cand, precision, layout, split_layout(label)[0])
+                if trial is None:
+                    trial = search.single(cand, precision, layout)
                 if trial is None:
                     return None
                 self.trials[label], exe = trial, trial.executable
@@ -201,6 +214,24 @@ class RealLab:
                     exe.run(sample)
                     warm.append(time.perf_counter() - t0)
         return Lane(label, exe, min(warm[1:] or warm) if warm else None)  # the first call pays lazy initialisation
+
+    def _imported(self, search: Search, cand: Candidate, precision: str, layout: Any, base: str) -> Trial | None:
+        """``cand`` imported from the artifact the check process made of ``base`` (None: there is none, or it failed).
+
+        A layout of the candidate imports the same artifact with its own options: a graph's optimizations do not
+        depend on threads or streams. A failed import is counted (``import_failures``) and the caller compiles.
+        """
+        artifact = self._artifacts.get(base)
+        if artifact is None:
+            return None
+        trial = search.single(cand, precision, layout, artifact=artifact)
+        if trial is None:
+            self.import_failures += 1
+            logger.info("auto (online): %s: the artifact of %s did not import (%s); compiling it here", self.model.name,
+                        base, search.notes[-1] if search.notes else "no reason given")
+            return None
+        self.imported += 1
+        return trial
 
     def release(self, label: str) -> None:
         """Close a candidate that serves no bucket (its session holds the weights: tens to hundreds of MB)."""
@@ -249,7 +280,9 @@ class RealLab:
         Paced to ``check_share`` for ``paced_for_s`` seconds from now, unpaced after.
         """
         paced_until = time.perf_counter() + paced_for_s
-        verdicts = worker.check_elsewhere(self._request(sample), paced_until) if self._portable else None
+        verdicts = self.checker.check_elsewhere(self._request(sample), paced_until) if self._portable else None
+        if verdicts is not None:
+            self._artifacts.update(verdicts.artifacts)
         if verdicts is None or any(partitioned for *_, partitioned in verdicts.results):
             if closing():  # the check process was ended by the stop (online.stop_all): nothing native starts here
                 return CheckResult(())
@@ -284,7 +317,7 @@ class RealLab:
         ``paced_until``, ``time.perf_counter``'s).
         """
         reduced = self._precision == "auto" and self._budget is not None
-        order = [c for c in self._order if not worker.blamed(self.model, str(c))]  # never one that ended the worker
+        order = [c for c in self._order if not self.checker.blamed(self.model, str(c))]  # never one that ended it
         search = Search(self.model, order, self._options_of, "auto" if reduced else "fp32",
                         self._budget if reduced else None, sample, rtol=self._rtol, rules=self._rules,
                         compiled=self._compiled)
@@ -364,6 +397,7 @@ class RealLab:
         for exe in {id(e): e for e in compiled.values()}.values():
             with contextlib.suppress(Exception):
                 exe.close()
+        self.checker.close()
 
 
 def _parse(label: str) -> tuple[Candidate, str, str]:

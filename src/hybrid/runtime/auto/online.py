@@ -47,6 +47,7 @@ __all__ = ["OnlineTuner", "stop_all"]
 logger = logging.getLogger("hybrid")
 
 PlanOf = Callable[[Trial, list[str], str], Any]
+CHECKS = worker.CheckProcess()  # the check process the labs of this process share (their checks take one share)
 
 
 class OnlineTuner(Executable):
@@ -299,7 +300,7 @@ def stop_all(wait_s: float = STOP_WAIT_S) -> list[str]:
         tuners = list(_LIVE)
     for tuner in tuners:
         tuner._stop()
-    worker.shutdown(for_good=True)
+    CHECKS.shutdown(for_good=True)
     deadline = time.monotonic() + wait_s
     busy = [t.model.name for t in tuners if not t._join(deadline - time.monotonic())]
     if busy:

@@ -32,7 +32,7 @@ from hybrid.runtime.auto import accuracy as accuracy_budget
 from hybrid.runtime.auto import cache, judge
 from hybrid.runtime.auto.decision import decision_from_json
 from hybrid.runtime.auto.lab import Confirmation, RealLab
-from hybrid.runtime.auto.online import OnlineTuner
+from hybrid.runtime.auto.online import CHECKS, OnlineTuner
 from hybrid.runtime.auto.policy import TimingPolicy, TuningPolicy
 from hybrid.runtime.auto.samples import make_samples
 from hybrid.runtime.auto.shapes import has_dynamic_inputs, normalize_shapes
@@ -152,7 +152,7 @@ def select(model: Model, target: str, order: list[Candidate], options_of: Option
     policy = TuningPolicy.from_settings(settings)
     lab = RealLab(model, trial, order, options_of, "auto" if reduced else "fp32", acc.budget if reduced else None,
                   rtol, acc.rules, base, policy.check_share, settings.check_process, confirmation,
-                  policy.replica_bytes)
+                  policy.replica_bytes, CHECKS)
     tuner = OnlineTuner(model, lab, policy, notes, lambda t, notes, why: single_plan(model, t, notes, why))
     return CompiledModel(model, tuner, single_plan(model, trial, tuner.notes(), reason), trial.backend,
                          trial.device, trial.options, target)

@@ -106,11 +106,13 @@ class Search:
                                  reference=reference)
         self.fp32_outputs: dict[Candidate, list[Any]] = {}
 
-    def single(self, cand: Candidate, precision: str, layout: Layout | None = None) -> Trial | None:
+    def single(self, cand: Candidate, precision: str, layout: Layout | None = None,
+               artifact: str | None = None) -> Trial | None:
         """``cand`` compiled for the whole graph at ``precision``; None (with a note) when it cannot be.
 
         With a ``layout``, its options are merged over the candidate's and its replicas are compiled into one
-        :class:`~hybrid.hal.layout.ReplicaPool`.
+        :class:`~hybrid.hal.layout.ReplicaPool`. With an ``artifact`` (what the check process made of the candidate,
+        :meth:`~hybrid.hal.backend.Backend.prepare_artifact`), each is imported from it instead of compiled.
         """
         decision = SingleDecision(cand.backend, cand.device, precision, layout.tag if layout else "")
         label = decision.label
@@ -120,7 +122,7 @@ class Search:
             if exe is None:
                 ref = self.verifier.reference_executable() if is_fallback(cand.backend) and not options else None
                 exe = ref or _compile_replicas(self.model, cand, {**options, **(layout.options if layout else {})},
-                                               layout.replicas if layout else 1)
+                                               layout.replicas if layout else 1, artifact)
             if self.compiled is not None:
                 self.compiled[label] = exe
         except HybridError as e:
@@ -157,15 +159,19 @@ class Search:
         return verdict.why
 
 
-def _compile_replicas(model: Model, cand: Candidate, options: Mapping[str, Any], replicas: int) -> Executable:
-    """One executable, or ``replicas`` of them in a pool (each closed again when a later one fails)."""
+def _compile_replicas(model: Model, cand: Candidate, options: Mapping[str, Any], replicas: int,
+                      artifact: str | None = None) -> Executable:
+    """One executable, or ``replicas`` of them in a pool (each closed again when a later one fails).
+
+    ``artifact``: each is imported from it (:meth:`~hybrid.hal.backend.Backend.compile`).
+    """
     backend = get_backend(cand.backend)
     if replicas == 1:
-        return backend.compile(model, cand.device, options)
+        return backend.compile(model, cand.device, options, artifact=artifact)
     done: list[Executable] = []
     try:
         for _ in range(replicas):
-            done.append(backend.compile(model, cand.device, options))
+            done.append(backend.compile(model, cand.device, options, artifact=artifact))
     except BaseException:
         for exe in done:
             exe.close()

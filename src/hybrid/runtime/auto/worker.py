@@ -8,11 +8,12 @@ it takes: a low scheduling priority alone would starve it where the callers, or 
 core. Where the system lets the parent read the process's CPU time and stop it (Linux), the parent paces it
 from outside in slices of :data:`SLICE_S` (:class:`_Pacer`), its start-up imports (over a second of CPU)
 included once a check waits; elsewhere it paces itself after each candidate (:func:`pacer`). No caller ever
-waits for it. The process is started when a model that tunes is compiled (:func:`prestart`), and imports at full
-speed until the first call asks for a check, so that its imports are done, or under way, before the first check.
+waits for it. The process is started when a model that tunes is compiled (:meth:`CheckProcess.prestart`), and
+imports at full speed until the first call asks for a check, so that its imports are done, or under way, before the
+first check.
 The worker runs one thread per session (it must not crowd the callers' cores). It imports only the libraries of
 the candidates it is asked about, and ends once it has been idle for the tuning policy's ``check_idle_s``
-(:func:`reap_idle`): the next check starts it again.
+(:meth:`CheckProcess.reap_idle`): the next check starts it again.
 
 A candidate's faults stay in the worker (issue 54, docs/auto.md "Faults in a candidate"). The worker tells the
 parent which candidate it starts on (:class:`Progress`) before it compiles, checks or times each one. A candidate
@@ -20,7 +21,16 @@ whose compile raises anything (``MemoryError``, a library's own exception) is re
 checked. A worker that ends (a crash in native code, ``os._exit``, a SIGKILL) or that spends more than
 :data:`CANDIDATE_LIMIT_S` of running time on one candidate (a hang) is ended and started again: the check is asked
 again, and a candidate the worker died on twice, or hung on once, is rejected with the reason and never checked or
-compiled again for that model in this process (:func:`blamed`), in the worker or in the caller's.
+compiled again for that model by that owner (:meth:`Checker.blamed`), in the worker or in the caller's process.
+
+The check process also does the costly part of each passing candidate's compile for the caller (issue 51): it writes
+what the candidate's backend imports cheaply (:meth:`~hybrid.hal.backend.Backend.prepare_artifact`: ONNX Runtime's
+optimized model, OpenVINO's exported blob) into a folder its owner's :class:`Checker` owns, and the caller's process
+imports it instead of compiling (a compile there slows the serving calls 2-3.5x while it lasts).
+
+State: no module-level mutable state. The process, its pacing and its reaper are a :class:`CheckProcess` (one is shared
+by the models of a process, held by online.py, so that their checks together take one share of the time); what a
+candidate did to it (the blame) and the artifacts are each model's own :class:`Checker`, held by its lab.
 
 The worker is ``python -c "from hybrid.runtime.auto.worker import serve; serve()"`` (``-m`` would run a
 second copy of this module, already imported by its package), spoken to with length-prefixed pickles over its
@@ -46,15 +56,17 @@ import signal
 import struct
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from hybrid.config import autotune_config, validated_update
 from hybrid.errors import first_line
-from hybrid.hal import Candidate, backend_names, backend_status, is_fallback
+from hybrid.hal import Candidate, backend_names, backend_status, get_backend, is_fallback
 from hybrid.hal.layout import split_layout
 from hybrid.ir import Model
 from hybrid.runtime.auto import judge
@@ -65,8 +77,8 @@ from hybrid.runtime.auto.trials import Search, check_trials
 
 logger = logging.getLogger("hybrid")
 
-__all__ = ["CANDIDATE_LIMIT_S", "CheckProcessDied", "CheckRequest", "Progress", "Verdicts", "blamed", "check",
-           "check_elsewhere", "pacer", "prestart", "reap_idle", "serve", "shutdown"]
+__all__ = ["CANDIDATE_LIMIT_S", "CheckProcess", "CheckProcessDied", "CheckRequest", "Checker", "PacedUntil", "Progress",
+           "Verdicts", "check", "pacer", "serve"]
 
 _WORKER_MAIN = "from hybrid.runtime.auto.worker import serve; serve()"
 _PARENT_ENV = "HYBRID_CHECK_PARENT"  # the pid of the process the worker serves (it ends with it)
@@ -95,6 +107,7 @@ class CheckRequest:
     precision: str = "fp32"  # 'auto': the reduced precisions each backend offers join, within ``budget``
     budget: dict[str, float] | None = None
     share: float = 1.0  # the share of the wall time the check may spend in CPU time (it is paced to it)
+    artifact_dir: str | None = None  # where to write each passed candidate's artifact (None: none is made)
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,11 +138,44 @@ class Verdicts:
     """The worker's answer.
 
     Per trial label in check order, why it was rejected (None: it passed), the seconds of one warm run (None when not
-    measured) and whether it is a partition; the search's notes.
+    measured) and whether it is a partition; the search's notes; the artifacts made of the candidates that passed.
     """
 
     results: tuple[tuple[str, str | None, float | None, bool], ...]
     notes: tuple[str, ...]
+    artifacts: tuple[tuple[str, str], ...] = ()  # (label, the file the serving process imports instead of compiling)
+
+
+class PacedUntil:
+    """Until when each check now waiting for the check process wants it paced (``time.perf_counter``'s).
+
+    The process is paced until the earliest of them (forever while none waits, :meth:`until`); a pacer made
+    ``until_a_check_waits`` (the imports of :meth:`CheckProcess.prestart`) is not paced while none waits.
+    """
+
+    def __init__(self) -> None:
+        self._untils: list[float] = []
+        self._lock = threading.Lock()
+
+    def add(self, until: float) -> None:
+        """A check waits, and wants the process paced until ``until``."""
+        with self._lock:
+            self._untils.append(until)
+
+    def remove(self, until: float) -> None:
+        """That check has its answer."""
+        with self._lock:
+            self._untils.remove(until)
+
+    def until(self) -> float:
+        """The earliest time a waiting check asked for (infinity while none waits)."""
+        with self._lock:
+            return min(self._untils, default=math.inf)
+
+    def waiting(self) -> bool:
+        """Whether a check waits for the process."""
+        with self._lock:
+            return bool(self._untils)
 
 
 class _Pacer:
@@ -140,8 +186,10 @@ class _Pacer:
     (:func:`_die_with_parent`), so a parent killed while it is held leaves nothing behind.
     """
 
-    def __init__(self, pid: int, share: float, until_a_check_waits: bool = False) -> None:
+    def __init__(self, pid: int, share: float, until_a_check_waits: bool = False,
+                 paced: PacedUntil | None = None) -> None:
         self.pid, self.share, self.until_a_check_waits = pid, share, until_a_check_waits
+        self.paced = paced if paced is not None else PacedUntil()
         self._tick = os.sysconf("SC_CLK_TCK")
         self._cpu0, self._wall0 = self.cpu_s(), time.perf_counter()
 
@@ -159,14 +207,14 @@ class _Pacer:
     def hold_s(self) -> float:
         """How long the process must stay stopped for its CPU time to be within its share (0: none).
 
-        0 once the time until which the waiting checks want it paced has passed (:func:`check_elsewhere`), and,
-        for a pacer made ``until_a_check_waits`` (the imports of :func:`prestart`), while no check waits: no call
-        has come to a model that tunes, so there is no caller to slow. The share counts from when pacing starts,
-        so what ran unpaced is not paid back by a stop.
+        0 once the time until which the waiting checks want it paced has passed (:class:`PacedUntil`), and,
+        for a pacer made ``until_a_check_waits`` (the imports of :meth:`CheckProcess.prestart`), while no check waits:
+        no call has come to a model that tunes, so there is no caller to slow. The share counts from when pacing
+        starts, so what ran unpaced is not paid back by a stop.
         """
         now = time.perf_counter()
-        until = _paced_until()
-        if now >= until or (self.until_a_check_waits and not _PACED):
+        until = self.paced.until()
+        if now >= until or (self.until_a_check_waits and not self.paced.waiting()):
             self._cpu0, self._wall0 = self.cpu_s(), now
             return 0.0
         return max(0.0, min((self.cpu_s() - self._cpu0) / self.share - (now - self._wall0), until - now))
@@ -199,11 +247,13 @@ class _Pacer:
 class _Worker:
     """The worker process, the lock that keeps one request at a time on its pipes, and when it last answered."""
 
-    def __init__(self) -> None:
-        self.proc = _spawn()
+    def __init__(self, proc: subprocess.Popen[bytes], paced: PacedUntil, clock: Clock) -> None:
+        self.proc = proc
         self.lock = threading.Lock()
         self.paced = _Pacer.available(self.proc.pid)
-        self.last_used = _clock()  # handed out or answered (:func:`reap_idle` ends it this long after)
+        self._paced_until = paced
+        self._clock = clock
+        self.last_used = clock()  # handed out or answered (:meth:`CheckProcess.reap_idle` ends it this long after)
 
     def ask(self, request: CheckRequest | tuple[str, tuple[str, ...] | None], share: float = 1.0,
             until_a_check_waits: bool = False) -> Any:
@@ -223,13 +273,14 @@ class _Worker:
             try:
                 return self._answer(share, until_a_check_waits)
             finally:
-                self.last_used = _clock()
+                self.last_used = self._clock()
 
     def _answer(self, share: float, until_a_check_waits: bool) -> Any:
         """Read the answer, pacing the process meanwhile and watching the time it runs on each candidate."""
         out = self.proc.stdout
         assert out is not None
-        pacer = _Pacer(self.proc.pid, share, until_a_check_waits) if self.paced and share < 1.0 else None
+        pacer = (_Pacer(self.proc.pid, share, until_a_check_waits, self._paced_until)
+                 if self.paced and share < 1.0 else None)
         label: str | None = None
         ran, last = 0.0, time.perf_counter()
         while True:
@@ -278,36 +329,6 @@ class _Worker:
             self.proc.wait(timeout=5)
 
 
-_WORKER: _Worker | None = None
-_WORKER_LOCK = threading.Lock()
-_REAPING = False  # whether the reaper thread (:func:`_reap_forever`) is running; under _WORKER_LOCK
-_EXITING = False  # set by ``shutdown(for_good=True)``: no worker starts again; under _WORKER_LOCK
-_clock: Clock = monotonic  # the idle time's clock (tests script it)
-_SPAWNER: queue.SimpleQueue[queue.SimpleQueue[Any]] | None = None
-_SPAWNER_LOCK = threading.Lock()  # not _WORKER_LOCK: _worker() holds that one while it starts the process
-
-
-def _spawn() -> subprocess.Popen[bytes]:
-    """Start the worker process from the one thread that lives as long as this process.
-
-    The worker asks the kernel to end it when its parent does (:func:`_die_with_parent`), and Linux sends that
-    signal when the *thread* that started it ends: started by a thread that finishes (a loader, a pool's), it would
-    die with that thread.
-    """
-    global _SPAWNER
-    with _SPAWNER_LOCK:
-        if _SPAWNER is None:
-            _SPAWNER = queue.SimpleQueue()
-            threading.Thread(target=_spawn_forever, args=(_SPAWNER,), name="hybrid-check-spawner", daemon=True).start()
-        spawner = _SPAWNER
-    box: queue.SimpleQueue[Any] = queue.SimpleQueue()
-    spawner.put(box)
-    started = box.get()
-    if isinstance(started, BaseException):
-        raise started
-    return started
-
-
 def _spawn_forever(requests: queue.SimpleQueue[queue.SimpleQueue[Any]]) -> None:
     while True:
         box = requests.get()
@@ -317,21 +338,6 @@ def _spawn_forever(requests: queue.SimpleQueue[queue.SimpleQueue[Any]]) -> None:
                                      env={**os.environ, _PARENT_ENV: str(os.getpid())}))
         except Exception as e:
             box.put(e)
-
-
-def _forget_spawner() -> None:
-    """Forget, in a forked child, what belongs to the parent.
-
-    Neither the spawner thread nor the worker is the child's (its exit must not kill the parent's worker), and a
-    lock another thread held at the fork would never be released.
-    """
-    global _SPAWNER, _WORKER, _SPAWNER_LOCK, _WORKER_LOCK, _REAPING, _EXITING
-    _SPAWNER, _WORKER, _REAPING, _EXITING = None, None, False, False
-    _SPAWNER_LOCK, _WORKER_LOCK = threading.Lock(), threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_spawner)
 
 
 def _send(stream: Any, obj: Any) -> None:
@@ -357,195 +363,273 @@ def _receive(stream: Any) -> Any:
     return pickle.loads(_read(stream, size))  # our own child process, over a private pipe
 
 
-def shutdown(for_good: bool = False) -> None:
-    """Stop the worker process (at exit, or after it failed).
-
-    Args:
-        for_good: No worker starts again in this process (interpreter exit: a check asked for later is not run).
-    """
-    global _WORKER, _EXITING
-    with _WORKER_LOCK:
-        w, _WORKER = _WORKER, None
-        _EXITING = _EXITING or for_good
-    if w is not None:
-        w.close()
-
-
-def _worker() -> _Worker:
-    """The worker process, started (again) when there is none; handing it out counts as a use."""
-    global _WORKER, _REAPING
-    with _WORKER_LOCK:
-        if _EXITING:
-            raise RuntimeError("the process is exiting")
-        if _WORKER is None or _WORKER.proc.poll() is not None:
-            atexit.register(shutdown)  # registering twice is harmless
-            _WORKER = _Worker()
-        _WORKER.last_used = _clock()
-        if not _REAPING:
-            _REAPING = True
-            threading.Thread(target=_reap_forever, name="hybrid-check-reaper", daemon=True).start()
-        return _WORKER
-
-
 def _idle_s() -> float:
     return TuningPolicy.from_settings(autotune_config()).check_idle_s
 
 
-def reap_idle() -> float | None:
-    """End the worker process if it has had no request for the tuning policy's ``check_idle_s``.
+class CheckProcess:
+    """The check process of this Python process, and everything about it: its start, pacing, reaping and stop.
 
-    The next check starts a new one. A worker answering a request is never ended.
-
-    Returns:
-        None when no worker is left; else the seconds after which it may be idle long enough.
-    """
-    global _WORKER, _REAPING
-    idle_s = _idle_s()
-    with _WORKER_LOCK:
-        w = _WORKER
-        if w is None or w.proc.poll() is not None:
-            _WORKER, _REAPING = None, False  # the reaper thread ends; the next worker starts another
-            return None
-        left = w.last_used + idle_s - _clock()
-        if left > 0.0:
-            return left
-        if not w.lock.acquire(blocking=False):
-            return idle_s  # answering a request: idle that long after its answer at the earliest
-        _WORKER, _REAPING = None, False
-    try:
-        logger.debug("auto (online): the check process was idle for %.0f s; ending it", idle_s)
-        w.close()
-    finally:
-        w.lock.release()
-    return None
-
-
-def _reap_forever() -> None:
-    """The reaper thread: wakes when the worker may have become idle, until no worker is left."""
-    pause = threading.Event()  # never set: a wait that no scripted ``time`` of a test replaces
-    while (left := reap_idle()) is not None:
-        pause.wait(min(left, 60.0))
-
-
-def prestart(share: float = 1.0, backends: tuple[str, ...] | None = None) -> None:
-    """Start the worker process and let it import the candidates' libraries, in a background thread.
-
-    Its first check then spends its time checking. The imports (over a second of CPU) run at full speed until
-    the first call of a model that tunes asks for a check, and are paced to ``share`` from then on like the check
-    (on Linux, where the parent paces the process; elsewhere they run unpaced): before any call, nothing waits
-    for a core they take.
+    One is shared by the models that tune (online.py holds it): the check of one model waits for another's, so
+    however many tune, the checks together take one ``check_share`` of the wall time. What a candidate did to the
+    process (:class:`Checker`) is its owner's, not this object's.
 
     Args:
-        share: The share of the wall time the imports may run in CPU time once a check waits.
-        backends: The backends the checks will run (None: every registered one); only their libraries are imported.
+        clock: The idle time's clock (tests script it).
     """
-    request = ("probe", tuple(backends) if backends is not None else None)
 
-    def warm() -> None:
-        with contextlib.suppress(Exception):
-            _worker().ask(request, share, until_a_check_waits=True)
+    def __init__(self, clock: Clock = monotonic) -> None:
+        self.clock = clock
+        self.paced = PacedUntil()
+        self._worker: _Worker | None = None
+        self._lock = threading.Lock()
+        self._reaping = False  # whether the reaper thread (:meth:`_reap_forever`) is running; under _lock
+        self.exiting = False  # set by ``shutdown(for_good=True)``: no worker starts again; under _lock
+        self._spawner: queue.SimpleQueue[queue.SimpleQueue[Any]] | None = None
+        self._spawner_lock = threading.Lock()  # not _lock: worker() holds that one while it starts the process
+        if hasattr(os, "register_at_fork"):
+            ref = weakref.ref(self)
+            os.register_at_fork(after_in_child=lambda: (p := ref()) is not None and p._forget())
 
-    threading.Thread(target=warm, name="hybrid-check-prestart", daemon=True).start()
+    def _forget(self) -> None:
+        """Forget, in a forked child, what belongs to the parent.
 
+        Neither the spawner thread nor the worker is the child's (its exit must not kill the parent's worker), and a
+        lock another thread held at the fork would never be released.
+        """
+        self._spawner, self._worker, self._reaping, self.exiting = None, None, False, False
+        self._spawner_lock, self._lock = threading.Lock(), threading.Lock()
+        self.paced = PacedUntil()
 
-_PACED: list[float] = []  # until when each check waiting for the worker wants it paced (``time.perf_counter``)
-_PACED_LOCK = threading.Lock()
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        """Start the worker process from the one thread that lives as long as this object's process.
 
+        The worker asks the kernel to end it when its parent does (:func:`_die_with_parent`), and Linux sends that
+        signal when the *thread* that started it ends: started by a thread that finishes (a loader, a pool's), it
+        would die with that thread.
+        """
+        with self._spawner_lock:
+            if self._spawner is None:
+                self._spawner = queue.SimpleQueue()
+                threading.Thread(target=_spawn_forever, args=(self._spawner,), name="hybrid-check-spawner",
+                                 daemon=True).start()
+            spawner = self._spawner
+        box: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        spawner.put(box)
+        started = box.get()
+        if isinstance(started, BaseException):
+            raise started
+        return started
 
-def _paced_until() -> float:
-    """The worker is paced until the earliest time a waiting check asked for (forever while none waits).
+    @property
+    def current(self) -> _Worker | None:
+        """The worker process now running (None: none)."""
+        return self._worker
 
-    A pacer made ``until_a_check_waits`` (the imports of :func:`prestart`) is not paced while none waits
-    (:meth:`_Pacer.hold_s`).
-    """
-    with _PACED_LOCK:
-        return min(_PACED, default=math.inf)
+    def worker(self) -> _Worker:
+        """The worker process, started (again) when there is none; handing it out counts as a use."""
+        with self._lock:
+            if self.exiting:
+                raise RuntimeError("the process is exiting")
+            if self._worker is None or self._worker.proc.poll() is not None:
+                atexit.register(self.shutdown)  # registering twice is harmless
+                self._worker = _Worker(self._spawn(), self.paced, self.clock)
+            self._worker.last_used = self.clock()
+            if not self._reaping:
+                self._reaping = True
+                threading.Thread(target=self._reap_forever, name="hybrid-check-reaper", daemon=True).start()
+            return self._worker
 
+    def shutdown(self, for_good: bool = False) -> None:
+        """Stop the worker process (at exit, or after it failed).
 
-_BLAMED: dict[tuple[str, str], str] = {}  # (model digest, candidate) -> why the worker died or hung on it
-_BLAMED_LOCK = threading.Lock()
+        Args:
+            for_good: No worker starts again (interpreter exit: a check asked for later is not run).
+        """
+        with self._lock:
+            w, self._worker = self._worker, None
+            self.exiting = self.exiting or for_good
+        if w is not None:
+            w.close()
+
+    def reap_idle(self) -> float | None:
+        """End the worker process if it has had no request for the tuning policy's ``check_idle_s``.
+
+        The next check starts a new one. A worker answering a request is never ended.
+
+        Returns:
+            None when no worker is left; else the seconds after which it may be idle long enough.
+        """
+        idle_s = _idle_s()
+        with self._lock:
+            w = self._worker
+            if w is None or w.proc.poll() is not None:
+                self._worker, self._reaping = None, False  # the reaper thread ends; the next worker starts another
+                return None
+            left = w.last_used + idle_s - self.clock()
+            if left > 0.0:
+                return left
+            if not w.lock.acquire(blocking=False):
+                return idle_s  # answering a request: idle that long after its answer at the earliest
+            self._worker, self._reaping = None, False
+        try:
+            logger.debug("auto (online): the check process was idle for %.0f s; ending it", idle_s)
+            w.close()
+        finally:
+            w.lock.release()
+        return None
+
+    def _reap_forever(self) -> None:
+        """The reaper thread: wakes when the worker may have become idle, until no worker is left."""
+        pause = threading.Event()  # never set: a wait that no scripted ``time`` of a test replaces
+        while (left := self.reap_idle()) is not None:
+            pause.wait(min(left, 60.0))
+
+    def prestart(self, share: float = 1.0, backends: tuple[str, ...] | None = None) -> None:
+        """Start the worker process and let it import the candidates' libraries, in a background thread.
+
+        Its first check then spends its time checking. The imports (over a second of CPU) run at full speed until
+        the first call of a model that tunes asks for a check, and are paced to ``share`` from then on like the
+        check (on Linux, where the parent paces the process; elsewhere they run unpaced): before any call, nothing
+        waits for a core they take.
+
+        Args:
+            share: The share of the wall time the imports may run in CPU time once a check waits.
+            backends: The backends the checks will run (None: every registered one); only their libraries are
+                imported.
+        """
+        request = ("probe", tuple(backends) if backends is not None else None)
+
+        def warm() -> None:
+            with contextlib.suppress(Exception):
+                self.worker().ask(request, share, until_a_check_waits=True)
+
+        threading.Thread(target=warm, name="hybrid-check-prestart", daemon=True).start()
 
 
 def _digest(model: bytes) -> str:
     return hashlib.sha256(model).hexdigest()
 
 
-def blamed(model: Model | bytes, label: str) -> str | None:
-    """Why candidate ``label`` must never be compiled for ``model`` in this process; None: it may be.
+class Checker:
+    """One owner's use of the check process (a model's lab): what its candidates did to it, and their artifacts.
 
-    The check process died on it :data:`DEATHS_TO_BLAME` times in one check, or hung on it (:func:`check_elsewhere`):
-    compiled in the caller's process it would end or hang that process.
+    The blame (a candidate the process died on :data:`DEATHS_TO_BLAME` times in one check, or hung on) is this
+    owner's: another model's controller, with the same candidates, does not inherit it. The artifacts the process
+    made for this owner's candidates (:meth:`~hybrid.hal.backend.Backend.prepare_artifact`) are files in a folder
+    this object owns, removed by :meth:`close` (or when it is collected, or at exit).
+
+    Args:
+        process: The check process it asks (shared with the other owners).
+        artifacts: Whether the process makes an artifact of each candidate that passes.
     """
-    with _BLAMED_LOCK:
-        if not _BLAMED:  # the common case costs no serialization of the model
+
+    def __init__(self, process: CheckProcess, artifacts: bool = True) -> None:
+        self.process = process
+        self._blamed: dict[tuple[str, str], str] = {}  # (model digest, candidate) -> why the worker died or hung
+        self._lock = threading.Lock()
+        self._artifacts = artifacts
+        self._folder: tempfile.TemporaryDirectory[str] | None = None
+
+    def artifact_dir(self) -> str | None:
+        """The folder the check process writes this owner's artifacts to (made on first use; None: no artifacts)."""
+        if not self._artifacts:
             return None
-    digest = _digest(model if isinstance(model, bytes) else model.to_bytes())
-    with _BLAMED_LOCK:
-        return _BLAMED.get((digest, split_layout(label)[0].partition(" ")[0]))  # its layouts and precisions too
+        with self._lock:
+            if self._folder is None:
+                self._folder = tempfile.TemporaryDirectory(prefix="hybrid-artifacts-")
+            return self._folder.name
 
+    def blame(self, model: bytes, candidate: str, why: str) -> None:
+        """Never compile ``candidate`` (and its precisions and layouts) for ``model`` again, for ``why``."""
+        with self._lock:
+            self._blamed[(_digest(model), candidate)] = why
 
-def check_elsewhere(request: CheckRequest, paced_until: float = math.inf) -> Verdicts | None:
-    """Run :func:`check` in the worker process; None when it cannot (the caller then checks itself).
+    def blamed(self, model: Model | bytes, label: str) -> str | None:
+        """Why candidate ``label`` must never be compiled for ``model`` by this owner; None: it may be.
 
-    The worker is paced to the request's share until ``paced_until`` (``time.perf_counter``'s), and so is the
-    request before it still under way (the imports of :func:`prestart`): the check must leave the turns their time.
-    A worker that dies or hangs is started again and asked again (module doc); the candidates blamed for it
-    (:func:`blamed`) are left out and come back rejected with the reason.
-    """
-    with _PACED_LOCK:
-        _PACED.append(paced_until)
-    try:
-        return _check_surviving(request)
-    finally:
-        with _PACED_LOCK:
-            _PACED.remove(paced_until)
-
-
-def _check_surviving(request: CheckRequest) -> Verdicts | None:
-    digest = _digest(request.model)
-    deaths: dict[str | None, int] = {}
-    notes: list[str] = []
-    while True:
-        with _BLAMED_LOCK:
-            left_out = {lb: _BLAMED[(digest, lb)] for lb in request.order if (digest, lb) in _BLAMED}
-        rejected = tuple((lb, f"left out: {why}", None, False) for lb, why in left_out.items())
-        order = tuple(lb for lb in request.order if lb not in left_out)
-        if not order:
-            return Verdicts(rejected, tuple(notes))
-        try:
-            w = _worker()
-            asked, share = dataclasses.replace(request, order=order), request.share
-            if w.paced:  # paced from outside: it must not also pace itself (after ``paced_until`` it runs unpaced)
-                asked = dataclasses.replace(asked, share=1.0)
-            answer = w.ask(asked, share)
-        except CheckProcessDied as died:
-            shutdown()  # the next request starts a new process
-            if _EXITING:  # ended by the stop at exit (online.stop_all): nothing is started again, nobody is blamed
+        The check process died on it :data:`DEATHS_TO_BLAME` times in one check, or hung on it
+        (:meth:`check_elsewhere`): compiled in the caller's process it would end or hang that process.
+        """
+        with self._lock:
+            if not self._blamed:  # the common case costs no serialization of the model
                 return None
-            candidate = died.label.partition(" ")[0] if died.label else None
-            count = deaths[candidate] = deaths.get(candidate, 0) + 1
-            logger.warning("auto (online): %s while checking %r; starting it again", died, request.name)
-            if candidate is None:
-                if count >= DEATHS_TO_BLAME:
-                    return None  # it dies before it starts on any candidate: the caller checks in a thread
+        digest = _digest(model if isinstance(model, bytes) else model.to_bytes())
+        with self._lock:
+            return self._blamed.get((digest, split_layout(label)[0].partition(" ")[0]))  # its layouts, precisions
+
+    def prestart(self, share: float = 1.0, backends: tuple[str, ...] | None = None) -> None:
+        """:meth:`CheckProcess.prestart`."""
+        self.process.prestart(share, backends)
+
+    def check_elsewhere(self, request: CheckRequest, paced_until: float = math.inf) -> Verdicts | None:
+        """Run :func:`check` in the worker process; None when it cannot (the caller then checks itself).
+
+        The worker is paced to the request's share until ``paced_until`` (``time.perf_counter``'s), and so is the
+        request before it still under way (the imports of :meth:`CheckProcess.prestart`): the check must leave the
+        turns their time. A worker that dies or hangs is started again and asked again (module doc); the candidates
+        blamed for it (:meth:`blamed`) are left out and come back rejected with the reason.
+        """
+        if request.artifact_dir is None and self._artifacts:
+            request = dataclasses.replace(request, artifact_dir=self.artifact_dir())
+        self.process.paced.add(paced_until)
+        try:
+            return self._check_surviving(request)
+        finally:
+            self.process.paced.remove(paced_until)
+
+    def _check_surviving(self, request: CheckRequest) -> Verdicts | None:
+        digest = _digest(request.model)
+        deaths: dict[str | None, int] = {}
+        notes: list[str] = []
+        while True:
+            with self._lock:
+                left_out = {lb: self._blamed[(digest, lb)] for lb in request.order if (digest, lb) in self._blamed}
+            rejected = tuple((lb, f"left out: {why}", None, False) for lb, why in left_out.items())
+            order = tuple(lb for lb in request.order if lb not in left_out)
+            if not order:
+                return Verdicts(rejected, tuple(notes))
+            try:
+                w = self.process.worker()
+                asked, share = dataclasses.replace(request, order=order), request.share
+                if w.paced:  # paced from outside: it must not also pace itself (after ``paced_until`` it runs unpaced)
+                    asked = dataclasses.replace(asked, share=1.0)
+                answer = w.ask(asked, share)
+            except CheckProcessDied as died:
+                self.process.shutdown()  # the next request starts a new process
+                if self.process.exiting:  # ended by the stop at exit (online.stop_all): nothing is started again,
+                    return None  # nobody is blamed
+                candidate = died.label.partition(" ")[0] if died.label else None
+                count = deaths[candidate] = deaths.get(candidate, 0) + 1
+                logger.warning("auto (online): %s while checking %r; starting it again", died, request.name)
+                if candidate is None:
+                    if count >= DEATHS_TO_BLAME:
+                        return None  # it dies before it starts on any candidate: the caller checks in a thread
+                    continue
+                if died.hung or died.own or count >= DEATHS_TO_BLAME:
+                    why = died.why if died.hung else f"the check process died on it ({died.why}" + (
+                        f", {count} times)" if count > 1 else ")")
+                    self.blame(request.model, candidate, why)
+                else:
+                    notes.append(f"the check process died ({died.why}) while it was on {died.label}; asked again in "
+                                 "a new one")
                 continue
-            if died.hung or died.own or count >= DEATHS_TO_BLAME:
-                why = died.why if died.hung else f"the check process died on it ({died.why}" + (
-                    f", {count} times)" if count > 1 else ")")
-                with _BLAMED_LOCK:
-                    _BLAMED[(digest, candidate)] = why
-            else:
-                notes.append(f"the check process died ({died.why}) while it was on {died.label}; asked again in a "
-                             "new one")
-            continue
-        except Exception as e:  # a broken or missing worker must never fail the model
-            logger.info("auto (online): the check process is unavailable (%s); checking in a thread", e)
-            shutdown()
-            return None
-        if not isinstance(answer, Verdicts):
-            logger.info("auto (online): the check process could not check (%s); checking in a thread", answer)
-            return None
-        return Verdicts(answer.results + rejected, answer.notes + tuple(notes))
+            except Exception as e:  # a broken or missing worker must never fail the model
+                logger.info("auto (online): the check process is unavailable (%s); checking in a thread", e)
+                self.process.shutdown()
+                return None
+            if not isinstance(answer, Verdicts):
+                logger.info("auto (online): the check process could not check (%s); checking in a thread", answer)
+                return None
+            return Verdicts(answer.results + rejected, answer.notes + tuple(notes), answer.artifacts)
+
+    def close(self) -> None:
+        """Remove the artifacts' folder (the executables imported from them no longer need the files)."""
+        with self._lock:
+            folder, self._folder = self._folder, None
+        if folder is not None:
+            with contextlib.suppress(OSError):
+                folder.cleanup()
 
 
 def pacer(share: float) -> Callable[[], None]:
@@ -618,9 +702,37 @@ def check(request: CheckRequest, tell: Callable[[str], None] = lambda _label: No
             except Exception as e:
                 t.rejected = f"failed on a second run: {e}"
             pace()
+    artifacts = _artifacts(request, model, tried, tell, pace)
     judge.close_all(tried, None, search)
     return Verdicts(tuple((t.label, t.rejected, warm.get(t.label), t.partitioned) for t in tried)
-                    + tuple((label, why, None, False) for label, why in failed.items()), tuple(search.notes))
+                    + tuple((label, why, None, False) for label, why in failed.items()), tuple(search.notes),
+                    artifacts)
+
+
+def _artifacts(request: CheckRequest, model: Model, tried: list[Any], tell: Callable[[str], None],
+               pace: Callable[[], None]) -> tuple[tuple[str, str], ...]:
+    """What the serving process imports instead of compiling, for each accelerated candidate that passed.
+
+    Made here, off the callers' cores' share (:meth:`~hybrid.hal.backend.Backend.prepare_artifact`), from the
+    executable the check compiled where the backend can export it. One that fails is only not made: the serving
+    process compiles that candidate itself.
+    """
+    if request.artifact_dir is None:
+        return ()
+    out = []
+    for i, t in enumerate(tried):
+        if t.rejected is not None or t.partitioned or is_fallback(t.backend) or t.label not in request.options:
+            continue
+        path = os.path.join(request.artifact_dir, f"{_digest(request.model)[:12]}-{i}.artifact")
+        try:
+            tell(t.label)
+            if get_backend(t.backend).prepare_artifact(model, t.device, request.options[t.label], path,
+                                                       compiled=t.executable):
+                out.append((t.label, path))
+        except Exception as e:  # the serving process compiles it instead
+            logger.info("auto (online): no artifact of %s: %s", t.label, first_line(e))
+        pace()
+    return tuple(out)
 
 
 def _probe(backends: tuple[str, ...] | None) -> str:
