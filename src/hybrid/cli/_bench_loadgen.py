@@ -41,6 +41,8 @@ def _header(model: str, s: Any, feeds: Any, samples: int, backends: Sequence[str
         settings.append(f"batch {s.offline_batch} per call where dim 0 is dynamic")
     if s.mlperf_conf:
         settings.append(f"config {s.mlperf_conf}")
+    if s.tune:
+        settings.append("auto+tune: auto measured after cm.tune() on the samples (decided, its checks idle)")
     lines = [f"model: {model}",
              f"machine: {machine_line()}, Python {platform.python_version()}",
              f"versions: pyasc {__version__}; mlcommons-loadgen {version('mlcommons-loadgen')}; {used}",

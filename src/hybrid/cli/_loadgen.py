@@ -40,6 +40,7 @@ SCENARIOS = ("singlestream", "multistream", "server", "offline")
 _NAMES = {"singlestream": "SingleStream", "multistream": "MultiStream", "server": "Server", "offline": "Offline"}
 SUBMISSION_MIN_S = 600.0  # MLPerf Inference's minimum run for a result (LoadGen's default min_duration)
 MULTISTREAM_SAMPLES = 8
+AUTO_TUNED = "auto+tune"  # target='auto' measured after cm.tune(): the decision made before the first query
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +57,8 @@ class LoadgenSettings:
         offline_batch: Samples per call in Offline.
         search_runs: LoadGen runs of the Server search at most.
         workers: Calls at once into each contender (``CompiledModel.submit_workers``).
+        tune: Also measure ``auto`` after ``cm.tune()`` on the library's samples (the contender
+            :data:`AUTO_TUNED`): decided, its check process idle, before LoadGen's first query.
     """
 
     scenario: str
@@ -67,6 +70,7 @@ class LoadgenSettings:
     offline_batch: int = 8
     search_runs: int = 6
     workers: int = 1
+    tune: bool = False
 
     def __post_init__(self) -> None:
         if self.scenario not in SCENARIOS:
@@ -91,7 +95,8 @@ class LoadgenResult:
 
     ``metric`` is the scenario's figure (ms for SingleStream/MultiStream, QPS for Server, samples/s for
     Offline), ``metric_name`` says which; ``valid`` and ``reason`` are LoadGen's verdict (for Server,
-    of the run that holds the reported QPS); ``runs`` the Server search's runs as (qps, valid, p99 ms).
+    of the run that holds the reported QPS); ``runs`` the Server search's runs as (qps, valid, p99 ms);
+    ``tune_s`` the seconds ``cm.tune()`` took before the run (:data:`AUTO_TUNED` only).
     """
 
     target: str
@@ -114,6 +119,7 @@ class LoadgenResult:
     note: str = ""
     latency_bound_ms: float | None = None
     runs: tuple[tuple[float, bool, float | None], ...] = field(default=())
+    tune_s: float | None = None
 
 
 def _lg() -> Any:
@@ -450,18 +456,45 @@ def _offline_shapes(compile_shapes: Mapping[str, Any] | None, sample: Mapping[st
     return out
 
 
-def _contenders(targets: str | list[str], precisions: Sequence[str]) -> list[tuple[str, str]]:
-    """(target, precision) pairs: 'auto' is one contender compiled as a user gets it; others per candidate."""
+def _contenders(targets: str | list[str], precisions: Sequence[str], tune: bool = False) -> list[tuple[str, str]]:
+    """(target, precision) pairs: 'auto' is one contender compiled as a user gets it; others per candidate.
+
+    With ``tune``, :data:`AUTO_TUNED` follows 'auto': the same compile, measured after ``cm.tune()``.
+
+    Raises:
+        ConfigError: HYB-102 for ``tune`` without 'auto' among the targets.
+    """
     from hybrid.hal import resolve_target
 
     asked = [*(str(c) for c in resolve_target("auto")), "auto"] if targets == "all" else list(targets)
+    if tune and "auto" not in asked:
+        raise ConfigError("HYB-102", f"--tune measures target='auto' after cm.tune(), but -t {','.join(asked)} "
+                          "has no auto", "add auto to -t (e.g. -t onnxruntime,openvino,auto --tune)")
     pairs: list[tuple[str, str]] = []
     for t in asked:
         if t == "auto":
-            pairs.append(("auto", "auto"))
+            pairs += [("auto", "auto"), *([(AUTO_TUNED, "auto")] if tune else [])]
         else:
             pairs += [(str(c), p) for c in resolve_target(t) for p in precisions]
     return list(dict.fromkeys(pairs))
+
+
+def _tune(cm: Any, samples: Sequence[Mapping[str, np.ndarray]], batch: int) -> tuple[float, str]:
+    """``cm.tune()`` on what the run will call (one sample; Offline's stacked batch too): (seconds, what it decided).
+
+    ``tune`` returns once each bucket is decided with no candidate left to time, so the check process is idle
+    when LoadGen's first query comes: the run measures the decision, not the tuning.
+    """
+    feeds = [samples[0]]
+    if batch > 1:
+        feeds.append({k: np.concatenate([samples[i % len(samples)][k] for i in range(batch)]) for k in samples[0]})
+    t0 = time.perf_counter()
+    records = cm.tune(feeds)
+    took = time.perf_counter() - t0
+    decided = "; ".join(f"{r.bucket}: {r.serving}" + (f" (decided after {r.decided_after_calls} calls)"
+                                                      if r.decided_after_calls is not None else "")
+                        for r in records) or f"{cm.backend}:{cm.device}, nothing to decide"
+    return took, f"cm.tune() took {took:.1f} s before the run: {decided}"
 
 
 def _decision(cm: Any, compile_s: float) -> str:
@@ -475,7 +508,9 @@ def _decision(cm: Any, compile_s: float) -> str:
             parts.append(f"{r.bucket}: {r.serving}, decided after {r.decided_after_s:.1f} s "
                          f"({r.decided_after_calls} calls)")
         else:
-            parts.append(f"{r.bucket}: {r.serving}, still {r.state} after {r.calls} calls")
+            # the run's figures include the tuning: its check process shares the cores with the calls
+            parts.append(f"{r.bucket}: {r.serving}, still {r.state} ({r.phase}) after {r.calls} calls: the "
+                         "figures are of the tuning period (--tune measures after the decision)")
     return "auto " + "; ".join(parts)
 
 
@@ -487,7 +522,9 @@ def bench_loadgen(model: Any, targets: str | list[str], precisions: Sequence[str
     Args:
         model: A hybrid.Model.
         targets: 'all' (every candidate here, and auto) or targets; 'auto' is compiled with nothing given
-            and tuned online by LoadGen's own traffic, its decision and the time to it in the row's note.
+            and tuned online by LoadGen's own traffic, its decision and the time to it in the row's note
+            (with ``s.tune``, :data:`AUTO_TUNED` follows it: measured after ``cm.tune()``, its time in
+            ``tune_s``).
         precisions: Precisions of the pinned targets.
         s: LoadGen's settings.
         feeds: The resolved inputs (:class:`hybrid.cli._inputs.Inputs`; its compile shapes are used).
@@ -506,13 +543,13 @@ def bench_loadgen(model: Any, targets: str | list[str], precisions: Sequence[str
     batch = s.offline_batch if s.scenario == "offline" and _batchable(model.signature) else 1
     shapes = _offline_shapes(feeds.compile_shapes, samples[0], batch)
     results: list[LoadgenResult] = []
-    for target, prec in _contenders(targets, precisions):
+    for target, prec in _contenders(targets, precisions, s.tune):
         base = LoadgenResult(target, prec, s.scenario)
         step(f"compiling for {target} {prec}")
         t0 = time.perf_counter()
         cm = None
         try:
-            if target == "auto":
+            if target in ("auto", AUTO_TUNED):
                 cm = compile_model(model, target="auto", shapes=shapes)
             else:
                 backend = target.partition(":")[0]
@@ -523,6 +560,10 @@ def bench_loadgen(model: Any, targets: str | list[str], precisions: Sequence[str
             cm.run(samples[0])
             first_ms = (time.perf_counter() - t1) * 1e3
             base = replace(base, compile_s=compile_s, first_call_ms=first_ms)
+            if target == AUTO_TUNED:
+                step(f"cm.tune() for {target}")
+                tune_s, tuned = _tune(cm, samples, batch)
+                base = replace(base, tune_s=tune_s, note=tuned)
             got = run_scenario(cm, samples, s, base, step)
             if target == "auto":
                 got = replace(got, note="; ".join(filter(None, [got.note, _decision(cm, compile_s)])))

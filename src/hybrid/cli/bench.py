@@ -367,6 +367,9 @@ def bench_command(
                                              "most.", min=1)] = 6,
     workers: Annotated[int, typer.Option("--workers", help="LoadGen scenarios: calls at once into each "
                                          "contender (CompiledModel.submit_workers).", min=1)] = 1,
+    tune: Annotated[bool, typer.Option("--tune", help="LoadGen scenarios: also measure auto after cm.tune() "
+                                       "on the samples (the row auto+tune, with the time tune() took); auto "
+                                       "is measured as compiled either way.")] = False,
     samples_file: Annotated[Path | None, typer.Option("--samples", help="LoadGen scenarios: a .npz with one "
                                                       "array per input, axis 0 indexing samples (default: the "
                                                       "--input files, or 8 generated at --shapes).")] = None,
@@ -438,7 +441,7 @@ def bench_command(
             loadgen_command(model, model_obj, target_list, precs, feeds, config, as_json, as_markdown, output,
                             scenario=scenario.lower(), target_qps=target_qps, latency_bound_ms=latency_bound,
                             min_duration_s=min_duration, min_queries=min_queries, mlperf_conf=mlperf_conf,
-                            offline_batch=offline_batch, search_runs=search_runs, workers=workers,
+                            offline_batch=offline_batch, search_runs=search_runs, workers=workers, tune=tune,
                             samples_file=samples_file, report=report, regenerate=None if given else
                             (lambda seed: resolve_inputs(model_obj, None, declared or bundle_shapes(model, None),
                                                          batch=batch, seed=seed, command=f"bench {model}").feeds))
