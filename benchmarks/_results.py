@@ -13,6 +13,7 @@ half a page, and a writer never loses the other's section.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import datetime
 import hashlib
@@ -206,6 +207,20 @@ def _append_history(path: Path, name: str, old: str) -> None:
         "oldest first.\n")
     path.parent.mkdir(parents=True, exist_ok=True)
     _write_atomic(path, head.rstrip("\n") + "\n\n" + body + "\n")
+
+
+def add_argument(parser: argparse.ArgumentParser, name: str = "") -> None:
+    """Add ``--write-results [NAME]`` to a benchmark's parser.
+
+    Args:
+        parser: the benchmark's argument parser.
+        name: the section the flag alone writes; empty where the benchmark names it from its other arguments
+            (it then reads ``args.write_results == ""`` as "write, under my own name for this run").
+    """
+    parser.add_argument("--write-results", nargs="?", const=name, default=None, metavar="NAME",
+                        help="replace this benchmark's section of benchmarks/RESULTS.md with this run's table "
+                             f"(NAME: the section, default {name or 'named after the run'}); the section it "
+                             "replaces goes to benchmarks/history/NAME.md")
 
 
 def command_line(argv: Sequence[str] | None = None) -> str:

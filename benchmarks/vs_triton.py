@@ -67,6 +67,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
+import _results
 import _triton_real as tr
 
 MODEL = "cls"
@@ -617,6 +618,15 @@ def tables(summary: list[dict[str, Any]], servers: list[str]) -> str:
     return "\n".join(out)
 
 
+def results_section(protocol: str, layouts: bool, model: str) -> tuple[str, str]:
+    """The section of benchmarks/RESULTS.md a run writes (name, title): one per protocol, layouts apart."""
+    suffix = "" if protocol == "grpc" else "_" + protocol.replace("-", "_")
+    name = "vs_triton" + ("_layouts" if layouts else "") + suffix
+    title = (f"pyasc serve vs the real Triton server, {protocol}, model {model}"
+             + (", each round against Triton's best layout" if layouts else ""))
+    return name, title
+
+
 # pyasc servers: name -> (target, warm-up calls (None: --warmup), more flags, plain: nothing configured)
 PYASC: dict[str, tuple[str | None, int | None, tuple[str, ...], bool]] = {
     "pyasc-ort": ("onnxruntime", 0, (), False),
@@ -672,6 +682,7 @@ def main() -> None:
                          "comes from the cache (grpc or http)")
     ap.add_argument("--trace-mode", choices=("triton", "opentelemetry"), default="triton",
                     help="with --trace-rate: Triton's trace files, or spans exported over OTLP/HTTP to a local sink")
+    _results.add_argument(ap)
     args = ap.parse_args()
     if args.trace_rate < 0:
         ap.error("--trace-rate must be >= 0")
@@ -834,6 +845,10 @@ def main() -> None:
             write_json(args.json, doc)
         print()
         print(tables(doc["summary"], order0))
+        if args.write_results is not None:
+            name, title = results_section(args.protocol, bool(args.triton_layouts), args.model)
+            _results.write_results(args.write_results or name, title, _results.command_line(),
+                                   tables(doc["summary"], order0))
         cpu = [b for b in doc["blocks"] if "front_us" in b]
         if cpu:
             print()

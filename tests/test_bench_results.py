@@ -116,3 +116,16 @@ def test_command_line_names_the_script_under_benchmarks() -> None:
     script = str(Path(results.__file__).with_name("vs_triton.py"))
     assert results.command_line([script, "--rounds", "3", "--model", "a b"]) == \
         "python benchmarks/vs_triton.py --rounds 3 --model 'a b'"
+
+
+def test_write_results_flag_is_off_by_default_and_names_the_section() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    results.add_argument(parser, "auto")
+    assert parser.parse_args([]).write_results is None
+    assert parser.parse_args(["--write-results"]).write_results == "auto"
+    assert parser.parse_args(["--write-results", "auto_quick"]).write_results == "auto_quick"
+    named_by_run = argparse.ArgumentParser()
+    results.add_argument(named_by_run)
+    assert named_by_run.parse_args(["--write-results"]).write_results == ""  # the benchmark names it
