@@ -47,6 +47,7 @@ import traceback
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _results
 from _harness import interleave, machine_info, paired_ratio, percentile, table
 from auto import bert_feeds, export_bert
 
@@ -203,6 +204,7 @@ def main() -> None:
     ap.add_argument("--skip-precision", action="store_true")
     ap.add_argument("--max-tax", type=float, default=None,
                     help="hybrid.init({'autotune': {'max_tax': X}}): the tuning policy's budget (default 0.1)")
+    _results.add_argument(ap, "auto_real")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="hybrid-bench-auto-real-"))
 
@@ -307,23 +309,27 @@ def main() -> None:
             row += ["crash"] * (10 - len(row))
         rows.append(row)
         print(" | ".join(row), flush=True)
-    print()
-    print(table(["model", "start", "closed loop: decided after (s / calls)", "picked", "mean tax while tuning",
-                 "p99 while tuning / default", "open loop 50 %: decided after", "open loop: mean tax",
-                 f"after / best raw (median of {args.reps})", "best raw"], rows))
+    tables = table(["model", "start", "closed loop: decided after (s / calls)", "picked", "mean tax while tuning",
+                    "p99 while tuning / default", "open loop 50 %: decided after", "open loop: mean tax",
+                    f"after / best raw (median of {args.reps})", "best raw"], rows)
     if prows:
-        print()
-        print(table(["model", "precision='auto' picked", "speed vs raw ORT fp32", "min cosine vs ORT fp32",
-                     "raw OV bf16 speed vs raw ORT fp32", "raw OV bf16 min cosine", "precision='auto' / raw OV bf16 "
-                     "(speed)"], prows))
+        tables += "\n\n" + table(["model", "precision='auto' picked", "speed vs raw ORT fp32", "min cosine vs ORT fp32",
+                                   "raw OV bf16 speed vs raw ORT fp32", "raw OV bf16 min cosine",
+                                   "precision='auto' / raw OV bf16 (speed)"], prows)
+    print()
+    print(tables)
     ok = [r for r in rows if "crash" not in r]
     within_30 = sum(1 for r in ok if r[2].endswith(tuple("0123456789")) and float(r[2].split()[0]) <= 30.0)
     tax_ok = sum(1 for r in ok if r[4] != "n/a" and float(r[4]) <= 1.10)
     after_ok = sum(1 for r in ok if float(r[8]) <= 1.05)
-    print(f"\ndecided within 30 s (closed loop): {within_30} of {len(ok)}; mean tax <= 1.10: {tax_ok}; "
-          f"after <= 1.05x best raw: {after_ok} of {len(ok)}; crashes: {len(rows) - len(ok)}")
+    summary = (f"decided within 30 s (closed loop): {within_30} of {len(ok)}; mean tax <= 1.10: {tax_ok}; "
+               f"after <= 1.05x best raw: {after_ok} of {len(ok)}; crashes: {len(rows) - len(ok)}")
+    print("\n" + summary)
     for n in notes:
         print("  " + n)
+    if args.write_results:
+        _results.write_results(args.write_results, "target='auto' with nothing given, on realistic models (issue 24)",
+                               _results.command_line(), tables, notes="\n".join([summary, *notes]))
 
 
 if __name__ == "__main__":
