@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _results
 from _harness import geomean, interleave, machine_info, median_ms, paired_ratio, table
 
 BERT = "bert-6x384"
@@ -85,6 +86,7 @@ def main() -> None:
     ap.add_argument("--lead-s", type=float, default=0.05,
                     help="seconds of calls at the start of each block that are run but not timed: a runtime whose "
                          "pool idled takes about that long to serve at its steady speed (0: time from the first call)")
+    _results.add_argument(ap, "auto")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="hybrid-bench-auto-"))
     if not args.keep_cache:  # measure the search itself, then the cached second compile
@@ -147,12 +149,17 @@ def main() -> None:
         cm.close()
         print(f"{name}: " + ", ".join(f"{k} {v:.2f} ms" for k, v in med.items()) + f" -> auto picked {picked}",
               flush=True)
+    results = table(["model", "onnxruntime ms", "openvino f32 ms", "auto ms", "auto picked",
+                     "auto / best raw (paired)", "speedup vs ORT", "first compile", "second compile"], rows)
+    summary = (f"geometric-mean speedup of target='auto' over raw onnxruntime: {geomean(speedups):.2f}x "
+               f"({len(speedups)} models); auto within 1.05 x min(raw) on {sum(verdicts)} of {len(verdicts)}")
     print()
-    print(table(["model", "onnxruntime ms", "openvino f32 ms", "auto ms", "auto picked",
-                 "auto / best raw (paired)", "speedup vs ORT", "first compile", "second compile"], rows))
+    print(results)
     print()
-    print(f"geometric-mean speedup of target='auto' over raw onnxruntime: {geomean(speedups):.2f}x "
-          f"({len(speedups)} models); auto within 1.05 x min(raw) on {sum(verdicts)} of {len(verdicts)}")
+    print(summary)
+    if args.write_results:
+        _results.write_results(args.write_results, "Auto-selection on the light models", _results.command_line(),
+                               results, notes=summary)
 
 
 if __name__ == "__main__":
