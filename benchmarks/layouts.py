@@ -32,6 +32,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _results
 from _harness import machine_info, percentile, table
 
 LEAD_S = 0.3
@@ -161,6 +162,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--window-s", type=float, default=1.5)
     ap.add_argument("--limit-s", type=float, default=150.0)
+    _results.add_argument(ap, "layouts")
     args = ap.parse_args()
     rows = []
     for name in args.models.split(","):
@@ -168,8 +170,12 @@ def main() -> None:
             rows.append(measure(name, threads, args.reps, args.window_s, args.limit_s))
             print(rows[-1], file=sys.stderr, flush=True)
     print(machine_info())
-    print(table(["model", "threads", "hybrid inf/s", "hybrid chose", "decided after s", "best raw layout",
-                 "hybrid / best raw", "hybrid / raw default", "p99 / best raw's", "raw layouts inf/s"], rows))
+    results = table(["model", "threads", "hybrid inf/s", "hybrid chose", "decided after s", "best raw layout",
+                     "hybrid / best raw", "hybrid / raw default", "p99 / best raw's", "raw layouts inf/s"], rows)
+    print(results)
+    if args.write_results:
+        _results.write_results(args.write_results, "Concurrent callers: layouts in target='auto' (issue 50)",
+                               _results.command_line(), results)
 
 
 if __name__ == "__main__":
