@@ -10,12 +10,14 @@ Run: ``python benchmarks/fault_table.py`` (from the repository root; about 5 min
 
 from __future__ import annotations
 
+import argparse
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parent.parent))
+import _results
 from _harness import machine_info, table
 from tests.test_i54_faults import plugin_environment, scenario
 
@@ -34,6 +36,9 @@ FAULTS = [  # (HYBRID_FAULT, what it does, the scenario's knobs)
 
 
 def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    _results.add_argument(ap, "fault_table")
+    args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="fault-table-"))
     env = plugin_environment(work / "site")
     rows = []
@@ -46,8 +51,12 @@ def main() -> int:
                      report["worker_pids"], said or "-"])
         print(fault, rows[-1], flush=True)
     print(machine_info())
-    print(table(["fault", "calls", "wrong", "errors", "serving", "check processes", "faulty:cpu in cm.tuning"],
-                rows))
+    results = table(["fault", "calls", "wrong", "errors", "serving", "check processes", "faulty:cpu in cm.tuning"],
+                    rows)
+    print(results)
+    if args.write_results:
+        _results.write_results(args.write_results, "Faults in a candidate (issue 54 item 2)", _results.command_line(),
+                               results)
     return 0 if all(r[2] == 0 and r[3] == 0 for r in rows) else 1
 
 

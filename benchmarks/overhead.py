@@ -10,6 +10,7 @@ Run: ``python benchmarks/overhead.py``.
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 from pathlib import Path
@@ -21,6 +22,7 @@ from onnx import TensorProto, helper
 
 sys.path.insert(0, str(Path(__file__).parent))
 import _harness as h
+import _results
 
 import hybrid
 from hybrid.backends.onnxruntime import session_options
@@ -53,6 +55,9 @@ def per_call(fn, n: int) -> float:
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    _results.add_argument(ap, "overhead")
+    args = ap.parse_args()
     print(f"machine: {h.machine_info()}\n")
     squeeze = pair(str(light_model_path("squeezenet")), {"data_0": light_input()})
     t = h.interleave(squeeze, blocks=10, per_block=20, warmup=10, pause=0.1)
@@ -71,7 +76,11 @@ def main() -> None:
         ["SqueezeNet b1 (ms)", raw_ms, hyb_ms, hyb_ms / raw_ms, "ratio <= 1.03"],
         ["one MatMul (µs)", raw_t, hyb_t, hyb_t - raw_t, "added <= 20 µs"],
     ]
-    print(h.table(["case", "raw onnxruntime", "hybrid", "ratio / added", "goal"], rows))
+    results = h.table(["case", "raw onnxruntime", "hybrid", "ratio / added", "goal"], rows)
+    print(results)
+    if args.write_results:
+        _results.write_results(args.write_results, "Overhead of hybrid over raw ONNX Runtime", _results.command_line(),
+                               results)
 
 
 if __name__ == "__main__":
