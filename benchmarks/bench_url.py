@@ -22,6 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
+import _results
 import _triton_real as tr
 import vs_triton as vt
 
@@ -37,6 +38,7 @@ def main() -> None:
     ap.add_argument("--window", type=float, default=2.0, help="seconds per window")
     ap.add_argument("--concurrency", default="1,4")
     ap.add_argument("--protocol", choices=("grpc", "http"), default="grpc")
+    _results.add_argument(ap, "bench_url")
     args = ap.parse_args()
     levels = tuple(float(c) for c in args.concurrency.split(","))
     work = Path(tempfile.mkdtemp(prefix="bench-url-"))
@@ -74,9 +76,9 @@ def main() -> None:
 
     print(f"\nmachine: {machine_line()}, Python {platform.python_version()}; protocol {args.protocol}; "
           f"{args.rounds} rounds, windows of {args.window:g} s\n")
-    print("| concurrency | server | infer/s | p50 ms | p99 ms | client send+recv ms | network+server send/recv ms "
-          "| server queue ms | compute in/infer/out ms | stable rounds | infer/s pyasc / Triton (paired) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    lines = ["| concurrency | server | infer/s | p50 ms | p99 ms | client send+recv ms | network+server send/recv ms "
+             "| server queue ms | compute in/infer/out ms | stable rounds | infer/s pyasc / Triton (paired) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in levels:
         ratios = [p.merged.infer_per_s / t.merged.infer_per_s for p, t in zip(got[("pyasc serve", c)],
                                                                                got[("triton", c)])]
@@ -88,13 +90,19 @@ def main() -> None:
             stable = sum(lv.stable for lv in got[(name, c)])
             ratio = f"x{statistics.median(ratios):.2f} ({', '.join(f'{x:.2f}' for x in ratios)})" \
                 if name == "pyasc serve" else ""
-            print(f"| {c:g} | {name} | {med(name, c, lambda w: w.infer_per_s):.1f} "
-                  f"| {med(name, c, lambda w: w.percentiles_us[50]) / 1e3:.2f} "
-                  f"| {med(name, c, lambda w: w.percentiles_us[99]) / 1e3:.2f} "
-                  f"| {med(name, c, lambda w: w.send_us + w.recv_us) / 1e3:.3f} "
-                  f"| {med(name, c, lambda w: w.network_us) / 1e3:.2f} "
-                  f"| {med(name, c, lambda w: srv(w, 'queue')):.2f} | {compute} "
-                  f"| {stable}/{len(got[(name, c)])} | {ratio} |")
+            lines.append(f"| {c:g} | {name} | {med(name, c, lambda w: w.infer_per_s):.1f} "
+                         f"| {med(name, c, lambda w: w.percentiles_us[50]) / 1e3:.2f} "
+                         f"| {med(name, c, lambda w: w.percentiles_us[99]) / 1e3:.2f} "
+                         f"| {med(name, c, lambda w: w.send_us + w.recv_us) / 1e3:.3f} "
+                         f"| {med(name, c, lambda w: w.network_us) / 1e3:.2f} "
+                         f"| {med(name, c, lambda w: srv(w, 'queue')):.2f} | {compute} "
+                         f"| {stable}/{len(got[(name, c)])} | {ratio} |")
+    print("\n".join(lines))
+    if args.write_results:
+        _results.write_results(args.write_results,
+                               "`pyasc bench --url` against pyasc serve and tritonserver (issue 52)",
+                               _results.command_line(), "\n".join(lines),
+                               notes=f"Protocol {args.protocol}; {args.rounds} rounds, windows of {args.window:g} s.")
 
 
 if __name__ == "__main__":

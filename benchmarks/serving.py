@@ -42,6 +42,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 sys.path.insert(0, str(Path(__file__).parent))
+import _results
 from _harness import interleave, machine_info, median_ms, percentile, table
 
 CLIENTS = 32
@@ -235,6 +236,7 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=4)
     parser.add_argument("--per-block", type=int, default=25, help="requests per client per block")
     parser.add_argument("--models", nargs="*", choices=list(CASES), default=list(CASES))
+    _results.add_argument(parser, "serving")
     args = parser.parse_args()
     rows, runtime_rows = [], []
     with tempfile.TemporaryDirectory() as tmp:
@@ -245,10 +247,16 @@ def main() -> None:
     print(f"\nServing over loopback: {CLIENTS} concurrent tritonclient.http clients x "
           f"{args.blocks * args.per_block} requests each, binary tensors, onnxruntime CPU, one server process "
           f"per row\n{machine_info()}\n")
-    print(table(["model", "server", "max_batch", "requests", "errors", "mismatches", "req/s", "p50 ms", "p99 ms",
-                 "mean batch", "x naive"], rows))
-    print("\nThe runtime alone (same process, interleaved): ms per image by batch size\n")
-    print(table(["model", "batch 1", "batch 4", "batch 16", "batch 1 / batch 16"], runtime_rows))
+    results = (table(["model", "server", "max_batch", "requests", "errors", "mismatches", "req/s", "p50 ms", "p99 ms",
+                      "mean batch", "x naive"], rows)
+               + "\n\nThe runtime alone (same process, interleaved): ms per image by batch size\n\n"
+               + table(["model", "batch 1", "batch 4", "batch 16", "batch 1 / batch 16"], runtime_rows))
+    print(results)
+    if args.write_results:
+        _results.write_results(args.write_results, "Serving: dynamic batching in pyasc serve", _results.command_line(),
+                               results, notes=f"{CLIENTS} concurrent tritonclient.http clients x "
+                               f"{args.blocks * args.per_block} requests each, binary tensors, onnxruntime CPU, one "
+                               "server process per row.")
 
 
 if __name__ == "__main__":
