@@ -36,6 +36,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+import _results
 import vs_triton as vt  # (the same model, repository, servers and statistics)
 from vs_triton import tr
 
@@ -256,6 +257,7 @@ def main() -> None:
                     help="every server traces one request in N (Triton's --trace-config level=TIMESTAMPS, to a file); "
                          "the median of each stretch between the timestamps is printed per server at the end")
     ap.add_argument("--threads", type=int, default=2, help="ONNX Runtime intra-op threads (both servers)")
+    _results.add_argument(ap)
     args = ap.parse_args()
     vt.THREADS = args.threads
     names = args.servers.split(",")
@@ -322,10 +324,8 @@ def main() -> None:
         for name in target:  # again after the load: per batch size, what the default target decided
             if name != "triton":
                 print(f"{name} after the rounds: {vt.decision_of(http[name])}", flush=True)
-        print()
-        print("| offered /s | server | answered /s | p50 ms | p90 ms | p99 ms | p50 / Triton's | p99 / Triton's "
-              "(rounds) | rows per run | failed |")
-        print("|---|---|---|---|---|---|---|---|---|---|")
+        lines = ["| offered /s | server | answered /s | p50 ms | p90 ms | p99 ms | p50 / Triton's | p99 / Triton's "
+                 "(rounds) | rows per run | failed |", "|---|---|---|---|---|---|---|---|---|---|"]
         for rate in rates:
             for name in target:
                 mine = rows[(name, rate)]
@@ -335,8 +335,17 @@ def main() -> None:
                     base = rows[("triton", rate)]
                     p50_ratio = f"x{statistics.median(a[1] / b[1] for a, b in zip(mine, base, strict=True)):.2f}"
                     p99_ratio = vt.paired([a[3] / b[3] for a, b in zip(mine, base, strict=True)])
-                print(f"| {rate:.0f} | {name} | {med[0]:.0f} | {med[1]:.2f} | {med[2]:.2f} | {med[3]:.2f} "
-                      f"| {p50_ratio} | {p99_ratio} | {med[4]:.2f} | {sum(v[5] for v in mine)} |")
+                lines.append(f"| {rate:.0f} | {name} | {med[0]:.0f} | {med[1]:.2f} | {med[2]:.2f} | {med[3]:.2f} "
+                             f"| {p50_ratio} | {p99_ratio} | {med[4]:.2f} | {sum(v[5] for v in mine)} |")
+        print()
+        print("\n".join(lines))
+        if args.write_results is not None:  # one section per protocol: open_loop, open_loop_http, ...
+            suffix = "" if args.protocol == "grpc" else "_" + args.protocol.replace("-", "_")
+            how = "--rates" if args.rates else f"--fractions {args.fractions} of {names[0]}'s closed loop at 16 clients"
+            _results.write_results(args.write_results or "open_loop" + suffix,
+                                   f"Open-loop load over {args.protocol}: latency at a rate, pyasc vs Triton",
+                                   _results.command_line(), "\n".join(lines),
+                                   notes=f"Offered rates {', '.join(f'{v:.0f}' for v in rates)} per second ({how}).")
     finally:
         for stop in reversed(stops):
             stop()
