@@ -15,8 +15,8 @@ while it compiles and serves calls (until tuning has decided or ``--auto-seconds
 sum seen, ``steady`` the sum at the end; the run then says how long after the last call the check process ended
 (it is idle for the tuning policy's ``check_idle_s`` once a check under way has answered). The contenders run
 interleaved, ``--reps`` rounds in a rotated order; hybrid/raw ratios are taken within a round (paired) and the
-median over rounds is reported. The table replaces the section of ``benchmarks/RESULTS.md`` under this
-benchmark's heading (one current table).
+median over rounds is reported. With ``--write-results`` the tables replace this benchmark's section of
+``benchmarks/RESULTS.md`` (one current table; the one replaced goes to ``benchmarks/history/memory.md``).
 
 Run it alone on the machine (``flock /tmp/coord/bench.lock python benchmarks/memory.py``): the RSS of a process
 does not depend on the load, but the auto contender's tuning does.
@@ -25,7 +25,6 @@ does not depend on the load, but the auto contender's tuning does.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import statistics
@@ -36,7 +35,7 @@ import threading
 import time
 from pathlib import Path
 
-HEADING = "## Memory: RSS of hybrid vs the raw runtimes (issue 55) — `python benchmarks/memory.py`"
+TITLE = "Memory: RSS of hybrid vs the raw runtimes (issue 55)"
 CONTENDERS = ("ort", "hybrid:ort", "ov", "hybrid:ov", "hybrid:auto")
 WHY = {"unet": "the zoo's largest model in memory: raw ONNX Runtime's RSS at the shapes its users run",
        "external_data": "the zoo's largest file"}
@@ -163,41 +162,12 @@ def _sample(mode: str, model: str, feeds_path: str, runs: int, auto_seconds: flo
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def _machine() -> str:
-    cpu, amx = "unknown CPU", False
-    try:
-        text = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-        for line in text.splitlines():
-            if line.startswith("Model name:"):
-                cpu = line.split(":", 1)[1].strip()
-            if line.startswith("Flags:"):
-                amx = "amx_tile" in line.split()
-    except (OSError, subprocess.CalledProcessError):
-        pass
-    return f"{cpu}, {'with' if amx else 'no'} AMX, {os.cpu_count()} cores, Python {sys.version.split()[0]}"
-
-
-def _versions() -> str:
-    from importlib import metadata
-
-    found = []
-    for dist in ("onnxruntime", "openvino", "torch", "onnx", "onnx-ir", "pyasc"):
-        try:
-            found.append(f"{dist} {metadata.version(dist)}")
-        except metadata.PackageNotFoundError:
-            continue
-    return ", ".join(found)
-
-
 def _median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
-def _section(models: list[tuple[str, str]], samples: dict, args: argparse.Namespace, started: str) -> str:
-    lines = [HEADING, "",
-             f"`flock /tmp/coord/bench.lock python benchmarks/memory.py --models {','.join(m for m, _ in models)} "
-             f"--reps {args.reps} --runs {args.runs}` — {started}; {_machine()}; {_versions()}.", "",
-             "Each figure the median over the repetitions, each a fresh process (numpy and the inputs loaded "
+def _section(models: list[tuple[str, str]], samples: dict, args: argparse.Namespace) -> str:
+    lines = ["Each figure the median over the repetitions, each a fresh process (numpy and the inputs loaded "
              "first: `before`); `steady` is the RSS after the calls, `peak` the high-water mark; ratios are paired "
              "within a repetition. `hybrid:auto` counts its check process too (sampled every 50 ms).", ""]
     for model, size in models:
@@ -230,20 +200,6 @@ def _section(models: list[tuple[str, str]], samples: dict, args: argparse.Namesp
     return "\n".join(lines) + "\n"
 
 
-def _write_results(section: str, results: Path) -> None:
-    """Replace this benchmark's section of RESULTS.md (or append it), atomically."""
-    text = results.read_text() if results.exists() else ""
-    start = text.find(HEADING)
-    if start < 0:
-        text = text.rstrip("\n") + "\n\n" + section
-    else:
-        end = text.find("\n## ", start + len(HEADING))
-        text = text[:start] + section + (text[end + 1:] if end >= 0 else "")
-    tmp = results.with_suffix(".md.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, results)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
     parser.add_argument("--models", default="unet,external_data",
@@ -252,8 +208,10 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=20, help="calls after compiling")
     parser.add_argument("--auto-seconds", type=float, default=60.0,
                         help="auto: serve calls until tuning decided or this long")
-    parser.add_argument("--results", default=str(Path(__file__).with_name("RESULTS.md")))
-    parser.add_argument("--no-write", action="store_true", help="print the table only")
+    # The flag _results.add_argument would add, written here: the children measure their own RSS, so this script
+    # imports nothing at its top that the raw contenders would not (benchmarks/_results.py is imported to write).
+    parser.add_argument("--write-results", nargs="?", const="memory", default=None, metavar="NAME",
+                        help="replace this benchmark's section of benchmarks/RESULTS.md with this run's tables")
     parser.add_argument("--child", nargs=5, metavar=("MODE", "MODEL", "FEEDS", "RUNS", "AUTO_SECONDS"),
                         help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -263,7 +221,6 @@ def main() -> None:
         return
     from hybrid import zoo
 
-    started = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     models: list[tuple[str, str]] = []
     samples: dict[str, dict[str, list[dict]]] = {}
     with tempfile.TemporaryDirectory(prefix="hybrid-memory-feeds-") as tmp:
@@ -285,10 +242,12 @@ def main() -> None:
                     samples[name][mode].append(s)
                     print(f"{name} rep {rep} {mode}: steady {s['steady_mb']:.0f} MB, peak {s['peak_mb']:.0f} MB",
                           flush=True)
-    section = _section(models, samples, args, started)
+    section = _section(models, samples, args)
     print(section)
-    if not args.no_write:
-        _write_results(section, Path(args.results))
+    if args.write_results:
+        import _results  # benchmarks/ is first on sys.path when this runs as a script
+
+        _results.write_results(args.write_results, TITLE, _results.command_line(), section)
 
 
 if __name__ == "__main__":
