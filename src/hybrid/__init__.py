@@ -14,6 +14,7 @@ import sys
 import types
 from typing import TYPE_CHECKING, Any
 
+from hybrid import providers as _providers
 from hybrid._version import __version__
 from hybrid.errors import (
     BackendError,
@@ -111,6 +112,25 @@ class _DeferSympyInOnnxIr:
 
 if "onnx_ir._core" not in sys.modules:
     sys.meta_path.insert(0, _DeferSympyInOnnxIr())
+
+
+# ---------------------------------------------------------------- providers against the layer flow
+# Constant folding (passes) evaluates nodes with the reference backend's kernels, and CompiledModel.save (runtime)
+# writes a bundle: both call up the layers, so each calls through hybrid.providers, and the facade, which Python runs
+# before any module of hybrid, installs the providers here; each imports its module on its first call.
+def _evaluate_node(node: Any, inputs: list[Any]) -> list[Any]:
+    from hybrid.backends.reference.evaluate import evaluate_node
+
+    return list(evaluate_node(node, inputs))
+
+
+def _save_bundle(cm: Any, path: str) -> None:
+    from hybrid.bundle import save_bundle
+
+    save_bundle(cm, path)
+
+
+_providers.install(evaluator=_evaluate_node, writer=_save_bundle)
 
 
 # public name -> "module:attribute" (or "module" for a subpackage); resolved on first access

@@ -21,6 +21,8 @@ import numpy as np
 import onnx_ir as ir
 from onnx_ir.passes.common import LiftConstantsToInitializersPass, RemoveInitializersFromInputsPass
 
+from hybrid import providers
+from hybrid.errors import BackendError
 from hybrid.passes.base import HybridPass, OnnxIrPass, PassResult
 from hybrid.passes.rewrite import const_array, static_shape
 
@@ -44,15 +46,13 @@ def evaluate_node(node: ir.Node, inputs: list[np.ndarray | None]) -> list[np.nda
     """Compute one node's outputs from constant inputs (None for an omitted optional input).
 
     This is the one place that chooses the evaluator: hybrid's reference backend (the numpy definition of
-    every op hybrid runs, custom ops included). It is imported here, lazily, because backends sit above
-    passes; :func:`_evaluate_with_onnx_reference` (ONNX's ``onnx.reference`` on a one-node graph) is the
-    stand-in kept for a node the reference backend has no kernel for.
+    every op hybrid runs, custom ops included). Backends sit above passes, so it is called through
+    :func:`hybrid.providers.evaluate_node`, which the facade installs; :func:`_evaluate_with_onnx_reference`
+    (ONNX's ``onnx.reference`` on a one-node graph) is the stand-in kept for a node the reference backend has
+    no kernel for.
     """
-    from hybrid.backends.reference.evaluate import evaluate_node as reference_evaluate
-    from hybrid.errors import BackendError
-
     try:
-        return list(reference_evaluate(node, inputs))
+        return list(providers.evaluate_node(node, inputs))
     except BackendError:  # HYB-305: no kernel for this node
         return _evaluate_with_onnx_reference(node, inputs)
 

@@ -8,6 +8,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from hybrid import providers
 from hybrid.errors import ConfigError, HybridError, RunError, first_line
 from hybrid.runtime.validate import InputValidator
 
@@ -284,10 +285,12 @@ class CompiledModel:
         return None
 
     def save(self, path: str) -> None:
-        """Write a ``.hybrid`` bundle with the model, this machine's compiled caches and its task declarations."""
-        from hybrid.bundle import save_bundle
+        """Write a ``.hybrid`` bundle with the model, this machine's compiled caches and its task declarations.
 
-        save_bundle(self, path)
+        The bundle format lives above the runtime: this calls ``hybrid.bundle.save_bundle`` through
+        :mod:`hybrid.providers` (see there), so the runtime imports nothing of the bundle.
+        """
+        providers.write_bundle(self, path)
 
     def close(self) -> None:
         """Finish the work :meth:`submit` queued, then release the backend's native resources."""
