@@ -43,6 +43,7 @@ class Machine:
 
     cpu: str
     cores: int
+    avx2: bool
     avx512: tuple[str, ...]
     amx: tuple[str, ...]
     python: str
@@ -54,6 +55,8 @@ class Machine:
         Example: ``AMD EPYC, 2 cores, AVX2, no AVX-512, no AMX; Python 3.11.7, numpy 2.4.0``.
         """
         vector = f"AVX-512 ({' '.join(self.avx512)})" if self.avx512 else "no AVX-512"
+        if self.avx2:
+            vector = "AVX2, " + vector
         matrix = f"AMX ({' '.join(self.amx)})" if self.amx else "no AMX"
         software = ", ".join([f"Python {self.python}"] + [f"{n} {v}" for n, v in self.libraries])
         return f"{self.cpu}, {self.cores} cores, {vector}, {matrix}; {software}"
@@ -99,6 +102,7 @@ def machine(cpuinfo: str | None = None, libraries: Sequence[str] = LIBRARIES) ->
     return Machine(
         cpu=cpu,
         cores=cores,
+        avx2="avx2" in flags,
         avx512=tuple(sorted(_short_flag(f, "avx512") for f in flags if f.startswith("avx512"))),
         amx=tuple(sorted(_short_flag(f, "amx") for f in flags if f.startswith("amx"))),
         python=platform.python_version(),
@@ -111,12 +115,13 @@ def markers(name: str) -> tuple[str, str]:
     return f"<!-- results:{name} -->", f"<!-- /results:{name} -->"
 
 
-def section(name: str, title: str, command: str, date: str, machine_line: str, table: str, notes: str = "") -> str:
+def section(name: str, title: str, command: str, date: str, machine_line: str, table: str, notes: str = "",
+            load: str = "") -> str:
     """The Markdown of one section, markers included, ending in a newline."""
     start, end = markers(name)
     parts = [start, f"## {title}", "",
-             f"- Command: `{command}`", f"- Date: {date}", f"- Machine: {machine_line}", "",
-             table.strip()]
+             f"- Command: `{command}`", f"- Date: {date}", f"- Machine: {machine_line}",
+             *([f"- Load: {load}"] if load else []), "", table.strip()]
     if notes.strip():
         parts += ["", notes.strip()]
     return "\n".join([*parts, end]) + "\n"
@@ -156,13 +161,22 @@ def _lock_for(results: Path) -> FileLock:
     return FileLock(Path(tempfile.gettempdir()) / f"hybrid-results-{key}.lock")
 
 
+def load_average() -> str:
+    """The 1/5/15-minute load averages, as a reader of a shared machine's figures wants them ("" where unknown)."""
+    try:
+        one, five, fifteen = os.getloadavg()
+    except OSError:
+        return ""
+    return f"load average {one:.1f} / {five:.1f} / {fifteen:.1f} (1 / 5 / 15 min) when the results were written"
+
+
 def _utc_now() -> datetime.datetime:
     return datetime.datetime.now(datetime.UTC)
 
 
 def write_results(name: str, title: str, command: str, table: str, notes: str = "", *,
-                  machine_line: str | None = None, results: Path = RESULTS, history: Path = HISTORY,
-                  now: Callable[[], datetime.datetime] = _utc_now) -> str:
+                  machine_line: str | None = None, load: str | None = None, results: Path = RESULTS,
+                  history: Path = HISTORY, now: Callable[[], datetime.datetime] = _utc_now) -> str:
     """Replace benchmark ``name``'s section of the results page; keep the one it replaces in its history.
 
     Args:
@@ -172,6 +186,7 @@ def write_results(name: str, title: str, command: str, table: str, notes: str = 
         table: the figures, a Markdown table.
         notes: a few lines under the table (what the figures mean, what was left out).
         machine_line: the machine, when the figures came from another one; this machine's otherwise.
+        load: how busy the machine was; this machine's load averages when written otherwise ("" for none).
         results: the page (``benchmarks/RESULTS.md``).
         history: the folder that keeps replaced sections, one ``NAME.md`` per benchmark.
         now: the clock that dates the section.
@@ -183,7 +198,8 @@ def write_results(name: str, title: str, command: str, table: str, notes: str = 
         raise ValueError(f"results name {name!r}: expected lower case letters, digits, '_', '.' or '-' "
                          "(it names the section's markers and its history file); pick such a name")
     date = now().strftime("%Y-%m-%d %H:%M UTC")
-    new = section(name, title, command, date, machine_line or machine().line(), table, notes)
+    new = section(name, title, command, date, machine_line or machine().line(), table, notes,
+                  load=load if load is not None else load_average())
     with _lock_for(results):
         text = results.read_text() if results.exists() else "# Benchmark results\n"
         where = find_section(text, name)

@@ -26,9 +26,9 @@ def _clock(day: int):
     return lambda: datetime.datetime(2026, 12, day, 10, 30, tzinfo=datetime.UTC)
 
 
-def _write(page: Path, name: str, table: str = TABLE, day: int = 7, **kw) -> str:
+def _write(page: Path, name: str, table: str = TABLE, day: int = 7, load: str = "", **kw) -> str:
     return results.write_results(name, f"{name} title", f"python benchmarks/{name}.py", table,
-                                 machine_line="Test CPU, 2 cores, no AVX-512, no AMX; Python 3",
+                                 machine_line="Test CPU, 2 cores, no AVX-512, no AMX; Python 3", load=load,
                                  results=page, history=page.parent / "history", now=_clock(day), **kw)
 
 
@@ -41,7 +41,7 @@ def test_machine_names_cpu_vector_flags_and_versions() -> None:
     line = xeon.line()
     assert "AVX-512 (bf16 bw f vnni)" in line and "AMX (bf16 int8 tile)" in line and f"{xeon.cores} cores" in line
     epyc = results.machine(CPUINFO_AVX2, libraries=()).line()
-    assert epyc.startswith("AMD EPYC, ") and "no AVX-512, no AMX" in epyc
+    assert epyc.startswith("AMD EPYC, ") and "AVX2, no AVX-512, no AMX" in epyc
     assert results.machine("", libraries=()).cpu  # no /proc/cpuinfo: the platform's name, never empty
 
 
@@ -54,6 +54,10 @@ def test_insert_then_replace_keeps_other_sections_and_text(tmp_path: Path) -> No
     assert text.startswith("# Benchmark results\n\nHow to regenerate.\n")
     assert text.index("<!-- results:alpha -->") < text.index("<!-- results:beta -->")
     assert "- Date: 2026-12-07 10:30 UTC" in text and "- Command: `python benchmarks/alpha.py`" in text
+    assert "- Load:" not in text  # load="" leaves the line out
+
+    _write(page, "gamma", load="load average 3.0")
+    assert "- Load: load average 3.0\n" in page.read_text()
 
     _write(page, "alpha", table="| a | b |\n|---|---|\n| 3 | 4 |", day=8, notes="Newer.")
     text = page.read_text()
