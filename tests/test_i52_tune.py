@@ -91,4 +91,58 @@ def test_tune_measures_auto_after_its_decision() -> None:
     tuned = rows[AUTO_TUNED]
     assert tuned["status"] == "ok" and tuned["tune_s"] is not None and tuned["tune_s"] >= 0
     assert "cm.tune() took" in tuned["note"] and tuned["metric"] > 0
+    from hybrid.cli._loadgen import children_cpu_s
+
+    if children_cpu_s() is not None:  # measured once the check process idled (Linux: its CPU is read)
+        assert "check process" in tuned["note"]
     assert rows["auto"]["tune_s"] is None
+
+
+def test_settle_waits_until_the_children_use_no_cpu() -> None:
+    from hybrid.cli._loadgen import settle
+
+    now = [0.0]
+    cpu = iter([0.0, 0.8, 1.6, 1.62, 9.0])  # busy for two windows, then idle (0.02 s of CPU in 1 s)
+    got = settle(lambda: next(cpu), clock=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s))
+    assert got == (3.0, True)
+
+
+def test_settle_gives_up_at_its_bound_and_says_so() -> None:
+    from hybrid.cli._loadgen import settle
+
+    now, used = [0.0], [0.0]
+
+    def busy() -> float:
+        used[0] += 0.5
+        return used[0]
+
+    got = settle(busy, clock=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s), max_wait_s=5.0)
+    assert got == (5.0, False)
+
+
+def test_settle_cannot_tell_without_proc() -> None:
+    from hybrid.cli._loadgen import settle
+
+    assert settle(lambda: None, sleep=lambda s: None) is None
+
+
+def test_children_cpu_counts_a_busy_child() -> None:
+    import subprocess
+    import sys
+    import time
+
+    from hybrid.cli._loadgen import children_cpu_s
+
+    if children_cpu_s() is None:
+        pytest.skip("no /proc here")
+    before = children_cpu_s()
+    child = subprocess.Popen([sys.executable, "-c", "import time\nt = time.process_time()\n"
+                              "while time.process_time() - t < 0.3: pass\ntime.sleep(30)"])
+    try:
+        deadline = time.monotonic() + 20
+        while children_cpu_s() - before < 0.2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert children_cpu_s() - before >= 0.2
+    finally:
+        child.kill()
+        child.wait()
