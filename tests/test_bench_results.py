@@ -56,7 +56,7 @@ def test_insert_then_replace_keeps_other_sections_and_text(tmp_path: Path) -> No
     assert "- Date: 2026-12-07 10:30 UTC" in text and "- Command: `python benchmarks/alpha.py`" in text
     assert "- Load:" not in text  # load="" leaves the line out
 
-    _write(page, "gamma", load="load average 3.0")
+    _write(page, "gamma", table="| g |\n|---|\n| 0 |", load="load average 3.0")
     assert "- Load: load average 3.0\n" in page.read_text()
 
     _write(page, "alpha", table="| a | b |\n|---|---|\n| 3 | 4 |", day=8, notes="Newer.")
