@@ -1,4 +1,4 @@
-"""Tail latency of ``pyasc serve`` with and without its garbage-collector policy (hybrid.runtime.collector).
+"""Tail latency of ``pyasc serve`` with and without its garbage-collector policy (hybrid.runtime.traffic.collector).
 
 Two ``pyasc serve`` processes of the same model on the default target (``--warmup``, default 200: its buckets are
 decided before the load, so that the tuning's own work does not mix with the pauses; 0: as a user who passes

@@ -16,7 +16,7 @@ from tests._scripted_time import ScriptedClock
 
 import hybrid
 from hybrid.errors import ConfigError, RunError
-from hybrid.runtime.batching import Batcher, RequestFuture
+from hybrid.runtime.traffic.batching import Batcher, RequestFuture
 
 
 class Recorder:

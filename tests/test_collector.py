@@ -1,4 +1,4 @@
-"""The server's garbage-collector policy (hybrid.runtime.collector): long-lived objects leave the full passes."""
+"""The server's garbage-collector policy (hybrid.runtime.traffic.collector): long-lived objects leave full passes."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 from tests._serve_support import tiny_model
 
 from hybrid.errors import ConfigError
-from hybrid.runtime import collector
-from hybrid.runtime.collector import CollectorPolicy, policy_from_env
+from hybrid.runtime.traffic import collector
+from hybrid.runtime.traffic.collector import CollectorPolicy, policy_from_env
 from hybrid.serve.core.repository import build_registry
 
 

@@ -204,12 +204,13 @@ def test_light_models_match_shipped_outputs(name, backend):
 
 def test_import_is_light():
     """``import hybrid`` stays cheap by what it imports, not by a clock (the time depends on the machine;
-    benchmarks/ measures it): no backend library, no numpy/onnx, and of hybrid itself only the facade."""
+    benchmarks/ measures it): no backend library, no numpy/onnx, and of hybrid itself only the facade (with the
+    providers it installs, hybrid.providers, which imports nothing)."""
     code = ("import sys, json; import hybrid; "
             "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
             "('hybrid', 'onnxruntime', 'openvino', 'torch', 'tensorrt', 'onnx', 'onnx_ir', 'numpy', 'pydantic'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert json.loads(out) == ["hybrid", "hybrid._version", "hybrid.errors"]
+    assert json.loads(out) == ["hybrid", "hybrid._version", "hybrid.errors", "hybrid.providers"]
 
 
 def test_third_party_backend_through_the_entry_point_group(monkeypatch):

@@ -18,8 +18,8 @@ from onnx import TensorProto, helper
 from tests._scripted_time import ScriptedClock
 from tests._serve_support import request, tiny_expected, tiny_model, wait_for
 
-from hybrid.runtime.batching import Batcher
 from hybrid.runtime.compiler import compile_model
+from hybrid.runtime.traffic.batching import Batcher
 from hybrid.serve import BackgroundServer, BatchSettings, ServedModel, build_registry, create_app
 
 pytestmark = pytest.mark.timeout(300)

@@ -156,7 +156,7 @@ def test_work_on_a_device_stream_is_issued_on_it_and_waits_for_its_event(monkeyp
     from types import SimpleNamespace
 
     from hybrid.hal import interop
-    from hybrid.runtime import stream as stream_module
+    from hybrid.runtime.traffic import stream as stream_module
 
     cuda = _FakeCuda()
     fake = interop.DeviceStream(SimpleNamespace(cuda=cuda), "cuda:0")

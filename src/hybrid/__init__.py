@@ -40,13 +40,13 @@ if TYPE_CHECKING:  # pragma: no cover - what the type checker sees; at run time 
     from hybrid.ir import Model, Signature, TensorSpec
     from hybrid.passes import make_batch_dynamic, optimize
     from hybrid.passes.quantize import quantize
-    from hybrid.runtime.batching import Batcher, BatchStats, RequestFuture, dynamic_batch
     from hybrid.runtime.compiled import CompiledModel
     from hybrid.runtime.compiler import compile_model as compile
-    from hybrid.runtime.pipeline import Pipeline, StageStats
     from hybrid.runtime.plan import Placement, Plan, Segment
     from hybrid.runtime.profiler import OpStat, ProfileReport
-    from hybrid.runtime.stream import StreamContext, StreamResult
+    from hybrid.runtime.traffic.batching import Batcher, BatchStats, RequestFuture, dynamic_batch
+    from hybrid.runtime.traffic.pipeline import Pipeline, StageStats
+    from hybrid.runtime.traffic.stream import StreamContext, StreamResult
     from hybrid.vision.tasks import TaskModel
 
 # ---------------------------------------------------------------- sympy, deferred inside onnx-ir
@@ -164,14 +164,14 @@ _LAZY = {
     "JitFunction": "hybrid.frontends.jit:JitFunction",
     # running: memory, streams, pipelines, batching, profiling
     "Tensor": "hybrid.hal.tensor:Tensor",
-    "StreamContext": "hybrid.runtime.stream:StreamContext",
-    "StreamResult": "hybrid.runtime.stream:StreamResult",
-    "Pipeline": "hybrid.runtime.pipeline:Pipeline",
-    "StageStats": "hybrid.runtime.pipeline:StageStats",
-    "dynamic_batch": "hybrid.runtime.batching:dynamic_batch",
-    "Batcher": "hybrid.runtime.batching:Batcher",
-    "BatchStats": "hybrid.runtime.batching:BatchStats",
-    "RequestFuture": "hybrid.runtime.batching:RequestFuture",
+    "StreamContext": "hybrid.runtime.traffic.stream:StreamContext",
+    "StreamResult": "hybrid.runtime.traffic.stream:StreamResult",
+    "Pipeline": "hybrid.runtime.traffic.pipeline:Pipeline",
+    "StageStats": "hybrid.runtime.traffic.pipeline:StageStats",
+    "dynamic_batch": "hybrid.runtime.traffic.batching:dynamic_batch",
+    "Batcher": "hybrid.runtime.traffic.batching:Batcher",
+    "BatchStats": "hybrid.runtime.traffic.batching:BatchStats",
+    "RequestFuture": "hybrid.runtime.traffic.batching:RequestFuture",
     "profile": "hybrid.api:profile",
     "ProfileReport": "hybrid.runtime.profiler:ProfileReport",
     "OpStat": "hybrid.runtime.profiler:OpStat",

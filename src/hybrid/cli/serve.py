@@ -277,7 +277,7 @@ def serve(
             _check_port_free(host, metrics_port, "--metrics-port")
         if warmup < 0:
             raise ConfigError("HYB-102", f"--warmup must be >= 0, got {warmup}")
-        from hybrid.runtime.collector import policy_from_env
+        from hybrid.runtime.traffic.collector import policy_from_env
 
         policy_from_env()  # a bad HYBRID_GC_MAX_PAUSE_MS is refused before anything loads (run() applies it)
         configure_backends(backends)

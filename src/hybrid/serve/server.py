@@ -46,7 +46,7 @@ from pydantic import Field
 
 from hybrid.config import ConfigSection
 from hybrid.errors import ServingError
-from hybrid.runtime import collector
+from hybrid.runtime.traffic import collector
 from hybrid.serve.http.infer import BODY_TIMEOUT_SCOPE_KEY
 
 if TYPE_CHECKING:
@@ -337,7 +337,7 @@ def run(app: FastAPI, host: str = "127.0.0.1", port: int = 8000, drain_timeout: 
     """Serve ``app`` until SIGTERM/SIGINT, then drain and return.
 
     The front end runs in ``SCHED_BATCH`` (:func:`front_end_yields_to_compute`); long-lived objects are kept
-    out of the garbage collector's full passes (:mod:`hybrid.runtime.collector`, ``HYBRID_GC_MAX_PAUSE_MS``).
+    out of the garbage collector's full passes (:mod:`hybrid.runtime.traffic.collector`, ``HYBRID_GC_MAX_PAUSE_MS``).
     """
     if host not in LOOPBACK and not app.state.hybrid.options.auth_token:
         logger.warning("serving on %s without --auth-token: anyone who reaches this address can run the models",

@@ -21,7 +21,6 @@ from hybrid.hal import Candidate, accelerated_first, get_backend, is_fallback, i
 from hybrid.hal.layout import LAYOUT_MARK, split_layout
 from hybrid.hal.machine import usable_cores
 from hybrid.ir import Model
-from hybrid.runtime import collector
 from hybrid.runtime.auto import cache, judge, worker
 from hybrid.runtime.auto.decision import decision_from_json
 from hybrid.runtime.auto.router import Lane
@@ -39,6 +38,7 @@ from hybrid.runtime.auto.trials import (
     parse_cosine_note,
     trial_of,
 )
+from hybrid.runtime.traffic import collector
 
 __all__ = ["CheckResult", "Confirmation", "Lab", "RealLab"]
 

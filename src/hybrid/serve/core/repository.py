@@ -40,7 +40,7 @@ from hybrid.bundle.manifest import Manifest
 from hybrid.config import backend_sections
 from hybrid.errors import ConfigError, HybridError, ModelError, ServingError
 from hybrid.hal import backend_class, backend_names
-from hybrid.runtime import collector
+from hybrid.runtime.traffic import collector
 from hybrid.serve.core.batcher import in_compute_policy
 from hybrid.serve.core.model import BatchObserver, BatchSettings, ServedModel
 
@@ -631,7 +631,7 @@ class ModelRegistry:
                 m.close()
             except HybridError as e:
                 logger.warning("closing %s: %s", m, e)
-        if models:  # their objects may be frozen out of the collector (runtime.collector): let it reclaim them
+        if models:  # their objects may be frozen out of the collector (runtime.traffic.collector): let it reclaim them
             collector.thaw()
         if folder is not None:
             shutil.rmtree(folder, ignore_errors=True)
