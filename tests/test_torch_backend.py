@@ -115,12 +115,15 @@ def test_supports_answers_from_the_table():
     assert [n.op_type for n in found["unknown"]] == ["NoSuchOp"]
 
 
-def test_opset_decides_which_lowering_applies():
-    # Softmax before opset 13 flattens at the axis; from 13 on it works along one axis
+@pytest.mark.parametrize("op", ["Softmax", "LogSoftmax", "Hardmax"])
+@pytest.mark.parametrize("axis", [{"axis": 1}, {}])
+def test_opset_decides_which_lowering_applies(op, axis):
+    # the softmax family before opset 13 flattens at the axis (default 1); from 13 on it works along one axis
+    # (default -1)
     x = np.random.default_rng(0).standard_normal((2, 3, 4)).astype(np.float32)
     outs = {}
     for opset in (11, 13):
-        m = _model([helper.make_node("Softmax", ["x"], ["y"], axis=1)], [_vi("x", TensorProto.FLOAT, [2, 3, 4])],
+        m = _model([helper.make_node(op, ["x"], ["y"], **axis)], [_vi("x", TensorProto.FLOAT, [2, 3, 4])],
                    [_vi("y", TensorProto.FLOAT, [2, 3, 4])], opset=opset)
         outs[opset] = _compile(m)(x)
         ref = hybrid.compile(m, target="onnxruntime")(x)
