@@ -177,6 +177,24 @@ _ORT_TRT = {"tensorrt": True, "fp16": True, "max_workspace_size": 1 << 30}
 _ASCEND_CONFIG = {"aoe_mode": "subgraph", "precision_mode": "force_fp16"}  # the article's ascend_config
 _CUDA_TARGETS = ["tensorrt:cuda", "onnxruntime:cuda", "torch:cuda", "onnxruntime:cpu", "reference"]
 
+
+def _jetson(name: str, description: str, glibc: str, python: str) -> PlatformProfile:
+    """A Jetson generation: what differs between them is the JetPack's system (glibc) and Python."""
+    return PlatformProfile(name=name, description=description, arch="aarch64", glibc=glibc, python=python,
+                           targets=list(_CUDA_TARGETS), precision="fp16",
+                           backend_options={"tensorrt": dict(_TRT_SEED), "onnxruntime": dict(_ORT_TRT)},
+                           wheels=["onnxruntime"], runtime_note=_JETSON_RUNTIMES)
+
+
+def _ascend(name: str, description: str, arch: str, glibc: str) -> PlatformProfile:
+    """An Ascend NPU: the cards differ in their host (arch, glibc); CANN, targets and options are the same."""
+    return PlatformProfile(name=name, description=description, arch=arch, glibc=glibc,
+                           targets=["onnxruntime:npu", "torch:npu", "onnxruntime:cpu", "reference"],
+                           precision="fp16", layout="NHWC",
+                           backend_options={"onnxruntime": {"precision_mode": "force_fp16"}},
+                           compile_options=dict(_ASCEND_CONFIG), wheels=["onnxruntime"], runtime_note=_ASCEND_RUNTIMES)
+
+
 BUILTIN_PLATFORMS: dict[str, PlatformProfile] = {p.name: p for p in (
     PlatformProfile(name="x86-64", description="x86-64 CPU server or PC (oneDNN/MLAS through ORT, OpenVINO)",
                     arch="x86_64", glibc="2.28", targets=["onnxruntime:cpu", "openvino:cpu", "reference"],
@@ -184,14 +202,10 @@ BUILTIN_PLATFORMS: dict[str, PlatformProfile] = {p.name: p for p in (
     PlatformProfile(name="arm64", description="64-bit ARM CPU (Graviton, Ampere, Raspberry Pi 5)",
                     arch="aarch64", glibc="2.28", targets=["onnxruntime:cpu", "openvino:cpu", "reference"],
                     wheels=["onnxruntime"]),
-    PlatformProfile(name="jetson-xavier", description="NVIDIA Jetson AGX/NX Xavier, JetPack 5 (CUDA 11.4, TRT 8.5)",
-                    arch="aarch64", glibc="2.31", python="3.8", targets=_CUDA_TARGETS, precision="fp16",
-                    backend_options={"tensorrt": _TRT_SEED, "onnxruntime": _ORT_TRT},
-                    wheels=["onnxruntime"], runtime_note=_JETSON_RUNTIMES),
-    PlatformProfile(name="jetson-orin", description="NVIDIA Jetson AGX/NX/Nano Orin, JetPack 6 (CUDA 12, TRT 8.6+)",
-                    arch="aarch64", glibc="2.35", python="3.10", targets=_CUDA_TARGETS, precision="fp16",
-                    backend_options={"tensorrt": _TRT_SEED, "onnxruntime": _ORT_TRT},
-                    wheels=["onnxruntime"], runtime_note=_JETSON_RUNTIMES),
+    _jetson("jetson-xavier", "NVIDIA Jetson AGX/NX Xavier, JetPack 5 (CUDA 11.4, TRT 8.5)", glibc="2.31",
+            python="3.8"),
+    _jetson("jetson-orin", "NVIDIA Jetson AGX/NX/Nano Orin, JetPack 6 (CUDA 12, TRT 8.6+)", glibc="2.35",
+            python="3.10"),
     PlatformProfile(name="nvidia-gpu", description="x86-64 server with an NVIDIA GPU (CUDA 12, TensorRT)",
                     arch="x86_64", glibc="2.28",
                     targets=["tensorrt:cuda", "onnxruntime:cuda", "torch:cuda", "onnxruntime:cpu",
@@ -201,18 +215,9 @@ BUILTIN_PLATFORMS: dict[str, PlatformProfile] = {p.name: p for p in (
                     wheels=["onnxruntime-gpu"],
                     runtime_note="TensorRT comes as the tensorrt wheel (with a CUDA build of torch); the NVIDIA "
                                  "driver and CUDA come with the system"),
-    PlatformProfile(name="ascend-910b", description="Huawei Ascend 910B NPU (Atlas 800T A2, Kunpeng, CANN 8)",
-                    arch="aarch64", glibc="2.34", targets=["onnxruntime:npu", "torch:npu", "onnxruntime:cpu",
-                                                           "reference"],
-                    precision="fp16", layout="NHWC",
-                    backend_options={"onnxruntime": {"precision_mode": "force_fp16"}},
-                    compile_options=_ASCEND_CONFIG, wheels=["onnxruntime"], runtime_note=_ASCEND_RUNTIMES),
-    PlatformProfile(name="ascend-310p", description="Huawei Ascend 310P NPU (Atlas 300I Pro/Duo inference card)",
-                    arch="x86_64", glibc="2.28", targets=["onnxruntime:npu", "torch:npu", "onnxruntime:cpu",
-                                                          "reference"],
-                    precision="fp16", layout="NHWC",
-                    backend_options={"onnxruntime": {"precision_mode": "force_fp16"}},
-                    compile_options=_ASCEND_CONFIG, wheels=["onnxruntime"], runtime_note=_ASCEND_RUNTIMES),
+    _ascend("ascend-910b", "Huawei Ascend 910B NPU (Atlas 800T A2, Kunpeng, CANN 8)", arch="aarch64", glibc="2.34"),
+    _ascend("ascend-310p", "Huawei Ascend 310P NPU (Atlas 300I Pro/Duo inference card)", arch="x86_64",
+            glibc="2.28"),
 )}
 
 

@@ -15,8 +15,8 @@ import typer
 
 from hybrid.errors import ConfigError
 
-__all__ = ["Batch", "DeviceFallback", "Inputs", "Json", "MaxShapes", "MinShapes", "OptShapes", "Shapes", "Target",
-           "apply_device_fallback", "backend_config"]
+__all__ = ["Batch", "DeclaredShapes", "DeviceFallback", "Inputs", "Json", "MaxShapes", "MinShapes", "OptShapes",
+           "Shapes", "Target", "apply_device_fallback", "backend_config"]
 
 Target = Annotated[str, typer.Option("--target", "-t", help="Where to run: auto, a device (cpu, cuda:0), a backend "
                                      "(onnxruntime, openvino) or backend:device.")]
@@ -31,6 +31,9 @@ MinShapes = Annotated[str | None, typer.Option("--min-shapes", help="Smallest sh
 OptShapes = Annotated[str | None, typer.Option("--opt-shapes", help="Typical shapes of a range: the ones run "
                                                "and timed.")]
 MaxShapes = Annotated[str | None, typer.Option("--max-shapes", help="Largest shapes of a range.")]
+DeclaredShapes = Annotated[str | None, typer.Option("--shapes", help="The shapes users run, trtexec's spelling: "
+                                                    "NAME:1x3x480x640[,NAME2:1x128]; auto checks and times at them, "
+                                                    "and the bundle written declares them.")]
 Batch = Annotated[int | None, typer.Option("--batch", help="Size of dim 0 where it is dynamic and --shapes does "
                                            "not set it (other dynamic dims need --shapes).", min=1)]
 Json = Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout (messages go to stderr).")]

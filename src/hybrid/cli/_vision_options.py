@@ -19,32 +19,27 @@ __all__ = ["task_options"]
 
 _P = "Task options (--task detection|classification)"
 
-Format = Annotated[str | None, typer.Option("--format", help="Detection output layout: yolov5 or yolov8.",
-                                            rich_help_panel=_P)]
-Classes = Annotated[Path | None, typer.Option("--classes", help="Text file of class names, one per line.",
-                                              rich_help_panel=_P)]
-ConfThreshold = Annotated[float | None, typer.Option("--conf-threshold", help="Lowest detection score kept "
-                                                     "(default 0.25).", rich_help_panel=_P)]
-IouThreshold = Annotated[float | None, typer.Option("--iou-threshold", help="NMS IoU threshold (default 0.45).",
-                                                    rich_help_panel=_P)]
-MaxDet = Annotated[int | None, typer.Option("--max-det", help="Most detections per frame (default 300).",
-                                            rich_help_panel=_P)]
-Agnostic = Annotated[bool, typer.Option("--agnostic", help="Class-agnostic NMS.", rich_help_panel=_P)]
-Resize = Annotated[str | None, typer.Option("--resize", help="resize (stretch) or letterbox (keep aspect, pad).",
-                                            rich_help_panel=_P)]
-InputSize = Annotated[str | None, typer.Option("--input-size", help="HEIGHTxWIDTH (or one number) for a model "
-                                               "with a dynamic image size.", rich_help_panel=_P)]
-Color = Annotated[str | None, typer.Option("--color", help="Channel order the model expects: rgb or bgr.",
-                                           rich_help_panel=_P)]
-Scale = Annotated[float | None, typer.Option("--scale", help="Pixel scale before mean/std (default 1/255).",
-                                             rich_help_panel=_P)]
-Mean = Annotated[str | None, typer.Option("--mean", help="Per-channel mean, e.g. 0.485,0.456,0.406.",
-                                          rich_help_panel=_P)]
-Std = Annotated[str | None, typer.Option("--std", help="Per-channel std, e.g. 0.229,0.224,0.225.",
-                                         rich_help_panel=_P)]
-TaskOption = Annotated[list[str] | None, typer.Option("--task-option", help="KEY=VALUE for any other task key "
-                                                      "(VALUE as JSON, else text); repeatable.",
-                                                      rich_help_panel=_P)]
+
+def _option(flag: str, text: str) -> Any:
+    """A task option of ``flag``, shown under the task options' panel of ``--help``."""
+    return typer.Option(flag, help=text, rich_help_panel=_P)
+
+
+Format = Annotated[str | None, _option("--format", "Detection output layout: yolov5 or yolov8.")]
+Classes = Annotated[Path | None, _option("--classes", "Text file of class names, one per line.")]
+ConfThreshold = Annotated[float | None, _option("--conf-threshold", "Lowest detection score kept (default 0.25).")]
+IouThreshold = Annotated[float | None, _option("--iou-threshold", "NMS IoU threshold (default 0.45).")]
+MaxDet = Annotated[int | None, _option("--max-det", "Most detections per frame (default 300).")]
+Agnostic = Annotated[bool, _option("--agnostic", "Class-agnostic NMS.")]
+Resize = Annotated[str | None, _option("--resize", "resize (stretch) or letterbox (keep aspect, pad).")]
+InputSize = Annotated[str | None, _option("--input-size", "HEIGHTxWIDTH (or one number) for a model with a dynamic "
+                                          "image size.")]
+Color = Annotated[str | None, _option("--color", "Channel order the model expects: rgb or bgr.")]
+Scale = Annotated[float | None, _option("--scale", "Pixel scale before mean/std (default 1/255).")]
+Mean = Annotated[str | None, _option("--mean", "Per-channel mean, e.g. 0.485,0.456,0.406.")]
+Std = Annotated[str | None, _option("--std", "Per-channel std, e.g. 0.229,0.224,0.225.")]
+TaskOption = Annotated[list[str] | None, _option("--task-option", "KEY=VALUE for any other task key (VALUE as JSON, "
+                                                 "else text); repeatable.")]
 
 
 def _bad(what: str, value: str, hint: str) -> BundleError:

@@ -44,8 +44,7 @@ def create(
     target: Annotated[str | None, typer.Option("--target", "-t", help="Compile for this target instead of the "
                                                "profile's first present one; auto measures the candidates here "
                                                "(at --shapes) and bundles the choice.")] = None,
-    shapes: Annotated[str | None, typer.Option("--shapes", help="The shapes users run, NAME:1x3x480x640[,...]: "
-                                               "-t auto measures at them (a dynamic input needs them).")] = None,
+    shapes: opt.DeclaredShapes = None,
     min_shapes: opt.MinShapes = None,
     opt_shapes: opt.OptShapes = None,
     max_shapes: opt.MaxShapes = None,

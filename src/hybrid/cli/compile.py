@@ -56,8 +56,7 @@ def compile_command(
                                                      help="Accuracy budget for --precision auto.")] = None,
     autotune: Annotated[bool | None, typer.Option("--autotune/--no-autotune",
                                                   help="Time the candidates (default: for 'auto').")] = None,
-    shapes: Annotated[str | None, typer.Option("--shapes", help="The shapes users run, where auto checks and "
-                                               "times: NAME:1x3x480x640[,NAME2:1x128] (trtexec's spelling).")] = None,
+    shapes: opt.DeclaredShapes = None,
     min_shapes: opt.MinShapes = None,
     opt_shapes: opt.OptShapes = None,
     max_shapes: opt.MaxShapes = None,

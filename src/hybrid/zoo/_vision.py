@@ -5,6 +5,8 @@ Imports torch at module level; :mod:`hybrid.zoo` imports this module only inside
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import onnx
 import torch
@@ -109,16 +111,21 @@ def _detector_loss(model: Detector, x: torch.Tensor, boxes: torch.Tensor) -> tor
     return cls_loss * 10.0 + box_loss
 
 
+def _image_batches(make: Callable[..., tuple[np.ndarray, np.ndarray]], seed: int, n: int):
+    """Training batches of ``n`` 64x64 images and their targets, ``make(rng, n, 64, 64)`` as tensors."""
+    rng = np.random.default_rng(seed)
+
+    def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        img, target = make(rng, n, 64, 64)
+        return torch.from_numpy(img), torch.from_numpy(target)
+
+    return batch
+
+
 def build_detector() -> onnx.ModelProto:
     with deterministic(1):
-        rng = np.random.default_rng(1)
         model = Detector()
-
-        def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
-            img, boxes = _data.box_images(rng, 8, 64, 64)
-            return torch.from_numpy(img), torch.from_numpy(boxes)
-
-        train(model, batch, _detector_loss, steps=60, lr=5e-3)
+        train(model, _image_batches(_data.box_images, 1, 8), _detector_loss, steps=60, lr=5e-3)
         return export(model, (torch.rand(1, 3, 480, 640),), ["x"], ["output0"],
                       {"x": {2: "height", 3: "width"}, "output0": {1: "anchors"}})
 
@@ -174,14 +181,8 @@ def _unet_loss(model: UNet, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor
 
 def build_unet() -> onnx.ModelProto:
     with deterministic(2):
-        rng = np.random.default_rng(2)
         model = UNet()
-
-        def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
-            img, mask = _data.blob_images(rng, 4, 64, 64)
-            return torch.from_numpy(img), torch.from_numpy(mask)
-
-        train(model, batch, _unet_loss, steps=40, lr=5e-3)
+        train(model, _image_batches(_data.blob_images, 2, 4), _unet_loss, steps=40, lr=5e-3)
         outs = ["d0", "d1", "d2", "d3", "d4", "d5", "d6"]
         axes = {"x": {0: "batch", 2: "height", 3: "width"}} | {o: {0: "batch", 2: "height", 3: "width"} for o in outs}
         return export(model, (torch.rand(1, 3, 320, 320),), ["x"], outs, axes)

@@ -81,13 +81,16 @@ def _loop(ctx: NodeContext):
     return run
 
 
+def _scan_body(ctx: NodeContext) -> tuple[Any, int, int]:
+    """A Scan's body compiled, how many scan inputs it declares, and how many inputs the node has itself."""
+    assert ctx.compile_graph is not None
+    return ctx.compile_graph(ctx.attrs["body"]), ctx.attrs["num_scan_inputs"], len(ctx.present)
+
+
 @prepared("Scan", since=9)
 def _scan(ctx: NodeContext):
-    assert ctx.compile_graph is not None
     attrs = ctx.attrs
-    body = ctx.compile_graph(attrs["body"])
-    n_scan_in = attrs["num_scan_inputs"]
-    n_own = len(ctx.present)
+    body, n_scan_in, n_own = _scan_body(ctx)
     n_state = n_own - n_scan_in
     bind = _binder(body, n_own, ctx.captures)
     n_scan_out = len(body.output_names) - n_state
@@ -120,13 +123,10 @@ def _scan(ctx: NodeContext):
 @prepared("Scan", since=8)
 def _scan_v8(ctx: NodeContext):
     """Scan-8: a leading optional ``sequence_lens`` input and a batch axis on every input."""
-    assert ctx.compile_graph is not None
     attrs = ctx.attrs
     if set(attrs) - {"body", "num_scan_inputs", "directions"}:
         return None
-    body = ctx.compile_graph(attrs["body"])
-    n_scan_in = attrs["num_scan_inputs"]
-    n_own = len(ctx.present)
+    body, n_scan_in, n_own = _scan_body(ctx)
     n_state = n_own - 1 - n_scan_in
     bind = _binder(body, n_state + n_scan_in, ctx.captures)
     dirs = list(attrs.get("directions") or [0] * n_scan_in)

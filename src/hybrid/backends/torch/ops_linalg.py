@@ -53,44 +53,34 @@ def _coerced(fn, x, axis):
 
 
 def _hardmax(x, dim):
+    """ONNX Hardmax along ``dim``: 1 at the first maximum, 0 elsewhere."""
     idx = torch.argmax(x, dim=dim, keepdim=True)  # first maximal index, as ONNX asks
     return torch.zeros_like(x).scatter(dim, idx, 1)
 
 
-@lowering("Softmax", dtypes=FLOATS)
-def softmax_2d(x, *, axis=1):
-    """ONNX Softmax before opset 13: the input is coerced to 2-D at ``axis`` and the softmax runs along the rows."""
-    return _coerced(torch.softmax, x, axis)
+def _make_softmax_like(stem, fn):
+    """The two ONNX definitions of a softmax-like op, named ``{stem}_2d`` and ``{stem}``.
+
+    Before opset 13 the input is coerced to 2-D at ``axis`` (default 1) and ``fn`` runs along the rows;
+    from 13 ``fn`` runs along ``axis`` (default -1).
+    """
+
+    def coerced(x, *, axis=1):
+        return _coerced(fn, x, axis)
+
+    def along_axis(x, *, axis=-1):
+        return fn(x, axis)
+
+    coerced.__name__ = coerced.__qualname__ = f"{stem}_2d"
+    along_axis.__name__ = along_axis.__qualname__ = stem
+    return coerced, along_axis
 
 
-@lowering("Softmax", since=13, dtypes=FLOATS)
-def softmax(x, *, axis=-1):
-    """ONNX Softmax from opset 13, along ``axis``."""
-    return torch.softmax(x, axis)
-
-
-@lowering("LogSoftmax", dtypes=FLOATS)
-def log_softmax_2d(x, *, axis=1):
-    """ONNX LogSoftmax before opset 13: coerced to 2-D at ``axis``, as Softmax is."""
-    return _coerced(torch.log_softmax, x, axis)
-
-
-@lowering("LogSoftmax", since=13, dtypes=FLOATS)
-def log_softmax(x, *, axis=-1):
-    """ONNX LogSoftmax from opset 13, along ``axis``."""
-    return torch.log_softmax(x, axis)
-
-
-@lowering("Hardmax", dtypes=FLOATS)
-def hardmax_2d(x, *, axis=1):
-    """ONNX Hardmax before opset 13: coerced to 2-D at ``axis``, as Softmax is."""
-    return _coerced(_hardmax, x, axis)
-
-
-@lowering("Hardmax", since=13, dtypes=FLOATS)
-def hardmax(x, *, axis=-1):
-    """ONNX Hardmax from opset 13: 1 at the first maximum along ``axis``, 0 elsewhere."""
-    return _hardmax(x, axis)
+for _op, _stem, _fn in (("Softmax", "softmax", torch.softmax), ("LogSoftmax", "log_softmax", torch.log_softmax),
+                        ("Hardmax", "hardmax", _hardmax)):
+    _before_13, _since_13 = _make_softmax_like(_stem, _fn)
+    lowering(_op, dtypes=FLOATS)(_before_13)
+    lowering(_op, since=13, dtypes=FLOATS)(_since_13)
 
 
 # ------------------------------------------------------------------ attention

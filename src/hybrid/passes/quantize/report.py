@@ -9,7 +9,7 @@ whose top-1 class agrees with fp32.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -19,7 +19,8 @@ from hybrid.errors import QuantizationError
 from hybrid.passes.quantize.config import Budget
 from hybrid.passes.quantize.opset import failure_hint
 
-__all__ = ["Evaluator", "FloatGroup", "OutputAccuracy", "QuantizationReport", "budget_failures", "worst_cosine"]
+__all__ = ["Evaluator", "FloatGroup", "OutputAccuracy", "QuantizationReport", "Trial", "budget_failures",
+           "worst_cosine"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,6 +186,28 @@ def worst_cosine(outputs: Sequence[OutputAccuracy], budget: Budget | None = None
     names = budget.outputs if budget is not None else None
     vals = [o.cosine_min for o in outputs if names is None or o.name in names]
     return min(vals, default=1.0)
+
+
+@dataclass(frozen=True, slots=True)
+class Trial:
+    """One quantization tried: what it kept in float, the quantized model, and how it compares with fp32.
+
+    Attributes:
+        excluded: The nodes or op groups kept in float (the sensitivity search keeps them most sensitive first).
+        model: The quantized model, serialized.
+        outputs: Its accuracy per output.
+        failures: The budget limits it breaks, in words (empty: it meets the budget).
+    """
+
+    excluded: Collection[str]
+    model: bytes
+    outputs: tuple[OutputAccuracy, ...]
+    failures: tuple[str, ...]
+
+    @property
+    def ok(self) -> bool:
+        """Whether it meets the budget."""
+        return not self.failures
 
 
 class Evaluator:

@@ -28,7 +28,7 @@ from typing import Any
 import onnx
 
 from hybrid.errors import QuantizationError
-from hybrid.passes.quantize import speed
+from hybrid.passes.quantize import report, speed
 from hybrid.passes.quantize.config import CALIBRATION_METHODS, QuantConfig, auto_activation
 from hybrid.passes.quantize.data import progress
 from hybrid.passes.quantize.engine import Engine
@@ -63,18 +63,11 @@ class Recipe:
 
 
 @dataclass(frozen=True, slots=True)
-class Trial:
-    """One quantization tried: the groups kept in float, the model and how it compares with fp32."""
+class Trial(report.Trial):
+    """A report trial under a recipe, keeping op groups (by label) in float."""
 
-    recipe: Recipe
     excluded: frozenset[str]
-    model: bytes
-    outputs: tuple[OutputAccuracy, ...]
-    failures: tuple[str, ...]
-
-    @property
-    def ok(self) -> bool:
-        return not self.failures
+    recipe: Recipe
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +102,7 @@ class _Search:
                                    activation=recipe.activation)
             self.runs += 1
             outputs = self.evaluator.evaluate(data)
-            self._tried[key] = Trial(recipe, key[1], data, outputs, tuple(budget_failures(outputs, self.budget)))
+            self._tried[key] = Trial(key[1], data, outputs, tuple(budget_failures(outputs, self.budget)), recipe)
         return self._tried[key]
 
     def sensitivity(self, recipe: Recipe, group: Group) -> float:

@@ -10,32 +10,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from hybrid.errors import QuantizationError
 from hybrid.passes.quantize.config import Budget
 from hybrid.passes.quantize.data import progress
 from hybrid.passes.quantize.engine import Engine
-from hybrid.passes.quantize.report import Evaluator, OutputAccuracy, budget_failures, worst_cosine
+from hybrid.passes.quantize.report import Evaluator, Trial, budget_failures, worst_cosine
 
-__all__ = ["Trial", "rank_layers", "smallest_exclusion"]
+__all__ = ["rank_layers", "smallest_exclusion"]
 
 logger = logging.getLogger("hybrid")
-
-
-@dataclass(frozen=True, slots=True)
-class Trial:
-    """One quantization tried during the search."""
-
-    excluded: tuple[str, ...]
-    model: bytes
-    outputs: tuple[OutputAccuracy, ...]
-    failures: tuple[str, ...]
-
-    @property
-    def ok(self) -> bool:
-        """Whether every check passed."""
-        return not self.failures
 
 
 def rank_layers(engine: Engine, evaluator: Evaluator, candidates: Sequence[str], budget: Budget | None,
