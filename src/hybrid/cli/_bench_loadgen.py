@@ -30,7 +30,7 @@ def _header(model: str, s: Any, feeds: Any, samples: int, backends: Sequence[str
     from hybrid.hal import statuses
 
     versions = {st.name: st.version for st in statuses()}
-    used = ", ".join(f"{b} {versions.get(b, '?')}" for b in dict.fromkeys(backends) if b != "auto")
+    used = ", ".join(f"{b} {versions.get(b, '?')}" for b in dict.fromkeys(backends) if not b.startswith("auto"))
     settings = [f"min duration {s.min_duration_s:g} s", f"min queries {s.min_queries}", f"workers {s.workers}"]
     if s.scenario == "server":
         settings += [f"p99 bound {s.latency_bound_ms:g} ms" if s.latency_bound_ms else "p99 bound: 10x a warm call",
