@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _results
 from _harness import machine_info, table
 
 CONTENDERS = ("onnxruntime", "openvino f32", "auto shapes=")
@@ -71,6 +72,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=1.5)
     ap.add_argument("--child", nargs=3, metavar=("CONTENDER", "MODEL", "FOLDER"), help=argparse.SUPPRESS)
+    _results.add_argument(ap, "auto_alone")
     args = ap.parse_args()
     if args.child:
         child(*args.child, args.seconds)
@@ -104,11 +106,17 @@ def main() -> None:
                f"{ms['auto shapes='] / best:.3f}", ran.get("auto shapes=", "?")]
         rows.append(row)
         print(" | ".join(row), flush=True)
-    print()
-    print(table(["model", "ORT alone ms", "OV f32 alone ms", "auto shapes= alone ms", "auto / best raw",
-                 "auto picked"], rows))
+    results = table(["model", "ORT alone ms", "OV f32 alone ms", "auto shapes= alone ms", "auto / best raw",
+                     "auto picked"], rows)
     within = sum(1 for r in rows if float(r[4]) <= 1.05)
-    print(f"\n{within} of {len(rows)} models: auto within 1.05x of the best raw runtime, each timed alone")
+    summary = f"{within} of {len(rows)} models: auto within 1.05x of the best raw runtime, each timed alone"
+    print()
+    print(results)
+    print(f"\n{summary}")
+    if args.write_results:
+        _results.write_results(args.write_results,
+                               "Auto-selection with every contender alone in its process (issue 13)",
+                               _results.command_line(), results, notes=summary + ".")
 
 
 if __name__ == "__main__":

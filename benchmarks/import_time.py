@@ -18,6 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 import _harness as h
+import _results
 
 CONTENDERS = {"hybrid": "import hybrid", "hybrid + lazy names": "import hybrid; hybrid.compile; hybrid.load",
               "numpy": "import numpy", "onnx": "import onnx", "onnxruntime": "import onnxruntime"}
@@ -33,6 +34,7 @@ def timed_import(statement: str) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--blocks", type=int, default=5)
+    _results.add_argument(parser, "import_time")
     args = parser.parse_args()
     samples: dict[str, list[float]] = {name: [] for name in CONTENDERS}
     names = list(CONTENDERS)
@@ -41,7 +43,12 @@ def main() -> None:
             samples[name].append(timed_import(CONTENDERS[name]))
     numpy_ms = h.median_ms(samples["numpy"])
     rows = [[name, f"{h.median_ms(s):.1f}", f"{h.median_ms(s) / numpy_ms:.2f}"] for name, s in samples.items()]
-    print(h.table(["import", "median ms", "vs numpy"], rows))
+    results = h.table(["import", "median ms", "vs numpy"], rows)
+    print(results)
+    if args.write_results:
+        _results.write_results(args.write_results, "Import cost", _results.command_line(), results,
+                               notes=f"Each sample a fresh interpreter timing its own import; {args.blocks} blocks, "
+                               "contenders interleaved.")
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 import _harness as h
+import _results
 
 import hybrid
 
@@ -58,6 +59,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--items", type=int, default=200)
     parser.add_argument("--blocks", type=int, default=3)
+    _results.add_argument(parser, "pipeline")
     args = parser.parse_args()
     print(f"machine: {h.machine_info()}\n")
     rows = []
@@ -80,9 +82,14 @@ def main() -> None:
         rows.append([label, rate, ideal, rate / ideal, loop, rate / loop])
         verdicts.append(rate / ideal >= 0.85)
     print(f"{args.items} items per run, {args.blocks} blocks, medians\n")
-    print(h.table(["stages", "pipeline items/s", "1 / slowest stage", "fraction of ideal", "plain loop items/s",
-                   "x plain loop"], rows))
-    print(f"\ngoal: fraction of ideal >= 0.85: {'PASS' if all(verdicts) else 'MISS'}")
+    results = h.table(["stages", "pipeline items/s", "1 / slowest stage", "fraction of ideal", "plain loop items/s",
+                       "x plain loop"], rows)
+    goal = f"goal: fraction of ideal >= 0.85: {'PASS' if all(verdicts) else 'MISS'}"
+    print(results)
+    print(f"\n{goal}")
+    if args.write_results:
+        _results.write_results(args.write_results, "Pipeline", _results.command_line(), results,
+                               notes=f"{args.items} items per run, {args.blocks} blocks, medians; {goal}.")
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 import _harness as h
+import _results
 
 import hybrid
 from hybrid.vision import VideoSource, decode, prepare, prepare_crops
@@ -98,6 +99,7 @@ def main() -> None:
     parser.add_argument("--frames", type=int, default=48)
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--blocks", type=int, default=11)
+    _results.add_argument(parser, "vision")
     args = parser.parse_args()
     ex = _example()
     import onnxruntime as ort
@@ -130,11 +132,17 @@ def main() -> None:
         paired = statistics.median(a / b for a, b in zip(loop_times, samples))
         rows.append([name, med * 1e3, args.frames / med, base / med, paired])
     print(f"\n{h.machine_info()}")
-    print(f"{args.frames} frames 640x480 (mpeg4), {dets} detections, detector input 640x640 letterbox, "
-          f"classifier 64x64; medians of {args.blocks} blocks (one video per contender per block)\n")
-    print(h.table(["contender", "ms per video", "FPS", "x loop 1 frame", "x loop, per block"], rows))
+    setup = (f"{args.frames} frames 640x480 (mpeg4), {dets} detections, detector input 640x640 letterbox, "
+             f"classifier 64x64; medians of {args.blocks} blocks (one video per contender per block)")
+    results = h.table(["contender", "ms per video", "FPS", "x loop 1 frame", "x loop, per block"], rows)
     best = max(r[4] for r in rows[1:3])
-    print(f"\nbest of stream/pipeline vs plain loop (median of per-block ratios): {best:.2f}x (goal >= 1.3x)")
+    summary = f"best of stream/pipeline vs plain loop (median of per-block ratios): {best:.2f}x (goal >= 1.3x)"
+    print(f"{setup}\n")
+    print(results)
+    print(f"\n{summary}")
+    if args.write_results:
+        _results.write_results(args.write_results, "Vision: detector -> classifier on a video",
+                               _results.command_line(), results, notes=f"{setup}. {summary}.")
 
 
 if __name__ == "__main__":
