@@ -12,15 +12,16 @@ import http.client
 import json
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+T = TypeVar("T")
 W = (np.arange(12, dtype=np.float32).reshape(4, 3) - 5.0) / 7.0
 
 
@@ -210,12 +211,25 @@ def error_of(body: bytes) -> str:
     return doc["code"]
 
 
+def poll(check: Callable[[], T], limit: float, every: float = 0.002) -> T | None:
+    """``check()``'s first truthy result, looking every ``every`` seconds for ``limit`` seconds; None if none came.
+
+    The one wait on the wall clock that the tests share: for what a real thread, process, socket or server does on
+    its own clock (code that takes a clock is tested on tests/_scripted_time.py instead).
+    """
+    deadline = time.monotonic() + limit
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(every)  # real time: what is watched runs on its own clock
+
+
 def wait_for(condition: Any, what: str, limit: float = 60.0, every: float = 0.002) -> None:
     """Wait until ``condition()`` holds, looking every ``every`` seconds; fail naming ``what`` after ``limit``."""
-    deadline = time.monotonic() + limit
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(every)
+    assert poll(condition, limit, every), f"timed out waiting for {what}"
 
 
 @dataclass

@@ -11,6 +11,7 @@ import time
 import numpy as np
 import pytest
 from tests._backends import backend_registered
+from tests._serve_support import poll, wait_for
 from tests.test_auto_shapes import _Fake, _Perturbed, _SmallOnly, _Transposed, conv_net
 
 import hybrid
@@ -298,8 +299,7 @@ def test_the_check_process_runs_unpaced_once_the_waiting_checks_time_to_be_paced
             pytest.skip("this system does not let a parent read a child's CPU time from /proc")
         paced = worker.PacedUntil()
         pacer = worker._Pacer(proc.pid, 0.01, paced=paced)
-        while pacer.cpu_s() - pacer._cpu0 < 0.05:  # it ran past a 1 % share
-            time.sleep(0.01)
+        wait_for(lambda: pacer.cpu_s() - pacer._cpu0 >= 0.05, "the spin to run past a 1 % share", every=0.01)
         assert pacer.hold_s() > 0.0  # no check waits: paced (the imports of prestart)
         paced.add(time.perf_counter() + 60.0)
         assert pacer.hold_s() > 0.0
@@ -324,17 +324,19 @@ def test_the_prestart_imports_run_unpaced_until_a_check_waits_then_pay_only_from
         paced = worker.PacedUntil()
         pacer = worker._Pacer(proc.pid, 0.01, until_a_check_waits=True, paced=paced)
         start = pacer.cpu_s()
-        while pacer.cpu_s() - start < 0.3:  # far past a 1 % share of the wall time
-            assert pacer.hold_s() == 0.0  # no check waits: unpaced
-            time.sleep(0.01)
+
+        def far_past_its_share() -> bool:  # 0.3 s of CPU: far past a 1 % share of the wall time
+            assert pacer.hold_s() == 0.0  # no check waits: unpaced at each look
+            return pacer.cpu_s() - start >= 0.3
+
+        wait_for(far_past_its_share, "0.3 s of the spin's CPU time", every=0.01)
         assert pacer.hold_s() == 0.0  # the last unpaced look, 0.3 s of CPU in
         paced.add(time.perf_counter() + 60.0)  # a call came: its check waits
         pacer.hold_s()
         # the share counts from the last unpaced look, not from the start: the unpaced 0.3 s is not paid back
         assert pacer._cpu0 - start >= 0.3 - 1.0 / os.sysconf("SC_CLK_TCK")
         base = pacer.cpu_s()
-        while pacer.cpu_s() - base < 0.05:
-            time.sleep(0.01)
+        wait_for(lambda: pacer.cpu_s() - base >= 0.05, "0.05 s more of the spin's CPU time", every=0.01)
         assert pacer.hold_s() > 0.0  # paced from when the check began to wait
     finally:
         proc.kill()
@@ -357,18 +359,18 @@ def test_a_check_process_held_stopped_dies_with_its_parent():
     out = subprocess.run([sys.executable, "-c", parent], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     pid = int(out.stdout.split()[-1])
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
+
+    def state() -> bytes:
         try:
             with open(f"/proc/{pid}/stat", "rb") as f:
-                state = f.read().rsplit(b")", 1)[1].split()[0]
+                return f.read().rsplit(b")", 1)[1].split()[0]
         except FileNotFoundError:
-            return
-        if state in (b"Z", b"X"):
-            return
-        time.sleep(0.05)
-    os.kill(pid, signal.SIGKILL)
-    pytest.fail(f"the check process {pid} outlived its parent (state {state!r})")
+            return b"gone"
+
+    if not poll(lambda: state() in (b"gone", b"Z", b"X"), 30, every=0.05):
+        last = state()
+        os.kill(pid, signal.SIGKILL)
+        pytest.fail(f"the check process {pid} outlived its parent (state {last!r})")
 
 @pytest.mark.slow
 def test_the_demo_decides_auto_on_a_zoo_model_and_reads_every_error_against_the_reference():
