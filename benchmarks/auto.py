@@ -76,7 +76,7 @@ def cosine(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def main() -> None:
-    from hybrid import samples
+    from hybrid.zoo import samples
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default=",".join([*samples.LIGHT_MODELS, BERT]))

@@ -8,7 +8,7 @@ back, for a fixed time (closed loop), interleaved in blocks with a pause between
   same CompiledModel once per batch.
 
 The light SqueezeNet has a static batch of 1; the script runs a batch-dynamic copy made by
-``hybrid.make_batch_dynamic`` (``hybrid.samples.light_model_batch_dynamic``) and checks that
+``hybrid.make_batch_dynamic`` (``hybrid.zoo.samples.light_model_batch_dynamic``) and checks that
 onnxruntime runs it at batch 16 with the same numbers as 16 runs at batch 1.
 
 A fourth row, one caller running batches of 16 on the raw session, is the ceiling any batcher can reach
@@ -38,7 +38,7 @@ import _harness as h
 
 import hybrid
 from hybrid.backends.onnxruntime import session_options
-from hybrid.samples import light_input, light_model_batch_dynamic
+from hybrid.zoo.samples import light_input, light_model_batch_dynamic
 
 
 def closed_loop(call: Callable[[np.ndarray], object], images: list[np.ndarray], seconds: float,

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from hybrid.samples import light_model_batch_dynamic
+from hybrid.zoo.samples import light_model_batch_dynamic
 
 sys.path.insert(0, str(Path(__file__).parent))
 import _harness as h

@@ -49,7 +49,7 @@ def _raw(backend: str, data: bytes) -> None:
 def load_times(models: list[str], rounds: int, work: Path) -> list[list[object]]:
     import hybrid
     from hybrid.bundle import create_bundle, load_with_info
-    from hybrid.samples import light_model_path
+    from hybrid.zoo.samples import light_model_path
 
     rows = []
     for name in models:
@@ -101,7 +101,7 @@ def profile_accuracy(models: list[str], seconds: float, pairs: int, work: Path) 
     drifts during the run cancels; the median of those ratios is reported."""
     import hybrid
     from hybrid.runtime.profiler import profile, sample_inputs
-    from hybrid.samples import light_model_path
+    from hybrid.zoo.samples import light_model_path
 
     rows = []
     for name in models:

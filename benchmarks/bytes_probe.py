@@ -52,8 +52,8 @@ def main() -> None:
 
     import onnx
 
-    from hybrid.samples import light_model_batch_dynamic
     from hybrid.serve import BackgroundServer, build_registry, create_app
+    from hybrid.zoo.samples import light_model_batch_dynamic
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "squeezenet.onnx"

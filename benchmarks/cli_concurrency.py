@@ -20,8 +20,8 @@ import threading
 import time
 
 import hybrid
-from hybrid import samples
 from hybrid.runtime.profiler import sample_inputs
+from hybrid.zoo import samples
 
 
 def threaded_loop(cm, feeds, threads: int, seconds: float) -> float:

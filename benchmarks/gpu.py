@@ -41,10 +41,10 @@ def _log(msg: str) -> None:
 
 # ---------------------------------------------------------------------------------------------- models
 def _light_random(name: str):
-    """A light model with random weights (hybrid.samples), batch made dynamic."""
+    """A light model with random weights (hybrid.zoo.samples), batch made dynamic."""
     import hybrid
     from hybrid.passes.batch import make_batch_dynamic
-    from hybrid.samples import light_model_with_random_weights
+    from hybrid.zoo.samples import light_model_with_random_weights
 
     return make_batch_dynamic(hybrid.Model.load(light_model_with_random_weights(name)))
 

@@ -26,7 +26,7 @@ import _results
 
 import hybrid
 from hybrid.backends.onnxruntime import session_options
-from hybrid.samples import light_input, light_model_path
+from hybrid.zoo.samples import light_input, light_model_path
 
 
 def tiny_matmul() -> onnx.ModelProto:

@@ -208,7 +208,7 @@ def bench_cnn(args: argparse.Namespace) -> tuple[list[list[object]], str]:
 
 
 # ------------------------------------------------------------------ accuracy budgets on the CNN zoo
-# (kind, width, input size, channel-range spread, training steps): hybrid.samples_quant builds and caches them
+# (kind, width, input size, channel-range spread, training steps): hybrid.zoo.samples_quant builds and caches them
 ZOO = {"MobileNetV3-like": ("mobilenet", 16, 64, 40.0, 200), "ResNet-like": ("resnet", 64, 32, 100.0, 120),
        "Detector (concat)": ("detector", 16, 64, 100.0, 200)}
 QUICK_ZOO = {"MobileNetV3-like": ("mobilenet", 8, 32, 40.0, 60), "ResNet-like": ("resnet", 16, 32, 300.0, 60),
@@ -268,7 +268,7 @@ def _accuracy(session: Any, reference: list[np.ndarray], batches: list[np.ndarra
 def bench_zoo(args: argparse.Namespace) -> tuple[list[list[object]], list[str]]:
     import tempfile
 
-    from hybrid import samples_quant
+    from hybrid.zoo import samples_quant
 
     rows: list[list[object]] = []
     notes = []

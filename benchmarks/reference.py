@@ -28,7 +28,7 @@ import _harness as h
 
 import hybrid
 from hybrid.backends.onnxruntime import session_options
-from hybrid.samples import LIGHT_MODELS, LIGHT_RTOL, light_expected, light_input, light_model_path
+from hybrid.zoo.samples import LIGHT_MODELS, LIGHT_RTOL, light_expected, light_input, light_model_path
 
 
 def contenders(name: str) -> tuple[dict[str, object], float]:

@@ -39,7 +39,7 @@ import pickle, struct, sys, tempfile, time
 from pathlib import Path
 import numpy as np
 import hybrid
-from hybrid import samples
+from hybrid.zoo import samples
 inp, out = sys.stdin.buffer, sys.stdout.buffer
 def send(obj):
     data = pickle.dumps(obj)

@@ -57,7 +57,7 @@ def dynamic_squeezenet(folder: Path) -> Path:
     """The light SqueezeNet with a symbolic batch, checked to run at batch 16 in ONNX Runtime."""
     import onnxruntime as ort
 
-    from hybrid.samples import light_model_batch_dynamic
+    from hybrid.zoo.samples import light_model_batch_dynamic
 
     model = light_model_batch_dynamic("squeezenet")
     path = folder / "squeezenet.onnx"

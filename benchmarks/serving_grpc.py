@@ -3,7 +3,7 @@
 The server is ``pyasc serve`` (its command function, in its own process, HTTP and gRPC on free loopback
 ports, onnxruntime on the CPU, ``--max-batch 8 --batch-timeout 0.005``) over a repository built here:
 
-- ``squeezenet``: ONNX's light SqueezeNet made batch-dynamic (``hybrid.samples.light_model_batch_dynamic``);
+- ``squeezenet``: ONNX's light SqueezeNet made batch-dynamic (``hybrid.zoo.samples.light_model_batch_dynamic``);
 - ``tiny``: y = (x @ W) * scale, s = sum(x) with a batch dim, so every answer can be checked against its
   own request (a misrouted answer would not match);
 - ``poison``: a Gather whose run raises (ONNX Runtime: index out of bounds) for a request whose index
@@ -65,7 +65,7 @@ W = (np.arange(12, dtype=np.float32).reshape(4, 3) - 5.0) / 7.0
 
 # ------------------------------------------------------------------------------------------------ models
 def build_repository(root: Path) -> Path:
-    from hybrid.samples import light_model_batch_dynamic
+    from hybrid.zoo.samples import light_model_batch_dynamic
 
     repo = root / "repo"
     for name in ("squeezenet", "tiny", "poison"):
@@ -231,7 +231,7 @@ async def phase(kind: str, srv: Server, seconds: float, x: list[np.ndarray], exp
 
 def throughput(srv: Server, rounds: int, seconds: float) -> list[list]:
     import hybrid
-    from hybrid.samples import light_input
+    from hybrid.zoo.samples import light_input
 
     base = light_input()
     x = [(base * (0.5 + k / USERS)).astype(np.float32) for k in range(USERS)]
@@ -272,7 +272,7 @@ async def live(srv: Server) -> bool:
 
 async def fault_disconnects(srv: Server) -> Tally:
     tga, _ = clients()
-    from hybrid.samples import light_input
+    from hybrid.zoo.samples import light_input
 
     tally = Tally()
     pool = [tga.InferenceServerClient(srv.grpc) for _ in range(8)]
@@ -427,7 +427,7 @@ def fault_table(repo: Path) -> list[list]:
     finally:
         srv.stop()
     import hybrid
-    from hybrid.samples import light_input
+    from hybrid.zoo.samples import light_input
 
     x = [(light_input() * (0.5 + k / (2 * USERS))).astype(np.float32) for k in range(2 * USERS)]
     cm = hybrid.compile(str(repo / "squeezenet" / "1" / "model.onnx"), target="onnxruntime")

@@ -56,7 +56,7 @@ from _harness import machine_info, table
 SERVER = """
 import logging, sys
 import onnx
-from hybrid.samples import light_model_batch_dynamic
+from hybrid.zoo.samples import light_model_batch_dynamic
 from hybrid.serve import build_registry, create_app
 from hybrid.serve.core.repository import configure_backends
 import hybrid.serve.server as server

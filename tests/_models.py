@@ -54,7 +54,7 @@ def light_with_logits(name: str) -> tuple[onnx.ModelProto, bool]:
     Returns:
         The model, and whether it had a final Softmax (if not, it is returned unchanged).
     """
-    from hybrid.samples import light_model_path
+    from hybrid.zoo.samples import light_model_path
 
     m = onnx.load(str(light_model_path(name)))
     last = m.graph.node[-1]
@@ -71,7 +71,7 @@ def check_light_outputs(name: str, outputs: list[np.ndarray]) -> None:
     a Softmax, the shipped output (uniform: 1/1000 each) says the exact logits are all equal: the logits
     must be equal within fp32 accumulation error, and the softmax must be a distribution of the shipped shape.
     """
-    from hybrid.samples import LIGHT_RTOL, light_expected
+    from hybrid.zoo.samples import LIGHT_RTOL, light_expected
 
     expected = light_expected(name)
     if len(outputs) == 1:

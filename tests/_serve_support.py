@@ -171,7 +171,7 @@ def int_model(path: Path) -> Path:
 
 def dynamic_squeezenet(path: Path) -> Path:
     """ONNX's light SqueezeNet with a symbolic batch ('N'), saved to ``path``."""
-    from hybrid.samples import light_model_batch_dynamic
+    from hybrid.zoo.samples import light_model_batch_dynamic
 
     onnx.save(light_model_batch_dynamic("squeezenet"), path)
     return path

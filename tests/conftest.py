@@ -32,7 +32,7 @@ def _clean_config(tmp_path, monkeypatch):
 @pytest.fixture(scope="session")
 def light():
     """Access to ONNX's light models: ``light.path(name)``, ``light.input()``, ``light.expected(name)``."""
-    from hybrid import samples
+    from hybrid.zoo import samples
 
     return samples
 

@@ -37,7 +37,7 @@ BACKENDS = ["onnxruntime:cpu", "openvino:cpu"]
 def squeezenet(tmp_path_factory):
     """SqueezeNet with its weights stored in the file, as real models have them (the light model zoo
     generates its weights with ConstantOfShape; O1 folds them into initializers)."""
-    from hybrid import samples
+    from hybrid.zoo import samples
 
     path = tmp_path_factory.mktemp("models") / "squeezenet.onnx"
     hybrid.optimize(samples.light_model_path("squeezenet"), level="O1").save(path)
@@ -194,7 +194,7 @@ def test_explicit_target_overrides_the_bundle(tmp_path):
 
 # ----------------------------------------------------------------- contents
 def test_calibration_round_trip_without_pickle(tmp_path):
-    from hybrid import samples
+    from hybrid.zoo import samples
 
     path = samples.light_model_path("resnet50")
     name = hybrid.Model.load(path).signature.input_names[0]
@@ -350,7 +350,7 @@ def test_cli_create_for_jetson(tmp_path, squeezenet):
 def test_no_cache_when_the_optimized_graph_dwarfs_the_model(tmp_path):
     """The light zoo's SqueezeNet generates its weights at run time: ORT's optimized graph is 200x the
     model, slower to read than to rebuild, so it is not cached (the bundle still loads)."""
-    from hybrid import samples
+    from hybrid.zoo import samples
 
     cm = hybrid.compile(samples.light_model_path("squeezenet"), target="onnxruntime:cpu")
     manifest = save_bundle(cm, tmp_path / "m.hybrid")

@@ -16,7 +16,7 @@ from tests._models import check_light_outputs, light_with_logits, matmul_add, tw
 import hybrid
 from hybrid.errors import BackendError, RunError
 from hybrid.hal import register_backend, reset_discovery, resolve_target
-from hybrid.samples import LIGHT_MODELS
+from hybrid.zoo.samples import LIGHT_MODELS
 
 CPU_BACKENDS = ["onnxruntime", "openvino"]
 
@@ -180,7 +180,7 @@ def test_torch_tensors_are_accepted(cm2):
 # ---------------------------------------------------------------- the light models
 @functools.cache
 def _light_outputs(name: str, backend: str) -> tuple[np.ndarray, ...]:
-    from hybrid.samples import light_input
+    from hybrid.zoo.samples import light_input
 
     model, _ = light_with_logits(name)
     cm = hybrid.compile(model, target=backend)

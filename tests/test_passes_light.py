@@ -18,7 +18,7 @@ from tests._models import check_light_outputs, light_with_logits
 
 import hybrid
 from hybrid.passes import DEFAULT_FOLD_SIZE_LIMIT
-from hybrid.samples import LIGHT_MODELS, light_input, light_model_path
+from hybrid.zoo.samples import LIGHT_MODELS, light_input, light_model_path
 
 REL = 1e-5
 

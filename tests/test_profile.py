@@ -17,7 +17,7 @@ from hybrid.runtime.profiler import MAX_RUN_SPANS, ProfileReport, profile
 
 @pytest.fixture(scope="module")
 def squeezenet():
-    from hybrid import samples
+    from hybrid.zoo import samples
 
     return samples.light_model_path("squeezenet")
 

@@ -1,4 +1,4 @@
-"""Accuracy-aware int8 on trained CNNs (hybrid.samples_quant): every budget is met, down to all-float;
+"""Accuracy-aware int8 on trained CNNs (hybrid.zoo.samples_quant): every budget is met, down to all-float;
 every int8 op is a candidate (SE blocks, gates, Adds); the speed check decides; the report says why."""
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ import pytest
 pytest.importorskip("torch")
 
 import hybrid
-from hybrid import samples_quant
 from hybrid.errors import QuantizationError
 from hybrid.passes.quantize import speed
 from hybrid.passes.quantize.config import parse_config
 from hybrid.passes.quantize.engine import Engine, workdir
 from hybrid.passes.quantize.groups import group_nodes, quantized_nodes
+from hybrid.zoo import samples_quant
 
 N_CAL, N_EVAL, BATCH = 8, 6, 4
 

@@ -12,7 +12,7 @@ from tests._models import check_light_outputs, light_with_logits
 import hybrid
 from hybrid.backends.reference import ReferenceBackend, custom_op, evaluate_node
 from hybrid.errors import BackendError, HybridError, RunError
-from hybrid.samples import LIGHT_MODELS
+from hybrid.zoo.samples import LIGHT_MODELS
 
 
 def _model(nodes, inputs, outputs, initializers=(), opset=18, extra_opsets=()):

@@ -20,7 +20,7 @@ from tests._models import check_light_outputs, light_with_logits, matmul_add
 import hybrid
 from hybrid.errors import BackendError
 from hybrid.hal import backend_status, get_backend, resolve_target
-from hybrid.samples import LIGHT_MODELS, light_input, light_model_with_random_weights
+from hybrid.zoo.samples import LIGHT_MODELS, light_input, light_model_with_random_weights
 
 torch = pytest.importorskip("torch")
 

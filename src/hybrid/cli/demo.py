@@ -42,7 +42,7 @@ def _inputs(model: str) -> tuple[str, dict[str, Any], list[Any] | None, str]:
     """(model path, feeds, expected outputs or None for the reference backend's, title)."""
     from hybrid import zoo
     from hybrid.errors import ConfigError
-    from hybrid.samples import LIGHT_MODELS, light_expected, light_input, light_model_path
+    from hybrid.zoo.samples import LIGHT_MODELS, light_expected, light_input, light_model_path
 
     if model in zoo.NAMES:
         with progress(f"building the zoo's {model} (trained in-process, cached)"):

@@ -34,6 +34,12 @@ Usage::
 
 Builds are deterministic: fixed seeds, one torch thread while training, so the same torch version writes
 the same bytes. ``import hybrid.zoo`` does not import torch; :func:`build` does.
+
+The zoo is the one home of hybrid's sample models; two more sets live beside the catalog:
+
+- :mod:`hybrid.zoo.samples`: ONNX's light model zoo, nine classic CNNs shipped inside the ``onnx`` wheel with
+  their expected outputs (``pyasc demo``, the tests, the benchmarks);
+- :mod:`hybrid.zoo.samples_quant`: CNNs trained briefly in-process for quantization work (tests, benchmarks).
 """
 
 from __future__ import annotations
