@@ -19,11 +19,11 @@ import signal
 import socket
 import subprocess
 import tempfile
-import time
 from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
+from tests._serve_support import poll
 
 HEAD_IP = "127.0.0.2"
 WORKER_IP = "127.0.0.3"
@@ -99,28 +99,28 @@ class LocalCluster:
         self._start("worker", ["--address", self.address, "--node-ip-address", WORKER_IP])
 
     def _wait_port(self, host: str, port: int, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        def listening() -> bool:
             if any(p.poll() is not None for p in self.procs):
                 pytest.fail(f"ray start exited early; see {self.root}/ray-*.log")
             with socket.socket() as s:
                 s.settimeout(1.0)
-                if s.connect_ex((host, port)) == 0:
-                    return
-            time.sleep(0.2)
-        pytest.fail(f"the Ray head did not listen on {host}:{port} within {timeout} s")
+                return s.connect_ex((host, port)) == 0
+
+        if not poll(listening, timeout, every=0.2):
+            pytest.fail(f"the Ray head did not listen on {host}:{port} within {timeout} s")
 
     def wait_nodes(self, count: int = 2, timeout: float = 60.0) -> list[dict]:
         """Wait (in a driver connected with ``ray.init``) until ``count`` nodes are alive."""
         import ray
 
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            alive = [n for n in ray.nodes() if n["Alive"]]
-            if len(alive) >= count:
-                return alive
-            time.sleep(0.5)
-        pytest.fail(f"{count} Ray nodes were not alive within {timeout} s: {ray.nodes()}")
+        def alive() -> list[dict] | None:
+            nodes = [n for n in ray.nodes() if n["Alive"]]
+            return nodes if len(nodes) >= count else None
+
+        nodes = poll(alive, timeout, every=0.5)
+        if nodes is None:
+            pytest.fail(f"{count} Ray nodes were not alive within {timeout} s: {ray.nodes()}")
+        return nodes
 
     def stop(self) -> None:
         """Kill what the two ``ray start`` commands started, and only that."""

@@ -21,7 +21,6 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
-import time
 import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -233,15 +232,18 @@ class TritonServer:
                "--allow-metrics", "false", "--log-verbose", "0", "--exit-on-error", "true",
                "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1", *self.extra_args]
         self.process = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
-        deadline = time.monotonic() + self.startup_timeout
-        while time.monotonic() < deadline:
+        from _serve_support import poll  # tests/ is on the path of the tests and the benchmarks that use this
+
+        def ready() -> bool:
             if self.process.poll() is not None:
                 raise RuntimeError(f"tritonserver exited with {self.process.returncode}:\n{self.log()[-3000:]}")
             with contextlib.suppress(OSError), \
                     urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=1) as r:
-                if r.status == 200:
-                    return self
-            time.sleep(0.2)
+                return r.status == 200
+            return False
+
+        if poll(ready, self.startup_timeout, every=0.2):
+            return self
         self.stop()
         raise RuntimeError(f"tritonserver was not ready within {self.startup_timeout} s:\n{self.log()[-3000:]}")
 

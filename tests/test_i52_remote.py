@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import json
 import socket
+import threading
 from pathlib import Path
 
 import pytest
@@ -123,20 +124,22 @@ def test_ranges_parse_as_perf_analyzer_reads_them() -> None:
 
 def test_the_sweep_runs_its_windows_on_an_injected_clock() -> None:
     now = [0.0]
+    moved = threading.Condition()
 
     class Scripted:  # a server answering every call in 10 ms of scripted time
         def call(self, feeds, clock):
-            now[0] += 0.010
+            with moved:
+                now[0] += 0.010
+                moved.notify_all()
             return 0.001, 0.010, 0.001, {}
 
         def counters(self):
             return None
 
-    def sleep(seconds: float) -> None:  # the load runs on its own threads; time moves only with it
-        end = now[0] + seconds
-        while now[0] < end:
-            import time
-            time.sleep(0.001)
+    def sleep(seconds: float) -> None:  # the load runs on its own threads; time moves only with its calls
+        with moved:
+            end = now[0] + seconds
+            assert moved.wait_for(lambda: now[0] >= end, timeout=60), "the load stopped calling"  # a hang's net
 
     levels = run_sweep(Scripted(), [{}], SweepSettings("concurrency", (1.0,), StabilityPolicy(window_s=0.5)), 1,
                        clock=lambda: now[0], sleep=sleep)

@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from tests._serve_support import poll
 from typer.testing import CliRunner
 
 from hybrid.cli._loadgen import AUTO_TUNED, LoadgenSettings, _contenders, _decision, _tune
@@ -132,19 +133,16 @@ def test_settle_cannot_tell_without_proc() -> None:
 def test_children_cpu_counts_a_busy_child() -> None:
     import subprocess
     import sys
-    import time
 
     from hybrid.cli._loadgen import children_cpu_s
 
     if children_cpu_s() is None:
         pytest.skip("no /proc here")
     before = children_cpu_s()
-    child = subprocess.Popen([sys.executable, "-c", "import time\nt = time.process_time()\n"
-                              "while time.process_time() - t < 0.3: pass\ntime.sleep(30)"])
+    child = subprocess.Popen([sys.executable, "-c", "import signal, time\nt = time.process_time()\n"
+                              "while time.process_time() - t < 0.3: pass\nsignal.pause()  # idle until killed"])
     try:
-        deadline = time.monotonic() + 20
-        while children_cpu_s() - before < 0.2 and time.monotonic() < deadline:
-            time.sleep(0.1)
+        poll(lambda: children_cpu_s() - before >= 0.2, 20, every=0.1)  # the child's CPU time, read from /proc
         assert children_cpu_s() - before >= 0.2
     finally:
         child.kill()

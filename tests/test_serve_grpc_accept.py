@@ -36,7 +36,7 @@ class Echo(pb_grpc.GRPCInferenceServiceServicer):
 
     async def ModelInfer(self, request, context):
         self.calls += 1
-        await asyncio.sleep(0.002)
+        await asyncio.sleep(0.002)  # real time: the calls of a burst overlap on grpcio's real server
         return pb.ModelInferResponse(model_name=request.model_name, id=request.id)
 
     async def ServerLive(self, request, context):
@@ -81,12 +81,14 @@ def run_collecting_loop_errors(main) -> tuple[object, list[dict]]:
 async def others_ended(limit_s: float) -> list[asyncio.Task]:
     """The loop's other tasks once none is left, or those left after ``limit_s`` (the asks end as the core fails
     them at the stop, through grpcio's poller thread, possibly after ``stop`` returned)."""
-    deadline = asyncio.get_running_loop().time() + limit_s
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + limit_s
     while True:
         others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-        if not others or asyncio.get_running_loop().time() > deadline:
+        left = deadline - loop.time()
+        if not others or left <= 0:
             return others
-        await asyncio.sleep(0.01)
+        await asyncio.wait(others, timeout=left)  # then again: an ending task may have started another
 
 
 def test_a_burst_is_answered_in_full_partly_through_the_asks_and_the_server_stops_cleanly():

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from tests._serve_ray_cluster import LocalCluster, free_port
-from tests._serve_support import tiny_expected, tiny_model
+from tests._serve_support import poll, tiny_expected, tiny_model
 
 ray = pytest.importorskip("ray")
 pytest.importorskip("ray.serve")
@@ -80,16 +80,22 @@ def _grpc_answer(client: tg.InferenceServerClient, seed: int) -> None:
 
 
 def _until(what: str, check, timeout: float, every: float = 0.5):
-    deadline = time.monotonic() + timeout
+    """``check()``'s first result that is not False (None counts: an answer checked by asserts); a raise is
+    "not yet", and the last one is reported on timeout."""
     last: BaseException | None = None
-    while time.monotonic() < deadline:
+
+    def attempt() -> tuple | None:
+        nonlocal last
         try:
             result = check()
-            if result is not False:
-                return result
-        except Exception as e:  # not yet: the last error is reported on timeout
+        except Exception as e:
             last = e
-        time.sleep(every)
+            return None
+        return (result,) if result is not False else None  # a one-tuple is true even around None
+
+    got = poll(attempt, timeout, every)
+    if got is not None:
+        return got[0]
     state = "(no driver)"
     if ray.is_initialized():
         from ray import serve
@@ -183,7 +189,7 @@ def test_two_raylets_replicas_restart_without_the_driver_files_and_sigterm_drain
         body, x, scale = _body(3)
         sender = threading.Thread(target=lambda: queued.append(_post(f"{base}/v2/models/slow/infer", body, 60)))
         sender.start()
-        time.sleep(1.0)
+        time.sleep(1.0)  # real time: the request reaches the replica on another node and waits in its batch
         serve_proc.send_signal(signal.SIGTERM)
         refused: list[tuple[int, dict]] = []
         deadline = time.monotonic() + 30
@@ -194,7 +200,7 @@ def test_two_raylets_replicas_restart_without_the_driver_files_and_sigterm_drain
                 continue
             if status != 200:
                 refused.append((status, doc))
-            time.sleep(0.02)
+            time.sleep(0.02)  # real time: requests paced over the drain of a real cluster
         assert serve_proc.wait(60) == 0, "".join(output)
         sender.join(30)
         assert queued and queued[0][0] == 200, queued

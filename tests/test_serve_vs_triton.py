@@ -34,6 +34,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.utils.shared_memory as tshm
 from _serve_support import (
     STATEFUL_PBTXT,
+    poll,
     shared_memory_objects,
     shared_memory_request,
     stateful_repo,
@@ -975,15 +976,18 @@ def test_prometheus_metrics_as_triton_s(tmp_path) -> None:
         _grpc(servers, lambda client: client.infer("tiny", _grpc_inputs(X, SCALE)).as_numpy("y"))  # a hit
         # Triton refreshes its cache gauges every --metrics-interval-ms, on a thread that a loaded machine may run
         # late: read until they stop differing from pyasc's (current when read), for at most 15 s
-        deadline = time.monotonic() + 15.0
-        while True:
-            time.sleep(0.2)
-            texts = {"triton": _http(f"127.0.0.1:{triton.metrics_port}", "GET", "/metrics")[1].decode(),
-                     "pyasc": _http(pyasc.url, "GET", "/metrics")[1].decode()}
+
+        def read() -> dict[str, str]:
+            return {"triton": _http(f"127.0.0.1:{triton.metrics_port}", "GET", "/metrics")[1].decode(),
+                    "pyasc": _http(pyasc.url, "GET", "/metrics")[1].decode()}
+
+        def agreed() -> dict[str, str] | None:
+            texts = read()
             gauges = [{k: v[2] for k, v in _families(text).items() if k.startswith("nv_cache")}
                       for text in texts.values()]
-            if gauges[0] == gauges[1] or time.monotonic() > deadline:
-                break
+            return texts if gauges[0] == gauges[1] else None
+
+        texts = poll(agreed, 15.0, every=0.2) or read()  # if they never agree, the checks below say where
     families = {name: _families(text) for name, text in texts.items()}
     # the same families (CPU metrics where the machine tells them), types, descriptions and label sets
     assert set(families["pyasc"]) == set(families["triton"])
@@ -1134,7 +1138,7 @@ class TritonPythonModel:
         for request in requests:
             x = pb_utils.get_input_tensor_by_name(request, "x").as_numpy()
             if x[0, 0] == 0:
-                time.sleep({hold})
+                time.sleep({hold})  # real time: Triton's own process holds its first request
             self.ran += 1
             rows = x.shape[0]
             responses.append(pb_utils.InferenceResponse([
@@ -1173,7 +1177,7 @@ def _order_of_runs(tmp_path: Path, batching: str, hold: float,
     def held(feeds):
         marker = float(feeds["x"][0, 0])
         if marker == 0:
-            time.sleep(hold)
+            time.sleep(hold)  # real time: held as Triton's model is, so both servers queue the same requests
         ran.append(marker)
         return run(feeds)
 
@@ -1195,7 +1199,7 @@ def _order_of_runs(tmp_path: Path, batching: str, hold: float,
             with cf.ThreadPoolExecutor(len(sends) + 1) as pool:
                 futures = [pool.submit(send, 0.0, None)]
                 for marker, priority, at in sends:
-                    time.sleep(max(0.0, start + at - time.monotonic()))
+                    time.sleep(max(0.0, start + at - time.monotonic()))  # real time: sent to real servers
                     futures.append(pool.submit(send, marker, priority))
                 answers = [f.result() for f in futures]
             assert all(status == 200 for _, (status, _, _) in answers), (name, answers)
