@@ -155,7 +155,7 @@ class _Sleepy(_Fake):
 
     @classmethod
     def post(cls, feeds, outs):
-        time.sleep(cls.delay_s)
+        time.sleep(cls.delay_s)  # real time: the tuner times real calls on the runtime's own clock
         return outs
 
 

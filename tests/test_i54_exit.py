@@ -55,7 +55,7 @@ while True:
     if spec["until"] == "now":
         break
     if spec["until"] == "sleep":
-        time.sleep(spec["sleep_s"])
+        time.sleep(spec["sleep_s"])  # real time: the program ends a while into its tuner's real work
         break
     if spec["until"] == "switch":  # a bucket left the check: it races or is decided (a candidate compiled, maybe in)
         phases = [s.phase for cm, _ in models for s in (cm.tuning or ())]
@@ -125,7 +125,7 @@ def test_sigterm_mid_tuning_default_status(zoo_models: list, tmp_path: Path) -> 
     proc = _start(tmp_path, 0, zoo_models, until="forever")
     assert proc.stdout is not None
     assert proc.stdout.readline().strip() == "tuning"
-    time.sleep(0.2)
+    time.sleep(0.2)  # real time: the signal lands a moment into the child's tuning, not at its first call
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == -signal.SIGTERM, err[-400:]
@@ -139,7 +139,7 @@ def test_sigterm_handled_by_the_program_gives_its_status(zoo_models: list, tmp_p
     proc = _start(tmp_path, 0, zoo_models, until="forever", on_sigterm=7)
     assert proc.stdout is not None
     assert proc.stdout.readline().strip() == "tuning"
-    time.sleep(delay_s)
+    time.sleep(delay_s)  # real time: at once, or a while into the child's tuning
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 7, err[-400:]

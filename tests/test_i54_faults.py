@@ -94,12 +94,12 @@ for n in spec["batches"]:
         if time.monotonic() > deadline:
             report["undecided"].append(n)
             break
-        time.sleep(0.002)
+        time.sleep(0.002)  # real time: a caller's pace while the child's tuner checks in its own process
 until = time.monotonic() + spec["linger_s"]  # both buckets called on: the re-checks race what was left untimed
 while time.monotonic() < until:
     for x, want in inputs:
         call(x, want)
-    time.sleep(0.002)
+    time.sleep(0.002)  # real time: as above, while the re-checks race
 report["worker_pids"] = len(seen)
 report["tuning"] = [s.as_dict() for s in cm.tuning]
 report["notes"] = list(cm.plan.notes)

@@ -298,7 +298,7 @@ def test_the_server_batcher_joins_what_queues_while_busy_and_bounds_it_by_max_ba
         first = asyncio.ensure_future(batcher.acall("a"))
         await asyncio.to_thread(started.wait, 60)
         later = [asyncio.ensure_future(batcher.acall(x)) for x in "bcdefg"]
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # one loop turn, not time: the calls reach the batcher
         assert batcher.stats().queued == 6  # b..e handed over as a full batch, not begun; f, g queued
         release.set()
         return await first, await asyncio.gather(*later)
@@ -361,7 +361,7 @@ def test_the_server_batcher_times_out_a_queued_request_and_fails_a_bad_batch_alo
             await batcher.acall("late", timeout=0.05)  # queued behind the slow batch
         assert e.value.code == "HYB-411" and "withdrawn" in e.value.message
         queued = asyncio.ensure_future(batcher.acall("q"))
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # one loop turn, not time: "q" fills the queue
         with pytest.raises(RunError) as full:
             await batcher.acall("over")
         assert full.value.code == "HYB-412"

@@ -319,7 +319,7 @@ def test_slow_header_senders_are_closed_and_others_are_served(model_path):
             for _ in range(3):
                 conn.request("GET", "/v2/health/live")
                 assert conn.getresponse().read() == b'{"live":true}'
-                time.sleep(0.8)  # 2.4 s in all: the deadline restarts with each request
+                time.sleep(0.8)  # real time: 2.4 s in all on a real socket; the deadline restarts with each request
     finally:
         srv.stop()
 
@@ -401,7 +401,7 @@ def test_slow_bodies_are_cut_at_the_body_deadline_and_timely_ones_pass(model_pat
     try:
         with socket.create_connection((host, int(port)), timeout=10) as s:  # two halves 0.5 s apart: in time
             s.sendall(head + body[:len(body) // 2])
-            time.sleep(0.5)
+            time.sleep(0.5)  # real time: the server's body deadline runs on its clock, on a real socket
             s.sendall(body[len(body) // 2:])
             raw = b""
             while b"\r\n\r\n" not in raw or not raw.rstrip().endswith(b"}"):

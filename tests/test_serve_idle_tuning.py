@@ -317,7 +317,7 @@ def test_the_server_is_idle_only_while_none_of_its_models_runs_a_request(tmp_pat
 
     async def one_request_to_a() -> None:
         task = asyncio.ensure_future(a.infer({"x": x, "scale": scale}))
-        await asyncio.sleep(0)  # in a's queue now
+        await asyncio.sleep(0)  # one loop turn, not time: in a's queue now
         assert registry.idle_for(time.monotonic()) is None and a.idle_for(time.monotonic()) is None
         assert b.idle_for(time.monotonic()) is not None  # b alone would call itself idle
         await task

@@ -209,7 +209,8 @@ def test_requests_of_one_sequence_run_in_order_one_at_a_time(signature):
             async def queue() -> dict[str, np.ndarray]:
                 running.append(k)
                 assert len(running) == 1, running  # never two of one sequence at once
-                await asyncio.sleep(0.001 * (5 - k))  # later ones would finish first if they could overtake
+                for _ in range(5 - k):  # loop turns, not time: later ones would finish first if they could overtake
+                    await asyncio.sleep(0)
                 seen.append(k)
                 running.remove(k)
                 y = feeds["x"] + feeds["state_in"]

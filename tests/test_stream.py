@@ -76,12 +76,12 @@ def test_stream_is_reusable_after_the_block_and_keeps_order():
     # real time in this test: work still running when a block ends, so that leaving the block must wait for it
     # (a short sleep makes an exit that does not wait visible; the test passes on a machine of any speed)
     with s:
-        s.submit(lambda: (time.sleep(0.02), order.append("a")))
+        s.submit(lambda: (time.sleep(0.02), order.append("a")))  # real time: see above
     with s:
         s.submit(order.append, "b")
     assert order == ["a", "b"]
     with s:
-        slow = s.submit(lambda: (time.sleep(0.05), order.append("c")))
+        slow = s.submit(lambda: (time.sleep(0.05), order.append("c")))  # real time: see above
         s._stop(None)  # stop and restart inside the block: the new thread waits for the old one
         s.submit(order.append, "d")
     assert slow.done() and order == ["a", "b", "c", "d"]

@@ -65,7 +65,7 @@ class DemoExecutable(Executable):
         if self._timings is not None:
             self._timings.append(times)
         if self.dtype == np.float32:
-            time.sleep(FP32_DELAY_S)
+            time.sleep(FP32_DELAY_S)  # real time: the cost that hybrid's timing of real runs must see
         return [env[n].astype(np.float32) for n in self.output_names]
 
     @property

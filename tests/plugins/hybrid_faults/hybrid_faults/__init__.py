@@ -92,11 +92,11 @@ class FaultyBackend(Backend):
             os._exit(70)
         if kind == "compile-segv":
             os.kill(os.getpid(), signal.SIGSEGV)
-            time.sleep(60)  # the signal is delivered before this returns
+            time.sleep(60)  # real time: the signal is delivered before this returns
         if kind == "compile-hang":
             threading.Event().wait()
         if kind == "compile-oom":
             np.empty(1 << 50, np.uint8)  # 1 PiB: refused at once (MemoryError), nothing is touched
         if kind == "compile-slow":
-            time.sleep(arg)
+            time.sleep(arg)  # real time: a compile as slow as a real one, for the check process's deadline
         return FaultyExecutable(get_backend("onnxruntime").compile(model, "cpu"), kind, arg)
