@@ -45,7 +45,8 @@ def test_seed_set_backend_call_validates_without_tensorrt():
             "assert 'tensorrt' not in sys.modules and 'torch' not in sys.modules\n")
     import subprocess
 
-    subprocess.run([sys.executable, "-c", code], check=True)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr  # the child asserts the config and what a fresh interpreter imported
 
 
 @pytest.mark.parametrize("config", [{"fp16": True}, {"fp16_mode": 1}, {"max_workspace_size": "1GB"},
