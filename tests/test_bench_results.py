@@ -133,3 +133,17 @@ def test_write_results_flag_is_off_by_default_and_names_the_section() -> None:
     named_by_run = argparse.ArgumentParser()
     results.add_argument(named_by_run)
     assert named_by_run.parse_args(["--write-results"]).write_results == ""  # the benchmark names it
+
+
+def test_the_page_has_one_closed_section_per_name_each_with_command_date_and_machine() -> None:
+    import re
+
+    text = results.RESULTS.read_text()
+    names = re.findall(r"<!-- results:([^ ]+) -->", text)
+    assert names and len(names) == len(set(names))
+    for name in names:
+        start, end = results.find_section(text, name)  # raises where the closing marker is missing
+        body = text[start:end]
+        assert body.count("<!-- results:") == 1  # sections do not nest or overlap
+        for field in ("\n## ", "\n- Command: `", "\n- Date: ", "\n- Machine: "):
+            assert field in body, (name, field)
