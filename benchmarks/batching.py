@@ -35,6 +35,7 @@ import onnxruntime as ort
 
 sys.path.insert(0, str(Path(__file__).parent))
 import _harness as h
+import _results
 
 import hybrid
 from hybrid.backends.onnxruntime import session_options
@@ -97,8 +98,8 @@ def mlp(features: int = 512, hidden: int = 2048, classes: int = 10) -> onnx.Mode
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
-def bench(title: str, model: onnx.ModelProto, input_name: str, base: np.ndarray, args: argparse.Namespace) -> float:
-    """Run the four contenders on one model; print the table; return batched / unbatched throughput."""
+def bench(title: str, model: onnx.ModelProto, input_name: str, base: np.ndarray, args: argparse.Namespace) -> str:
+    """Run the four contenders on one model; print and return its table and the batched / unbatched ratio."""
     options = {"allow_spinning": args.spinning == "on"}
     cm = hybrid.compile(model, "onnxruntime", config=options)
     raw = ort.InferenceSession(model.SerializeToString(), sess_options=session_options(ort, options),
@@ -147,15 +148,16 @@ def bench(title: str, model: onnx.ModelProto, input_name: str, base: np.ndarray,
         rps = statistics.median(throughput[name])
         rows.append([name, rps, h.percentile(latency[name], 50) * 1e3, h.percentile(latency[name], 99) * 1e3,
                      rps / base_rps])
-    print(f"### {title}: onnxruntime CPU, {args.callers} concurrent callers, {args.blocks} blocks x "
-          f"{args.seconds:g} s, spinning {args.spinning}\n")
-    print(h.table(["contender", "requests/s (median)", "p50 ms", "p99 ms", "x hybrid unbatched"], rows))
-    print(f"\ndynamic_batch: {stats.batches} batches, mean size {stats.mean_batch_size:.1f}, max "
-          f"{stats.max_batch_size}, mean queue wait {stats.mean_queue_wait_s * 1e3:.1f} ms, "
-          f"p99 queue wait {stats.p99_queue_wait_s * 1e3:.1f} ms")
     ratio = statistics.median(throughput["hybrid dynamic_batch(16)"]) / base_rps
-    print(f"batched / unbatched throughput: {ratio:.2f}x (goal >= 1.3x): {'PASS' if ratio >= 1.3 else 'MISS'}\n")
-    return ratio
+    text = (f"### {title}: onnxruntime CPU, {args.callers} concurrent callers, {args.blocks} blocks x "
+            f"{args.seconds:g} s, spinning {args.spinning}\n\n"
+            + h.table(["contender", "requests/s (median)", "p50 ms", "p99 ms", "x hybrid unbatched"], rows)
+            + f"\n\ndynamic_batch: {stats.batches} batches, mean size {stats.mean_batch_size:.1f}, max "
+            f"{stats.max_batch_size}, mean queue wait {stats.mean_queue_wait_s * 1e3:.1f} ms, "
+            f"p99 queue wait {stats.p99_queue_wait_s * 1e3:.1f} ms\n"
+            f"batched / unbatched throughput: {ratio:.2f}x (goal >= 1.3x): {'PASS' if ratio >= 1.3 else 'MISS'}")
+    print(text + "\n")
+    return text
 
 
 def main() -> None:
@@ -167,15 +169,19 @@ def main() -> None:
     parser.add_argument("--spinning", choices=("on", "off"), default="off",
                         help="ORT intra-op spinning, same for every contender")
     parser.add_argument("--models", default="squeezenet,mlp", help="comma-separated: squeezenet, mlp")
+    _results.add_argument(parser, "batching")
     args = parser.parse_args()
     print(f"machine: {h.machine_info()}\n")
     wanted = args.models.split(",")
+    sections = []
     if "squeezenet" in wanted:
         model = light_model_batch_dynamic("squeezenet")
-        bench("SqueezeNet (light, batch-dynamic copy)", model, "data_0", light_input(), args)
+        sections.append(bench("SqueezeNet (light, batch-dynamic copy)", model, "data_0", light_input(), args))
     if "mlp" in wanted:
         x = np.random.default_rng(1).standard_normal((1, 512)).astype(np.float32)
-        bench("MLP 512-2048-2048-10 (fp32, 21 MB of weights)", mlp(), "x", x, args)
+        sections.append(bench("MLP 512-2048-2048-10 (fp32, 21 MB of weights)", mlp(), "x", x, args))
+    if args.write_results:
+        _results.write_results(args.write_results, "Dynamic batching", _results.command_line(), "\n\n".join(sections))
 
 
 if __name__ == "__main__":

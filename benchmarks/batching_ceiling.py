@@ -34,6 +34,7 @@ from hybrid.zoo.samples import light_model_batch_dynamic
 
 sys.path.insert(0, str(Path(__file__).parent))
 import _harness as h
+import _results
 
 
 def _session(model: bytes, intra: int, spinning: bool) -> ort.InferenceSession:
@@ -69,6 +70,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=2.0, help="seconds per configuration per round")
     parser.add_argument("--rounds", type=int, default=3)
+    _results.add_argument(parser, "batching_ceiling")
     args = parser.parse_args()
     model = light_model_batch_dynamic("squeezenet").SerializeToString()
     two, one, spin = _session(model, 2, False), _session(model, 1, False), _session(model, 2, True)
@@ -93,10 +95,16 @@ def main() -> None:
     print(h.machine_info())
     print(f"SqueezeNet (batch-dynamic light model), raw onnxruntime {ort.__version__}, {args.rounds} rounds x "
           f"{args.seconds:g} s\n")
-    print(h.table(["configuration", "ms per image (median)", "x unbatched"], rows))
+    table = h.table(["configuration", "ms per image (median)", "x unbatched"], rows)
     best = min((n for n in names if configs[n][2] > 1), key=lambda n: statistics.median(results[n]))
-    print(f"\nbest batched configuration: {best}, {base / statistics.median(results[best]):.2f}x the "
-          "unbatched cost per image (a batcher's ceiling here)")
+    summary = (f"best batched configuration: {best}, {base / statistics.median(results[best]):.2f}x the "
+               "unbatched cost per image (a batcher's ceiling here)")
+    print(table)
+    print(f"\n{summary}")
+    if args.write_results:
+        _results.write_results(args.write_results, "What batching can buy on 2 cores (raw ONNX Runtime only)",
+                               _results.command_line(), table, notes=f"SqueezeNet (batch-dynamic light model), "
+                               f"{args.rounds} rounds x {args.seconds:g} s. {summary}.")
 
 
 if __name__ == "__main__":
