@@ -19,6 +19,8 @@ import sys
 import threading
 import time
 
+import _results
+
 import hybrid
 from hybrid.runtime.profiler import sample_inputs
 from hybrid.zoo import samples
@@ -75,6 +77,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--in-process", action="store_true", help="call bench() here instead of the pyasc command")
+    _results.add_argument(ap, "cli_concurrency")
     args = ap.parse_args()
     measure = inprocess_bench if args.in_process else cli_bench
     path = str(samples.light_model_path(args.model))
@@ -91,11 +94,17 @@ def main() -> None:
         print(f"round {r + 1}: bench {pair['bench']:.1f}/s  loop {pair['loop']:.1f}/s  ratio {rows[-1][2]:.3f}",
               flush=True)
     ratios = [x[2] for x in rows]
-    print("\n| model | target | threads | bench items/s (median) | loop calls/s (median) | median ratio | range |")
-    print("|---|---|---|---|---|---|---|")
-    print(f"| {args.model} | {args.target} | {args.threads} | {statistics.median(x[0] for x in rows):.1f} | "
-          f"{statistics.median(x[1] for x in rows):.1f} | {statistics.median(ratios):.3f} | "
-          f"{min(ratios):.3f}..{max(ratios):.3f} |")
+    results = ("| model | target | threads | bench items/s (median) | loop calls/s (median) | median ratio | range |\n"
+               "|---|---|---|---|---|---|---|\n"
+               f"| {args.model} | {args.target} | {args.threads} | {statistics.median(x[0] for x in rows):.1f} | "
+               f"{statistics.median(x[1] for x in rows):.1f} | {statistics.median(ratios):.3f} | "
+               f"{min(ratios):.3f}..{max(ratios):.3f} |")
+    print("\n" + results)
+    if args.write_results:
+        _results.write_results(args.write_results, "`pyasc bench --concurrency 4` vs a separately timed 4-thread loop",
+                               _results.command_line(), results,
+                               notes=f"{args.rounds} rounds x {args.seconds:g} s, order alternating; ratio = bench / "
+                               f"loop; bench {'in this process' if args.in_process else 'as the pyasc command'}.")
 
 
 if __name__ == "__main__":

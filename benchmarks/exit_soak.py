@@ -33,6 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import _results
 import numpy as np
 
 SCRIPT = r'''
@@ -136,6 +137,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=50, help="runs that end on their own at a random moment")
     ap.add_argument("--sigterm-runs", type=int, default=10, help="runs sent SIGTERM mid-tuning")
     ap.add_argument("--seed", type=int, default=0)
+    _results.add_argument(ap, "exit_soak")
     args = ap.parse_args()
     rng = random.Random(args.seed)
     with tempfile.TemporaryDirectory(prefix="exit-soak-") as tmp:
@@ -168,11 +170,16 @@ def main() -> None:
                   flush=True)
     print(f"\nmachine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; python "
           f"{platform.python_version()}; {total} runs, {total - len(bad)} at the expected status\n")
-    print("| moment | checks in | result | runs |\n|---|---|---|---|")
-    for (moment, where, verdict), n in sorted(rows.items()):
-        print(f"| {moment} | {where} | {verdict} | {n} |")
+    results = "\n".join(["| moment | checks in | result | runs |", "|---|---|---|---|",
+                          *(f"| {moment} | {where} | {verdict} | {n} |"
+                            for (moment, where, verdict), n in sorted(rows.items()))])
+    print(results)
     for line in bad:
         print(line)
+    if args.write_results:
+        _results.write_results(args.write_results, "Exit while tuning online (issue 54)", _results.command_line(),
+                               results, notes="\n".join([f"{total} runs, {total - len(bad)} at the expected status; "
+                                                         f"seed {args.seed}.", *bad]))
     sys.exit(1 if bad else 0)
 
 

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
+import _results
 from _harness import interleave, machine_info, median_ms, table
 
 import hybrid
@@ -328,14 +329,20 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer samples and repeats (smoke run)")
     parser.add_argument("--only", choices=("zoo", "bert", "cnn"),
                         help="run one part (default: zoo, the accuracy budgets on trained CNNs)")
+    _results.add_argument(parser)
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     if args.only in (None, "zoo"):
         zoo_rows, zoo_notes = bench_zoo(args)
         print(f"\n{machine_info()}\n")
         print("\n".join(zoo_notes))
-        print(table(["model", "contender", "min cosine (held back)", "top-1 agreement", "speed vs fp32", "note"],
-                    zoo_rows))
+        results = table(["model", "contender", "min cosine (held back)", "top-1 agreement", "speed vs fp32", "note"],
+                        zoo_rows)
+        print(results)
+        if args.write_results is not None:
+            _results.write_results(args.write_results or "quantize",
+                                   "Quantization: accuracy budgets on trained CNNs (issue 18)", _results.command_line(),
+                                   "\n".join([*zoo_notes, "", results]))
         return
     rows: list[list[object]] = []
     notes = []
@@ -348,9 +355,14 @@ def main() -> None:
     print(f"\n{machine_info()}\n")
     for note in notes:
         print(note)
-    print(table(["model", "input", "variant", "via", "median ms", "speedup vs fp32", "accuracy", "note"], rows))
-    print("\naccuracy: BERT rows = min per-sample cosine of the mean-pooled output vs fp32 on held-back batches; "
-          "CNN rows = top-1 agreement with fp32")
+    results = table(["model", "input", "variant", "via", "median ms", "speedup vs fp32", "accuracy", "note"], rows)
+    legend = ("accuracy: BERT rows = min per-sample cosine of the mean-pooled output vs fp32 on held-back batches; "
+              "CNN rows = top-1 agreement with fp32")
+    print(results)
+    print("\n" + legend)
+    if args.write_results is not None:  # one section per part: quantize_bert, quantize_cnn
+        _results.write_results(args.write_results or f"quantize_{args.only}", f"Quantization speed: {args.only}",
+                               _results.command_line(), "\n".join([*notes, "", results]), notes=legend)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from onnx.reference import ReferenceEvaluator
 
 sys.path.insert(0, str(Path(__file__).parent))
 import _harness as h
+import _results
 
 import hybrid
 from hybrid.backends.onnxruntime import session_options
@@ -61,6 +62,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("models", nargs="*", default=list(LIGHT_MODELS))
     parser.add_argument("--blocks", type=int, default=3)
     parser.add_argument("--per-block", type=int, default=2)
+    _results.add_argument(parser, "reference")
     args = parser.parse_args(argv)
     print(f"machine: {h.machine_info()}; load average {os.getloadavg()[0]:.2f} at start\n")
     rows = []
@@ -73,12 +75,19 @@ def main(argv: list[str] | None = None) -> None:
         rows.append([name, ref, ref1, raw, onnx_ref, ref / raw, best / raw, onnx_ref / best, compile_s])
         print(f"{name}: reference {ref:.1f} ms (1 thread {ref1:.1f}), onnxruntime {raw:.1f} ms, "
               f"onnx.reference {onnx_ref:.1f} ms", flush=True)
+    results = h.table(["model (batch 1)", "reference ms", "reference 1 thread ms", "raw onnxruntime ms",
+                       "onnx.reference ms", "reference / ort", "best reference / ort", "speed-up vs onnx.reference",
+                       "compile s"], rows)
     print()
-    print(h.table(["model (batch 1)", "reference ms", "reference 1 thread ms", "raw onnxruntime ms",
-                   "onnx.reference ms", "reference / ort", "best reference / ort", "speed-up vs onnx.reference",
-                   "compile s"], rows))
+    print(results)
     print(f"\nload average {os.getloadavg()[0]:.2f} at end; goals: ResNet-50 reference / onnxruntime <= 2.5, "
           "speed-up vs onnx.reference >= 10")
+    if args.write_results:
+        _results.write_results(args.write_results, "Reference backend speed: numpy kernels vs ONNX Runtime and "
+                               "onnx.reference", _results.command_line(), results,
+                               notes=f"Batch 1, same process, interleaved: {args.blocks} blocks x {args.per_block} "
+                               "runs. Goals: ResNet-50 reference / onnxruntime <= 2.5, speed-up vs onnx.reference "
+                               ">= 10.")
 
 
 if __name__ == "__main__":
