@@ -46,6 +46,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
+import _results
 from _harness import machine_info, table
 
 FEATURES = 16
@@ -290,6 +291,7 @@ def main() -> int:
     parser.add_argument("--max-children", type=int, default=1)
     parser.add_argument("--max-rss-growth-mb", type=float, default=64.0)
     parser.add_argument("--json", type=Path)
+    _results.add_argument(parser, "auto_soak")
     args = parser.parse_args()
     autotune = {**_AUTOTUNE, "recheck_after_s": args.recheck_after_s}
     folder = Path(tempfile.mkdtemp(prefix="auto-soak-"))
@@ -326,13 +328,17 @@ def main() -> int:
             with contextlib.suppress(Exception):
                 r.close()
     found = verdicts(samples, args.warmup_min, args)
-    print(table(["minute", "path", "RSS MB", "threads", "FDs", "children", "right answers", "wrong", "errors"],
-                [[s["minute"], s["path"], s["rss_mb"], s["threads"], s["fds"], s["children"], s["calls"],
-                  s["wrong"], s["errors"]] for s in samples]))
-    print(table(["path", "after minute", "threads +", "FDs +", "children max", "RSS + MB", "wrong", "errors",
-                 "within bound"],
-                [[v["path"], v["from_minute"], v["threads"], v["fds"], v["children"], v["rss_mb"], v["wrong"],
-                  v["errors"], v["ok"]] for v in found]))
+    results = (table(["minute", "path", "RSS MB", "threads", "FDs", "children", "right answers", "wrong", "errors"],
+                     [[s["minute"], s["path"], s["rss_mb"], s["threads"], s["fds"], s["children"], s["calls"],
+                       s["wrong"], s["errors"]] for s in samples])
+               + "\n\n" + table(["path", "after minute", "threads +", "FDs +", "children max", "RSS + MB", "wrong",
+                                  "errors", "within bound"],
+                                 [[v["path"], v["from_minute"], v["threads"], v["fds"], v["children"], v["rss_mb"],
+                                   v["wrong"], v["errors"], v["ok"]] for v in found]))
+    print(results)
+    if args.write_results:
+        _results.write_results(args.write_results, "Long life of target='auto' (issue 54 item 3)",
+                               _results.command_line(), results, notes=f"{env_note}; autotune {autotune}.")
     if args.json:
         tmp = args.json.with_suffix(".tmp")
         tmp.write_text(json.dumps({"samples": samples, "verdicts": found, "autotune": autotune}, indent=1))

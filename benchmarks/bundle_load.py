@@ -31,6 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+import _results
 from _harness import machine_info, table
 
 
@@ -133,21 +134,28 @@ def main() -> None:
     parser.add_argument("--profile-seconds", type=float, default=5.0)
     parser.add_argument("--pairs", type=int, default=3, help="alternations of profiled and plain periods")
     parser.add_argument("--skip-load", action="store_true", help="only the profiler part")
+    _results.add_argument(parser, "bundle_load")
     args = parser.parse_args()
     models = args.models.split(",")
     print(f"machine: {machine_info()}\n")
+    parts = []
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         if not args.skip_load:
             rows = load_times(models, args.rounds, work)
-            print(f"### Bundle load time (median of {args.rounds} rounds, ms)\n")
-            print(table(["model", "backend", "raw runtime", "hybrid.compile", "first load (IR)",
-                         "second load (cache)", "load from bundle cache", "first/second", "bundle MiB"], rows))
+            parts.append(f"### Bundle load time (median of {args.rounds} rounds, ms)\n\n"
+                         + table(["model", "backend", "raw runtime", "hybrid.compile", "first load (IR)",
+                                  "second load (cache)", "load from bundle cache", "first/second", "bundle MiB"], rows))
+            print(parts[-1])
         rows = profile_accuracy(models[:2], args.profile_seconds, args.pairs, work)
-        print(f"\n### hybrid.profile ({args.profile_seconds:.0f} s) vs a separate timing loop "
-              f"({args.pairs} profiled periods between plain ones)\n")
-        print(table(["model", "backend", "runs", "p50 ms", "p99 ms", "profile throughput /s", "plain loop /s",
-                     "median ratio", "ratio range", "top op", "node spans"], rows))
+        parts.append(f"### hybrid.profile ({args.profile_seconds:.0f} s) vs a separate timing loop "
+                     f"({args.pairs} profiled periods between plain ones)\n\n"
+                     + table(["model", "backend", "runs", "p50 ms", "p99 ms", "profile throughput /s", "plain loop /s",
+                              "median ratio", "ratio range", "top op", "node spans"], rows))
+        print("\n" + parts[-1])
+    if args.write_results:
+        _results.write_results(args.write_results, "Profiler and bundle cache through the backend contract",
+                               _results.command_line(), "\n\n".join(parts))
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _results
 from _harness import interleave, machine_info, median_ms, table
 
 
@@ -212,6 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="small workloads and few iterations")
     parser.add_argument("--batches", default=None, help="comma-separated batch sizes (default 1,32)")
     parser.add_argument("--out", default=None, help="Markdown file for the table (default: $OUT/gpu_results.md)")
+    _results.add_argument(parser)  # the section: gpu, or gpu_cpu for the CPU self-check
     args = parser.parse_args(argv)
 
     import torch
@@ -276,6 +278,11 @@ def main(argv: list[str] | None = None) -> int:
         "",
     ])
     print(text)
+    if args.write_results is not None:
+        title = ("Torch backend on the CPU (self-check, not a GPU result)" if device == "cpu" else
+                 f"GPU: hybrid target='{device}' vs torch eager vs ONNX Runtime CPU")
+        _results.write_results(args.write_results or ("gpu_cpu" if device == "cpu" else "gpu"), title,
+                               _results.command_line(), text)
     out = args.out or (os.path.join(os.environ["OUT"], "gpu_results.md") if os.environ.get("OUT") else None)
     if out:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
