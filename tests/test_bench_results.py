@@ -147,3 +147,16 @@ def test_the_page_has_one_closed_section_per_name_each_with_command_date_and_mac
         assert body.count("<!-- results:") == 1  # sections do not nest or overlap
         for field in ("\n## ", "\n- Command: `", "\n- Date: ", "\n- Machine: "):
             assert field in body, (name, field)
+
+
+def test_each_benchmark_default_section_is_on_the_page() -> None:
+    import re
+
+    page = results.RESULTS.read_text()
+    named = {}
+    for script in sorted(results.HERE.glob("*.py")):
+        for name in re.findall(r'add_argument\(\w+, "([a-z0-9_.-]+)"\)', script.read_text()):
+            named[script.name] = name
+    assert len(named) >= 10  # the flag is wired into the benchmarks, not only into this module
+    missing = {script: name for script, name in named.items() if f"<!-- results:{name} -->" not in page}
+    assert not missing  # a first --write-results would append a new section instead of replacing the old one
