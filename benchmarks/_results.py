@@ -143,6 +143,24 @@ def find_section(text: str, name: str) -> tuple[int, int] | None:
     return start, end
 
 
+CONTENTS = ("<!-- results-contents -->", "<!-- /results-contents -->")
+_SECTION = re.compile(r"^<!-- results:([a-z0-9][a-z0-9_.-]*) -->\n## (.+)$", re.MULTILINE)
+
+
+def anchor(title: str) -> str:
+    """The anchor GitHub gives a heading: lower case, punctuation dropped, spaces as hyphens."""
+    return "".join(c for c in title.strip().lower() if c.isalnum() or c in " -_").replace(" ", "-")
+
+
+def with_contents(text: str) -> str:
+    """``text`` with its contents line (between :data:`CONTENTS`' markers) listing every section, in page order."""
+    start, end = text.find(CONTENTS[0]), text.find(CONTENTS[1])
+    if start < 0 or end < start:
+        return text  # a page without the markers keeps what it has
+    links = ", ".join(f"[{name}](#{anchor(title)})" for name, title in _SECTION.findall(text))
+    return text[:start + len(CONTENTS[0])] + f"\n**Contents**: {links}\n" + text[end:]
+
+
 def _write_atomic(path: Path, text: str) -> None:
     # Temp file in the same folder, then rename: readers see the old page or the new one, never half of one.
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -210,7 +228,7 @@ def write_results(name: str, title: str, command: str, table: str, notes: str = 
             old = text[start:end]
             text = text[:start] + new + text[end:]
             _append_history(history / f"{name}.md", name, old)
-        _write_atomic(results, text)
+        _write_atomic(results, with_contents(text))
     return new
 
 

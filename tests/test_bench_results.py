@@ -160,3 +160,15 @@ def test_each_benchmark_default_section_is_on_the_page() -> None:
     assert len(named) >= 10  # the flag is wired into the benchmarks, not only into this module
     missing = {script: name for script, name in named.items() if f"<!-- results:{name} -->" not in page}
     assert not missing  # a first --write-results would append a new section instead of replacing the old one
+
+
+def test_contents_line_follows_the_sections(tmp_path: Path) -> None:
+    page = tmp_path / "RESULTS.md"
+    page.write_text("# Benchmark results\n\n<!-- results-contents -->\n<!-- /results-contents -->\n")
+    _write(page, "alpha")
+    _write(page, "beta.2")
+    text = page.read_text()
+    assert "**Contents**: [alpha](#alpha-title), [beta.2](#beta2-title)\n" in text
+    assert results.anchor("pyasc serve vs Triton, gRPC (issue 25) — `x`") == "pyasc-serve-vs-triton-grpc-issue-25--x"
+    _write(page, "alpha", day=9)  # a replacement leaves one contents line, in page order
+    assert page.read_text().count("**Contents**:") == 1
