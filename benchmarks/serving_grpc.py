@@ -53,6 +53,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 sys.path.insert(0, str(Path(__file__).parent))
+import _results
 from _harness import machine_info, table
 
 USERS = 16
@@ -489,8 +490,10 @@ def main() -> None:
     parser.add_argument("--skip-faults", action="store_true")
     parser.add_argument("--skip-throughput", action="store_true")
     parser.add_argument("--soak", type=float, default=0.0, help="seconds of soak with RSS sampled (0: none)")
+    _results.add_argument(parser, "serving_grpc")
     args = parser.parse_args()
     print(machine_info())
+    parts = []  # each part's heading and table, printed as it ends and written together with --write-results
     with tempfile.TemporaryDirectory() as tmp:
         repo = build_repository(Path(tmp))
         if not args.skip_throughput:
@@ -500,14 +503,15 @@ def main() -> None:
                 rows = throughput(srv, args.rounds, args.seconds)
             finally:
                 srv.stop()
-            print(f"\nThroughput, squeezenet (batch-dynamic, --max-batch 8), {USERS} users, {args.rounds} rounds of "
-                  f"{args.seconds:g} s per protocol, interleaved")
-            print(table(["protocol", "requests", "req/s", "bad answers"], rows))
+            parts.append(f"Throughput, squeezenet (batch-dynamic, --max-batch 8), {USERS} users, {args.rounds} rounds "
+                         f"of {args.seconds:g} s per protocol, interleaved\n\n"
+                         + table(["protocol", "requests", "req/s", "bad answers"], rows))
+            print("\n" + parts[-1])
         if not args.skip_faults:
             rows = fault_table(repo)
-            print("\nFaults")
-            print(table(["fault", "sent", "answered", "failed (status)", "lost", "misrouted", "alive after",
-                         "RSS MB"], rows))
+            parts.append("Faults\n\n" + table(["fault", "sent", "answered", "failed (status)", "lost", "misrouted",
+                                               "alive after", "RSS MB"], rows))
+            print("\n" + parts[-1])
         if args.soak:
             srv = Server(repo)
             try:
@@ -516,12 +520,16 @@ def main() -> None:
             finally:
                 srv.stop()
             warm = next((mb for t, mb in samples if t >= 10), samples[0][1])
-            print(f"\nSoak, {args.soak:g} s, {USERS} users (gRPC and HTTP, one call in four cut by a deadline)")
-            print(table(["sent", "answered", "failed (status)", "lost", "misrouted", "alive after",
-                         "RSS MB at 10 s", "RSS MB at end", "max", "end / 10 s"],
-                        [[tally.sent, tally.answered, tally.failures(), tally.lost, tally.misrouted, alive,
-                          f"{warm:.0f}", f"{samples[-1][1]:.0f}", f"{max(mb for _, mb in samples):.0f}",
-                          f"{samples[-1][1] / warm:.3f}"]]))
+            parts.append(f"Soak, {args.soak:g} s, {USERS} users (gRPC and HTTP, one call in four cut by a deadline)\n\n"
+                         + table(["sent", "answered", "failed (status)", "lost", "misrouted", "alive after",
+                                  "RSS MB at 10 s", "RSS MB at end", "max", "end / 10 s"],
+                                 [[tally.sent, tally.answered, tally.failures(), tally.lost, tally.misrouted, alive,
+                                   f"{warm:.0f}", f"{samples[-1][1]:.0f}", f"{max(mb for _, mb in samples):.0f}",
+                                   f"{samples[-1][1] / warm:.3f}"]]))
+            print("\n" + parts[-1])
+    if args.write_results:
+        _results.write_results(args.write_results, "Serving over gRPC, and faults (issue 15)", _results.command_line(),
+                               "\n\n".join(parts))
 
 
 if __name__ == "__main__":

@@ -51,6 +51,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
+import _results
 from _harness import machine_info, table
 
 SERVER = """
@@ -352,8 +353,10 @@ def main() -> None:
                         help="environment of the server process (e.g. MALLOC_ARENA_MAX=2); repeatable")
     parser.add_argument("--no-malloc-limit", action="store_true",
                         help="leave glibc's dynamic mmap threshold alone (the server's behaviour before issue 17)")
+    _results.add_argument(parser, "soak")
     args = parser.parse_args()
     env = dict(item.split("=", 1) for item in args.server_env)
+    parts = []  # each part's heading and table, printed as it ends and written together with --write-results
 
     import onnxruntime as ort
 
@@ -366,12 +369,14 @@ def main() -> None:
         server = Server(Path(tmp), args.header_timeout, env, not args.no_malloc_limit)
         try:
             if not args.no_probes:
-                print("\n### Hostile requests (the health check polled every 10 ms meanwhile)\n")
-                print(table(["request", "answer", "answer ms", "health worst ms", "health median ms",
-                             "health checks"], probe_bytes(server)))
-                print(f"\n### Slow header senders (--header-timeout {args.header_timeout:g})\n")
-                print(table(["attack", "closed by the server", "closed after s", "valid request median ms",
-                             "valid request worst ms", "valid requests"], probe_slowloris(server)))
+                parts.append("### Hostile requests (the health check polled every 10 ms meanwhile)\n\n"
+                             + table(["request", "answer", "answer ms", "health worst ms", "health median ms",
+                                      "health checks"], probe_bytes(server)))
+                print("\n" + parts[-1])
+                parts.append(f"### Slow header senders (--header-timeout {args.header_timeout:g})\n\n"
+                             + table(["attack", "closed by the server", "closed after s", "valid request median ms",
+                                      "valid request worst ms", "valid requests"], probe_slowloris(server)))
+                print("\n" + parts[-1])
             session = ort.InferenceSession(str(Path(tmp) / "squeezenet.onnx"), providers=["CPUExecutionProvider"])
             rng = np.random.default_rng(0)
             inputs = {s: rng.random((args.rows, 3, 224, 224), dtype=np.float32) for s in range(8)}
@@ -394,8 +399,8 @@ def main() -> None:
     peak = max(r for _, r in samples)
     n = result["disconnects"]
     tracebacks = sum("Traceback" in line for line in lines)
-    print(f"\n### Soak: {args.clients} clients, {result['seconds'] / 60:.1f} min, {args.rows} image(s) per request, "
-          f"{args.disconnect:.0%} of requests hang up mid-request\n")
+    heading = (f"### Soak: {args.clients} clients, {result['seconds'] / 60:.1f} min, {args.rows} image(s) per request, "
+               f"{args.disconnect:.0%} of requests hang up mid-request")
     outcomes = result["outcomes"]
     rows = [[k, str(v)] for k, v in sorted(outcomes.items())]
     rows += [["disconnects made (raw sockets)", f"{n} (" + ", ".join(f"{k}: {v}" for k, v in
@@ -408,8 +413,12 @@ def main() -> None:
              ["RSS end vs 1 min", f"{(end - one) / one:+.1%}"],
              ["RSS 10 s after the soak, idle (MB)", f"{idle_rss:.0f}"],
              ["/v2/health/live after", str(alive)]]
-    print(table(["measure", "value"], rows))
-    print("\nRSS samples (s, MB): " + ", ".join(f"{t:.0f}:{r:.0f}" for t, r in samples[::15]))
+    rss = "RSS samples (s, MB): " + ", ".join(f"{t:.0f}:{r:.0f}" for t, r in samples[::15])
+    parts.append(f"{heading}\n\n{table(['measure', 'value'], rows)}\n\n{rss}")
+    print("\n" + parts[-1])
+    if args.write_results:
+        _results.write_results(args.write_results, "Serving under attack and churn (issue 17)", _results.command_line(),
+                               "\n\n".join(parts))
 
 
 if __name__ == "__main__":
