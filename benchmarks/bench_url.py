@@ -28,6 +28,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
+import _results
 import _triton_real as tr
 import vs_triton as vt
 
@@ -55,6 +56,7 @@ def main() -> None:
     ap.add_argument("--model", default="external_data", help="the hybrid.zoo model both servers serve")
     ap.add_argument("--protocol", choices=("grpc", "http"), default="grpc")
     ap.add_argument("--json", type=Path, default=None, help="write every level of every round here")
+    _results.add_argument(ap, "bench_url")
     args = ap.parse_args()
     levels = tuple(float(c) for c in args.concurrency.split(","))
     work = Path(tempfile.mkdtemp(prefix="bench-url-"))
@@ -91,9 +93,9 @@ def main() -> None:
 
     print(f"\nmachine: {machine_line()}, Python {platform.python_version()}; model {args.model}; protocol "
           f"{args.protocol}; {args.rounds} rounds, windows of {args.window:g} s\n")
-    print("| concurrency | server | infer/s | p50 ms | p99 ms | client send+recv ms | network+server send/recv ms "
-          "| server queue ms | compute in/infer/out ms | stable rounds | infer/s pyasc / Triton (paired) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    lines = ["| concurrency | server | infer/s | p50 ms | p99 ms | client send+recv ms | network+server send/recv ms "
+             "| server queue ms | compute in/infer/out ms | stable rounds | infer/s pyasc / Triton (paired) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in levels:
         ratios = [p["Inferences/Second"] / t["Inferences/Second"] for p, t in zip(got[("pyasc serve", c)],
                                                                                    got[("triton", c)])]
@@ -104,10 +106,17 @@ def main() -> None:
             stable = sum(bool(lv["stable"]) for lv in got[(name, c)])
             ratio = f"x{statistics.median(ratios):.2f} ({', '.join(f'{x:.2f}' for x in ratios)})" \
                 if name == "pyasc serve" else ""
-            print(f"| {c:g} | {name} | {med(name, c, 'Inferences/Second', 1):.1f} | {med(name, c, 'p50 latency'):.2f} "
-                  f"| {med(name, c, 'p99 latency'):.2f} | {send_recv:.3f} "
-                  f"| {med(name, c, 'Network+Server Send/Recv'):.2f} | {med(name, c, 'Server Queue'):.2f} "
-                  f"| {compute} | {stable}/{len(got[(name, c)])} | {ratio} |")
+            lines.append(f"| {c:g} | {name} | {med(name, c, 'Inferences/Second', 1):.1f} "
+                         f"| {med(name, c, 'p50 latency'):.2f} | {med(name, c, 'p99 latency'):.2f} | {send_recv:.3f} "
+                         f"| {med(name, c, 'Network+Server Send/Recv'):.2f} | {med(name, c, 'Server Queue'):.2f} "
+                         f"| {compute} | {stable}/{len(got[(name, c)])} | {ratio} |")
+    print("\n".join(lines))
+    if args.write_results:
+        _results.write_results(args.write_results,
+                               "`pyasc bench --url` against pyasc serve and tritonserver (issue 52)",
+                               _results.command_line(), "\n".join(lines),
+                               notes=f"Model {args.model}, protocol {args.protocol}; {args.rounds} rounds, windows of "
+                               f"{args.window:g} s.")
 
 
 if __name__ == "__main__":
