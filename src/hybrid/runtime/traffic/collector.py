@@ -3,8 +3,9 @@
 A full collection walks every object the collector tracks. In a server process that is mostly what never dies: the
 imports (a runtime, and torch or OpenVINO once ``target='auto'`` compiles its candidates) and the loaded models, a
 million objects or more. The requests allocate fast enough to start one every 20 s or so under load, and each held
-the GIL for about 150 ms on this project's 2-core machine, stalling every request in flight (benchmarks/RESULTS.md,
-issue 25). :class:`CollectorPolicy` freezes the objects that survived a full collection that took longer than
+the GIL for about 150 ms on this project's 2-core machine, stalling every request in flight
+(benchmarks/history/RESULTS-to-2026-12-07.md, issue 25).
+:class:`CollectorPolicy` freezes the objects that survived a full collection that took longer than
 ``max_pause_s`` (``gc.freeze``: they leave the collector's passes; reference counting still frees them), so the
 next full collections walk only what is younger. Freezing once at start-up covers the imports and the models;
 the rule covers what is loaded later. Objects frozen in a reference cycle are not reclaimed, so whatever lets go of

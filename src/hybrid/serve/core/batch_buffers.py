@@ -3,7 +3,8 @@
 A batch of requests runs as one call on their inputs joined along the batch axis. A fresh array per batch costs more
 than the copy into it: the allocator hands a large block back to the system when it is freed, and every page of the
 next one faults in again (on a batch of eight 96x96 images, the faults and unmaps took as long as the copy itself,
-``perf`` in benchmarks/RESULTS.md). :class:`BatchBuffers` keeps the blocks of the batches that have ended and joins
+``perf`` in benchmarks/history/RESULTS-to-2026-12-07.md).
+:class:`BatchBuffers` keeps the blocks of the batches that have ended and joins
 the next batches into them.
 
 A block is taken back only when no output of its run shares memory with it (a backend may answer with its input,

@@ -35,8 +35,8 @@ ACCEPT_AHEAD = 8
 An ask costs only its bookkeeping (one pending call state) until a call arrives; a burst larger than this is still
 accepted, at grpcio's own pace for the rest. Against grpcio's one ask, eight took 10 % (a model's load) to 30 %
 (every answer from the response cache) off the front end's CPU per call at 16 clients, and 2, 8 or 32 cost the same
-(``benchmarks/vs_triton.py``, benchmarks/RESULTS.md): most of the gain is the second ask. Eight leaves room for a
-full batch of the usual ``max_batch_size`` arriving at once.
+(``benchmarks/vs_triton.py``, benchmarks/history/RESULTS-to-2026-12-07.md): most of the gain is the second
+ask. Eight leaves room for a full batch of the usual ``max_batch_size`` arriving at once.
 """
 
 
