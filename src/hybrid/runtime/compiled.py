@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from hybrid import providers
 from hybrid.errors import ConfigError, HybridError, RunError, first_line
+from hybrid.hal.layout import ReplicaPool
 from hybrid.runtime.validate import InputValidator
 
 if TYPE_CHECKING:
@@ -47,6 +48,15 @@ class ServingView:
     options: Mapping[str, Any]
     plan: Plan
     executable: Executable | None = None
+
+    @property
+    def replicas(self) -> int:
+        """Calls that run at once without waiting for each other: the replicas of a layout's pool, else 1.
+
+        A server runs that many batches at once (``hybrid.serve.core.runners``): fewer leave replicas idle, more
+        wait inside the pool for a free one.
+        """
+        return len(self.executable.replicas) if isinstance(self.executable, ReplicaPool) else 1
 
 
 @runtime_checkable

@@ -18,6 +18,9 @@ and posts it back with one loop wake-up per batch, and the loop splits the outpu
 caller (``split``). The runner threads never touch the queue or any lock of it, the loop never waits
 for a runner.
 
+How many batches run at once may change while it serves (:meth:`LoopBatcher.resize`, or the ``sizer`` asked after
+each batch): a served model runs as many as the layout serving it has replicas (:mod:`hybrid.serve.core.runners`).
+
 The queue is bound to the loop of its first request; a request from another loop is passed to that one.
 :meth:`LoopBatcher.close` (any thread but the loop's) refuses new requests, lets the queued ones run
 and waits for them.
@@ -204,7 +207,10 @@ class LoopBatcher(Generic[Item]):
         max_delay: Under load (the last batch was full), longest time in seconds a request waits for its
             batch to fill when a runner is idle; otherwise an idle runner takes what is queued at once.
         max_queue: Most requests waiting at once; more get HYB-412. None: unbounded.
-        runners: Batches that may run at the same time (runner threads).
+        runners: Batches that may run at the same time (runner threads); :meth:`resize` changes it.
+        sizer: ``sizer(waited) -> runners``, on the loop after each batch: told whether requests were waiting
+            for a runner when the batch ended, it returns the runners to keep (the served model's
+            :class:`~hybrid.serve.core.runners.Runners`). None: ``runners`` stays.
         name: Used in thread names and messages.
         reorders: Requests may change places in the queue (priority levels, a queue policy that delays): a batch
             is then joined only once a runner is free to take it, never ahead, so that it holds the requests
@@ -217,7 +223,7 @@ class LoopBatcher(Generic[Item]):
     def __init__(self, join: Callable[[list[Item]], Job], execute: Callable[[Job], Any],
                  split: Callable[[list[Item], Job, Any, float, float], list[Any]], *, max_batch: int,
                  max_delay: float = 0.0, max_queue: int | None = None, runners: int = 1,
-                 name: str = "model", reorders: bool = False,
+                 sizer: Callable[[bool], int] | None = None, name: str = "model", reorders: bool = False,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._join, self._execute, self._split = join, execute, split
         self._clock = clock
@@ -233,13 +239,15 @@ class LoopBatcher(Generic[Item]):
         self._timer: asyncio.TimerHandle | None = None
         self.max_queue = max_queue
         self.runners = runners
+        self._sizer = sizer
         self.name = name
         self._ahead = not reorders  # a full batch may be joined while every runner is busy
         self._queue: deque[_Waiting[Item]] = deque()
         self._at_level: dict[int, int] = {}  # level -> queued requests of it that have a rank (a level, or delayed)
         self._jobs: queue.SimpleQueue[_Task[Item] | None] = queue.SimpleQueue()
         self._tasks: set[_Task[Item]] = set()  # handed to the runners and not yet split (loop thread only)
-        self._threads: list[threading.Thread] = []
+        self._threads: list[threading.Thread] = []  # every runner thread started (some may have ended)
+        self._live = 0  # runner threads started and not told to end
         self._loop: asyncio.AbstractEventLoop | None = None
         self._batches = 0
         self._closing = False
@@ -384,7 +392,7 @@ class LoopBatcher(Generic[Item]):
                     if not w.future.done():
                         w.future.set_exception(e)
                 continue
-            if not self._threads:
+            if self._live < self.runners:
                 self._start()
             task = _Task(batch, job)
             self._tasks.add(task)
@@ -406,6 +414,9 @@ class LoopBatcher(Generic[Item]):
         self._dispatch(waited=True)
 
     def _finished(self, task: _Task[Item], raw: Any, started: float, run_s: float) -> None:
+        if self._sizer is not None:  # every runner was busy (this one too) and requests waited for one
+            waited = bool(self._queue) and len(self._tasks) >= self.runners
+            self.resize(self._sizer(waited))
         self._tasks.discard(task)
         batch, job = task.batch, task.job
         self._running -= len(batch)
@@ -435,11 +446,28 @@ class LoopBatcher(Generic[Item]):
         if not self._queue and not self._tasks:
             self._drained.set()
 
+    def resize(self, runners: int) -> None:
+        """Run up to ``runners`` batches at once from now on (on the loop's thread).
+
+        More start as the next batches need them. Fewer: the runner threads past the count end once they have run
+        what was handed to them (a batch already handed over runs; one joined ahead waits for a runner as before).
+        """
+        runners = max(1, runners)
+        if runners == self.runners:
+            return
+        self.runners = runners
+        for _ in range(self._live - runners):
+            self._jobs.put(None)  # behind the batches handed over: a runner ends only once they are taken
+            self._live -= 1
+
     # ------------------------------------------------------------------ runner threads
     def _start(self) -> None:
-        self._threads = [threading.Thread(target=self._run, name=f"hybrid-serve-{self.name}-run{i}", daemon=True)
-                         for i in range(self.runners)]
-        for t in self._threads:
+        self._threads = [t for t in self._threads if t.is_alive()]
+        while self._live < self.runners:
+            t = threading.Thread(target=self._run, name=f"hybrid-serve-{self.name}-run{len(self._threads)}",
+                                 daemon=True)
+            self._threads.append(t)
+            self._live += 1
             t.start()
 
     def _run(self) -> None:
@@ -485,7 +513,8 @@ class LoopBatcher(Generic[Item]):
                 self._drained.wait(timeout)
         if on_loop:
             return
-        for _ in self._threads:
+        for _ in range(self._live):
             self._jobs.put(None)
+        self._live = 0
         for t in self._threads:
             t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))

@@ -25,10 +25,12 @@ from pydantic import Field
 
 from hybrid.config import ConfigSection
 from hybrid.errors import ConfigError, HybridError, RunError, ServingError
+from hybrid.hal.machine import usable_cores
 from hybrid.runtime.validate import InputValidator
 from hybrid.serve.core.batch_buffers import BatchBuffers
 from hybrid.serve.core.batcher import LoopBatcher, QueueTimeout
 from hybrid.serve.core.random_inputs import samples_of_rows
+from hybrid.serve.core.runners import RunnerPolicy, Runners
 from hybrid.serve.triton.schedule import QueuePolicy, SchedulePolicy
 from hybrid.serve.triton.sequences import Sequences, visible_signature
 
@@ -54,14 +56,15 @@ class BatchSettings(ConfigSection):
             bound: :mod:`hybrid.serve.core.batcher`).
         max_queue: Most requests waiting at once; more get HTTP 503 (HYB-705). None: unbounded.
         request_timeout: Longest time in seconds a request may take in the server; None: no limit.
-        concurrency: Batches that may run at the same time.
+        concurrency: Batches that may run at the same time; None (the default): as many as the layout serving
+            the model has replicas, more while online tuning needs to see the load (:mod:`hybrid.serve.core.runners`).
     """
 
     max_batch: int = Field(default=8, ge=0, description="an int >= 0", examples=[8])
     batch_timeout: float = Field(default=0.005, ge=0, description="seconds >= 0", examples=[0.005])
     max_queue: int | None = Field(default=256, ge=1, description="an int >= 1 or null", examples=[256])
     request_timeout: float | None = Field(default=60.0, gt=0, description="seconds > 0 or null", examples=[60.0])
-    concurrency: int = Field(default=1, ge=1, description="an int >= 1", examples=[1])
+    concurrency: int | None = Field(default=None, ge=1, description="an int >= 1 or null", examples=[2])
 
     def merged(self, overrides: Mapping[str, Any], where: str) -> BatchSettings:
         """A copy with ``overrides`` applied (keys as the attribute names), checked.
@@ -225,11 +228,14 @@ class ServedModel:
             without the inputs the server feeds.
         schedule: Triton's priority levels and queue policies (``config.pbtxt``'s ``dynamic_batching``), for a
             model from a configuration; None: pyasc's own timeouts.
+        runner_policy: When its runners follow the layout serving it (``concurrency`` unset), and when a probe
+            runs more (:mod:`hybrid.serve.core.runners`).
     """
 
     def __init__(self, name: str, version: str, compiled: CompiledModel, settings: BatchSettings,
                  platform: str = "onnx", observer: BatchObserver | None = None, *, model_config: Any = None,
-                 sequences: SequenceSettings | None = None, schedule: SchedulePolicy | None = None) -> None:
+                 sequences: SequenceSettings | None = None, schedule: SchedulePolicy | None = None,
+                 runner_policy: RunnerPolicy | None = None) -> None:
         self.name = name
         self.version = version
         self.compiled = compiled
@@ -264,12 +270,13 @@ class ServedModel:
         self._watchers: tuple[Callable[[dict[str, np.ndarray]], None], ...] = ()  # (watch_requests)
         self._closed = False
         self._batcher: LoopBatcher[CheckedRequest] | None = None
-        self._buffers = BatchBuffers(keep=settings.concurrency + 2)  # batches in flight at once, and one ending
+        self._runners = Runners(compiled, f"{name}:{version}", settings.concurrency, usable_cores(), runner_policy)
+        self._buffers = BatchBuffers(keep=self._runners.most + 2)  # batches in flight at once, and one ending
         if settings.max_batch > 0:
             self._batcher = LoopBatcher(self._join, self._execute, self._split, max_batch=settings.max_batch,
                                         max_delay=settings.batch_timeout, max_queue=settings.max_queue,
-                                        runners=settings.concurrency, name=f"{name}:{version}",
-                                        reorders=schedule is not None and schedule.reorders)
+                                        runners=self._runners.count, sizer=self._runners.after_batch,
+                                        name=f"{name}:{version}", reorders=schedule is not None and schedule.reorders)
         self._sequences = Sequences(sequences, name, self.max_batch_size > 0) if sequences is not None else None
         if settings.max_batch > 1 and self.batch_symbol is None and _batch_symbol(compiled) is None:
             logger.warning("model %s:%s has an input or output without a dynamic first (batch) dimension; its "
@@ -279,6 +286,15 @@ class ServedModel:
     def queued(self) -> int:
         """Requests waiting now."""
         return self._batcher.stats().queued if self._batcher else self._in_flight
+
+    @property
+    def runners(self) -> int:
+        """Batches it runs at once now (``concurrency``, else the replicas of the layout serving it)."""
+        return self._runners.count
+
+    def serving_layout(self) -> dict[str, Any]:
+        """The layout serving it, its replicas and the runners now (the statistics' and the metrics' words)."""
+        return self._runners.report()
 
     @property
     def ready(self) -> bool:
@@ -331,7 +347,7 @@ class ServedModel:
                 "precision": sorted({str(getattr(seg, "precision", "fp32")) for seg in segments}) or ["fp32"],
                 "requested": dict(self.compile_request),
                 "accuracy": [n for n in notes if "cosine" in n or "accuracy" in n],
-                "tuning": [t.as_dict() for t in tuning]}
+                "tuning": [t.as_dict() for t in tuning], **self.serving_layout()}
 
     compile_request: Mapping[str, Any] = {}  # the precision and accuracy budget asked for (load_model)
 

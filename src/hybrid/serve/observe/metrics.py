@@ -1,8 +1,9 @@
 """Prometheus metrics of the inference server (``GET /metrics``).
 
 Each server has its own registry, so several servers (tests, one per Ray replica) never share counters.
-Queue depth and memory-pool occupancy are read at scrape time from the batchers and from
-``hybrid.hal.memory``, so they cost nothing between scrapes. Beside hybrid's own ``pyasc_*`` metrics the
+Queue depth, the runners (``pyasc_model_runners``, labelled with the layout serving the model) and memory-pool
+occupancy are read at scrape time from the models and from ``hybrid.hal.memory``, so they cost nothing between
+scrapes. Beside hybrid's own ``pyasc_*`` metrics the
 server exposes Triton's (``nv_inference_request_success``, ``nv_inference_request_failure``,
 ``nv_inference_count``, ``nv_inference_exec_count``, ``nv_inference_*_duration_us``, labels ``model`` and
 ``version``; failures also by ``reason``), read from the same :class:`~hybrid.serve.observe.statistics.ModelStats` that
@@ -41,7 +42,7 @@ _TRITON_TOTAL = re.compile(rb"^# (HELP|TYPE) (nv_[a-z_]+)_total ", re.M)
 
 
 class _LiveCollector(Collector):
-    """Gauges read when scraped: queued requests per model and memory-pool bytes per device."""
+    """Gauges read when scraped: queued requests and runners per model, memory-pool bytes per device."""
 
     def __init__(self, models: Iterable[ServedModel]) -> None:
         self._models = models
@@ -52,6 +53,13 @@ class _LiveCollector(Collector):
         for m in self._models:
             queued.add_metric([m.name, m.version], m.queued)
         yield queued
+        runners = GaugeMetricFamily("pyasc_model_runners", "Batches the model runs at once now, with the layout "
+                                    "serving it (its backend's default: 'default')",
+                                    labels=["model", "version", "layout"])
+        for m in self._models:
+            layout = m.serving_layout()
+            runners.add_metric([m.name, m.version, layout["layout"]], layout["runners"])
+        yield runners
         from hybrid.hal import memory
 
         pool = GaugeMetricFamily("pyasc_pool_bytes", "Memory-pool bytes by device and kind (hybrid.hal.memory)",

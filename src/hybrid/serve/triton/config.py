@@ -466,7 +466,7 @@ def model_config(model: ServedModel) -> mc.ModelConfig:
             if model.settings.max_queue is not None:
                 config.dynamic_batching.default_queue_policy.max_queue_size = model.settings.max_queue
         group = config.instance_group.add()
-        group.count = model.settings.concurrency
+        group.count = model.runners  # as many as run now: the concurrency set, else the serving layout's replicas
         device = str(getattr(model.compiled, "device", "cpu"))
         group.kind = mc.ModelInstanceGroup.KIND_CPU if device.startswith("cpu") else mc.ModelInstanceGroup.KIND_GPU
     config.name = model.name

@@ -1,0 +1,181 @@
+"""How many batches a served model runs at once: as many as the layout serving it has replicas (issue 50).
+
+``target='auto'`` may serve a model with a layout of several replicas (``onnxruntime:cpu@2x1``: two sessions of one
+thread, :class:`~hybrid.hal.layout.ReplicaPool`). One batch runner would use one of them; so a model's batcher runs
+as many batches at once as the layout serving its busiest shape bucket has replicas (1 for a plain executable),
+read again when the decision changes. ``--concurrency`` or a ``config.pbtxt``'s ``instance_group`` count sets the
+number instead: the user's choice wins, and nothing here moves it.
+
+Layouts race only where the compiled model sees its calls overlap (``TuningPolicy.concurrent_calls``), and with one
+runner a server's calls never do, however many requests wait. So while the model still tunes online and requests
+queue behind busy runners (a backlog), the batcher runs up to the usable cores' worth of batches at once: the
+controller then sees the load the server has and lets the layouts race. Once per serving candidate this lasts a
+probe (:attr:`RunnerPolicy.probe_s`), long enough for the controller's load windows; it goes on while a bucket is
+being decided; then the runners settle to the replicas of what was decided.
+
+:class:`Runners` is read after each batch on the event loop (no lock); the compiled model's state is read at most
+once per :attr:`RunnerPolicy.poll_s`, from its lock-free views (``cm.tuning`` and the serving view).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from hybrid.hal.layout import ReplicaPool, split_layout
+from hybrid.runtime.auto import TuningPolicy
+from hybrid.runtime.compiled import LiveView
+
+__all__ = ["RunnerPolicy", "Runners", "Serving", "serving_now"]
+
+logger = logging.getLogger("hybrid.serve")
+
+
+@dataclass(frozen=True, slots=True)
+class RunnerPolicy:
+    """When a served model's runner count follows what serves it, and when it runs more to show its load.
+
+    Attributes:
+        poll_s: What serves the model is read again at most this often (after a batch). A decision takes seconds
+            (``TuningPolicy.decide_within_s`` bounds it), so a fraction of a second adds nothing a client sees, and
+            a batch costs no read of the tuner's state.
+        backlog_share: Requests queue behind busy runners when at least this share of the batches of a poll ended
+            with requests waiting for a runner. A lone caller in a loop never leaves one waiting (its next request
+            follows its answer), two or more closed-loop callers on fewer runners leave one at every batch's end:
+            half-way between, as ``TuningPolicy.concurrent_calls`` is for the calls in flight.
+        probe_s: How long the extra runners stay once a backlog shows, once per serving candidate. The controller
+            reads the load of a decided bucket over windows of ``TuningPolicy.idle_poll_s``, restarted after four:
+            a probe of six windows covers one whole window whatever its phase, with one to spare for the
+            controller's own wake-up. While a bucket is being decided (a race that this load started, or any
+            other) the extra runners stay until it is.
+    """
+
+    poll_s: float = 0.5
+    backlog_share: float = 0.5
+    probe_s: float = field(default_factory=lambda: 6 * TuningPolicy().idle_poll_s)
+
+
+@dataclass(frozen=True, slots=True)
+class Serving:
+    """What serves a model now, as far as its runners care.
+
+    Attributes:
+        label: The candidate serving its busiest shape bucket ('' for a model that does not tune online).
+        layout: That candidate's layout tag ('2x1'), '' for its backend's default.
+        replicas: Calls it runs at once without waiting for each other (1 for a plain executable).
+        deciding: Whether that bucket is being decided now (checked, compiled or raced).
+        tuning: Whether the tuner may still change what serves that bucket: it is being decided, or a re-check is
+            planned.
+    """
+
+    label: str = ""
+    layout: str = ""
+    replicas: int = 1
+    deciding: bool = False
+    tuning: bool = False
+
+
+def serving_now(compiled: Any) -> Serving:
+    """What serves ``compiled`` now (its busiest bucket's candidate, for a model that tunes online).
+
+    Read from the compiled model's lock-free views: ``cm.tuning`` (the per-bucket records) and, for the replicas,
+    the serving view of the live executable (the busiest bucket's candidate too).
+    """
+    exe = getattr(compiled, "executable", None)
+    if not isinstance(exe, LiveView):
+        return Serving(replicas=len(exe.replicas) if isinstance(exe, ReplicaPool) else 1)
+    view = exe.view()
+    records = tuple(getattr(compiled, "tuning", ()) or ())
+    if not records:  # no call yet: the start serves, nothing is decided
+        return Serving(replicas=view.replicas, deciding=True, tuning=True)
+    busiest = max(records, key=lambda r: r.calls)
+    deciding = busiest.state != "decided"
+    return Serving(busiest.serving, split_layout(busiest.serving)[1], view.replicas, deciding,
+                   deciding or busiest.recheck_at_s is not None)
+
+
+class Runners:
+    """The runner count of one served model's batcher; :meth:`after_batch` on its event loop only.
+
+    Args:
+        compiled: The compiled model (read through ``read``).
+        name: The model as logs name it ('m:1').
+        fixed: Runners the user set (``--concurrency``, ``instance_group``); None: they follow what serves.
+        cores: The most runners a probe runs (the usable cores: more batches than cores only wait for a core).
+        policy: See :class:`RunnerPolicy`.
+        clock: What the polls and the probe are timed on (``time.monotonic``; tests script it).
+        read: What serves the model (:func:`serving_now`; tests pass their own).
+    """
+
+    def __init__(self, compiled: Any, name: str, fixed: int | None, cores: int,
+                 policy: RunnerPolicy | None = None, clock: Callable[[], float] = time.monotonic,
+                 read: Callable[[Any], Serving] = serving_now) -> None:
+        self._compiled = compiled
+        self.name = name
+        self.fixed = fixed
+        self.cores = max(1, cores)
+        self.policy = policy or RunnerPolicy()
+        self._clock = clock
+        self._read = read
+        self.serving = Serving() if fixed is not None else self._safe_read(Serving())
+        self.count = fixed if fixed is not None else self.serving.replicas
+        self.probing = False  # runners beyond the replicas now, so that the tuner sees the load
+        self._polled = clock()
+        self._batches = self._waited = 0
+        self._probe_until: float | None = None  # a probe runs (its window, then while its bucket is decided)
+        self._probed: set[str] = set()  # serving candidates whose probe has run
+
+    @property
+    def most(self) -> int:
+        """The most runners this model may run at once."""
+        return self.fixed if self.fixed is not None else max(self.cores, self.count)
+
+    def after_batch(self, waited: bool) -> int:
+        """The runners to keep, told after each batch whether requests were waiting for a runner when it ended."""
+        if self.fixed is not None:
+            return self.fixed
+        self._batches += 1
+        self._waited += waited
+        now = self._clock()
+        if now - self._polled < self.policy.poll_s:
+            return self.count
+        backlog = self._waited >= self.policy.backlog_share * self._batches
+        self._polled, self._batches, self._waited = now, 0, 0
+        self._decide(self._safe_read(self.serving), backlog, now)
+        return self.count
+
+    def _decide(self, serving: Serving, backlog: bool, now: float) -> None:
+        # a candidate of several replicas already runs that many batches at once: the tuner sees them overlap
+        if (backlog and serving.tuning and serving.replicas == 1 and self._probe_until is None
+                and serving.label not in self._probed):
+            self._probed.add(serving.label)
+            self._probe_until = now + self.policy.probe_s
+        if self._probe_until is not None and now >= self._probe_until and not serving.deciding:
+            self._probe_until = None
+        probing = backlog and self._probe_until is not None
+        count = max(self.cores, serving.replicas) if probing else serving.replicas
+        # during a race the candidates take turns serving: a line when the runners change or a decision stands
+        stood = (self.serving.label, self.serving.replicas)
+        moved = not serving.deciding and (serving.label, serving.replicas) != stood
+        if count != self.count or moved:
+            why = "more while the tuner sees the load" if probing else "one per replica"
+            logger.info("model %s: served by %s (layout %s, %d replica%s): %d runner%s (%s)", self.name,
+                        serving.label or "its executable", serving.layout or "default", serving.replicas,
+                        "" if serving.replicas == 1 else "s", count, "" if count == 1 else "s", why)
+        self.serving, self.count, self.probing = serving, count, probing
+
+    def _safe_read(self, last: Serving) -> Serving:
+        try:
+            return self._read(self._compiled)
+        except Exception as e:  # what serves stays readable after a failed read: keep the last one
+            logger.debug("model %s: what serves it could not be read (%s); the runners stay", self.name, e)
+            return last
+
+    def report(self) -> dict[str, Any]:
+        """What the statistics and metrics say of the runners: the layout serving, its replicas, the runners now."""
+        return {"layout": self.serving.layout or "default", "serving": self.serving.label,
+                "replicas": self.serving.replicas, "runners": self.count,
+                "runners_by": "settings" if self.fixed is not None else "probe" if self.probing else "layout"}
