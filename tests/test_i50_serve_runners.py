@@ -358,3 +358,44 @@ def test_statistics_and_metrics_name_the_layout_serving_and_the_runners(tmp_path
         assert stats["serving"] == "onnxruntime:cpu@2x1" and stats["runners_by"] == "layout"
         metrics = request(server.url, "GET", "/metrics")[2].decode()
         assert re.search(r'^pyasc_model_runners\{layout="2x1",model="m",version="1"\} 2\.0$', metrics, re.M)
+
+
+# ---------------------------------------------------------------------------------------------- the batcher alone
+def test_the_batcher_resized_after_every_batch_loses_and_misroutes_nothing_and_ends_the_runners_past_its_count():
+    """Under 16 concurrent requesters the sizer swings the runners between 4 and 1 after every batch: each request
+    gets its own answer, never more batches run at once than the most runners asked for, and the threads past
+    the last count end."""
+    from hybrid.serve.core.batcher import LoopBatcher
+
+    lock, tally, sizes = threading.Lock(), {"now": 0, "most": 0}, []
+
+    def execute(items):
+        with lock:
+            tally["now"] += 1
+            tally["most"] = max(tally["most"], tally["now"])
+        try:
+            return [3 * x + 1 for x in items]
+        finally:
+            with lock:
+                tally["now"] -= 1
+
+    def sizer(waited):
+        sizes.append(4 if len(sizes) % 2 == 0 else 1)
+        return sizes[-1]
+
+    batcher = LoopBatcher(lambda items: list(items), execute, lambda items, job, raw, started, run_s: raw,
+                          max_batch=3, sizer=sizer, name="swing")
+
+    async def scenario():
+        async def one(i):
+            for k in range(25):
+                x = 1000 * i + k
+                assert await batcher.acall(x, timeout=60) == 3 * x + 1
+        await asyncio.gather(*(one(i) for i in range(16)))
+
+    try:
+        asyncio.run(scenario())
+        assert len(sizes) >= 16 * 25 // 3 and tally["most"] <= 4 + 1  # (a full batch may be joined ahead)
+    finally:
+        batcher.close(timeout=30)
+    assert batcher.runners == sizes[-1] and not any(t.is_alive() for t in batcher._threads)

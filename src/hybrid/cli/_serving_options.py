@@ -24,7 +24,8 @@ MaxQueue = Annotated[int | None, typer.Option(help="Queued requests per model be
 RequestTimeout = Annotated[float | None, typer.Option(help="Seconds a request may take in the server "
                                                            "(default 60); 0 on pyasc serve: no limit.",
                                                       rich_help_panel=_P)]
-Concurrency = Annotated[int | None, typer.Option(help="Batches run at once per model (default 1).",
+Concurrency = Annotated[int | None, typer.Option(help="Batches run at once per model (default: the replicas of "
+                                                      "the layout serving it).",
                                                  rich_help_panel=_P)]
 
 
