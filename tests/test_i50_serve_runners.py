@@ -399,3 +399,22 @@ def test_the_batcher_resized_after_every_batch_loses_and_misroutes_nothing_and_e
     finally:
         batcher.close(timeout=30)
     assert batcher.runners == sizes[-1] and not any(t.is_alive() for t in batcher._threads)
+
+
+def test_a_sizer_that_fails_leaves_no_caller_without_its_answer():
+    from hybrid.serve.core.batcher import LoopBatcher
+
+    def sizer(waited):
+        raise RuntimeError("broken sizer")
+
+    batcher = LoopBatcher(lambda items: list(items), lambda items: [x + 1 for x in items],
+                          lambda items, job, raw, started, run_s: raw, max_batch=4, sizer=sizer, name="broken")
+
+    async def scenario():
+        return await asyncio.gather(*(batcher.acall(i, timeout=60) for i in range(16)))
+
+    try:
+        assert asyncio.run(scenario()) == [i + 1 for i in range(16)]
+        assert batcher.runners == 1
+    finally:
+        batcher.close(timeout=30)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import queue
 import threading
@@ -46,6 +47,8 @@ __all__ = [
     "COMPUTE_NICE", "COMPUTE_THREAD_NAME", "BatcherStats", "LoopBatcher", "QueueTimeout", "enter_compute_policy",
     "in_compute_policy",
 ]
+
+logger = logging.getLogger("hybrid.serve")
 
 Item = TypeVar("Item")
 Job = Any  # what join returns and execute takes
@@ -416,7 +419,10 @@ class LoopBatcher(Generic[Item]):
     def _finished(self, task: _Task[Item], raw: Any, started: float, run_s: float) -> None:
         if self._sizer is not None:  # every runner was busy (this one too) and requests waited for one
             waited = bool(self._queue) and len(self._tasks) >= self.runners
-            self.resize(self._sizer(waited))
+            try:
+                self.resize(self._sizer(waited))
+            except Exception as e:  # the batch's callers get their answers whatever the sizer did
+                logger.warning("batcher %r: the runner count was not updated: %s", self.name, e)
         self._tasks.discard(task)
         batch, job = task.batch, task.job
         self._running -= len(batch)
