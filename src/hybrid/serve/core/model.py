@@ -64,7 +64,7 @@ class BatchSettings(ConfigSection):
     batch_timeout: float = Field(default=0.005, ge=0, description="seconds >= 0", examples=[0.005])
     max_queue: int | None = Field(default=256, ge=1, description="an int >= 1 or null", examples=[256])
     request_timeout: float | None = Field(default=60.0, gt=0, description="seconds > 0 or null", examples=[60.0])
-    concurrency: int | None = Field(default=None, ge=1, description="an int >= 1 or null", examples=[2])
+    concurrency: int | None = Field(default=None, ge=1, description="an int >= 1", examples=[2])
 
     def merged(self, overrides: Mapping[str, Any], where: str) -> BatchSettings:
         """A copy with ``overrides`` applied (keys as the attribute names), checked.
