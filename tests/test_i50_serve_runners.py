@@ -418,3 +418,39 @@ def test_a_sizer_that_fails_leaves_no_caller_without_its_answer():
         assert batcher.runners == 1
     finally:
         batcher.close(timeout=30)
+
+
+def test_a_full_batch_joined_ahead_of_a_busy_runner_counts_as_requests_waiting():
+    """Under closed-loop load the requests that came during a batch are joined ahead as a full batch, so the queue
+    is empty when the batch ends: they still waited for a runner (the backlog the probe answers)."""
+    from hybrid.serve.core.batcher import LoopBatcher
+
+    release, told = threading.Event(), []
+
+    def execute(items):
+        if items == [0]:
+            release.wait(30)
+        return [x + 1 for x in items]
+
+    def sizer(waited):
+        told.append(waited)
+        return 1
+
+    batcher = LoopBatcher(lambda items: list(items), execute, lambda items, job, raw, started, run_s: raw,
+                          max_batch=8, sizer=sizer, name="ahead")
+
+    async def scenario():
+        first = asyncio.ensure_future(batcher.acall(0, timeout=60))
+        while batcher.stats().running < 1:
+            await asyncio.sleep(0)  # one loop turn: the lone request goes to the runner
+        rest = [asyncio.ensure_future(batcher.acall(i, timeout=60)) for i in range(1, 9)]
+        await asyncio.sleep(0)
+        assert batcher.stats().queued == 8 and not batcher._queue  # a full batch, joined ahead of the busy runner
+        release.set()
+        return [await first] + list(await asyncio.gather(*rest))
+
+    try:
+        assert asyncio.run(scenario()) == list(range(1, 10))
+        assert told == [True, False]  # the first batch ended with 8 requests waiting, the second with none
+    finally:
+        batcher.close(timeout=30)

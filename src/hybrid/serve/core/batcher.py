@@ -417,8 +417,9 @@ class LoopBatcher(Generic[Item]):
         self._dispatch(waited=True)
 
     def _finished(self, task: _Task[Item], raw: Any, started: float, run_s: float) -> None:
-        if self._sizer is not None:  # every runner was busy (this one too) and requests waited for one
-            waited = bool(self._queue) and len(self._tasks) >= self.runners
+        if self._sizer is not None:
+            # every runner was busy (this one too) and requests waited for one: queued, or a full batch joined ahead
+            waited = len(self._tasks) >= self.runners and (bool(self._queue) or len(self._tasks) > self.runners)
             try:
                 self.resize(self._sizer(waited))
             except Exception as e:  # the batch's callers get their answers whatever the sizer did
