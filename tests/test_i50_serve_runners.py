@@ -447,7 +447,7 @@ def test_a_full_batch_joined_ahead_of_a_busy_runner_counts_as_requests_waiting()
         await asyncio.sleep(0)
         assert batcher.stats().queued == 8 and not batcher._queue  # a full batch, joined ahead of the busy runner
         release.set()
-        return [await first] + list(await asyncio.gather(*rest))
+        return [await first, *await asyncio.gather(*rest)]
 
     try:
         assert asyncio.run(scenario()) == list(range(1, 10))
