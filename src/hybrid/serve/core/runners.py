@@ -10,8 +10,8 @@ Layouts race only where the compiled model sees its calls overlap (``TuningPolic
 runner a server's calls never do, however many requests wait. So while the model still tunes online and requests
 queue behind busy runners (a backlog), the batcher runs up to the usable cores' worth of batches at once: the
 controller then sees the load the server has and lets the layouts race. Once per serving candidate this lasts a
-probe (:attr:`RunnerPolicy.probe_s`), long enough for the controller's load windows; it goes on while a bucket is
-being decided; then the runners settle to the replicas of what was decided.
+probe (:attr:`RunnerPolicy.probe_s`), long enough for the controller's load windows; it goes on while the busiest
+bucket is being decided and for a probe after; then the runners settle to the replicas of what was decided.
 
 :class:`Runners` is read after each batch on the event loop (no lock); the compiled model's state is read at most
 once per :attr:`RunnerPolicy.poll_s`, from its lock-free views (``cm.tuning`` and the serving view).
@@ -46,11 +46,10 @@ class RunnerPolicy:
             with requests waiting for a runner. A lone caller in a loop never leaves one waiting (its next request
             follows its answer), two or more closed-loop callers on fewer runners leave one at every batch's end:
             half-way between, as ``TuningPolicy.concurrent_calls`` is for the calls in flight.
-        probe_s: How long the extra runners stay once a backlog shows, once per serving candidate. The controller
-            reads the load of a decided bucket over windows of ``TuningPolicy.idle_poll_s``, restarted after four:
-            a probe of six windows covers one whole window whatever its phase, with one to spare for the
-            controller's own wake-up. While a bucket is being decided (a race that this load started, or any
-            other) the extra runners stay until it is.
+        probe_s: How long the extra runners stay once a backlog shows, once per serving candidate, and after the
+            busiest bucket's decision where it was being decided meanwhile. The controller reads the load of a
+            decided bucket over windows of ``TuningPolicy.idle_poll_s``, restarted after four: a probe of six
+            windows covers one whole window whatever its phase, with one to spare for the controller's own wake-up.
     """
 
     poll_s: float = 0.5
@@ -153,7 +152,10 @@ class Runners:
                 and serving.label not in self._probed):
             self._probed.add(serving.label)
             self._probe_until = now + self.policy.probe_s
-        if self._probe_until is not None and now >= self._probe_until and not serving.deciding:
+        if self._probe_until is not None and serving.deciding:
+            # the controller reads a decided bucket's load over windows after its decision: a whole probe after it
+            self._probe_until = max(self._probe_until, now + self.policy.probe_s)
+        if self._probe_until is not None and now >= self._probe_until:
             self._probe_until = None
         probing = backlog and self._probe_until is not None
         count = max(self.cores, serving.replicas) if probing else serving.replicas
