@@ -8,8 +8,9 @@ number instead: the user's choice wins, and nothing here moves it.
 
 Layouts race only where the compiled model sees its calls overlap (``TuningPolicy.concurrent_calls``), and with one
 runner a server's calls never do, however many requests wait. So while the model still tunes online and requests
-queue behind busy runners (a backlog), the batcher runs up to the usable cores' worth of batches at once: the
-controller then sees the load the server has and lets the layouts race. Once per serving candidate this lasts a
+queue behind busy runners (a backlog), the batcher runs up to the usable cores' worth of batches at once (whatever
+the backlog does meanwhile: the extra runners absorb it): the controller then sees the load the server has and lets
+the layouts race. Once per serving candidate this lasts a
 probe (:attr:`RunnerPolicy.probe_s`), long enough for the controller's load windows; it goes on while the busiest
 bucket is being decided and for a probe after; then the runners settle to the replicas of what was decided.
 
@@ -157,7 +158,9 @@ class Runners:
             self._probe_until = max(self._probe_until, now + self.policy.probe_s)
         if self._probe_until is not None and now >= self._probe_until:
             self._probe_until = None
-        probing = backlog and self._probe_until is not None
+        # once begun, a probe runs its course: its extra runners absorb the backlog that started it (16 closed-loop
+        # clients on 2 runners of 8 leave none waiting), and with fewer callers they only wait idle
+        probing = self._probe_until is not None
         count = max(self.cores, serving.replicas) if probing else serving.replicas
         # during a race the candidates take turns serving: a line when the runners change or a decision stands
         stood = (self.serving.label, self.serving.replicas)
