@@ -10,9 +10,9 @@ Layouts race only where the compiled model sees its calls overlap (``TuningPolic
 runner a server's calls never do, however many requests wait. So while the model still tunes online and requests
 queue behind busy runners (a backlog), the batcher runs up to the usable cores' worth of batches at once (whatever
 the backlog does meanwhile: the extra runners absorb it): the controller then sees the load the server has and lets
-the layouts race. Once per serving candidate this lasts a
-probe (:attr:`RunnerPolicy.probe_s`), long enough for the controller's load windows; it goes on while the busiest
-bucket is being decided and for a probe after; then the runners settle to the replicas of what was decided.
+the layouts race. Once per serving candidate this lasts a probe (:attr:`RunnerPolicy.probe_s`), long enough for
+the controller's load windows; it goes on while the busiest bucket is being decided and for a probe after; then the
+runners settle to the replicas of what was decided.
 
 :class:`Runners` is read after each batch on the event loop (no lock); the compiled model's state is read at most
 once per :attr:`RunnerPolicy.poll_s`, from its lock-free views (``cm.tuning`` and the serving view).
