@@ -181,3 +181,32 @@ def test_the_worker_module_keeps_no_mutable_state_of_its_own():
     found = {name: type(value).__name__ for name, value in vars(worker).items()
              if not name.startswith("__") and isinstance(value, mutable)}
     assert found == {}
+
+
+class _CountingChecks(worker.CheckProcess):
+    """A check process that counts the prestarts asked of it and starts nothing."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.prestarts = 0
+
+    def prestart(self, share: float = 1.0, backends: tuple[str, ...] | None = None) -> None:
+        self.prestarts += 1
+
+
+def test_a_model_whose_buckets_are_cached_starts_no_check_process_until_a_check_asks(tmp_path, monkeypatch):
+    """The prestart's imports run unpaced until a check waits: a model seen before would pay them beside its first
+    calls for nothing (issue 52: auto's SingleStream p90 under LoadGen, decided from the cache)."""
+    monkeypatch.setenv("HYBRID_CACHE_DIR", str(tmp_path / "cache"))
+    model, feeds = _conv_net()
+    first_checks = _CountingChecks()
+    first = _lab(model, first_checks)
+    assert first_checks.prestarts == 1  # nothing known of it: the check process warms up before the first call
+    bucket = tuple((name, tuple(int(d) for d in np.shape(v))) for name, v in feeds.items())
+    start = next(iter(first.trials))  # the start (the reference here), a candidate the lab has compiled
+    first.persist(bucket, start)
+    first.close()
+    again_checks = _CountingChecks()
+    again = _lab(model, again_checks)
+    assert again.cached(bucket) == start and again_checks.prestarts == 0
+    again.close()

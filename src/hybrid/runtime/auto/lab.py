@@ -176,7 +176,10 @@ class RealLab:
         self.checker = worker.Checker(checks if checks is not None else worker.CheckProcess())
         self._artifacts: dict[str, str] = {}  # label -> the file the check process made of it
         self.imported = self.import_failures = 0
-        if self._portable:
+        # a model seen before (the decision cache holds its buckets) starts the check process only when a bucket
+        # asks for a check: the prestart's imports run unpaced until a check waits, over a second of CPU beside
+        # the first calls, which its cached buckets would pay for nothing (auto's SingleStream p90 under LoadGen)
+        if self._portable and not self._index:
             self.checker.prestart(check_share, tuple(dict.fromkeys(c.backend for c in order)))
 
     # ------------------------------------------------------------------ candidates
