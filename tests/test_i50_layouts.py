@@ -333,3 +333,29 @@ def test_a_candidate_blamed_for_ending_the_check_process_is_blamed_in_every_layo
     assert checker.blamed(model, "onnxruntime:cpu@2x1") == "the check process died on it"
     assert checker.blamed(model, "onnxruntime:cpu bf16@throughput") == "the check process died on it"
     assert checker.blamed(model, "openvino:cpu@throughput") is None
+
+
+def test_load_spread_over_buckets_races_the_layouts_as_the_model_s_calls_overlap():
+    """A server's batcher spreads its load over batch sizes: each bucket alone sees about one call at a time while
+    the model sees four. The replicas of a layout serve every bucket, so the model's calls decide (issue 50)."""
+    clock, load = FakeClock(), {"callers": 4}
+    exes, layouts = layouts_model(clock, load)
+    router, controller, _ = tuner(exes, clock, layouts=layouts)
+    ends = [(clock(), k) for k in range(4)]  # caller k always sends 2**k rows: a bucket of its own
+    heapq.heapify(ends)
+    wake, calls = -math.inf, 0
+    until = decided(controller)
+    while not (until() and len(controller.status()) == 4):
+        start, k = heapq.heappop(ends)
+        clock.t = start
+        if start >= wake or not controller._inbox.empty():
+            wake = controller.step()
+        x = np.full((2**k, 4), float(k), np.float32)
+        (y,) = router.run({"x": x})
+        np.testing.assert_array_equal(y, 2 * x)
+        heapq.heappush(ends, (clock(), k))
+        calls += 1
+        assert calls < 400_000, f"not done after {calls} calls: {controller.status()}"
+    statuses = controller.status()
+    assert len({s.bucket for s in statuses}) == 4
+    assert any(s.serving == "ort:cpu@2x1" for s in statuses), [(s.bucket, s.serving) for s in statuses]

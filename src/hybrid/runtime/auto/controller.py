@@ -269,8 +269,7 @@ class Controller:
                 return
         enter(b, Phase.COMPILING)
         self._refresh(b)
-        tally = self._route(b).tally
-        if self._policy.concurrent(tally.served_s, self._clock() - tally.first_call):
+        if self._overlapping(b):
             layouts = self._layouts(b, passed)
             passed += layouts
             warm.update({lb: warm.get(split_layout(lb)[0]) for lb in layouts})  # the same kernels as their default
@@ -328,12 +327,22 @@ class Controller:
         b.layouts_tried = True
         return out
 
+    def _overlapping(self, b: BucketRecord) -> bool:
+        """Whether the model's calls overlap enough for the layouts to race (``TuningPolicy.concurrent_calls``)."""
+        return self._policy.concurrent_calls > 0.0 and self._load(b) >= self._policy.concurrent_calls
+
     def _load(self, b: BucketRecord) -> float:
-        """Calls in flight on average since the mark (Little's law: the calls' seconds per second of the clock)."""
-        tally = self._route(b).tally
-        since, busy = b.load_mark or (tally.first_call, 0.0)
+        """The model's calls in flight on average since the bucket's mark (Little's law).
+
+        The calls' seconds per second of the clock, in every bucket and in race turns: a server's load spreads over
+        its batch sizes, and a candidate's replicas serve every bucket it serves, so one bucket's calls alone may
+        never overlap while the model's do.
+        """
+        since, busy = b.load_mark or (self._router.first_call, 0.0)
+        if since is None:
+            return 0.0
         elapsed = self._clock() - since
-        return (tally.served_s - busy) / elapsed if elapsed > 0 else 0.0
+        return (self._router.busy_s - busy) / elapsed if elapsed > 0 else 0.0
 
     def _lane(self, label: str, sample: dict[str, Any] | None) -> Lane | None:
         lane = self._lanes.get(label) or self._lab.lane(label, sample)
@@ -375,7 +384,8 @@ class Controller:
             race.judge(r, probe, self._policy)
             self._sync(b)
             in_flight_s = sum(s for *_, s in probe.records)  # the turns' calls' seconds: calls in flight by Little
-            if not b.layouts_tried and self._policy.concurrent(in_flight_s, probe.end - probe.start):
+            if not b.layouts_tried and (self._policy.concurrent(in_flight_s, probe.end - probe.start)
+                                        or self._overlapping(b)):  # or the model's calls
                 self._join_layouts(b, r)
             if r.over:
                 self._decide(b, "by the paired turns")
@@ -438,7 +448,7 @@ class Controller:
             b.decided_at, b.decided_calls = took, calls
         b.results[b.incumbent] = CandidateResult(b.incumbent, 1.0, "serving")
         b.runners = [lb for lb in b.runners if lb in b.lanes and lb != b.incumbent]
-        b.load_mark = (now, self._route(b).tally.served_s)  # the load a re-check sees is counted from here
+        b.load_mark = (now, self._router.busy_s)  # the load a re-check sees is counted from here
         if self._freezing:
             b.runners, b.recheck_at = [], None
         elif any(race.gains(self._policy, b.untimed.get(lb)) for lb in b.runners):
@@ -473,10 +483,10 @@ class Controller:
         elapsed = self._clock() - b.load_mark[0]
         if elapsed < self._policy.idle_poll_s:
             return False
-        if self._load(b) >= self._policy.concurrent_calls:
+        if self._overlapping(b):
             return True
         if elapsed >= 4 * self._policy.idle_poll_s:
-            b.load_mark = (self._clock(), self._route(b).tally.served_s)
+            b.load_mark = (self._clock(), self._router.busy_s)
         return False
 
     def _layouts_pending(self, b: BucketRecord) -> bool:
@@ -490,7 +500,7 @@ class Controller:
         """
         runners = [lb for lb in b.runners if lb in self._lanes]
         b.runners = []
-        if self._layouts_pending(b) and self._load(b) >= self._policy.concurrent_calls:
+        if self._layouts_pending(b) and self._overlapping(b):
             for label in self._layouts(b, [b.incumbent]):
                 if self.closing:
                     return
@@ -503,7 +513,7 @@ class Controller:
             if self._layouts_pending(b):  # still a lone caller: look again later
                 b.recheck_every *= 2
                 b.recheck_at = self._clock() + b.recheck_every
-                b.load_mark = (self._clock(), self._route(b).tally.served_s)
+                b.load_mark = (self._clock(), self._router.busy_s)
             else:
                 b.recheck_at = None
             return

@@ -63,7 +63,7 @@ class BucketRecord:
     first_shapes: str = ""
     accuracy: dict[str, str] = field(default_factory=dict)  # reduced-precision candidate -> its check's cosine
     layouts_tried: bool = False  # the layouts for concurrent callers joined a race (they do once per bucket)
-    load_mark: tuple[float, float] | None = None  # (clock, the tally's served seconds) the load is measured from
+    load_mark: tuple[float, float] | None = None  # (clock, the model's call seconds) the load is measured from
     paused_s: float = 0.0  # seconds of the race without a call: its bound moves by them (Controller._count_pause)
     seen: tuple[int, float] | None = None  # (calls, clock) at the controller's last look at the race
 

@@ -142,6 +142,10 @@ class Router(Executable):
         self._order: tuple[str, ...] = (start.label,)  # the fallback's priority order
         self._failed: dict[Bucket, dict[str, str]] = {}
         self._lock = threading.Lock()
+        # every call's seconds, in any bucket and in a race's turns too, from the first call on: the model's load
+        # (Little's law), which decides whether layouts race (written without a lock, as the tallies are)
+        self.first_call: float | None = None
+        self.busy_s = 0.0
 
     # ------------------------------------------------------------------ the controller's side
     def publish(self, key: Bucket, route: Route) -> None:
@@ -185,6 +189,9 @@ class Router(Executable):
         except Exception as e:
             return self._fall_back(key, lane, e, feeds)
         seconds = clock() - t0
+        if self.first_call is None:
+            self.first_call = t0
+        self.busy_s += seconds
         if tally.guarded and lane is not self._start and not _finite(outs):
             return self._not_finite(key, lane, outs, feeds, tally)
         if turn >= 0:
