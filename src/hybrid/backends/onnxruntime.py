@@ -412,7 +412,7 @@ class OnnxRuntimeBackend(Backend):
         """ORT's optimized model, written by a session at the candidate's optimization level (``compiled`` unused).
 
         A session cannot serialize itself after the fact, so this builds one with ``optimized_model_filepath``;
-        importing it with graph optimizations disabled skips the optimizer (:meth:`_import_artifact`). None where the
+        importing it with graph optimizations disabled skips the optimizer (:meth:`_import_artifact`). False where the
         TensorRT EP is on: ORT cannot serialize a graph with TensorRT-compiled nodes.
         """
         opts = self.validate_options(options)
