@@ -455,3 +455,44 @@ def test_a_full_batch_joined_ahead_of_a_busy_runner_counts_as_requests_waiting()
         assert told == [True, False]  # the first batch ended with 8 requests waiting, the second with none
     finally:
         batcher.close(timeout=30)
+
+
+def test_the_runners_follow_the_bucket_busiest_lately_not_the_one_with_most_calls_in_all():
+    """A server's 1-row bucket has the most calls in all (every lone client's requests), yet under 16 clients the
+    8-row batches are what runs now: their candidate's replicas are the runners (vs_triton crnn, 16 clients: the
+    8-row bucket served as 2 sessions x 1 thread ran on one runner, one replica idle)."""
+    from types import SimpleNamespace
+
+    from hybrid.hal.registry import get_backend
+
+    two = next((lay for lay in get_backend("onnxruntime").layouts("cpu", 2) if lay.replicas == 2), None)
+    if two is None:  # the layouts a backend declares are its own; this one's are asked for 2 cores
+        pytest.skip("onnxruntime declares no 2-replica layout")
+
+    class Live:
+        def view(self):
+            return SimpleNamespace(replicas=1)  # the 1-row bucket's candidate: the most calls in all
+
+        def serving_for(self, feeds):
+            return self.view()
+
+        def status(self):
+            return ()
+
+        def tune(self, samples, timeout_s=None, run=None):
+            return ()
+
+        def freeze(self):
+            return ()
+
+    def record(key, calls, serving):
+        return SimpleNamespace(key=key, calls=calls, serving=serving, state="decided", recheck_at_s=None)
+
+    compiled = SimpleNamespace(executable=Live(), tuning=(record("1", 5000, "onnxruntime:cpu"),
+                                                          record("8", 400, f"onnxruntime:cpu@{two.tag}")))
+    seen: dict = {}
+    assert serving_now(compiled, seen).replicas == 1  # the first read: every call is recent, the 1-row bucket leads
+    compiled.tuning = (record("1", 5010, "onnxruntime:cpu"), record("8", 700, f"onnxruntime:cpu@{two.tag}"))
+    now = serving_now(compiled, seen)
+    assert (now.label, now.layout, now.replicas) == (f"onnxruntime:cpu@{two.tag}", two.tag, 2)
+    assert serving_now(compiled).replicas == 1  # without what was seen: the most calls in all, as before

@@ -26,7 +26,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from hybrid.errors import HybridError
 from hybrid.hal.layout import ReplicaPool, split_layout
+from hybrid.hal.machine import usable_cores
+from hybrid.hal.registry import get_backend
 from hybrid.runtime.auto import TuningPolicy
 from hybrid.runtime.compiled import LiveView
 
@@ -78,11 +81,17 @@ class Serving:
     tuning: bool = False
 
 
-def serving_now(compiled: Any) -> Serving:
+def serving_now(compiled: Any, seen: dict[Any, int] | None = None) -> Serving:
     """What serves ``compiled`` now (its busiest bucket's candidate, for a model that tunes online).
 
     Read from the compiled model's lock-free views: ``cm.tuning`` (the per-bucket records) and, for the replicas,
-    the serving view of the live executable (the busiest bucket's candidate too).
+    the serving view of the live executable, or the layout the candidate's backend declares (the HAL contract).
+
+    Args:
+        compiled: The compiled model.
+        seen: Each bucket's calls at the last read, updated here: the busiest bucket is then the one with the most
+            calls since (a server's load moves between batch sizes as its clients come and go, and the bucket of
+            lone requests, with the most calls in all, may see none now). None: the most calls in all.
     """
     exe = getattr(compiled, "executable", None)
     if not isinstance(exe, LiveView):
@@ -91,10 +100,28 @@ def serving_now(compiled: Any) -> Serving:
     records = tuple(getattr(compiled, "tuning", ()) or ())
     if not records:  # no call yet: the start serves, nothing is decided
         return Serving(replicas=view.replicas, deciding=True, tuning=True)
-    busiest = max(records, key=lambda r: r.calls)
+    lately = {r.key: r.calls - (seen or {}).get(r.key, 0) for r in records}
+    if seen is not None:
+        seen.update({r.key: r.calls for r in records})
+    busiest = max(records, key=lambda r: (lately[r.key], r.calls) if seen is not None else r.calls)
     deciding = busiest.state != "decided"
-    return Serving(busiest.serving, split_layout(busiest.serving)[1], view.replicas, deciding,
-                   deciding or busiest.recheck_at_s is not None)
+    label = busiest.serving
+    # the view is the candidate of the bucket with the most calls in all: its pool's size where that is this one
+    replicas = view.replicas if busiest is max(records, key=lambda r: r.calls) else _replicas_of(label)
+    return Serving(label, split_layout(label)[1], replicas, deciding, deciding or busiest.recheck_at_s is not None)
+
+
+def _replicas_of(label: str) -> int:
+    """The replicas of the layout in candidate label ``label`` ('onnxruntime:cpu@2x1'), as its backend declares it."""
+    base, tag = split_layout(label)
+    if not tag:
+        return 1
+    backend, _, device = base.partition(" ")[0].partition(":")
+    try:
+        declared = get_backend(backend).layouts(device, usable_cores())
+    except HybridError:  # a backend no longer registered: one runner, as for an executable of its own
+        return 1
+    return next((lay.replicas for lay in declared if lay.tag == tag), 1)
 
 
 class Runners:
@@ -119,7 +146,8 @@ class Runners:
         self.cores = max(1, cores)
         self.policy = policy or RunnerPolicy()
         self._clock = clock
-        self._read = read
+        self._seen: dict[Any, int] = {}  # each bucket's calls at the last read (serving_now's ``seen``)
+        self._read = read if read is not serving_now else (lambda cm: serving_now(cm, self._seen))
         self.serving = Serving() if fixed is not None else self._safe_read(Serving())
         self.count = fixed if fixed is not None else self.serving.replicas
         self.probing = False  # runners beyond the replicas now, so that the tuner sees the load
