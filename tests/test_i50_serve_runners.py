@@ -496,3 +496,19 @@ def test_the_runners_follow_the_bucket_busiest_lately_not_the_one_with_most_call
     now = serving_now(compiled, seen)
     assert (now.label, now.layout, now.replicas) == (f"onnxruntime:cpu@{two.tag}", two.tag, 2)
     assert serving_now(compiled).replicas == 1  # without what was seen: the most calls in all, as before
+
+
+def test_a_one_executable_layout_decided_during_the_probe_keeps_the_probe_s_runners():
+    """OpenVINO's throughput hint is one executable that takes several calls at once: decided while the probe ran
+    2 runners, it was measured at 2; one runner after the probe would leave its streams idle (vs_triton crnn at
+    4 clients: x0.72 of Triton's best with its bucket on openvino:cpu@throughput and one runner)."""
+    clock = ScriptedClock()
+    script = Script(Serving("ov:cpu", "", 1, deciding=True, tuning=True))
+    runners = Runners(None, "m:1", None, cores=2, policy=POLICY, clock=clock, read=script)
+    assert batches(runners, clock, 20, waited=True) == 2  # the probe
+    script.serving = Serving("ov:cpu@throughput", "throughput", 1, deciding=False, tuning=False)
+    assert batches(runners, clock, 20, waited=True) == 2
+    clock.advance(60.0)
+    assert batches(runners, clock, 20, waited=False) == 2 and not runners.probing  # kept after the probe
+    script.serving = Serving("ov:cpu", "", 1, deciding=False, tuning=False)  # the default: one runner again
+    assert batches(runners, clock, 20, waited=False) == 1

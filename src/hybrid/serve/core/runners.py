@@ -155,6 +155,7 @@ class Runners:
         self._batches = self._waited = 0
         self._probe_until: float | None = None  # a probe runs (its window, then while its bucket is decided)
         self._probed: set[str] = set()  # serving candidates whose probe has run
+        self._won_under: dict[str, int] = {}  # layouts decided during a probe -> the runners they were measured at
 
     @property
     def most(self) -> int:
@@ -189,7 +190,14 @@ class Runners:
         # once begun, a probe runs its course: its extra runners absorb the backlog that started it (16 closed-loop
         # clients on 2 runners of 8 leave none waiting), and with fewer callers they only wait idle
         probing = self._probe_until is not None
-        count = max(self.cores, serving.replicas) if probing else serving.replicas
+        if probing and not serving.deciding and serving.layout and serving.replicas == 1:
+            # a layout of one executable decided while the probe ran (OpenVINO's throughput hint: it takes several
+            # calls at once on streams of its own) was measured at the probe's runners: it keeps them, as a winner
+            # keeps what it won under. A pool's replicas say its runners; the backend's default goes back to one
+            # runner, as the server ran it before the probe
+            self._won_under[serving.label] = self.cores
+        count = (max(self.cores, serving.replicas) if probing
+                 else max(serving.replicas, self._won_under.get(serving.label, 1)))
         # during a race the candidates take turns serving: a line when the runners change or a decision stands
         stood = (self.serving.label, self.serving.replicas)
         moved = not serving.deciding and (serving.label, serving.replicas) != stood
