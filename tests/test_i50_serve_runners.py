@@ -457,14 +457,16 @@ def test_a_full_batch_joined_ahead_of_a_busy_runner_counts_as_requests_waiting()
         batcher.close(timeout=30)
 
 
-def test_the_runners_follow_the_bucket_busiest_lately_not_the_one_with_most_calls_in_all():
+def test_the_runners_follow_the_bucket_busiest_lately_not_the_one_with_most_calls_in_all(monkeypatch):
     """A server's 1-row bucket has the most calls in all (every lone client's requests), yet under 16 clients the
     8-row batches are what runs now: their candidate's replicas are the runners (vs_triton crnn, 16 clients: the
     8-row bucket served as 2 sessions x 1 thread ran on one runner, one replica idle)."""
     from types import SimpleNamespace
 
     from hybrid.hal.registry import get_backend
+    from hybrid.serve.core import runners as runners_module
 
+    monkeypatch.setattr(runners_module, "usable_cores", lambda: 2)  # the layouts declared for 2 cores, any machine
     two = next((lay for lay in get_backend("onnxruntime").layouts("cpu", 2) if lay.replicas == 2), None)
     if two is None:  # the layouts a backend declares are its own; this one's are asked for 2 cores
         pytest.skip("onnxruntime declares no 2-replica layout")
