@@ -411,16 +411,18 @@ class OnnxRuntimeBackend(Backend):
                          compiled: Executable | None = None) -> bool:
         """ORT's optimized model, written by a session at the candidate's optimization level (``compiled`` unused).
 
-        A session cannot serialize itself after the fact, so this builds one with ``optimized_model_filepath``;
-        importing it with graph optimizations disabled skips the optimizer (:meth:`_import_artifact`). False where the
-        TensorRT EP is on: ORT cannot serialize a graph with TensorRT-compiled nodes.
+        The artifact is the one a bundle caches (:meth:`cache_strategy`, 'optimized-model'): a session cannot
+        serialize itself after the fact, so this builds one with the strategy's option; importing it with the
+        strategy's restore options (the optimizer off) skips the optimizer (:meth:`_import_artifact`). False where the
+        strategy is another (the TensorRT EP: ORT cannot serialize a graph with TensorRT-compiled nodes).
         """
         opts = self.validate_options(options)
-        if device.startswith("cuda") and opts.get("tensorrt"):
+        strategy = self.cache_strategy(device, opts)
+        if strategy is None or strategy.kind != "optimized-model":
             return False
         part = f"{path}.{os.getpid()}.part"
         try:
-            self._session(model.to_bytes(), model.name, device, {**opts, "optimized_model_path": part}).close()
+            self._session(model.to_bytes(), model.name, device, {**opts, strategy.option: part}).close()
             os.replace(part, path)
         finally:
             with contextlib.suppress(OSError):
@@ -428,9 +430,10 @@ class OnnxRuntimeBackend(Backend):
         return True
 
     def _import_artifact(self, model: Any, device: str, options: dict[str, Any], artifact: str) -> Executable:
-        """A session of the optimized model at ``artifact``, its optimizer off (it already ran)."""
-        if not os.path.isfile(artifact):
+        """A session of the optimized model at ``artifact``, with the cache strategy's restore options (it ran)."""
+        strategy = self.cache_strategy(device, options)
+        if strategy is None or strategy.kind != "optimized-model" or not os.path.isfile(artifact):
             raise BackendError("HYB-304", f"onnxruntime: no optimized model at {artifact!r} for {model.name!r}",
                                "compile without the artifact")
-        opts = {k: v for k, v in options.items() if k != "optimized_model_path"}
-        return self._session(artifact, model.name, device, {**opts, "graph_optimization_level": "disable"})
+        opts = {k: v for k, v in options.items() if k != strategy.option}
+        return self._session(artifact, model.name, device, {**opts, **strategy.restore_options})
