@@ -514,3 +514,26 @@ def test_a_one_executable_layout_decided_during_the_probe_keeps_the_probe_s_runn
     assert batches(runners, clock, 20, waited=False) == 2 and not runners.probing  # kept after the probe
     script.serving = Serving("ov:cpu", "", 1, deciding=False, tuning=False)  # the default: one runner again
     assert batches(runners, clock, 20, waited=False) == 1
+
+
+def test_the_free_batch_blocks_kept_follow_the_runners(tmp_path):
+    """A probe runs one batch per core; once it settles, the blocks kept for batches in flight shrink with it (a
+    many-core server would otherwise hold a probe's worth of batch memory for good)."""
+    model = ServedModel("m", "1", compile_model(relu_model(tmp_path / "r.onnx"), target="onnxruntime"),
+                        BatchSettings(max_batch=4))
+    try:
+        clock = ScriptedClock()
+        script = Script(Serving("ort:cpu", "", 1, deciding=False, tuning=True))
+        model._runners = Runners(None, "m:1", None, cores=16, policy=POLICY, clock=clock, read=script)
+        assert model._buffers.keep == 3  # one runner, one batch joined ahead, one ending
+        for _ in range(20):
+            clock.advance(0.1)
+            model._size_runners(True)  # requests queue behind the runner while it tunes: the probe
+        assert model._runners.count == 16 and model._buffers.keep == 18
+        clock.advance(60.0)
+        for _ in range(20):
+            clock.advance(0.1)
+            model._size_runners(False)
+        assert model._runners.count == 1 and model._buffers.keep == 3
+    finally:
+        model.close()

@@ -271,11 +271,11 @@ class ServedModel:
         self._closed = False
         self._batcher: LoopBatcher[CheckedRequest] | None = None
         self._runners = Runners(compiled, f"{name}:{version}", settings.concurrency, usable_cores(), runner_policy)
-        self._buffers = BatchBuffers(keep=self._runners.most + 2)  # batches in flight at once, and one ending
+        self._buffers = BatchBuffers(keep=self._runners.count + 2)  # batches in flight at once, and one ending
         if settings.max_batch > 0:
             self._batcher = LoopBatcher(self._join, self._execute, self._split, max_batch=settings.max_batch,
                                         max_delay=settings.batch_timeout, max_queue=settings.max_queue,
-                                        runners=self._runners.count, sizer=self._runners.after_batch,
+                                        runners=self._runners.count, sizer=self._size_runners,
                                         name=f"{name}:{version}", reorders=schedule is not None and schedule.reorders)
         self._sequences = Sequences(sequences, name, self.max_batch_size > 0) if sequences is not None else None
         if settings.max_batch > 1 and self.batch_symbol is None and _batch_symbol(compiled) is None:
@@ -286,6 +286,15 @@ class ServedModel:
     def queued(self) -> int:
         """Requests waiting now."""
         return self._batcher.stats().queued if self._batcher else self._in_flight
+
+    def _size_runners(self, waited: bool) -> int:
+        """The batcher's sizer: the runners to keep; the free batch blocks kept follow them.
+
+        A probe's one runner per core on a many-core server would otherwise keep that many batches' memory for good.
+        """
+        count = self._runners.after_batch(waited)
+        self._buffers.keep = count + 2
+        return count
 
     @property
     def runners(self) -> int:

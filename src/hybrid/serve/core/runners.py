@@ -157,11 +157,6 @@ class Runners:
         self._probed: set[str] = set()  # serving candidates whose probe has run
         self._won_under: dict[str, int] = {}  # layouts decided during a probe -> the runners they were measured at
 
-    @property
-    def most(self) -> int:
-        """The most runners this model may run at once."""
-        return self.fixed if self.fixed is not None else max(self.cores, self.count)
-
     def after_batch(self, waited: bool) -> int:
         """The runners to keep, told after each batch whether requests were waiting for a runner when it ended."""
         if self.fixed is not None:
