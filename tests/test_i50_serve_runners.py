@@ -457,12 +457,8 @@ def test_a_full_batch_joined_ahead_of_a_busy_runner_counts_as_requests_waiting()
         batcher.close(timeout=30)
 
 
-def test_the_runners_follow_the_bucket_busiest_lately_not_the_one_with_most_calls_in_all(monkeypatch):
-    """A server's 1-row bucket has the most calls in all (every lone client's requests), yet under 16 clients the
-    8-row batches are what runs now: their candidate's replicas are the runners (vs_triton crnn, 16 clients: the
-    8-row bucket served as 2 sessions x 1 thread ran on one runner, one replica idle)."""
-    from types import SimpleNamespace
-
+def _two_replica_layout(monkeypatch):
+    """The tag of a 2-replica layout onnxruntime declares for 2 cores (any machine), else the test skips."""
     from hybrid.hal.registry import get_backend
     from hybrid.serve.core import runners as runners_module
 
@@ -470,6 +466,12 @@ def test_the_runners_follow_the_bucket_busiest_lately_not_the_one_with_most_call
     two = next((lay for lay in get_backend("onnxruntime").layouts("cpu", 2) if lay.replicas == 2), None)
     if two is None:  # the layouts a backend declares are its own; this one's are asked for 2 cores
         pytest.skip("onnxruntime declares no 2-replica layout")
+    return two.tag
+
+
+def _compiled_with_buckets(*buckets):
+    """A stand-in compiled model whose ``cm.tuning`` holds ``(key, calls, serving[, state])`` buckets."""
+    from types import SimpleNamespace
 
     class Live:
         def view(self):
@@ -487,17 +489,81 @@ def test_the_runners_follow_the_bucket_busiest_lately_not_the_one_with_most_call
         def freeze(self):
             return ()
 
-    def record(key, calls, serving):
-        return SimpleNamespace(key=key, calls=calls, serving=serving, state="decided", recheck_at_s=None)
+    compiled = SimpleNamespace(executable=Live())
 
-    compiled = SimpleNamespace(executable=Live(), tuning=(record("1", 5000, "onnxruntime:cpu"),
-                                                          record("8", 400, f"onnxruntime:cpu@{two.tag}")))
+    def set_buckets(*bs):
+        compiled.tuning = tuple(SimpleNamespace(key=b[0], calls=b[1], serving=b[2],
+                                                state=b[3] if len(b) > 3 else "decided", recheck_at_s=None)
+                                for b in bs)
+
+    set_buckets(*buckets)
+    return compiled, set_buckets
+
+
+def test_the_runners_follow_the_most_replicas_among_the_buckets_called_lately(monkeypatch):
+    """A server's 1-row bucket has the most calls in all (every lone client's requests), yet under 16 clients the
+    8-row batches run too: their candidate's replicas are the runners (vs_triton crnn, 16 clients: the 8-row bucket
+    served as 2 sessions x 1 thread ran on one runner, one replica idle). A bucket no longer called does not count."""
+    tag = _two_replica_layout(monkeypatch)
+    compiled, set_buckets = _compiled_with_buckets(("1", 5000, "onnxruntime:cpu"),
+                                                   ("8", 400, f"onnxruntime:cpu@{tag}"))
     seen: dict = {}
-    assert serving_now(compiled, seen).replicas == 1  # the first read: every call is recent, the 1-row bucket leads
-    compiled.tuning = (record("1", 5010, "onnxruntime:cpu"), record("8", 700, f"onnxruntime:cpu@{two.tag}"))
+    first = serving_now(compiled, seen)  # the first read: every call is recent
+    assert (first.label, first.layout, first.replicas) == (f"onnxruntime:cpu@{tag}", tag, 2)
+    set_buckets(("1", 5010, "onnxruntime:cpu"), ("8", 700, f"onnxruntime:cpu@{tag}"))
+    assert serving_now(compiled, seen).replicas == 2
+    set_buckets(("1", 5200, "onnxruntime:cpu"), ("8", 700, f"onnxruntime:cpu@{tag}"))  # 8-row batches stopped
     now = serving_now(compiled, seen)
-    assert (now.label, now.layout, now.replicas) == (f"onnxruntime:cpu@{two.tag}", two.tag, 2)
-    assert serving_now(compiled).replicas == 1  # without what was seen: the most calls in all, as before
+    assert (now.label, now.replicas) == ("onnxruntime:cpu", 1)
+    assert serving_now(compiled, seen).replicas == 2  # no call since: every bucket counts, as without ``seen``
+    assert serving_now(compiled).replicas == 2
+
+
+def test_the_runners_hold_still_while_the_busiest_bucket_changes_between_polls(monkeypatch):
+    """Both buckets called every poll, the busiest changing each time: the runners stay at the most replicas. Before,
+    they followed the busiest bucket and switched 1, 2, 1, 2 (the served crnn's log under 16 clients), so each
+    bucket's race timed its candidates at a mix of one and two batches at once."""
+    tag = _two_replica_layout(monkeypatch)
+    compiled, set_buckets = _compiled_with_buckets(("1", 0, "onnxruntime:cpu"), ("8", 0, f"onnxruntime:cpu@{tag}"))
+    seen: dict = {}
+    ones, eights, counts = 1000, 0, []  # the 1-row bucket keeps the most calls in all (the stand-in's view)
+    for poll in range(6):
+        ones, eights = ones + (30 if poll % 2 else 10), eights + (10 if poll % 2 else 30)
+        set_buckets(("1", ones, "onnxruntime:cpu"), ("8", eights, f"onnxruntime:cpu@{tag}"))
+        counts.append(serving_now(compiled, seen).replicas)
+    assert counts == [2] * 6
+
+
+def test_a_bucket_called_lately_that_is_being_decided_makes_the_model_deciding(monkeypatch):
+    tag = _two_replica_layout(monkeypatch)
+    compiled, set_buckets = _compiled_with_buckets(("1", 50, "onnxruntime:cpu", "tuning"),
+                                                   ("8", 40, f"onnxruntime:cpu@{tag}"))
+    seen: dict = {}
+    now = serving_now(compiled, seen)
+    assert now.replicas == 2 and now.deciding and now.tuning
+    set_buckets(("1", 50, "onnxruntime:cpu", "tuning"), ("8", 90, f"onnxruntime:cpu@{tag}"))  # only 8 called
+    now = serving_now(compiled, seen)
+    assert not now.deciding and not now.tuning
+
+
+def test_a_race_under_a_backlog_runs_a_probe_again_a_planned_re_check_alone_does_not():
+    """A re-check races the serving candidate's layouts again; with one runner (its default layout settled there)
+    they would race at one batch at a time, however many requests wait, and the default wins every time (the served
+    crnn: every bucket back on the default after its re-checks). Before, a probe ran once per serving candidate."""
+    clock = ScriptedClock()
+    script = Script(Serving("ort:cpu", "", 1, deciding=True, tuning=True))
+    runners = Runners(None, "m:1", None, cores=4, policy=POLICY, clock=clock, read=script)
+    assert batches(runners, clock, 20, waited=True) == 4  # the first race's probe
+    script.serving = Serving("ort:cpu", "", 1, deciding=False, tuning=True)  # decided, a re-check planned
+    clock.advance(31.0)
+    assert batches(runners, clock, 20, waited=True) == 1  # the probe ran its course after the decision
+    clock.advance(60.0)
+    assert batches(runners, clock, 20, waited=True) == 1  # a planned re-check alone: no probe again
+    script.serving = Serving("ort:cpu", "", 1, deciding=True, tuning=True)  # the re-check races
+    assert batches(runners, clock, 20, waited=True) == 4 and runners.probing
+    script.serving = Serving("ort:cpu", "", 1, deciding=False, tuning=True)
+    clock.advance(31.0)
+    assert batches(runners, clock, 20, waited=True) == 1
 
 
 def test_a_one_executable_layout_decided_during_the_probe_keeps_the_probe_s_runners():

@@ -2,17 +2,22 @@
 
 ``target='auto'`` may serve a model with a layout of several replicas (``onnxruntime:cpu@2x1``: two sessions of one
 thread, :class:`~hybrid.hal.layout.ReplicaPool`). One batch runner would use one of them; so a model's batcher runs
-as many batches at once as the layout serving its busiest shape bucket has replicas (1 for a plain executable),
-read again when the decision changes. ``--concurrency`` or a ``config.pbtxt``'s ``instance_group`` count sets the
+as many batches at once as the most replicas a layout serving one of its shape buckets called lately has (1 for a
+plain executable), read again when the decision changes. The runners serve every bucket: a model whose 8-row
+batches run on two sessions and whose 1-row requests on the default would otherwise switch between one runner and
+two as its busiest bucket changes, and each bucket's race would time its candidates at whatever the other bucket
+set (a served crnn under 16 clients switched every poll, and its 8-row bucket's layouts raced at a mix of 1 and 2
+batches at once). ``--concurrency`` or a ``config.pbtxt``'s ``instance_group`` count sets the
 number instead: the user's choice wins, and nothing here moves it.
 
 Layouts race only where the compiled model sees its calls overlap (``TuningPolicy.concurrent_calls``), and with one
 runner a server's calls never do, however many requests wait. So while the model still tunes online and requests
 queue behind busy runners (a backlog), the batcher runs up to the usable cores' worth of batches at once (whatever
 the backlog does meanwhile: the extra runners absorb it): the controller then sees the load the server has and lets
-the layouts race. Once per serving candidate this lasts a probe (:attr:`RunnerPolicy.probe_s`), long enough for
-the controller's load windows; it goes on while the busiest bucket is being decided and for a probe after; then the
-runners settle to the replicas of what was decided.
+the layouts race. This lasts a probe (:attr:`RunnerPolicy.probe_s`), long enough for the controller's load windows,
+once per serving candidate and again at every race under a backlog (a re-check: its layouts must race at the load
+the server has, not at the one runner a default layout settles to); it goes on while a bucket called lately is
+being decided and for a probe after; then the runners settle to the replicas of what was decided.
 
 :class:`Runners` is read after each batch on the event loop (no lock); the compiled model's state is read at most
 once per :attr:`RunnerPolicy.poll_s`, from its lock-free views (``cm.tuning`` and the serving view).
@@ -51,7 +56,7 @@ class RunnerPolicy:
             follows its answer), two or more closed-loop callers on fewer runners leave one at every batch's end:
             half-way between, as ``TuningPolicy.concurrent_calls`` is for the calls in flight.
         probe_s: How long the extra runners stay once a backlog shows, once per serving candidate, and after the
-            busiest bucket's decision where it was being decided meanwhile. The controller reads the load of a
+            decision of a bucket called lately where it was being decided meanwhile. The controller reads the load of a
             decided bucket over windows of ``TuningPolicy.idle_poll_s``, restarted after four: a probe of six
             windows covers one whole window whatever its phase, with one to spare for the controller's own wake-up.
     """
@@ -66,12 +71,13 @@ class Serving:
     """What serves a model now, as far as its runners care.
 
     Attributes:
-        label: The candidate serving its busiest shape bucket ('' for a model that does not tune online).
+        label: The candidate with the most replicas among those serving the shape buckets called lately, the busiest
+            of them on a tie ('' for a model that does not tune online).
         layout: That candidate's layout tag ('2x1'), '' for its backend's default.
         replicas: Calls it runs at once without waiting for each other (1 for a plain executable).
-        deciding: Whether that bucket is being decided now (checked, compiled or raced).
-        tuning: Whether the tuner may still change what serves that bucket: it is being decided, or a re-check is
-            planned.
+        deciding: Whether a bucket called lately is being decided now (checked, compiled or raced).
+        tuning: Whether the tuner may still change what serves a bucket called lately: it is being decided, or a
+            re-check is planned.
     """
 
     label: str = ""
@@ -82,16 +88,17 @@ class Serving:
 
 
 def serving_now(compiled: Any, seen: dict[Any, int] | None = None) -> Serving:
-    """What serves ``compiled`` now (its busiest bucket's candidate, for a model that tunes online).
+    """What serves ``compiled`` now, as far as its runners care (:class:`Serving`).
 
     Read from the compiled model's lock-free views: ``cm.tuning`` (the per-bucket records) and, for the replicas,
     the serving view of the live executable, or the layout the candidate's backend declares (the HAL contract).
 
     Args:
         compiled: The compiled model.
-        seen: Each bucket's calls at the last read, updated here: the busiest bucket is then the one with the most
-            calls since (a server's load moves between batch sizes as its clients come and go, and the bucket of
-            lone requests, with the most calls in all, may see none now). None: the most calls in all.
+        seen: Each bucket's calls at the last read, updated here: the buckets called lately are those with calls
+            since (a server's load moves between batch sizes as its clients come and go, and the bucket of lone
+            requests, with the most calls in all, may see none now); the busiest lately breaks a tie. None (or no
+            call since): every bucket, the most calls in all breaking a tie.
     """
     exe = getattr(compiled, "executable", None)
     if not isinstance(exe, LiveView):
@@ -103,12 +110,14 @@ def serving_now(compiled: Any, seen: dict[Any, int] | None = None) -> Serving:
     lately = {r.key: r.calls - (seen or {}).get(r.key, 0) for r in records}
     if seen is not None:
         seen.update({r.key: r.calls for r in records})
-    busiest = max(records, key=lambda r: (lately[r.key], r.calls) if seen is not None else r.calls)
-    deciding = busiest.state != "decided"
-    label = busiest.serving
-    # the view is the candidate of the bucket with the most calls in all: its pool's size where that is this one
-    replicas = view.replicas if busiest is max(records, key=lambda r: r.calls) else _replicas_of(label)
-    return Serving(label, split_layout(label)[1], replicas, deciding, deciding or busiest.recheck_at_s is not None)
+    called = [r for r in records if lately[r.key] > 0] if seen is not None else []
+    called = called or list(records)
+    most = max(records, key=lambda r: r.calls)  # the view is this bucket's candidate: its pool's size
+    replicas = {r.key: view.replicas if r is most else _replicas_of(r.serving) for r in called}
+    chosen = max(called, key=lambda r: (replicas[r.key], lately[r.key] if seen is not None else r.calls))
+    deciding = any(r.state != "decided" for r in called)
+    tuning = deciding or any(r.recheck_at_s is not None for r in called)
+    return Serving(chosen.serving, split_layout(chosen.serving)[1], replicas[chosen.key], deciding, tuning)
 
 
 def _replicas_of(label: str) -> int:
@@ -172,9 +181,10 @@ class Runners:
         return self.count
 
     def _decide(self, serving: Serving, backlog: bool, now: float) -> None:
-        # a candidate of several replicas already runs that many batches at once: the tuner sees them overlap
+        # a candidate of several replicas already runs that many batches at once: the tuner sees them overlap. A probe
+        # runs once per serving candidate while a re-check is planned, and at every race (a re-check's included)
         if (backlog and serving.tuning and serving.replicas == 1 and self._probe_until is None
-                and serving.label not in self._probed):
+                and (serving.deciding or serving.label not in self._probed)):
             self._probed.add(serving.label)
             self._probe_until = now + self.policy.probe_s
         if self._probe_until is not None and serving.deciding:
