@@ -634,6 +634,7 @@ PYASC: dict[str, tuple[str | None, int | None, tuple[str, ...], bool]] = {
     "pyasc-auto": (None, None, (), False),
     "pyasc-precision": (None, None, ("--precision", "auto", "--min-cosine", "0.995"), False),
     "pyasc-plain": (None, 0, (), True),
+    "pyasc-plain-base": (None, 0, (), True),  # pyasc-plain from --baseline's code
     "pyasc-plain-c2": (None, 0, ("--concurrency", "2"), True),
 }
 
@@ -671,7 +672,8 @@ def main() -> None:
                          "--shared-memory system), over --protocol grpc or http")
     ap.add_argument("--baseline", type=Path, default=None,
                     help="the src folder of another checkout (e.g. `git archive <commit> src | tar -x -C /tmp/base`): "
-                         "adds pyasc-ort-base, --target onnxruntime from that code, paired with the others")
+                         "adds pyasc-ort-base, --target onnxruntime from that code, paired with the others; "
+                         "pyasc-plain-base in --servers runs pyasc-plain from that code")
     ap.add_argument("--trace-rate", type=int, default=0,
                     help="every server but pyasc-ort-base traces one request of every N (Triton's --trace-config "
                          "level=TIMESTAMPS rate=N, to a file in the work folder; pyasc serve takes the same flags); "
@@ -708,8 +710,10 @@ def main() -> None:
             names.append(token)
         else:
             ap.error(f"--servers takes triton, {', '.join(PYASC)}; not {token!r}")
-    if args.baseline is not None and "pyasc-ort-base" not in names:
+    if args.baseline is not None and not {"pyasc-ort-base", "pyasc-plain-base"} & set(names):
         names.append("pyasc-ort-base")
+    if "pyasc-plain-base" in names and args.baseline is None:
+        ap.error("pyasc-plain-base runs --baseline's code: give --baseline")
     global THREADS, SHARED_MEMORY, DISTINCT
     THREADS, SHARED_MEMORY, DISTINCT = args.threads, args.shared_memory, args.cache
     counts = [int(c) for c in args.clients.split(",")]
@@ -746,7 +750,7 @@ def main() -> None:
             stops.append(sink_proc.kill)
 
         def tracing(name: str) -> list[str]:
-            if not args.trace_rate or name == "pyasc-ort-base":  # the baseline's code may not know the flags
+            if not args.trace_rate or name.endswith("-base"):  # the baseline's code may not know the flags
                 return []
             if name.startswith("triton") and sink is not None:  # tritonserver 2.51 exporting every request to
                 return []  # OpenTelemetry crashed or hung under 16 gRPC clients in 2 of 3 runs: it runs untraced
@@ -773,11 +777,13 @@ def main() -> None:
         chosen: dict[str, str] = {}
         for name, (target, warm, extra, plain) in PYASC.items():
             if name in names:
-                source = args.baseline if name == "pyasc-ort-base" else None
+                source = args.baseline if name.endswith("-base") else None
                 flags = (*extra, *tracing(name), *caching,
                          *(() if not plain or args.plain_idle_tuning else ("--no-idle-tuning",)))
+                # a decision cache of its own, empty: a server never starts from what another one decided
                 proc, url, log, http = start_pyasc(pyasc_model, target, args.warmup if warm is None else warm, flags,
-                                                   source, plain=plain)
+                                                   source, env={"HYBRID_CACHE_DIR": str(work / f"cache-{name}")},
+                                                   plain=plain)
                 stops.append(lambda p=proc: (p.terminate(), p.wait(60)))
                 servers[name] = url if args.protocol.startswith("grpc") else http
                 chosen[name] = http
@@ -864,12 +870,13 @@ def main() -> None:
                                 if b["clients"] == n and b["server"] == s and "rows_per_run" in b]
                         batch = statistics.median(rows) if rows else float("nan")
                         print(f"| {n} | {s} | {front:.0f} | {compute:.0f} | {client:.0f} | {batch:.2f} |")
-        if "pyasc-ort-base" in servers and "pyasc-ort" in servers:
-            print()
-            rate = {(b["server"], b["clients"], b["round"]): b["inf_s"] for b in doc["blocks"]}
-            for n in counts:  # the change measured against its baseline, paired within each block
-                ratios = [rate[("pyasc-ort", n, r)] / rate[("pyasc-ort-base", n, r)] for r in range(args.rounds)]
-                print(f"clients {n:2d}: pyasc-ort / pyasc-ort-base {paired(ratios)}")
+        rate = {(b["server"], b["clients"], b["round"]): b["inf_s"] for b in doc["blocks"]}
+        for new in ("pyasc-ort", "pyasc-plain"):
+            if f"{new}-base" in servers and new in servers:
+                print()
+                for n in counts:  # the change measured against its baseline, paired within each block
+                    ratios = [rate[(new, n, r)] / rate[(f"{new}-base", n, r)] for r in range(args.rounds)]
+                    print(f"clients {n:2d}: {new} / {new}-base {paired(ratios)}")
     finally:
         for stop in reversed(stops):  # the servers (they export what they hold as they stop), then the sink
             stop()

@@ -1,7 +1,8 @@
 """Issue 50: a served model runs as many batches at once as the layout serving it has replicas.
 
-The runner count follows what serves the model's busiest bucket (read after a batch), runs more for a probe while
-requests queue behind busy runners and the model still tunes (so that the tuner sees the load), and settles back;
+The runner count follows the most replicas among the layouts serving the buckets called lately (read after a batch),
+runs more for a probe while requests queue behind busy runners and the model still tunes (so that the tuner sees the
+load; again at every race under a backlog), and settles back;
 ``--concurrency`` and a ``config.pbtxt``'s ``instance_group`` win. The statistics and metrics name the layout.
 Every rule is tested on scripted time or on batch counts (a poll every batch), with a fake live executable whose
 serving view reports the replicas.
