@@ -32,7 +32,7 @@ from hybrid.runtime.compiled import CompiledModel, ServingView
 from hybrid.runtime.compiler import compile_model
 from hybrid.serve import BackgroundServer, BatchSettings, ServedModel, create_app
 from hybrid.serve.core.repository import ModelRegistry
-from hybrid.serve.core.runners import RunnerPolicy, Runners, Serving, serving_now
+from hybrid.serve.core.runners import Lately, RunnerPolicy, Runners, Serving, serving_now
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -504,46 +504,59 @@ def _compiled_with_buckets(*buckets):
 def test_the_runners_follow_the_most_replicas_among_the_buckets_called_lately(monkeypatch):
     """A server's 1-row bucket has the most calls in all (every lone client's requests), yet under 16 clients the
     8-row batches run too: their candidate's replicas are the runners (vs_triton crnn, 16 clients: the 8-row bucket
-    served as 2 sessions x 1 thread ran on one runner, one replica idle). A bucket no longer called does not count."""
+    served as 2 sessions x 1 thread ran on one runner, one replica idle). A bucket no longer called, once its
+    window has passed, does not count."""
     tag = _two_replica_layout(monkeypatch)
     compiled, set_buckets = _compiled_with_buckets(("1", 5000, "onnxruntime:cpu"),
                                                    ("8", 400, f"onnxruntime:cpu@{tag}"))
-    seen: dict = {}
-    first = serving_now(compiled, seen)  # the first read: every call is recent
+    clock = ScriptedClock()
+    lately = Lately(5.0, clock)
+    first = serving_now(compiled, lately)  # the first read: every call is recent
     assert (first.label, first.layout, first.replicas) == (f"onnxruntime:cpu@{tag}", tag, 2)
+    clock.advance(0.5)
     set_buckets(("1", 5010, "onnxruntime:cpu"), ("8", 700, f"onnxruntime:cpu@{tag}"))
-    assert serving_now(compiled, seen).replicas == 2
+    assert serving_now(compiled, lately).replicas == 2
+    clock.advance(4.0)
     set_buckets(("1", 5200, "onnxruntime:cpu"), ("8", 700, f"onnxruntime:cpu@{tag}"))  # 8-row batches stopped
-    now = serving_now(compiled, seen)
+    assert serving_now(compiled, lately).replicas == 2  # within the window of its last call
+    clock.advance(1.5)
+    set_buckets(("1", 5300, "onnxruntime:cpu"), ("8", 700, f"onnxruntime:cpu@{tag}"))
+    now = serving_now(compiled, lately)
     assert (now.label, now.replicas) == ("onnxruntime:cpu", 1)
-    assert serving_now(compiled, seen).replicas == 2  # no call since: every bucket counts, as without ``seen``
+    clock.advance(60.0)
+    assert serving_now(compiled, lately).replicas == 2  # nothing called lately: every bucket counts, as without it
     assert serving_now(compiled).replicas == 2
 
 
-def test_the_runners_hold_still_while_the_busiest_bucket_changes_between_polls(monkeypatch):
-    """Both buckets called every poll, the busiest changing each time: the runners stay at the most replicas. Before,
-    they followed the busiest bucket and switched 1, 2, 1, 2 (the served crnn's log under 16 clients), so each
-    bucket's race timed its candidates at a mix of one and two batches at once."""
+def test_the_runners_hold_still_while_the_buckets_called_come_and_go_between_polls(monkeypatch):
+    """At 4 clients the 2- and 4-row buckets see a call only now and then: a poll of 0.5 s finds the 2x1 bucket called
+    in one read and not in the next. The runners stay at its replicas while it was called within the window. Before,
+    they followed the busiest bucket and switched 1, 2, 1, 2 (the served crnn's log), and so did a window of one
+    poll, so each bucket's race timed its candidates at a mix of one and two batches at once."""
     tag = _two_replica_layout(monkeypatch)
-    compiled, set_buckets = _compiled_with_buckets(("1", 0, "onnxruntime:cpu"), ("8", 0, f"onnxruntime:cpu@{tag}"))
-    seen: dict = {}
-    ones, eights, counts = 1000, 0, []  # the 1-row bucket keeps the most calls in all (the stand-in's view)
-    for poll in range(6):
-        ones, eights = ones + (30 if poll % 2 else 10), eights + (10 if poll % 2 else 30)
-        set_buckets(("1", ones, "onnxruntime:cpu"), ("8", eights, f"onnxruntime:cpu@{tag}"))
-        counts.append(serving_now(compiled, seen).replicas)
-    assert counts == [2] * 6
+    compiled, set_buckets = _compiled_with_buckets(("1", 0, "onnxruntime:cpu"), ("2", 0, f"onnxruntime:cpu@{tag}"))
+    clock = ScriptedClock()
+    lately = Lately(5.0, clock)
+    ones, twos, counts = 1000, 0, []  # the 1-row bucket keeps the most calls in all (the stand-in's view)
+    for poll in range(8):
+        clock.advance(0.5)
+        ones, twos = ones + 20, twos + (3 if poll % 2 else 0)  # the 2-row bucket called in every other poll
+        set_buckets(("1", ones, "onnxruntime:cpu"), ("2", twos, f"onnxruntime:cpu@{tag}"))
+        counts.append(serving_now(compiled, lately).replicas)
+    assert counts[1:] == [2] * 7
 
 
 def test_a_bucket_called_lately_that_is_being_decided_makes_the_model_deciding(monkeypatch):
     tag = _two_replica_layout(monkeypatch)
     compiled, set_buckets = _compiled_with_buckets(("1", 50, "onnxruntime:cpu", "tuning"),
                                                    ("8", 40, f"onnxruntime:cpu@{tag}"))
-    seen: dict = {}
-    now = serving_now(compiled, seen)
+    clock = ScriptedClock()
+    lately = Lately(5.0, clock)
+    now = serving_now(compiled, lately)
     assert now.replicas == 2 and now.deciding and now.tuning
+    clock.advance(10.0)
     set_buckets(("1", 50, "onnxruntime:cpu", "tuning"), ("8", 90, f"onnxruntime:cpu@{tag}"))  # only 8 called
-    now = serving_now(compiled, seen)
+    now = serving_now(compiled, lately)
     assert not now.deciding and not now.tuning
 
 

@@ -26,6 +26,7 @@ once per :attr:`RunnerPolicy.poll_s`, from its lock-free views (``cm.tuning`` an
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -38,7 +39,7 @@ from hybrid.hal.registry import get_backend
 from hybrid.runtime.auto import TuningPolicy
 from hybrid.runtime.compiled import LiveView
 
-__all__ = ["RunnerPolicy", "Runners", "Serving", "serving_now"]
+__all__ = ["Lately", "RunnerPolicy", "Runners", "Serving", "serving_now"]
 
 logger = logging.getLogger("hybrid.serve")
 
@@ -59,11 +60,14 @@ class RunnerPolicy:
             decision of a bucket called lately where it was being decided meanwhile. The controller reads the load of a
             decided bucket over windows of ``TuningPolicy.idle_poll_s``, restarted after four: a probe of six
             windows covers one whole window whatever its phase, with one to spare for the controller's own wake-up.
+        lately_s: A shape bucket counts as called lately for this long after its last call seen (:class:`Lately`):
+            one of the controller's load windows, over which it reads the calls in flight.
     """
 
     poll_s: float = 0.5
     backlog_share: float = 0.5
     probe_s: float = field(default_factory=lambda: 6 * TuningPolicy().idle_poll_s)
+    lately_s: float = field(default_factory=lambda: TuningPolicy().idle_poll_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +91,38 @@ class Serving:
     tuning: bool = False
 
 
-def serving_now(compiled: Any, seen: dict[Any, int] | None = None) -> Serving:
+class Lately:
+    """Which shape buckets of a model were called within the last ``window_s``, read from their call counts.
+
+    A bucket whose count moved since the last read was called now. The window spans several polls: a server's
+    buckets of 2 or 4 rows see a call only now and then at 4 clients, and a window of one 0.5 s poll switched the
+    runners between 1 and 2 as they came and went.
+
+    Args:
+        window_s: How long a bucket counts as called after its last call seen.
+        clock: What the reads are timed on.
+    """
+
+    def __init__(self, window_s: float, clock: Callable[[], float]) -> None:
+        self.window_s = window_s
+        self._clock = clock
+        self._seen: dict[Any, tuple[int, float]] = {}  # bucket -> (calls at the last read, when they last moved)
+
+    def read(self, records: tuple[Any, ...]) -> dict[Any, int]:
+        """The buckets of ``records`` called within the window, each with its calls since the last read."""
+        now = self._clock()
+        out: dict[Any, int] = {}
+        for r in records:
+            calls, moved = self._seen.get(r.key, (0, -math.inf))
+            if r.calls != calls:
+                moved = now
+            self._seen[r.key] = (r.calls, moved)
+            if now - moved <= self.window_s:
+                out[r.key] = r.calls - calls
+        return out
+
+
+def serving_now(compiled: Any, lately: Lately | None = None) -> Serving:
     """What serves ``compiled`` now, as far as its runners care (:class:`Serving`).
 
     Read from the compiled model's lock-free views: ``cm.tuning`` (the per-bucket records) and, for the replicas,
@@ -95,10 +130,10 @@ def serving_now(compiled: Any, seen: dict[Any, int] | None = None) -> Serving:
 
     Args:
         compiled: The compiled model.
-        seen: Each bucket's calls at the last read, updated here: the buckets called lately are those with calls
-            since (a server's load moves between batch sizes as its clients come and go, and the bucket of lone
-            requests, with the most calls in all, may see none now); the busiest lately breaks a tie. None (or no
-            call since): every bucket, the most calls in all breaking a tie.
+        lately: The buckets called lately (a server's load moves between batch sizes as its clients come and go, and
+            the bucket of lone requests, with the most calls in all, may see none now); the one with the most calls
+            since the last read breaks a tie. None, or no bucket called within its window: every bucket, the most
+            calls in all breaking a tie.
     """
     exe = getattr(compiled, "executable", None)
     if not isinstance(exe, LiveView):
@@ -107,14 +142,11 @@ def serving_now(compiled: Any, seen: dict[Any, int] | None = None) -> Serving:
     records = tuple(getattr(compiled, "tuning", ()) or ())
     if not records:  # no call yet: the start serves, nothing is decided
         return Serving(replicas=view.replicas, deciding=True, tuning=True)
-    lately = {r.key: r.calls - (seen or {}).get(r.key, 0) for r in records}
-    if seen is not None:
-        seen.update({r.key: r.calls for r in records})
-    called = [r for r in records if lately[r.key] > 0] if seen is not None else []
-    called = called or list(records)
+    recent = lately.read(records) if lately is not None else {}
+    called = [r for r in records if r.key in recent] or list(records)
     most = max(records, key=lambda r: r.calls)  # the view is this bucket's candidate: its pool's size
     replicas = {r.key: view.replicas if r is most else _replicas_of(r.serving) for r in called}
-    chosen = max(called, key=lambda r: (replicas[r.key], lately[r.key] if seen is not None else r.calls))
+    chosen = max(called, key=lambda r: (replicas[r.key], recent.get(r.key, 0), r.calls))
     deciding = any(r.state != "decided" for r in called)
     tuning = deciding or any(r.recheck_at_s is not None for r in called)
     return Serving(chosen.serving, split_layout(chosen.serving)[1], replicas[chosen.key], deciding, tuning)
@@ -155,8 +187,8 @@ class Runners:
         self.cores = max(1, cores)
         self.policy = policy or RunnerPolicy()
         self._clock = clock
-        self._seen: dict[Any, int] = {}  # each bucket's calls at the last read (serving_now's ``seen``)
-        self._read = read if read is not serving_now else (lambda cm: serving_now(cm, self._seen))
+        self._lately = Lately(self.policy.lately_s, clock)  # the buckets called lately (serving_now's ``lately``)
+        self._read = read if read is not serving_now else (lambda cm: serving_now(cm, self._lately))
         self.serving = Serving() if fixed is not None else self._safe_read(Serving())
         self.count = fixed if fixed is not None else self.serving.replicas
         self.probing = False  # runners beyond the replicas now, so that the tuner sees the load
