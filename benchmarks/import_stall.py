@@ -141,7 +141,8 @@ def _poisson(run: Callable[[], Any], rate: float, seconds: float, seed: int) -> 
     return out
 
 
-def open_loop(name: str, folder: Path, loads: list[float], reps: int, seconds: float) -> list[list[str]]:
+def open_loop(name: str, folder: Path, loads: list[float], reps: int, seconds: float,
+              arms: tuple[str, ...] = ("import", "compile")) -> list[list[str]]:
     import hybrid
     from hybrid import zoo
     from hybrid.runtime.auto import worker
@@ -179,12 +180,12 @@ def open_loop(name: str, folder: Path, loads: list[float], reps: int, seconds: f
     rows = []
     for load in loads:
         rate = load / service_s
-        per: dict[str, list[dict[str, float]]] = {"untuned": [], "import": [], "compile": []}
+        per: dict[str, list[dict[str, float]]] = {"untuned": [], **{how: [] for how in arms}}
         for rep in range(reps):
-            order = ["untuned", "import", "compile"]
+            order = ["untuned", *arms]
             for how in order[::-1] if rep % 2 else order:
                 per[how].append(arm(how, rate, rep, f"{name}-{load}-{rep}-{how}"))
-        for how in ("import", "compile"):
+        for how in arms:
             p99 = statistics.median(r["p99"] / u["p99"] for r, u in zip(per[how], per["untuned"], strict=True))
             tax = statistics.median(r["mean"] / u["mean"] for r, u in zip(per[how], per["untuned"], strict=True))
             rows.append([name, f"{load:.0%}", how, f"{statistics.median(r['p99'] for r in per[how]) * 1e3:.2f}",
@@ -202,6 +203,8 @@ def main() -> None:
     ap.add_argument("--loads", type=float, nargs="+", default=[0.5, 0.85])
     ap.add_argument("--skip-stall", action="store_true")
     ap.add_argument("--skip-open", action="store_true")
+    ap.add_argument("--arms", nargs="+", choices=("import", "compile"), default=["import", "compile"],
+                    help="the open loop's tuned arms beside the untuned start (artifacts imported; compiled here)")
     add_argument(ap)  # --write-results: the stall's table as 'import_stall', the open loop's as 'import_stall_open'
     args = ap.parse_args()
     print(machine_info(), flush=True)
@@ -217,7 +220,8 @@ def main() -> None:
                           f"Medians over {args.reps} paired repetitions; slowdown: the serving calls' mean while the "
                           "candidate is made ready and run 3 times, over their median in the 0.3 s before.")
     if not args.skip_open:
-        rows = [row for name in args.models for row in open_loop(name, folder, args.loads, args.reps, args.seconds)]
+        rows = [row for name in args.models
+                for row in open_loop(name, folder, args.loads, args.reps, args.seconds, tuple(args.arms))]
         text = table(["model", "load", "auto, candidates", "p99 ms", "untuned p99 ms", "p99 / untuned",
                       "mean / untuned", "imported", "decided"], rows)
         print(text, flush=True)
