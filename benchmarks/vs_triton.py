@@ -780,10 +780,12 @@ def main() -> None:
                 source = args.baseline if name.endswith("-base") else None
                 flags = (*extra, *tracing(name), *caching,
                          *(() if not plain or args.plain_idle_tuning else ("--no-idle-tuning",)))
-                # a decision cache of its own, empty: a server never starts from what another one decided
+                # a plain server gets a decision cache of its own, empty: it tunes from nothing, and never starts
+                # from what another one decided (pyasc-plain and pyasc-plain-base are paired); the others keep the
+                # caller's HYBRID_CACHE_DIR (the issue-25 tables serve pyasc-auto from its decisions)
+                cache = {"HYBRID_CACHE_DIR": str(work / f"cache-{name}")} if plain else None
                 proc, url, log, http = start_pyasc(pyasc_model, target, args.warmup if warm is None else warm, flags,
-                                                   source, env={"HYBRID_CACHE_DIR": str(work / f"cache-{name}")},
-                                                   plain=plain)
+                                                   source, env=cache, plain=plain)
                 stops.append(lambda p=proc: (p.terminate(), p.wait(60)))
                 servers[name] = url if args.protocol.startswith("grpc") else http
                 chosen[name] = http
