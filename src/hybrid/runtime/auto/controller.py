@@ -328,21 +328,25 @@ class Controller:
         return out
 
     def _overlapping(self, b: BucketRecord) -> bool:
-        """Whether the model's calls overlap enough for the layouts to race (``TuningPolicy.concurrent_calls``)."""
-        return self._policy.concurrent_calls > 0.0 and self._load(b) >= self._policy.concurrent_calls
+        """Whether the model's calls overlap enough for the layouts to race (:meth:`TuningPolicy.concurrent`)."""
+        return self._policy.concurrent(*self._busy(b))
 
     def _load(self, b: BucketRecord) -> float:
-        """The model's calls in flight on average since the bucket's mark (Little's law).
+        """The model's calls in flight on average since the bucket's mark (Little's law, :meth:`_busy`)."""
+        busy, elapsed = self._busy(b)
+        return busy / elapsed if elapsed > 0 else 0.0
 
-        The calls' seconds per second of the clock, in every bucket and in race turns: a server's load spreads over
-        its batch sizes, and a candidate's replicas serve every bucket it serves, so one bucket's calls alone may
-        never overlap while the model's do.
+    def _busy(self, b: BucketRecord) -> tuple[float, float]:
+        """The seconds the model's calls were in flight since the bucket's mark, and the clock's seconds since it.
+
+        Every bucket's calls and race turns count: a server's load spreads over its batch sizes, and a candidate's
+        replicas serve every bucket it serves, so one bucket's calls alone may never overlap while the model's do.
+        (0, 0) before the model's first call.
         """
         since, busy = b.load_mark or (self._router.first_call, 0.0)
         if since is None:
-            return 0.0
-        elapsed = self._clock() - since
-        return (self._router.busy_s - busy) / elapsed if elapsed > 0 else 0.0
+            return 0.0, 0.0
+        return self._router.busy_s - busy, self._clock() - since
 
     def _lane(self, label: str, sample: dict[str, Any] | None) -> Lane | None:
         lane = self._lanes.get(label) or self._lab.lane(label, sample)
