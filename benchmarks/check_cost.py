@@ -3,22 +3,24 @@
 Each arm is a fresh process with an empty decision cache, on one ``hybrid.zoo`` model, calling it from one thread:
 
 - ``untuned``: ``hybrid.compile(path, target='onnxruntime')``, what ``target='auto'`` starts on;
-- ``auto``: ``hybrid.compile(path)`` with nothing given, while its first bucket is checked, compiled and raced.
+- ``auto``: ``hybrid.compile(path)`` with nothing given, while its first bucket is checked, compiled and raced;
+- ``auto-base`` (with ``--baseline SRC``): the same from another checkout's ``src`` (old against new, paired).
 
-Two loads, each at half the capacity of one raw ONNX Runtime session (its median call in a closed loop, measured in
-the arm before it starts):
+Two loads, each at a share of the capacity of one raw ONNX Runtime session (``--shares``, 0.5 by default; its
+median call in a closed loop, measured in the arm before it starts):
 
-- ``duty``: after each call the thread waits as long as the call took (a 50 % duty cycle, which never queues):
-  the calls' own durations, what the tuning's other work does to a call while it runs;
-- ``arrivals``: calls due at fixed times (one every two service times: a D/D/1 queue that never queues by itself),
-  latency from when each was due, so a call that starts late because of the tuning counts. The arm's own speed
-  estimate sets the rate: where the machine slows down by half after it, the untuned arm queues too (read the
+- ``duty``: after each call the thread waits so that calls fill that share of the time (at 0.5 as long as the call
+  took; it never queues): the calls' own durations, what the tuning's other work does to a call while it runs;
+- ``arrivals``: calls due at fixed times (one every service time over the share: a D/D/1 queue that never queues by
+  itself), latency from when each was due, so a call that starts late because of the tuning counts. The arm's own
+  speed estimate sets the rate: where the machine slows down after it, the untuned arm queues too (read the
   untuned column before the ratios).
 
 The table gives medians over ``--reps`` of the mean and p99 and the ratios to the untuned arm (paired per
 repetition, the arms' order alternating), and the phases ``cm.tuning`` showed during the window.
 
-    flock /tmp/coord/bench.lock python benchmarks/check_cost.py --models neg_dim crnn --reps 3 --seconds 12
+    flock /tmp/coord/bench.lock python benchmarks/check_cost.py --models neg_dim crnn --reps 3 --seconds 12 \
+        [--shares 0.5 0.85] [--baseline /tmp/base/src]
 """
 
 from __future__ import annotations
@@ -39,10 +41,11 @@ from _harness import machine_info, table
 from _results import add_argument, command_line, write_results
 
 ARMS = ("untuned", "auto")
+BASE = "auto-base"  # --baseline's target='auto'
 LOADS = ("duty", "arrivals")
 
 
-def arm(name: str, which: str, load: str, seconds: float, zoo_folder: str) -> dict[str, Any]:
+def arm(name: str, which: str, load: str, seconds: float, zoo_folder: str, share: float = 0.5) -> dict[str, Any]:
     """One arm, in this process (run as ``--arm``): the calls' mean and p99 (ms) and the phases seen."""
     import numpy as np
 
@@ -70,7 +73,7 @@ def arm(name: str, which: str, load: str, seconds: float, zoo_folder: str) -> di
     due = start
     while time.perf_counter() - start < seconds:
         if load == "arrivals":
-            due += 2.0 * service
+            due += service / share
             wait = due - time.perf_counter()
             if wait > 1e-3:
                 time.sleep(wait - 1e-3)
@@ -83,7 +86,7 @@ def arm(name: str, which: str, load: str, seconds: float, zoo_folder: str) -> di
             cm.run(feeds)
             took = time.perf_counter() - s
             out.append(took)
-            end = time.perf_counter() + took
+            end = time.perf_counter() + took * (1.0 / share - 1.0)
             while time.perf_counter() < end:
                 time.sleep(max(0.0, min(took, end - time.perf_counter())))
         if len(out) % 200 == 0 and which == "auto":
@@ -95,11 +98,40 @@ def arm(name: str, which: str, load: str, seconds: float, zoo_folder: str) -> di
             "service_ms": service * 1e3, "phases": sorted(phases)}
 
 
-def run_arm(name: str, which: str, load: str, seconds: float, zoo_folder: str) -> dict[str, Any]:
-    """:func:`arm` in a fresh process (each arm starts with no check process and an empty decision cache)."""
-    out = subprocess.run([sys.executable, __file__, "--arm", name, which, load, str(seconds), zoo_folder],
-                         capture_output=True, text=True, check=True).stdout
+def run_arm(name: str, which: str, load: str, seconds: float, zoo_folder: str, share: float,
+            baseline: Path | None = None) -> dict[str, Any]:
+    """:func:`arm` in a fresh process (each arm starts with no check process and an empty decision cache);
+    ``auto-base`` runs ``baseline``'s code (a ``src`` folder put ahead on ``PYTHONPATH``) as ``auto``."""
+    env = dict(os.environ)
+    if which == BASE:
+        assert baseline is not None
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(baseline), env.get("PYTHONPATH")]))
+        which = "auto"
+    out = subprocess.run([sys.executable, __file__, "--arm", name, which, load, str(seconds), zoo_folder, str(share)],
+                         capture_output=True, text=True, check=True, env=env).stdout
     return json.loads(out.strip().splitlines()[-1])
+
+
+def _paired(a: list[dict[str, Any]], b: list[dict[str, Any]], key: str) -> tuple[float, str]:
+    """The median of the per-repetition ratios ``a[key] / b[key]``, and the ratios as text."""
+    x = [p[key] / q[key] for p, q in zip(a, b, strict=True)]
+    return statistics.median(x), ", ".join(f"{v:.2f}" for v in x)
+
+
+def _row(name: str, load: str, got: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """One table row: the untuned and auto arms' medians, their paired ratios, and auto-base's where it ran."""
+    u, t = got["untuned"], got["auto"]
+    (mean_x, means), (p99_x, p99s) = _paired(t, u, "mean_ms"), _paired(t, u, "p99_ms")
+    row = [name, load, f"{statistics.median(r['service_ms'] for r in u):.3f}",
+           f"{statistics.median(r['mean_ms'] for r in u):.3f}", f"{statistics.median(r['mean_ms'] for r in t):.3f}",
+           f"{mean_x:.2f}x ({means})", f"{statistics.median(r['p99_ms'] for r in u):.2f}",
+           f"{statistics.median(r['p99_ms'] for r in t):.2f}", f"{p99_x:.2f}x ({p99s})",
+           ", ".join(sorted({p for r in t for p in r["phases"]}))]
+    if BASE in got:
+        b = got[BASE]
+        row += [f"{_paired(b, u, 'mean_ms')[0]:.2f}x", f"{_paired(b, u, 'p99_ms')[0]:.2f}x",
+                "{:.2f}x ({})".format(*_paired(t, b, "mean_ms")), "{:.2f}x ({})".format(*_paired(t, b, "p99_ms"))]
+    return row
 
 
 def main() -> None:
@@ -108,48 +140,50 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=12.0)
     ap.add_argument("--loads", nargs="+", choices=LOADS, default=list(LOADS))
-    ap.add_argument("--arm", nargs=5, help=argparse.SUPPRESS)
+    ap.add_argument("--shares", nargs="+", type=float, default=[0.5],
+                    help="the load as a share of one raw session's capacity (0 < share < 1)")
+    ap.add_argument("--baseline", type=Path, default=None,
+                    help="the src folder of another checkout: its target='auto' runs as arm auto-base, paired")
+    ap.add_argument("--arm", nargs=6, help=argparse.SUPPRESS)
     add_argument(ap)
     args = ap.parse_args()
     if args.arm:
-        name, which, load, seconds, folder = args.arm
-        print(json.dumps(arm(name, which, load, float(seconds), folder)))
+        name, which, load, seconds, folder, share = args.arm
+        print(json.dumps(arm(name, which, load, float(seconds), folder, float(share))))
         return
-    if args.reps < 1 or args.seconds <= 0:
-        ap.error("--reps must be >= 1 and --seconds > 0")
+    if args.reps < 1 or args.seconds <= 0 or not all(0.0 < x < 1.0 for x in args.shares):
+        ap.error("--reps must be >= 1, --seconds > 0 and every share between 0 and 1")
+    arms = (*ARMS, BASE) if args.baseline is not None else ARMS
     print(machine_info(), flush=True)
     folder = tempfile.mkdtemp(prefix="hybrid-check-cost-zoo-")
     rows = []
     for name in args.models:
         for load in args.loads:
-            got: dict[str, list[dict[str, Any]]] = {a: [] for a in ARMS}
-            for rep in range(args.reps):
-                for which in ARMS if rep % 2 == 0 else ARMS[::-1]:
-                    got[which].append(run_arm(name, which, load, args.seconds, folder))
-                    if sys.stderr.isatty():
-                        print(f"{name} {load} rep {rep} {which}: {got[which][-1]}", file=sys.stderr, flush=True)
-            u, t = got["untuned"], got["auto"]
-            mean_x = [a["mean_ms"] / b["mean_ms"] for a, b in zip(t, u, strict=True)]
-            p99_x = [a["p99_ms"] / b["p99_ms"] for a, b in zip(t, u, strict=True)]
-            phases = sorted({p for r in t for p in r["phases"]})
-            rows.append([name, load, f"{statistics.median(r['service_ms'] for r in u):.3f}",
-                         f"{statistics.median(r['mean_ms'] for r in u):.3f}",
-                         f"{statistics.median(r['mean_ms'] for r in t):.3f}",
-                         f"{statistics.median(mean_x):.2f}x ({', '.join(f'{x:.2f}' for x in mean_x)})",
-                         f"{statistics.median(r['p99_ms'] for r in u):.2f}",
-                         f"{statistics.median(r['p99_ms'] for r in t):.2f}",
-                         f"{statistics.median(p99_x):.2f}x ({', '.join(f'{x:.2f}' for x in p99_x)})",
-                         ", ".join(phases)])
-    text = table(["model", "load", "service ms", "untuned mean ms", "auto mean ms", "mean / untuned (per rep)",
-                  "untuned p99 ms", "auto p99 ms", "p99 / untuned (per rep)", "auto's phases seen"], rows)
+            for share in args.shares:
+                got: dict[str, list[dict[str, Any]]] = {a: [] for a in arms}
+                for rep in range(args.reps):
+                    for which in arms if rep % 2 == 0 else arms[::-1]:
+                        got[which].append(run_arm(name, which, load, args.seconds, folder, share, args.baseline))
+                        if sys.stderr.isatty():
+                            print(f"{name} {load} {share:g} rep {rep} {which}: {got[which][-1]}", file=sys.stderr,
+                                  flush=True)
+                rows.append(_row(name, f"{load} {share:.0%}", got))
+    head = ["model", "load", "service ms", "untuned mean ms", "auto mean ms", "mean / untuned (per rep)",
+            "untuned p99 ms", "auto p99 ms", "p99 / untuned (per rep)", "auto's phases seen"]
+    if args.baseline is not None:
+        head += ["auto-base mean / untuned", "auto-base p99 / untuned", "auto / auto-base mean (per rep)",
+                 "auto / auto-base p99 (per rep)"]
+    text = table(head, rows)
     print(text, flush=True)
     if args.write_results is not None:
         write_results(args.write_results or "check_cost", "What tuning's first phases cost calls below capacity "
                       "(issue 51)", command_line(), text,
-                      f"One thread, each arm a fresh process with an empty decision cache; 'duty': a 50 % duty cycle "
-                      f"(the calls' own durations); 'arrivals': calls due one every two service times (latency from "
-                      f"when each was due); {args.seconds:g} s windows from the compile, medians over {args.reps} "
-                      "repetitions, ratios paired per repetition.")
+                      f"One thread, each arm a fresh process with an empty decision cache; 'duty S': calls filling "
+                      f"the share S of the time (the calls' own durations); 'arrivals S': calls due one every service "
+                      f"time over S (latency from when each was due); {args.seconds:g} s windows from the compile, "
+                      f"medians over {args.reps} repetitions, ratios paired per repetition"
+                      + (f"; auto-base: target='auto' from {args.baseline}" if args.baseline is not None else "")
+                      + ".")
 
 
 if __name__ == "__main__":
