@@ -3,16 +3,21 @@
 Per zoo model and per number of caller threads (1, 4, 16 by default), in one process, on the same inputs:
 
 - **raw layouts** (the sweep a deployment engineer would run by hand, as Triton Model Analyzer does): ONNX Runtime
-  with R sessions x T intra-op threads filling the cores (R in 1, 2, 4, cores; each call takes a free session from a
-  queue) and its default (one session, ORT's own thread count); OpenVINO f32 with the LATENCY hint (its default
-  here) and with the THROUGHPUT hint (one infer request per calling thread);
+  with R sessions x T intra-op threads filling the cores (R in 1, 2, 4, cores; each call takes a free session, the
+  callers that wait served in turn, as Triton's instance groups serve a queue: the sessions are raw, the pool is
+  ``hybrid.hal.layout.ReplicaPool``) and its default (one session, ORT's own thread count); OpenVINO f32 with the
+  LATENCY hint (its default here) and with the THROUGHPUT hint (one infer request per calling thread);
 - **hybrid**: ``hybrid.compile(path)`` (target 'auto', nothing given, an empty decision cache), tuned by the same
   threads' calls until its bucket is decided (at most ``--limit-s``), then measured like the others.
 
 Each contender runs windows of ``--window-s`` in which every thread calls it back to back (the first 0.3 s of a window
 untimed); the contenders rotate through ``--reps`` rounds, and each ratio is the median over rounds of the paired
-per-round ratio of inferences per second. Reported per (model, threads): hybrid over the best raw layout, hybrid over
-the raw default (one ORT session), what hybrid chose, and its p99 latency over the best raw layout's.
+per-round ratio of inferences per second. Latencies are those of every call that ends in the timed part of a window,
+from its start (a call that waited through the lead-in counts whole), and the slowest thread's share is its calls
+over the mean thread's (1.0: every caller served alike; a pool that lets the thread giving a session back take it
+again starves the others, and its rate and p99 then describe two callers, not sixteen). Reported per (model,
+threads): hybrid over the best raw layout, hybrid over the raw default (one ORT session), what hybrid chose, its p99
+latency over the best raw layout's, and both slowest threads' shares.
 
 Run alone on the machine (under ``flock /tmp/coord/bench.lock``):
     python benchmarks/layouts.py [--models detector,crnn,encoder] [--threads 1,4,16] [--reps 3] [--window-s 1.5]
@@ -22,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import queue
 import statistics
 import sys
 import tempfile
@@ -38,8 +42,9 @@ from _harness import machine_info, percentile, table
 LEAD_S = 0.3
 
 
-def window(fn: Callable[[], object], threads: int, seconds: float) -> tuple[float, list[float]]:
-    """Inferences per second of ``threads`` callers calling ``fn`` back to back, and each timed call's seconds."""
+def window(fn: Callable[[], object], threads: int, seconds: float) -> tuple[float, list[float], float]:
+    """``threads`` callers calling ``fn`` back to back: inferences per second, the seconds of every call that ended
+    in the timed part (from its start), and the slowest thread's calls over the mean thread's."""
     stop = time.perf_counter() + LEAD_S + seconds
     begin = time.perf_counter() + LEAD_S
     lat: list[list[float]] = [[] for _ in range(threads)]
@@ -51,8 +56,9 @@ def window(fn: Callable[[], object], threads: int, seconds: float) -> tuple[floa
             if t0 >= stop:
                 return
             fn()
-            if t0 >= begin:
-                mine.append(time.perf_counter() - t0)
+            t1 = time.perf_counter()
+            if begin <= t1 < stop:
+                mine.append(t1 - t0)
 
     pool = [threading.Thread(target=caller, args=(k,)) for k in range(threads)]
     for t in pool:
@@ -60,29 +66,39 @@ def window(fn: Callable[[], object], threads: int, seconds: float) -> tuple[floa
     for t in pool:
         t.join()
     calls = [s for part in lat for s in part]
-    return len(calls) / seconds, calls
+    counts = [len(part) for part in lat]
+    return len(calls) / seconds, calls, min(counts) / max(statistics.mean(counts), 1e-9)
+
+
+class _Session:
+    """A raw ONNX Runtime session as a pool's replica (``run(feeds)``)."""
+
+    def __init__(self, session: object) -> None:
+        self.session = session
+        self.input_names: list[str] = []
+        self.output_names: list[str] = []
+
+    def run(self, feeds: Mapping[str, object]) -> object:
+        return self.session.run(None, dict(feeds))  # type: ignore[attr-defined]
 
 
 def ort_layout(path: str, sessions: int, threads: int | None) -> Callable[[Mapping[str, object]], object]:
-    """R sessions (a queue of them) x T intra-op threads; None: ORT's default thread count."""
+    """R sessions x T intra-op threads, the waiting callers served in turn; None: ORT's default thread count."""
     import onnxruntime as ort
 
-    free: queue.SimpleQueue = queue.SimpleQueue()
+    from hybrid.hal.layout import ReplicaPool
+
+    made = []
     for _ in range(sessions):
         so = ort.SessionOptions()
         if threads is not None:
             so.intra_op_num_threads = threads
             if threads > 1 and sessions > 1:
                 so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        free.put(ort.InferenceSession(path, so, providers=["CPUExecutionProvider"]))
-
-    def run(feeds: Mapping[str, object]) -> object:
-        s = free.get()
-        try:
-            return s.run(None, dict(feeds))
-        finally:
-            free.put(s)
-    return run
+        made.append(ort.InferenceSession(path, so, providers=["CPUExecutionProvider"]))
+    if sessions == 1:  # one session runs concurrent calls itself
+        return lambda feeds: made[0].run(None, dict(feeds))
+    return ReplicaPool([_Session(s) for s in made]).run  # type: ignore[list-item]
 
 
 def ov_layout(path: str, hint: str) -> Callable[[Mapping[str, object]], object]:
@@ -136,12 +152,14 @@ def measure(name: str, threads: int, reps: int, window_s: float, limit_s: float)
     contenders = {**{k: (lambda f=f: f(feeds)) for k, f in raw.items()}, "hybrid": lambda: cm.run(feeds)}
     rate: dict[str, list[float]] = {k: [] for k in contenders}
     lat: dict[str, list[float]] = {k: [] for k in contenders}
+    share: dict[str, list[float]] = {k: [] for k in contenders}
     names = list(contenders)
     for rep in range(reps):
         for k in names[rep % len(names):] + names[:rep % len(names)]:
-            r, calls = window(contenders[k], threads, window_s)
+            r, calls, slowest = window(contenders[k], threads, window_s)
             rate[k].append(r)
             lat[k] += calls
+            share[k].append(slowest)
     best = max(raw, key=lambda k: statistics.median(rate[k]))
     vs_best = statistics.median(rate["hybrid"][i] / rate[best][i] for i in range(reps))
     vs_default = statistics.median(rate["hybrid"][i] / rate["ort default"][i] for i in range(reps))
@@ -152,7 +170,8 @@ def measure(name: str, threads: int, reps: int, window_s: float, limit_s: float)
         serving = f"{serving}, then {after}"
     cm.close()
     return [name, threads, f"{statistics.median(rate['hybrid']):.0f}", serving, f"{decided_s:.0f}", best,
-            f"x{vs_best:.2f}", f"x{vs_default:.2f}", f"x{p99:.2f}", layouts]
+            f"x{vs_best:.2f}", f"x{vs_default:.2f}", f"x{p99:.2f}", f"{min(share['hybrid']):.2f}",
+            f"{min(share[best]):.2f}", layouts]
 
 
 def main() -> None:
@@ -171,7 +190,8 @@ def main() -> None:
             print(rows[-1], file=sys.stderr, flush=True)
     print(machine_info())
     results = table(["model", "threads", "hybrid inf/s", "hybrid chose", "decided after s", "best raw layout",
-                     "hybrid / best raw", "hybrid / raw default", "p99 / best raw's", "raw layouts inf/s"], rows)
+                     "hybrid / best raw", "hybrid / raw default", "p99 / best raw's", "hybrid slowest thread",
+                     "best raw slowest thread", "raw layouts inf/s"], rows)
     print(results)
     if args.write_results:
         _results.write_results(args.write_results, "Concurrent callers: layouts in target='auto' (issue 50)",

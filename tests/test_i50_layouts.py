@@ -11,6 +11,7 @@ from __future__ import annotations
 import heapq
 import math
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -201,6 +202,57 @@ def test_the_replica_pool_runs_each_replica_for_one_caller_at_a_time():
     for t in threads:
         t.join(timeout=60)
     assert not errors and shared["most"] <= 2
+
+
+class Sleeper(Executable):
+    """A replica whose run releases the GIL for 1 ms, as a runtime's does."""
+
+    input_names, output_names = ["x"], ["y"]
+
+    def run(self, feeds):
+        time.sleep(0.001)
+        return [feeds["x"]]
+
+
+def test_callers_waiting_for_a_replica_are_served_in_turn_none_starves():
+    """8 threads call a pool of 2 in a loop: a replica given back goes to the caller that has waited longest, so when
+    the first thread has made its 40 calls every other one has made at least 30 (a free list that the thread giving
+    a replica back takes from again let 2 threads make every call and the others one in 6 s)."""
+    pool = ReplicaPool([Sleeper() for _ in range(2)])
+    done = [0] * 8
+    when_first_finished: list[list[int]] = []
+    start = threading.Barrier(8)
+
+    def caller(k):
+        start.wait()
+        for _ in range(40):
+            pool.run({"x": np.zeros(1)})
+            done[k] += 1
+        if not when_first_finished:
+            when_first_finished.append(list(done))
+
+    threads = [threading.Thread(target=caller, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert done == [40] * 8
+    assert min(when_first_finished[0]) >= 30, when_first_finished[0]
+    assert pool._free and len(pool._free) == 2 and not pool._waiting
+
+
+def test_a_replica_whose_run_fails_goes_back_to_the_next_caller():
+    class Failing(Executable):
+        input_names, output_names = ["x"], ["y"]
+
+        def run(self, feeds):
+            raise RuntimeError("no")
+
+    pool = ReplicaPool([Failing()])
+    for _ in range(3):
+        with pytest.raises(RuntimeError, match="no"):
+            pool.run({"x": np.zeros(1)})
+    assert len(pool._free) == 1
 
 
 def test_layout_records_and_labels():

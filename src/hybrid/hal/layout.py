@@ -13,7 +13,8 @@ The default layout (what ``compile`` gives each backend, no tag) is never listed
 
 from __future__ import annotations
 
-import queue
+import threading
+from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -30,11 +31,27 @@ def split_layout(label: str) -> tuple[str, str]:
     return base, tag
 
 
+class _Handoff:
+    """A caller waiting for a replica: its lock is released once :meth:`ReplicaPool._give_back` hands it one."""
+
+    __slots__ = ("ready", "replica")
+
+    def __init__(self) -> None:
+        self.ready = threading.Lock()
+        self.ready.acquire()
+        self.replica: Executable | None = None
+
+
 class ReplicaPool(Executable):
     """Replicas of one executable; each call runs on a free one, waiting only when all are busy.
 
     The wait is part of the call, so a caller's time (what online tuning measures) includes it: a pool smaller
-    than its callers shows as slower calls, not as hidden queueing.
+    than its callers shows as slower calls, not as hidden queueing. Callers that wait are served in the order they
+    came: a replica given back goes straight to the one that has waited longest. A free list that the first
+    thread to ask takes from (a ``queue.SimpleQueue``) lets the thread that has just given a replica back take it
+    again before a woken waiter runs: with 16 threads calling a pool of 2 on 2 cores, 2 threads made every call and
+    14 made one in 6 s (the zoo's crnn; ~20 % more calls per second in all, for a caller that then never gets
+    an answer).
 
     Args:
         replicas: Executables compiled alike (same model, options and device).
@@ -46,17 +63,45 @@ class ReplicaPool(Executable):
         self.replicas = tuple(replicas)
         self.input_names = list(self.replicas[0].input_names)
         self.output_names = list(self.replicas[0].output_names)
-        self._free: queue.SimpleQueue[Executable] = queue.SimpleQueue()
-        for exe in self.replicas:
-            self._free.put(exe)
+        self._lock = threading.Lock()
+        self._free = list(self.replicas)
+        self._waiting: deque[_Handoff] = deque()
 
     def run(self, feeds: Mapping[str, Any]) -> list[Any]:
-        """Run on a free replica (waiting for one when every replica is busy)."""
-        exe = self._free.get()
+        """Run on a free replica (waiting for one, in turn, when every replica is busy)."""
+        exe = self._take()
         try:
             return exe.run(feeds)
         finally:
-            self._free.put(exe)
+            self._give_back(exe)
+
+    def _take(self) -> Executable:
+        with self._lock:
+            if self._free:
+                return self._free.pop()
+            handoff = _Handoff()
+            self._waiting.append(handoff)
+        try:
+            handoff.ready.acquire()
+        except BaseException:  # interrupted while waiting: a replica handed over meanwhile goes back
+            with self._lock:
+                if handoff in self._waiting:
+                    self._waiting.remove(handoff)
+                    raise
+            assert handoff.replica is not None
+            self._give_back(handoff.replica)
+            raise
+        assert handoff.replica is not None
+        return handoff.replica
+
+    def _give_back(self, exe: Executable) -> None:
+        with self._lock:
+            if self._waiting:
+                handoff = self._waiting.popleft()
+                handoff.replica = exe
+                handoff.ready.release()
+            else:
+                self._free.append(exe)
 
     @property
     def precision(self) -> str | None:
