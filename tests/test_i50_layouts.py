@@ -216,8 +216,9 @@ class Sleeper(Executable):
 
 def test_callers_waiting_for_a_replica_are_served_in_turn_none_starves():
     """8 threads call a pool of 2 in a loop: a replica given back goes to the caller that has waited longest, so when
-    the first thread has made its 40 calls every other one has made at least 30 (a free list that the thread giving
-    a replica back takes from again let 2 threads make every call and the others one in 6 s)."""
+    the first thread has made its 40 calls every other one has made at least half as many (in turn they differ by one
+    or two; a free list that the thread giving a replica back takes from again let 2 threads make every call and the
+    others one in 6 s, and here 0 when the first finished)."""
     pool = ReplicaPool([Sleeper() for _ in range(2)])
     done = [0] * 8
     when_first_finished: list[list[int]] = []
@@ -237,7 +238,7 @@ def test_callers_waiting_for_a_replica_are_served_in_turn_none_starves():
     for t in threads:
         t.join(timeout=60)
     assert done == [40] * 8
-    assert min(when_first_finished[0]) >= 30, when_first_finished[0]
+    assert min(when_first_finished[0]) >= 20, when_first_finished[0]
     assert pool._free and len(pool._free) == 2 and not pool._waiting
 
 
