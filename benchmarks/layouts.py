@@ -3,9 +3,10 @@
 Per zoo model and per number of caller threads (1, 4, 16 by default), in one process, on the same inputs:
 
 - **raw layouts** (the sweep a deployment engineer would run by hand, as Triton Model Analyzer does): ONNX Runtime
-  with R sessions x T intra-op threads filling the cores (R in 1, 2, 4, cores; each call takes a free session, the
+  with R sessions x T intra-op threads filling the cores (R in 2, 4, cores: each call takes a free session, the
   callers that wait served in turn, as Triton's instance groups serve a queue: the sessions are raw, the pool is
-  ``hybrid.hal.layout.ReplicaPool``) and its default (one session, ORT's own thread count); OpenVINO f32 with the
+  ``hybrid.hal.layout.ReplicaPool``; R = 1: one session of T threads running the calls concurrently, as ORT does
+  when threads share a session) and its default (one session, ORT's own thread count); OpenVINO f32 with the
   LATENCY hint (its default here) and with the THROUGHPUT hint (one infer request per calling thread);
 - **hybrid**: ``hybrid.compile(path)`` (target 'auto', nothing given, an empty decision cache), tuned by the same
   threads' calls until its bucket is decided (at most ``--limit-s``), then measured like the others.
