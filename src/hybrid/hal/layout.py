@@ -49,8 +49,9 @@ class ReplicaPool(Executable):
     than its callers shows as slower calls, not as hidden queueing. Callers that wait are served in the order they
     came: a replica given back goes straight to the one that has waited longest. A free list that the first
     thread to ask takes from (a ``queue.SimpleQueue``) lets the thread that has just given a replica back take it
-    again before a woken waiter runs: with 16 threads calling a pool of 2 on 2 cores, 2 threads made every call and
-    14 made one in 6 s (the zoo's crnn; 18-35 % more calls per second in all, answered to those 2 threads).
+    again before a woken waiter runs: with 16 threads calling a pool of 2 on 2 cores (AMD EPYC, no AMX), 2 threads made
+    every call and 14 made one in 6 s (the zoo's crnn; 18-35 % more calls per second in all, answered to those 2
+    threads).
 
     Args:
         replicas: Executables compiled alike (same model, options and device).
