@@ -77,6 +77,16 @@ class TuningPolicy:
         check_paced_share: The check is paced to ``check_share`` for at most this share of ``decide_within_s`` from
             the first call, then runs unpaced: a check that needs more CPU than the pace allows (a large model's
             reference run, a new process's imports) must leave the turns the rest of the bound.
+        idle_window_s: While the check is paced, the machine's idle CPU is read over windows this long; once a window
+            shows at least ``check_share`` of a core idle, the check process's threads move to the idle class
+            (Linux ``SCHED_IDLE``: they run only on a core nothing else wants and give it up at once) and are neither
+            paced nor run unpaced at the callers' expense any more. Callers that leave a core idle that long (an open
+            loop below capacity, a pause) have their share to spare, and the idle class then gets the check at least
+            the pace's CPU without the stalls a paced process in the normal class causes them (it holds a core for
+            the scheduler's slice when a caller's operator wakes a thread there); callers that leave none (a closed
+            loop, a saturated server) are paced and charged as before. Under calls due at a fixed rate at 50 % load
+            the unpaced half of the bound was where the calls queued (benchmarks/RESULTS.md "check_cost"). Long
+            enough to hold dozens of the scheduler's ticks (4 ms), short against the paced half of the bound. 0: never.
         release_grace_s: A candidate that serves no bucket any more is closed this much later (a call it was
             answering when the route changed has ended by then).
         idle_poll_s: The controller's thread wakes this often with nothing due (to notice a model collected).
@@ -103,6 +113,7 @@ class TuningPolicy:
     replica_bytes: float = 2048e6
     prune_ratio: float = 2.5
     check_paced_share: float = 0.5
+    idle_window_s: float = 0.5
     release_grace_s: float = 2.0
     idle_poll_s: float = 5.0
 

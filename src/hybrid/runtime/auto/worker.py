@@ -7,8 +7,11 @@ tuning policy's ``check_share``), its cost on the callers is bounded whatever th
 it takes: a low scheduling priority alone would starve it where the callers, or other processes, want every
 core. Where the system lets the parent read the process's CPU time and stop it (Linux), the parent paces it
 from outside in slices of :data:`SLICE_S` (:class:`_Pacer`), its start-up imports (over a second of CPU)
-included once a check waits; elsewhere it paces itself after each candidate (:func:`pacer`). No caller ever
-waits for it. The process is started when a model that tunes is compiled (:meth:`CheckProcess.prestart`), and
+included once a check waits; elsewhere it paces itself after each candidate (:func:`pacer`). Where the callers leave
+a core idle while it is paced, the parent moves the request's threads to the idle class instead and paces no more
+(:meth:`_Pacer.to_idle_class`, ``TuningPolicy.idle_window_s``); each request runs in a thread of its own
+(:func:`_in_a_thread`), so the next one starts in the normal class. No caller ever waits for it.
+The process is started when a model that tunes is compiled (:meth:`CheckProcess.prestart`), and
 imports at full speed until the first call asks for a check, so that its imports are done, or under way, before the
 first check.
 The worker runs one thread per session (it must not crowd the callers' cores). It imports only the libraries of
@@ -45,6 +48,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import logging
 import math
@@ -60,6 +64,7 @@ import tempfile
 import threading
 import time
 import weakref
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -178,20 +183,73 @@ class PacedUntil:
             return bool(self._untils)
 
 
+def _idle_cpu_s() -> float:
+    """The machine's idle CPU seconds since boot, all cores together (Linux ``/proc/stat``: idle and iowait)."""
+    with open("/proc/stat", "rb") as f:
+        fields = f.readline().split()
+    return (int(fields[4]) + int(fields[5])) / os.sysconf("SC_CLK_TCK")
+
+
+class IdleCores:
+    """The machine's idle CPU over the last ``window_s``, in cores (2.0: two cores idle all that time).
+
+    Args:
+        window_s: How far back :meth:`sample` reads.
+        read: The machine's idle CPU seconds so far (:func:`_idle_cpu_s`; tests script it).
+        clock: The wall clock the window is timed on.
+    """
+
+    def __init__(self, window_s: float, read: Callable[[], float] = _idle_cpu_s,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self.window_s, self._read, self._clock = window_s, read, clock
+        self._samples: deque[tuple[float, float]] = deque()
+
+    @staticmethod
+    def available() -> bool:
+        """Whether this system reports its idle CPU and has an idle scheduling class (Linux)."""
+        return hasattr(os, "SCHED_IDLE") and os.path.exists("/proc/stat")
+
+    def reset(self) -> None:
+        """Forget the samples (the window starts again at the next one)."""
+        self._samples.clear()
+
+    def sample(self) -> float | None:
+        """Read now; the idle cores over the last ``window_s`` (None until the samples span that long)."""
+        now, idle = self._clock(), self._read()
+        self._samples.append((now, idle))
+        while len(self._samples) > 2 and now - self._samples[1][0] >= self.window_s:
+            self._samples.popleft()
+        t0, idle0 = self._samples[0]
+        return (idle - idle0) / (now - t0) if now - t0 >= self.window_s else None
+
+
+def _idle_window_s() -> float:
+    return TuningPolicy.from_settings(autotune_config()).idle_window_s
+
+
 class _Pacer:
     """Keeps a child process's CPU time within ``share`` of the wall time, from outside, by stopping it.
 
     It reads the process's CPU time (all its threads) from ``/proc`` and, while the process is over its share,
     holds it with ``SIGSTOP`` until the wall time has caught up (then ``SIGCONT``). The child ends with its parent
     (:func:`_die_with_parent`), so a parent killed while it is held leaves nothing behind.
+
+    While it paces, it reads the machine's idle CPU (``idle``); once the callers leave at least ``share`` of a core idle
+    over a window, it moves the process's threads but the main one to the idle class (``TuningPolicy.idle_window_s``)
+    and paces no more: the idle class takes only what no one else wants. The main thread keeps the normal class and
+    starts each request's thread (:func:`serve`), so the next check starts in it again (a thread cannot leave the idle
+    class without a privilege).
     """
 
     def __init__(self, pid: int, share: float, until_a_check_waits: bool = False,
-                 paced: PacedUntil | None = None) -> None:
+                 paced: PacedUntil | None = None, idle: IdleCores | None = None) -> None:
         self.pid, self.share, self.until_a_check_waits = pid, share, until_a_check_waits
         self.paced = paced if paced is not None else PacedUntil()
         self._tick = os.sysconf("SC_CLK_TCK")
         self._cpu0, self._wall0 = self.cpu_s(), time.perf_counter()
+        self.idle = idle
+        self.idle_class = False  # its threads (but the main one) run in the idle class: unpaced from then on
+        self._moved: set[int] = set()  # the threads moved there
 
     @staticmethod
     def available(pid: int) -> bool:
@@ -212,16 +270,55 @@ class _Pacer:
         no call has come to a model that tunes, so there is no caller to slow. The share counts from when pacing
         starts, so what ran unpaced is not paid back by a stop.
         """
+        if self.idle_class:
+            return 0.0
         now = time.perf_counter()
         until = self.paced.until()
-        if now >= until or (self.until_a_check_waits and not self.paced.waiting()):
+        if not self._pacing(now, until):
             self._cpu0, self._wall0 = self.cpu_s(), now
+            if self.idle is not None:
+                self.idle.reset()  # the idle CPU counts while it is paced (before a call, the machine may be idle)
             return 0.0
         return max(0.0, min((self.cpu_s() - self._cpu0) / self.share - (now - self._wall0), until - now))
+
+    def _pacing(self, now: float, until: float) -> bool:
+        """Whether the process is paced now: a waiting check wants it paced past ``now`` (:class:`PacedUntil`)."""
+        return now < until and not (self.until_a_check_waits and not self.paced.waiting())
+
+    def to_idle_class(self) -> bool:
+        """Move the process's threads but the main one to the idle class once the callers leave ``share`` idle.
+
+        The idle CPU is read only while the process is paced; once moved, each later look moves the threads started
+        since by a thread not moved yet (threads inherit their creator's class). True once moved.
+        """
+        if self.idle is None:
+            return False
+        if not self.idle_class:
+            if not self._pacing(time.perf_counter(), self.paced.until()):
+                return False  # the callers' idle time is read only while the pace holds (unpaced, the check's own
+                # CPU would hide it; before a call, nothing waits for a core)
+            cores = self.idle.sample()
+            if cores is None or cores < self.share:
+                return False
+            self.idle_class = True
+            logger.debug("auto (online): the machine had %.2f cores idle over %.1f s; the check process runs in the "
+                         "idle class from now on", cores, self.idle.window_s)
+        try:
+            tids = [int(t) for t in os.listdir(f"/proc/{self.pid}/task")]
+        except OSError:  # the process ended: reading its answer says so
+            return True
+        for tid in tids:
+            if tid != self.pid and tid not in self._moved:
+                with contextlib.suppress(OSError):  # a thread that ended meanwhile
+                    os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+                    self._moved.add(tid)
+        return True
 
     def hold(self) -> float:
         """Stop the process for as long as :meth:`hold_s` says (at most a second); the seconds it was held."""
         try:
+            if self.to_idle_class():
+                return 0.0
             hold = self.hold_s()
             if hold <= 0.0:
                 return 0.0
@@ -279,7 +376,9 @@ class _Worker:
         """Read the answer, pacing the process meanwhile and watching the time it runs on each candidate."""
         out = self.proc.stdout
         assert out is not None
-        pacer = (_Pacer(self.proc.pid, share, until_a_check_waits, self._paced_until)
+        window = _idle_window_s()
+        pacer = (_Pacer(self.proc.pid, share, until_a_check_waits, self._paced_until,
+                        IdleCores(window) if window > 0.0 and IdleCores.available() else None)
                  if self.paced and share < 1.0 else None)
         label: str | None = None
         ran, last = 0.0, time.perf_counter()
@@ -760,6 +859,34 @@ def _die_with_parent() -> None:
             os._exit(0)  # the parent ended before the signal was asked for (this process was handed to another)
 
 
+def _answer(request: Any, probing: bool, stdout: Any) -> Any:
+    """The answer to one request: a probe's or a check's (its progress told on ``stdout`` as it goes)."""
+    return _probe(request[1]) if probing else check(request, lambda lb: _send(stdout, Progress(lb)))
+
+
+def _in_a_thread(work: Callable[[], Any]) -> Any:
+    """``work()`` in a thread of its own, waited for: its answer, or its error raised here.
+
+    The parent may move a request's threads to the idle class (:meth:`_Pacer.to_idle_class`), and no thread can leave
+    it without a privilege; the main thread, which starts each request's thread in its own class, never is.
+    """
+    out: list[tuple[bool, Any]] = []
+
+    def run() -> None:
+        try:
+            out.append((True, work()))
+        except BaseException as e:  # handed to the main thread
+            out.append((False, e))
+
+    thread = threading.Thread(target=run, name="hybrid-check-request")
+    thread.start()
+    thread.join()
+    ok, value = out[0]
+    if not ok:
+        raise value
+    return value
+
+
 def serve() -> None:
     """The worker's loop: answer each request on stdin with its verdicts (or why not) on stdout."""
     _die_with_parent()
@@ -773,7 +900,7 @@ def serve() -> None:
             return
         try:
             probing = isinstance(request, tuple) and request[:1] == ("probe",)
-            answer: Any = _probe(request[1]) if probing else check(request, lambda lb: _send(stdout, Progress(lb)))
+            answer: Any = _in_a_thread(functools.partial(_answer, request, probing, stdout))
         except Exception as e:
             answer = f"{type(e).__name__}: {e}"
         _send(stdout, answer)

@@ -1,0 +1,158 @@
+"""Issue 51: a paced check moves to the idle class where the callers leave a core idle, never where they do not.
+
+The idle CPU is scripted (:class:`IdleCores` reads an injected counter on an injected clock); the process moved is
+a real child with a second thread, so the move itself is the kernel's.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from tests._serve_support import wait_for
+
+from hybrid.runtime.auto import worker
+from hybrid.runtime.auto.worker import IdleCores
+
+needs_idle_class = pytest.mark.skipif(not (IdleCores.available() and sys.platform.startswith("linux")),
+                                      reason="needs Linux's idle scheduling class and /proc")
+
+# a child whose second thread spins until stdin closes; it prints its threads' ids once both run
+TWO_THREADS = ("import os, sys, threading\n"
+               "def spin():\n    while True: pass\n"
+               "threading.Thread(target=spin, daemon=True).start()\n"
+               "print('ready', flush=True)\nsys.stdin.read()\n")
+
+
+class Scripted:
+    """An idle-CPU counter and a clock moved by the test: ``advance(s, idle_cores)``."""
+
+    def __init__(self) -> None:
+        self.now, self.idle = 0.0, 0.0
+
+    def advance(self, seconds: float, idle_cores: float) -> None:
+        self.now += seconds
+        self.idle += seconds * idle_cores
+
+
+def test_idle_cores_reads_nothing_until_its_window_is_spanned_then_the_window_only():
+    t = Scripted()
+    cores = IdleCores(0.5, read=lambda: t.idle, clock=lambda: t.now)
+    assert cores.sample() is None
+    t.advance(0.3, 2.0)
+    assert cores.sample() is None  # 0.3 s of a 0.5 s window
+    t.advance(0.3, 0.0)
+    assert cores.sample() == pytest.approx(0.6 / 0.6)  # 0.6 idle core-seconds over 0.6 s
+    for _ in range(5):
+        t.advance(0.2, 0.1)
+        got = cores.sample()
+    assert got == pytest.approx(0.1, abs=0.05)  # the old idle time has left the window
+    cores.reset()
+    assert cores.sample() is None
+
+
+@pytest.fixture
+def child():
+    proc = subprocess.Popen([sys.executable, "-c", TWO_THREADS], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout.readline() == b"ready\n"
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def _policies(pid: int) -> dict[int, int]:
+    return {int(t): os.sched_getscheduler(int(t)) for t in os.listdir(f"/proc/{pid}/task")}
+
+
+@needs_idle_class
+def test_a_paced_check_moves_to_the_idle_class_once_a_window_shows_its_share_idle(child):
+    t = Scripted()
+    paced = worker.PacedUntil()
+    paced.add(time.perf_counter() + 60.0)  # a check waits, paced for a minute
+    pacer = worker._Pacer(child.pid, 0.1, paced=paced,
+                          idle=IdleCores(0.5, read=lambda: t.idle, clock=lambda: t.now))
+    assert not pacer.to_idle_class()  # no window yet
+    t.advance(0.6, 0.05)  # the callers leave half the share idle: paced as before
+    assert not pacer.to_idle_class()
+    assert set(_policies(child.pid).values()) == {os.SCHED_OTHER}
+    for _ in range(4):
+        t.advance(0.2, 1.0)  # now a core idle
+    assert pacer.to_idle_class()
+    policies = _policies(child.pid)
+    assert policies.pop(child.pid) == os.SCHED_OTHER  # the main thread starts the next request in its own class
+    assert set(policies.values()) == {os.SCHED_IDLE}  # the spinning thread
+    assert pacer.hold_s() == 0.0 and pacer.hold() == 0.0  # not paced any more, however far past its share
+
+
+@needs_idle_class
+def test_the_idle_cpu_counts_only_while_a_check_waits_for_the_pace(child):
+    """Before a call nothing waits for a core (the prestart's imports): an idle machine then says nothing about the
+    callers, and the window starts again when a check waits."""
+    t = Scripted()
+    paced = worker.PacedUntil()
+    pacer = worker._Pacer(child.pid, 0.1, until_a_check_waits=True, paced=paced,
+                          idle=IdleCores(0.5, read=lambda: t.idle, clock=lambda: t.now))
+    for _ in range(5):
+        t.advance(0.2, 2.0)
+        assert not pacer.to_idle_class()
+        assert pacer.hold_s() == 0.0
+    until = time.perf_counter() + 60.0
+    paced.add(until)  # a call came: its check waits
+    pacer.hold_s()
+    assert not pacer.to_idle_class()  # a new window starts
+    t.advance(0.6, 0.0)  # the callers keep both cores busy
+    assert not pacer.to_idle_class()
+    assert set(_policies(child.pid).values()) == {os.SCHED_OTHER}
+    paced.remove(until)
+
+
+@needs_idle_class
+def test_a_thread_started_after_the_move_is_moved_at_the_next_look():
+    """Threads inherit their creator's class; one started meanwhile by a thread the move had not reached yet (the
+    main thread here) is moved when the pacer looks again, at its next slice."""
+    code = ("import sys, threading, time\n"
+            "def wait():\n    while True: time.sleep(0.001)\n"
+            "threading.Thread(target=wait, daemon=True).start()\n"
+            "print('ready', flush=True)\nsys.stdin.readline()\n"
+            "threading.Thread(target=wait, daemon=True).start()\n"
+            "print('started', flush=True)\ntime.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout.readline() == b"ready\n"
+        t = Scripted()
+        paced = worker.PacedUntil()
+        paced.add(time.perf_counter() + 60.0)
+        pacer = worker._Pacer(proc.pid, 0.1, paced=paced, idle=IdleCores(0.5, read=lambda: t.idle, clock=lambda: t.now))
+        pacer.to_idle_class()
+        t.advance(0.6, 1.0)
+        assert pacer.to_idle_class()
+        proc.stdin.write(b"go\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline() == b"started\n"
+        wait_for(lambda: len(_policies(proc.pid)) == 3, "the third thread")
+        assert sorted(_policies(proc.pid).values()).count(os.SCHED_OTHER) == 2  # not yet
+        pacer.to_idle_class()
+        policies = _policies(proc.pid)
+        assert policies.pop(proc.pid) == os.SCHED_OTHER
+        assert set(policies.values()) == {os.SCHED_IDLE}
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_each_request_of_the_worker_runs_in_a_thread_of_its_own_and_its_error_comes_back():
+    main = threading.get_ident()
+    assert worker._in_a_thread(lambda: threading.get_ident()) != main
+    assert worker._in_a_thread(lambda: 42) == 42
+
+    def fails():
+        raise MemoryError("a candidate's compile")
+
+    with pytest.raises(MemoryError, match="a candidate's compile"):
+        worker._in_a_thread(fails)
