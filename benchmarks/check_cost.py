@@ -14,7 +14,10 @@ median call in a closed loop, measured in the arm before it starts):
 - ``arrivals``: calls due at fixed times (one every service time over the share: a D/D/1 queue that never queues by
   itself), latency from when each was due, so a call that starts late because of the tuning counts. The arm's own
   speed estimate sets the rate: where the machine slows down after it, the untuned arm queues too (read the
-  untuned column before the ratios).
+  untuned column before the ratios). The caller sleeps until 1 ms before each call is due and spins from there, so
+  with calls less than 1 ms apart it keeps a core busy between them;
+- ``arrivals-asleep``: the same calls, the caller asleep until each is due (Linux: a timer slack of 1 ns, so it wakes
+  within microseconds), as a server's thread waits for its next request without using a core.
 
 The table gives medians over ``--reps`` of the mean and p99 and the ratios to the untuned arm (paired per
 repetition, the arms' order alternating), and the phases ``cm.tuning`` showed during the window.
@@ -42,10 +45,11 @@ from _results import add_argument, command_line, write_results
 
 ARMS = ("untuned", "auto")
 BASE = "auto-base"  # --baseline's target='auto'
-LOADS = ("duty", "arrivals")
+LOADS = ("duty", "arrivals", "arrivals-asleep")
 
 
-def arm(name: str, which: str, load: str, seconds: float, zoo_folder: str, share: float = 0.5) -> dict[str, Any]:
+def arm(name: str, which: str, load: str, seconds: float, zoo_folder: str, share: float = 0.5,
+        interval_s: float = 0.0) -> dict[str, Any]:
     """One arm, in this process (run as ``--arm``): the calls' mean and p99 (ms) and the phases seen."""
     import numpy as np
 
@@ -66,19 +70,27 @@ def arm(name: str, which: str, load: str, seconds: float, zoo_folder: str, share
         times.append(time.perf_counter() - s)
     service = statistics.median(times)
     raw.close()
+    if load == "arrivals-asleep" and sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None).prctl(29, 1, 0, 0, 0)  # PR_SET_TIMERSLACK, 1 ns: sleep() wakes when due, not 50 us later
     cm = hybrid.compile(m.path, target="onnxruntime" if which == "untuned" else "auto")
     out: list[float] = []
     phases: dict[str, int] = {}
     start = time.perf_counter()
     due = start
     while time.perf_counter() - start < seconds:
-        if load == "arrivals":
-            due += service / share
+        if load.startswith("arrivals"):
+            due += interval_s or service / share
             wait = due - time.perf_counter()
-            if wait > 1e-3:
-                time.sleep(wait - 1e-3)
-            while time.perf_counter() < due:
-                pass
+            if load == "arrivals-asleep":
+                if wait > 0.0:
+                    time.sleep(wait)
+            else:
+                if wait > 1e-3:
+                    time.sleep(wait - 1e-3)
+                while time.perf_counter() < due:
+                    pass
             cm.run(feeds)
             out.append(time.perf_counter() - due)
         else:
@@ -99,7 +111,7 @@ def arm(name: str, which: str, load: str, seconds: float, zoo_folder: str, share
 
 
 def run_arm(name: str, which: str, load: str, seconds: float, zoo_folder: str, share: float,
-            baseline: Path | None = None) -> dict[str, Any]:
+            baseline: Path | None = None, interval_s: float = 0.0) -> dict[str, Any]:
     """:func:`arm` in a fresh process (each arm starts with no check process and an empty decision cache);
     ``auto-base`` runs ``baseline``'s code (a ``src`` folder put ahead on ``PYTHONPATH``) as ``auto``."""
     env = dict(os.environ)
@@ -107,7 +119,8 @@ def run_arm(name: str, which: str, load: str, seconds: float, zoo_folder: str, s
         assert baseline is not None
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(baseline), env.get("PYTHONPATH")]))
         which = "auto"
-    out = subprocess.run([sys.executable, __file__, "--arm", name, which, load, str(seconds), zoo_folder, str(share)],
+    out = subprocess.run([sys.executable, __file__, "--arm", name, which, load, str(seconds), zoo_folder, str(share),
+                          str(interval_s)],
                          capture_output=True, text=True, check=True, env=env).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -144,12 +157,15 @@ def main() -> None:
                     help="the load as a share of one raw session's capacity (0 < share < 1)")
     ap.add_argument("--baseline", type=Path, default=None,
                     help="the src folder of another checkout: its target='auto' runs as arm auto-base, paired")
-    ap.add_argument("--arm", nargs=6, help=argparse.SUPPRESS)
+    ap.add_argument("--interval-ms", type=float, default=0.0,
+                    help="calls due this far apart in every arm (arrivals loads) instead of the service time over the "
+                         "share: the same rate for every arm, where a model's speed estimate swings (a 0.1 ms model)")
+    ap.add_argument("--arm", nargs=7, help=argparse.SUPPRESS)
     add_argument(ap)
     args = ap.parse_args()
     if args.arm:
-        name, which, load, seconds, folder, share = args.arm
-        print(json.dumps(arm(name, which, load, float(seconds), folder, float(share))))
+        name, which, load, seconds, folder, share, interval = args.arm
+        print(json.dumps(arm(name, which, load, float(seconds), folder, float(share), float(interval))))
         return
     if args.reps < 1 or args.seconds <= 0 or not all(0.0 < x < 1.0 for x in args.shares):
         ap.error("--reps must be >= 1, --seconds > 0 and every share between 0 and 1")
@@ -163,11 +179,13 @@ def main() -> None:
                 got: dict[str, list[dict[str, Any]]] = {a: [] for a in arms}
                 for rep in range(args.reps):
                     for which in arms if rep % 2 == 0 else arms[::-1]:
-                        got[which].append(run_arm(name, which, load, args.seconds, folder, share, args.baseline))
+                        got[which].append(run_arm(name, which, load, args.seconds, folder, share, args.baseline,
+                                                  args.interval_ms / 1e3))
                         if sys.stderr.isatty():
                             print(f"{name} {load} {share:g} rep {rep} {which}: {got[which][-1]}", file=sys.stderr,
                                   flush=True)
-                rows.append(_row(name, f"{load} {share:.0%}", got))
+                every = f"every {args.interval_ms:g} ms" if args.interval_ms and load != "duty" else f"{share:.0%}"
+                rows.append(_row(name, f"{load} {every}", got))
     head = ["model", "load", "service ms", "untuned mean ms", "auto mean ms", "mean / untuned (per rep)",
             "untuned p99 ms", "auto p99 ms", "p99 / untuned (per rep)", "auto's phases seen"]
     if args.baseline is not None:
@@ -180,7 +198,8 @@ def main() -> None:
                       "(issue 51)", command_line(), text,
                       f"One thread, each arm a fresh process with an empty decision cache; 'duty S': calls filling "
                       f"the share S of the time (the calls' own durations); 'arrivals S': calls due one every service "
-                      f"time over S (latency from when each was due); {args.seconds:g} s windows from the compile, "
+                      f"time over S (latency from when each was due; 'arrivals-asleep': the caller asleep until each "
+                      f"is due, 'arrivals': spinning its last ms); {args.seconds:g} s windows from the compile, "
                       f"medians over {args.reps} repetitions, ratios paired per repetition"
                       + (f"; auto-base: target='auto' from {args.baseline}" if args.baseline is not None else "")
                       + ".")

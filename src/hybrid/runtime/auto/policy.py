@@ -86,8 +86,8 @@ class TuningPolicy:
             the scheduler's slice when a caller's operator wakes a thread there); callers that leave none (a closed
             loop, a saturated server) are paced and charged as before. Under calls due at a fixed rate at 50 % load
             the unpaced half of the bound was where the calls queued (benchmarks/RESULTS.md
-            "check_cost_idle_class"). Long enough to hold dozens of the scheduler's ticks (4 ms), short against the
-            paced half of the bound. 0: never.
+            "check_cost_idle_class"). Long enough to hold over a hundred of the scheduler's ticks (4 ms), short against
+            the paced half of the bound. 0: never.
         release_grace_s: A candidate that serves no bucket any more is closed this much later (a call it was
             answering when the route changed has ended by then).
         idle_poll_s: The controller's thread wakes this often with nothing due (to notice a model collected).
