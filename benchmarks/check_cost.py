@@ -23,7 +23,7 @@ The table gives medians over ``--reps`` of the mean and p99 and the ratios to th
 repetition, the arms' order alternating), and the phases ``cm.tuning`` showed during the window.
 
     flock /tmp/coord/bench.lock python benchmarks/check_cost.py --models neg_dim crnn --reps 3 --seconds 12 \
-        [--shares 0.5 0.85] [--baseline /tmp/base/src]
+        [--shares 0.5 0.85] [--baseline /tmp/base/src] [--loads arrivals-asleep --interval-ms 0.3]
 """
 
 from __future__ import annotations
@@ -167,8 +167,8 @@ def main() -> None:
         name, which, load, seconds, folder, share, interval = args.arm
         print(json.dumps(arm(name, which, load, float(seconds), folder, float(share), float(interval))))
         return
-    if args.reps < 1 or args.seconds <= 0 or not all(0.0 < x < 1.0 for x in args.shares):
-        ap.error("--reps must be >= 1, --seconds > 0 and every share between 0 and 1")
+    if args.reps < 1 or args.seconds <= 0 or args.interval_ms < 0 or not all(0.0 < x < 1.0 for x in args.shares):
+        ap.error("--reps must be >= 1, --seconds > 0, --interval-ms >= 0 and every share between 0 and 1")
     arms = (*ARMS, BASE) if args.baseline is not None else ARMS
     print(machine_info(), flush=True)
     folder = tempfile.mkdtemp(prefix="hybrid-check-cost-zoo-")
