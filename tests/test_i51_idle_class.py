@@ -18,8 +18,28 @@ from tests._serve_support import wait_for
 from hybrid.runtime.auto import worker
 from hybrid.runtime.auto.worker import IdleCores
 
-needs_idle_class = pytest.mark.skipif(not (IdleCores.available() and sys.platform.startswith("linux")),
-                                      reason="needs Linux's idle scheduling class and /proc")
+
+def _idle_class_allowed() -> bool:
+    """Whether this system lets a thread move to the idle class (a throwaway thread tries; it cannot come back)."""
+    if not (IdleCores.available() and sys.platform.startswith("linux")):
+        return False
+    ok: list[bool] = []
+
+    def attempt() -> None:
+        try:
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+            ok.append(True)
+        except OSError:
+            ok.append(False)
+
+    thread = threading.Thread(target=attempt)
+    thread.start()
+    thread.join()
+    return ok[0]
+
+
+needs_idle_class = pytest.mark.skipif(not _idle_class_allowed(),
+                                      reason="needs Linux's idle scheduling class, allowed here, and /proc")
 
 # a child whose second thread spins until stdin closes; it prints its threads' ids once both run
 TWO_THREADS = ("import os, sys, threading\n"
@@ -144,6 +164,25 @@ def test_a_thread_started_after_the_move_is_moved_at_the_next_look():
     finally:
         proc.kill()
         proc.wait()
+
+
+@needs_idle_class
+def test_where_the_idle_class_is_not_allowed_the_check_stays_paced(child, monkeypatch):
+    t = Scripted()
+    paced = worker.PacedUntil()
+    paced.add(time.perf_counter() + 60.0)
+    pacer = worker._Pacer(child.pid, 0.1, paced=paced, idle=IdleCores(0.5, read=lambda: t.idle, clock=lambda: t.now))
+
+    def refused(*_args):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(worker.os, "sched_setscheduler", refused)
+    pacer.to_idle_class()
+    t.advance(0.6, 2.0)
+    assert not pacer.to_idle_class()
+    assert not pacer.idle_class and pacer.idle is None  # it stops asking
+    wait_for(lambda: pacer.cpu_s() - pacer._cpu0 >= 0.05, "the child's spin to run past a 10 % share", every=0.01)
+    assert pacer.hold_s() > 0.0  # paced as before
 
 
 def test_each_request_of_the_worker_runs_in_a_thread_of_its_own_and_its_error_comes_back():

@@ -309,9 +309,16 @@ class _Pacer:
             return True
         for tid in tids:
             if tid != self.pid and tid not in self._moved:
-                with contextlib.suppress(OSError):  # a thread that ended meanwhile
+                try:
                     os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
                     self._moved.add(tid)
+                except ProcessLookupError:  # a thread that ended meanwhile
+                    pass
+                except OSError as e:  # not allowed here (a sandbox's system-call filter): paced as before
+                    if not self._moved:
+                        logger.debug("auto (online): the check process cannot run in the idle class here (%s)", e)
+                        self.idle, self.idle_class = None, False
+                        return False
         return True
 
     def hold(self) -> float:
