@@ -20,8 +20,9 @@ from hybrid.runtime.auto.worker import IdleCores
 
 
 def _idle_class_allowed() -> bool:
-    """Whether this system lets a thread move to the idle class (a throwaway thread tries; it cannot come back)."""
-    if not (IdleCores.available() and sys.platform.startswith("linux")):
+    """Whether this system lets a thread move to the idle class (a throwaway thread tries; it cannot come back), and
+    this process is not in it already (its children would start there: nothing would show a move)."""
+    if not (IdleCores.available() and sys.platform.startswith("linux")) or os.sched_getscheduler(0) == os.SCHED_IDLE:
         return False
     ok: list[bool] = []
 
@@ -90,6 +91,12 @@ def _policies(pid: int) -> dict[int, int]:
     return {int(t): os.sched_getscheduler(int(t)) for t in os.listdir(f"/proc/{pid}/task")}
 
 
+def _started_in() -> int:
+    """The scheduling class the children of this test start in (this process's: SCHED_OTHER, or SCHED_BATCH where the
+    runner was started so)."""
+    return os.sched_getscheduler(0)
+
+
 @needs_idle_class
 def test_a_paced_check_moves_to_the_idle_class_once_a_window_shows_its_share_idle(child):
     t = Scripted()
@@ -100,12 +107,12 @@ def test_a_paced_check_moves_to_the_idle_class_once_a_window_shows_its_share_idl
     assert not pacer.to_idle_class()  # no window yet
     t.advance(0.6, 0.05)  # the callers leave half the share idle: paced as before
     assert not pacer.to_idle_class()
-    assert set(_policies(child.pid).values()) == {os.SCHED_OTHER}
+    assert set(_policies(child.pid).values()) == {_started_in()}
     for _ in range(4):
         t.advance(0.2, 1.0)  # now a core idle
     assert pacer.to_idle_class()
     policies = _policies(child.pid)
-    assert policies.pop(child.pid) == os.SCHED_OTHER  # the main thread starts the next request in its own class
+    assert policies.pop(child.pid) == _started_in()  # the main thread starts the next request in its own class
     assert set(policies.values()) == {os.SCHED_IDLE}  # the spinning thread
     assert pacer.hold_s() == 0.0 and pacer.hold() == 0.0  # not paced any more, however far past its share
 
@@ -128,7 +135,7 @@ def test_the_idle_cpu_counts_only_while_a_check_waits_for_the_pace(child):
     assert not pacer.to_idle_class()  # a new window starts
     t.advance(0.6, 0.0)  # the callers keep both cores busy
     assert not pacer.to_idle_class()
-    assert set(_policies(child.pid).values()) == {os.SCHED_OTHER}
+    assert set(_policies(child.pid).values()) == {_started_in()}
     paced.remove(until)
 
 
@@ -156,10 +163,10 @@ def test_a_thread_started_after_the_move_is_moved_at_the_next_look():
         proc.stdin.flush()
         assert proc.stdout.readline() == b"started\n"
         wait_for(lambda: len(_policies(proc.pid)) == 3, "the third thread")
-        assert sorted(_policies(proc.pid).values()).count(os.SCHED_OTHER) == 2  # not yet
+        assert sorted(_policies(proc.pid).values()).count(_started_in()) == 2  # not yet
         pacer.to_idle_class()
         policies = _policies(proc.pid)
-        assert policies.pop(proc.pid) == os.SCHED_OTHER
+        assert policies.pop(proc.pid) == _started_in()
         assert set(policies.values()) == {os.SCHED_IDLE}
     finally:
         proc.kill()

@@ -223,10 +223,6 @@ class IdleCores:
         return (idle - idle0) / (now - t0) if now - t0 >= self.window_s else None
 
 
-def _idle_window_s() -> float:
-    return TuningPolicy.from_settings(autotune_config()).idle_window_s
-
-
 class _Pacer:
     """Keeps a child process's CPU time within ``share`` of the wall time, from outside, by stopping it.
 
@@ -383,7 +379,7 @@ class _Worker:
         """Read the answer, pacing the process meanwhile and watching the time it runs on each candidate."""
         out = self.proc.stdout
         assert out is not None
-        window = _idle_window_s()
+        window = _policy().idle_window_s
         pacer = (_Pacer(self.proc.pid, share, until_a_check_waits, self._paced_until,
                         IdleCores(window) if window > 0.0 and IdleCores.available() else None)
                  if self.paced and share < 1.0 else None)
@@ -469,8 +465,9 @@ def _receive(stream: Any) -> Any:
     return pickle.loads(_read(stream, size))  # our own child process, over a private pipe
 
 
-def _idle_s() -> float:
-    return TuningPolicy.from_settings(autotune_config()).check_idle_s
+def _policy() -> TuningPolicy:
+    """The tuning policy that ``hybrid.init``'s settings ask for now."""
+    return TuningPolicy.from_settings(autotune_config())
 
 
 class CheckProcess:
@@ -566,7 +563,7 @@ class CheckProcess:
         Returns:
             None when no worker is left; else the seconds after which it may be idle long enough.
         """
-        idle_s = _idle_s()
+        idle_s = _policy().check_idle_s
         with self._lock:
             w = self._worker
             if w is None or w.proc.poll() is not None:
